@@ -1,0 +1,1 @@
+"""Shared, dependency-light parts: model catalog, server spec, clock, types on the wire."""

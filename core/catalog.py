@@ -1,0 +1,231 @@
+"""Model catalog and server specs, loaded from TOML data files.
+
+The package ships ``data/models/*.toml`` (one model per file) and ``data/servers/*.toml`` (one
+server per file); every figure in them carries its source in a comment. Users add their own
+files in any directory passed as ``extra_dirs`` (or listed in ``TALARIA_CATALOG_PATH``,
+``os.pathsep``-separated); a directory may hold ``models/`` and ``servers/`` subfolders or the
+TOML files directly (a file with a ``[server]`` table is a server, one with ``[model]`` a model).
+A user file with the same ``name`` as a shipped one replaces it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BYTES_PER_PARAM = {"fp8": 1.0, "bf16": 2.0, "mxfp4": 0.53125}
+"""Bytes per weight by dtype. MXFP4 packs 4-bit values plus one 8-bit scale per 32: 4.25/8."""
+
+
+class CatalogError(ValueError):
+    """A catalog file is missing a field, has a wrong type, or names an unknown entry."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model as the cost model sees it.
+
+    KV bytes per token (bf16 KV) = 2 (K and V) × layers × kv_heads × head_dim × 2 bytes; for MLA
+    it is layers × (kv_lora_rank + rope_dim) × 2 bytes. ``kv_bytes_per_token_tp8`` is what a TP=8
+    deployment physically stores summed over the 8 ranks (kv heads replicated up to 8; the MLA
+    latent kept whole on every rank).
+    """
+
+    name: str
+    hf_id: str
+    total_params: float
+    active_params: float
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    weight_dtype: str
+    weight_bytes: float
+    kv_bytes_per_token: int
+    kv_bytes_per_token_tp8: int
+    context_window_tokens: int
+    num_experts: int = 0
+    experts_per_token: int = 0
+    mla_kv_lora_rank: int = 0
+    mla_rope_dim: int = 0
+    kv_fixed_bytes_per_seq_tp8: int = 0
+    attention_window_tokens: int = 0
+    attention_window_layer_fraction: float = 0.0
+    reasoning: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.mla_kv_lora_rank > 0
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters held in routed experts.
+
+        active = dense + (k / E) × experts and total = dense + experts give
+        experts = (total − active) × E / (E − k). Zero for dense models.
+        """
+        if not self.is_moe:
+            return 0.0
+        e, k = self.num_experts, self.experts_per_token
+        return (self.total_params - self.active_params) * e / (e - k)
+
+    @property
+    def dense_params(self) -> float:
+        """Parameters every token touches (attention, shared experts, embeddings)."""
+        return self.total_params - self.expert_params
+
+    @property
+    def bytes_per_param(self) -> float:
+        return self.weight_bytes / self.total_params
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One multi-GPU server (all figures per GPU unless the name says otherwise)."""
+
+    name: str
+    gpus: int
+    hbm_bytes_per_gpu: float
+    hbm_bytes_per_s_per_gpu: float
+    dense_flops_per_s_per_gpu: dict[str, float]
+    pcie_peak_bytes_per_s_per_gpu: float
+    pcie_pinned_bytes_per_s_per_gpu: float
+    nvlink_bytes_per_s_per_gpu: float
+    host_dram_bytes: float
+    weight_wake_bytes_per_s_per_gpu: float
+    weight_sleep_bytes_per_s_per_gpu: float
+    gpu_memory_utilization: float = 0.9
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.gpus * self.hbm_bytes_per_gpu
+
+    @property
+    def usable_hbm_bytes(self) -> float:
+        """HBM that weights and KV may use: gpus × HBM × gpu_memory_utilization (vLLM's knob;
+        the rest is activations, CUDA context, NCCL buffers)."""
+        return self.hbm_bytes * self.gpu_memory_utilization
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Dense peak for ``dtype`` per GPU; MXFP4 runs on the FP8 path on Hopper."""
+        key = "fp8" if dtype == "mxfp4" else dtype
+        try:
+            return self.dense_flops_per_s_per_gpu[key]
+        except KeyError as exc:
+            raise CatalogError(f"server {self.name} has no FLOP/s for dtype {dtype!r}") from exc
+
+
+@dataclass(frozen=True)
+class EfficiencyProfile:
+    """Achieved fractions of peak and fixed overheads (FACTS.md §4, est.; `talaria calibrate`
+    will fit these on a real engine)."""
+
+    name: str = "default"
+    compute_efficiency: float = 0.3
+    memory_efficiency: float = 0.7
+    step_overhead_s: float = 0.005
+    max_num_batched_tokens: int = 8192
+    block_tokens: int = 16
+
+
+@dataclass
+class Catalog:
+    models: dict[str, ModelSpec] = field(default_factory=dict)
+    servers: dict[str, ServerSpec] = field(default_factory=dict)
+    profiles: dict[str, EfficiencyProfile] = field(default_factory=dict)
+
+    def model(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError as exc:
+            known = ", ".join(sorted(self.models))
+            raise CatalogError(f"unknown model {name!r}; known: {known}") from exc
+
+    def server(self, name: str) -> ServerSpec:
+        try:
+            return self.servers[name]
+        except KeyError as exc:
+            known = ", ".join(sorted(self.servers))
+            raise CatalogError(f"unknown server {name!r}; known: {known}") from exc
+
+    def profile(self, name: str) -> EfficiencyProfile:
+        try:
+            return self.profiles[name]
+        except KeyError as exc:
+            known = ", ".join(sorted(self.profiles))
+            raise CatalogError(f"unknown efficiency profile {name!r}; known: {known}") from exc
+
+
+def _build(cls: type[Any], table: dict[str, Any], source: str) -> Any:
+    try:
+        return cls(**table)
+    except TypeError as exc:
+        raise CatalogError(f"{source}: {exc}") from exc
+
+
+def _load_file(path: Path, catalog: Catalog) -> None:
+    with path.open("rb") as fh:
+        try:
+            doc = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise CatalogError(f"{path}: {exc}") from exc
+    if "model" in doc:
+        model: ModelSpec = _build(ModelSpec, doc["model"], str(path))
+        catalog.models[model.name] = model
+    if "server" in doc:
+        server: ServerSpec = _build(ServerSpec, doc["server"], str(path))
+        catalog.servers[server.name] = server
+    if "profile" in doc:
+        profile: EfficiencyProfile = _build(EfficiencyProfile, doc["profile"], str(path))
+        catalog.profiles[profile.name] = profile
+    if not {"model", "server", "profile"} & doc.keys():
+        raise CatalogError(f"{path}: expected a [model], [server] or [profile] table")
+
+
+def _toml_files(directory: Path) -> Iterable[Path]:
+    for sub in (directory, directory / "models", directory / "servers", directory / "profiles"):
+        if sub.is_dir():
+            yield from sorted(sub.glob("*.toml"))
+
+
+def load_catalog(extra_dirs: Iterable[str | os.PathLike[str]] = ()) -> Catalog:
+    """Shipped data, then ``TALARIA_CATALOG_PATH`` entries, then ``extra_dirs`` (later wins)."""
+    catalog = Catalog(profiles={"default": EfficiencyProfile()})
+    shipped = resources.files("talaria.core") / "data"
+    with resources.as_file(shipped) as data_dir:
+        for path in _toml_files(Path(data_dir)):
+            _load_file(path, catalog)
+    env_dirs = [d for d in os.environ.get("TALARIA_CATALOG_PATH", "").split(os.pathsep) if d]
+    for directory in [*env_dirs, *extra_dirs]:
+        path = Path(directory)
+        if path.is_file():
+            _load_file(path, catalog)
+        elif path.is_dir():
+            for file in _toml_files(path):
+                _load_file(file, catalog)
+        else:
+            raise CatalogError(f"catalog path {path} does not exist")
+    return catalog
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: int = 2) -> int:
+    """2 (K, V) × layers × kv_heads × head_dim × dtype_bytes."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_bytes_per_token_tp(
+    layers: int, kv_heads: int, head_dim: int, tp: int, dtype_bytes: int = 2
+) -> int:
+    """Physical bytes over ``tp`` ranks: each rank keeps max(1, kv_heads / tp) heads."""
+    heads_per_rank = max(1, math.ceil(kv_heads / tp))
+    return kv_bytes_per_token(layers, heads_per_rank * tp, head_dim, dtype_bytes)

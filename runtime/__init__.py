@@ -1,0 +1,1 @@
+"""Runtime: engines, scheduling and the cost model that times them."""

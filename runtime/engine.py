@@ -1,0 +1,94 @@
+"""The ``Engine`` seam: one model's executor on a node.
+
+The slot scheduler drives engines only through this protocol, so the simulated engine
+(``engines.sim.SimEngine``, timed by the cost model) and a vLLM-backed engine are
+interchangeable. Admission is split in two: ``try_admit`` decides synchronously whether the
+call fits HBM now (evicting idle KV as needed) and commits the memory; ``run`` then streams the
+call's events. Switch operations return the seconds they took, for the slot timeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from talaria.core.types import CallRequest, CallResult, KvSource
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    t_s: float
+    cached_tokens: int
+    kv_source: KvSource
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: CallResult
+
+
+GenerationEvent = FirstToken | Finished
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A call accepted by an engine: its memory is committed; ``run`` serves it."""
+
+    request: CallRequest
+    arrival_s: float
+    admitted_s: float
+    sp_admitted: bool
+    kv_source: KvSource
+    cached_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    model: str
+    active: bool
+    running: int
+    staged_fraction: float
+    busy_s: float
+
+
+class Engine(Protocol):
+    model: str
+
+    @property
+    def active(self) -> bool: ...
+
+    @property
+    def running(self) -> int:
+        """Calls admitted and not yet finished."""
+        ...
+
+    def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
+        """Seconds the call would take if admitted now (prefill or restore + decode)."""
+        ...
+
+    def kv_bytes(self, tokens: int) -> float:
+        """Physical KV bytes of one sequence of ``tokens`` on the node."""
+        ...
+
+    def needed_bytes(self, request: CallRequest) -> float:
+        """HBM bytes the call would add if admitted now (beyond what its session holds)."""
+        ...
+
+    def try_admit(
+        self, request: CallRequest, arrival_s: float, sp_admitted: bool
+    ) -> Admission | None:
+        """Commit memory for the call (evicting idle KV or staged weights) or return None."""
+        ...
+
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]: ...
+
+    async def activate(self) -> float: ...
+
+    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float: ...
+
+    def start_staging(self) -> bool: ...
+
+    def cancel_staging(self) -> None: ...
+
+    def snapshot(self) -> EngineSnapshot: ...

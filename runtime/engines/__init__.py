@@ -1,0 +1,1 @@
+"""Engine implementations of the ``talaria.runtime.engine.Engine`` seam."""

@@ -1,0 +1,1 @@
+"""The per-node slot scheduler: which model is active, which calls are admitted, where KV lives."""

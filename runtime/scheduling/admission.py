@@ -1,0 +1,72 @@
+"""Admission of a waiting call into the active slot. Pure: every input is an argument.
+
+A call that was waiting when the slot opened belongs to the slot's batch and is admitted in every
+policy (memory permitting). A call that arrives later is admitted at once when the slot is
+uncontended (continuous batching). In a contended slot it waits for its model's next slot, unless
+``sp_admission`` is on and it is a *continuation* (its session already ran on this node) whose
+budget fits:
+
+- time: estimated service time (prefill or KV restore of what is not cached, plus the expected
+  output tokens at the current decode step time) ≤ time left before the slot's deadline;
+- tokens: the HBM bytes it needs ≤ free HBM + evictable idle KV − bytes held by other sessions'
+  soft reservations (checked by ``fits_memory``).
+
+A closing slot (quantum elapsed, draining) admits nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class AdmitReason(StrEnum):
+    SLOT_BATCH = "slot-batch"
+    UNCONTENDED = "uncontended"
+    SP_BUDGET = "sp-budget"
+    WAIT_CLOSING = "wait-closing"
+    WAIT_NEXT_SLOT = "wait-next-slot"
+    WAIT_NOT_CONTINUATION = "wait-not-continuation"
+    WAIT_OVER_TIME_BUDGET = "wait-over-time-budget"
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    admit: bool
+    reason: AdmitReason
+
+    @property
+    def sp(self) -> bool:
+        return self.reason is AdmitReason.SP_BUDGET
+
+
+def decide_admission(
+    *,
+    sp_admission: bool,
+    closing: bool,
+    in_slot_batch: bool,
+    contended: bool,
+    is_continuation: bool,
+    remaining_s: float,
+    estimated_service_s: float,
+) -> AdmissionDecision:
+    if closing:
+        return AdmissionDecision(False, AdmitReason.WAIT_CLOSING)
+    if in_slot_batch:
+        return AdmissionDecision(True, AdmitReason.SLOT_BATCH)
+    if not contended:
+        return AdmissionDecision(True, AdmitReason.UNCONTENDED)
+    if not sp_admission:
+        return AdmissionDecision(False, AdmitReason.WAIT_NEXT_SLOT)
+    if not is_continuation:
+        return AdmissionDecision(False, AdmitReason.WAIT_NOT_CONTINUATION)
+    if estimated_service_s > remaining_s:
+        return AdmissionDecision(False, AdmitReason.WAIT_OVER_TIME_BUDGET)
+    return AdmissionDecision(True, AdmitReason.SP_BUDGET)
+
+
+def fits_memory(
+    *, needed_bytes: float, free_bytes: float, evictable_bytes: float, reserved_bytes: float
+) -> bool:
+    """needed ≤ free + evictable − reserved (bytes held by other sessions' reservations)."""
+    return needed_bytes <= free_bytes + evictable_bytes - reserved_bytes

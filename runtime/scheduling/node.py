@@ -1,0 +1,390 @@
+"""NodeScheduler: one node's slot scheduler driving its engines (same code live and simulated).
+
+It keeps one FIFO of waiting calls per model, runs the slot policy of ``slots`` and the admission
+rules of ``admission``, holds soft reservations, switches models (deactivate the outgoing engine,
+activate the incoming one) and stages the next model's weights when ``d2d_staging`` is on.
+All time comes from the injected clock; the loop wakes on arrivals, finishes, the slot deadline
+and reservation expiries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from talaria.core.clock import Clock
+from talaria.core.types import CallRequest, CallResult
+from talaria.runtime.engine import Admission, Engine, Finished
+from talaria.runtime.scheduling.admission import decide_admission, fits_memory
+from talaria.runtime.scheduling.flags import SchedulerFlags
+from talaria.runtime.scheduling.reservations import (
+    GapEstimator,
+    ReleaseReason,
+    ReservationTable,
+    plan_reservation,
+)
+from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
+from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
+
+
+class UnknownModelError(LookupError):
+    """The node does not host the requested model."""
+
+
+class CallTooLargeError(RuntimeError):
+    """The call needs more KV memory than the node can ever give it."""
+
+
+@dataclass(eq=False)
+class _Waiting:
+    request: CallRequest
+    arrival_s: float
+    result: asyncio.Future[CallResult]
+
+
+@dataclass
+class _Session:
+    model: str
+    calls: int = 0
+    last_finish_s: float | None = None
+    gaps: GapEstimator = field(default_factory=GapEstimator)
+    output_tokens: int = 0
+    appended_tokens: int = 0
+    context_tokens: int = 0
+    hint_gap_s: float | None = None
+
+    def expected_output_tokens(self, default: int) -> int:
+        return round(self.output_tokens / self.calls) if self.calls else default
+
+    def expected_growth_tokens(self, default_output: int) -> int:
+        """Tokens the next call is expected to add: mean appended + mean output so far."""
+        appended = self.appended_tokens / (self.calls - 1) if self.calls > 1 else 0
+        return round(appended) + self.expected_output_tokens(default_output)
+
+
+@dataclass
+class SlotRecord:
+    model: str
+    start_s: float
+    switch_s: float
+    end_s: float | None = None
+    close: CloseReason | None = None
+    admitted: int = 0
+    sp_admitted: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    quantum_s: float = 60.0
+    default_output_tokens: int = 256
+    """Output estimate for a session's first call (vLLM-style clients rarely cap it lower)."""
+
+
+class NodeScheduler:
+    def __init__(
+        self,
+        name: str,
+        engines: Mapping[str, Engine],
+        memory: NodeMemory,
+        clock: Clock,
+        flags: SchedulerFlags,
+        config: SchedulerConfig | None = None,
+    ) -> None:
+        self.name = name
+        self.engines = dict(engines)
+        self.order = list(engines)
+        self.memory = memory
+        self.flags = flags
+        self.config = config or SchedulerConfig()
+        self._clock = clock
+        self._waiting: dict[str, deque[_Waiting]] = {m: deque() for m in self.order}
+        self._sessions: dict[str, _Session] = {}
+        self.reservations = ReservationTable()
+        self.slots: list[SlotRecord] = []
+        self._active: str | None = None
+        self._slot_start_s = 0.0
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._calls: set[asyncio.Task[None]] = set()
+
+    # -- public ----------------------------------------------------------------------------
+    @property
+    def active_model(self) -> str | None:
+        return self._active
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def submit(self, request: CallRequest) -> CallResult:
+        if request.model not in self.engines:
+            raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
+        now = self._clock.now()
+        session = self._sessions.setdefault(request.session_id, _Session(request.model))
+        if session.last_finish_s is not None:
+            session.gaps.observe(now - session.last_finish_s)
+        if session.context_tokens:
+            session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
+        self._release_reservation(request.session_id, ReleaseReason.RETURNED)
+        fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
+        self._waiting[request.model].append(_Waiting(request, now, fut))
+        self._wake.set()
+        return await fut
+
+    def hint(self, session_id: str, expected_gap_s: float) -> None:
+        """A tool started: the session expects to be back in ``expected_gap_s``."""
+        session = self._sessions.get(session_id)
+        if session is not None:
+            session.hint_gap_s = expected_gap_s
+
+    def end_session(self, session_id: str) -> None:
+        self._release_reservation(session_id, ReleaseReason.ENDED)
+        entry = self.memory.kv.get(session_id)
+        if entry is not None and not entry.pinned:
+            self.memory.drop(session_id)
+        self._sessions.pop(session_id, None)
+        self._wake.set()
+
+    def waiting_counts(self) -> dict[str, int]:
+        return {m: len(q) for m, q in self._waiting.items()}
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            self._expire_reservations()
+            if self._active is None:
+                model = next_model(self.order, None, self.waiting_counts())
+                if model is None:
+                    await self._clock.wait_event(self._wake, None)
+                else:
+                    await self._switch(model)
+                continue
+            self._admit_waiting()
+            reason = self._close_reason()
+            if reason is not None:
+                self._closing = True
+                if self.engines[self._active].running:
+                    await self._clock.wait_event(self._wake, None)
+                    continue
+                await self._close_slot(reason)
+                continue
+            self._stage_next()
+            await self._clock.wait_event(self._wake, self._next_timer_s())
+
+    def _deadline_s(self) -> float:
+        return self._slot_start_s + self.config.quantum_s
+
+    def _contended(self) -> bool:
+        return self._active is not None and is_contended(self._active, self.waiting_counts())
+
+    def _next_timer_s(self) -> float | None:
+        timers = [self.reservations.next_expiry_s()]
+        if self._contended():
+            timers.append(self._deadline_s())
+        pending = [t for t in timers if t is not None]
+        return max(0.0, min(pending) - self._clock.now()) if pending else None
+
+    def _close_reason(self) -> CloseReason | None:
+        assert self._active is not None
+        return close_reason(
+            now_s=self._clock.now(),
+            deadline_s=self._deadline_s(),
+            contended=self._contended(),
+            running=self.engines[self._active].running,
+            admissible_waiting=bool(self._waiting[self._active]) and self._any_admissible(),
+            live_reservations=len(self.reservations.for_model(self._active)),
+        )
+
+    # -- admission -------------------------------------------------------------------------
+    def _decide(self, waiting: _Waiting) -> bool | None:
+        """True: admit; False: keep waiting; None: admit as SP."""
+        assert self._active is not None
+        engine = self.engines[self._active]
+        request = waiting.request
+        session = self._sessions[request.session_id]
+        expected_out = session.expected_output_tokens(self.config.default_output_tokens)
+        decision = decide_admission(
+            sp_admission=self.flags.sp_admission,
+            closing=self._closing,
+            in_slot_batch=waiting.arrival_s <= self._slot_start_s,
+            contended=self._contended(),
+            is_continuation=session.calls > 0,
+            remaining_s=self._deadline_s() - self._clock.now(),
+            estimated_service_s=engine.estimate_service_s(request, expected_out),
+        )
+        if not decision.admit:
+            return False
+        return None if decision.sp else True
+
+    def _any_admissible(self) -> bool:
+        assert self._active is not None
+        return any(self._decide(w) is not False for w in self._waiting[self._active])
+
+    def _fits(self, engine: Engine, request: CallRequest) -> bool:
+        evictable = sum(
+            e.nbytes for e in self.memory.lru(KvLocation.HBM) if e.session_id != request.session_id
+        )
+        return fits_memory(
+            needed_bytes=engine.needed_bytes(request),
+            free_bytes=self.memory.hbm_free_bytes() + sum(self.memory.staged.values()),
+            evictable_bytes=evictable,
+            reserved_bytes=self.reservations.held_bytes(exclude_session=request.session_id),
+        )
+
+    def _admit_waiting(self) -> None:
+        assert self._active is not None
+        engine = self.engines[self._active]
+        queue = self._waiting[self._active]
+        for waiting in list(queue):
+            verdict = self._decide(waiting)
+            if verdict is False:
+                continue
+            if not self._fits(engine, waiting.request):
+                if engine.running == 0 and self._is_hopeless(engine, waiting.request):
+                    queue.remove(waiting)
+                    waiting.result.set_exception(
+                        CallTooLargeError(
+                            f"call needs {engine.needed_bytes(waiting.request):.3g} B of KV; "
+                            f"node {self.name} cannot hold it"
+                        )
+                    )
+                break  # FIFO: later calls do not overtake one that waits for memory
+            admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
+            if admission is None:
+                self._cancel_staging()
+                admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
+            if admission is None:
+                break
+            queue.remove(waiting)
+            self.slots[-1].admitted += 1
+            self.slots[-1].sp_admitted += admission.sp_admitted
+            task = asyncio.get_running_loop().create_task(self._serve(engine, admission, waiting))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
+        weights = sum(self.memory.weights.values())
+        return engine.needed_bytes(request) > self.memory.hbm_capacity_bytes - weights
+
+    async def _serve(self, engine: Engine, admission: Admission, waiting: _Waiting) -> None:
+        try:
+            async for event in engine.run(admission):
+                if isinstance(event, Finished):
+                    self._finished(waiting.request, event.result)
+                    waiting.result.set_result(event.result)
+        except Exception as exc:  # an engine fault fails this call, never the scheduler
+            if not waiting.result.done():
+                waiting.result.set_exception(exc)
+        finally:
+            self._wake.set()
+
+    def _finished(self, request: CallRequest, result: CallResult) -> None:
+        session = self._sessions.get(result.session_id)
+        if session is None:
+            return
+        session.calls += 1
+        session.output_tokens += result.output_tokens
+        session.context_tokens = result.prompt_tokens + result.output_tokens
+        session.last_finish_s = result.finished_s
+        if request.session_final:
+            self.end_session(request.session_id)
+            return
+        if request.expected_tool_gap_s is not None:
+            session.hint_gap_s = request.expected_tool_gap_s
+        if not self.flags.soft_reservations:
+            return
+        gap = session.hint_gap_s if session.hint_gap_s is not None else session.gaps.expected_s()
+        session.hint_gap_s = None
+        deadline = self._deadline_s() if self._contended() else None
+        entry = self.memory.kv.get(result.session_id)
+        if entry is None or entry.location is not KvLocation.HBM:
+            return
+        engine = self.engines[result.model]
+        growth = session.expected_growth_tokens(self.config.default_output_tokens)
+        held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
+        plan = plan_reservation(
+            session_id=result.session_id,
+            model=result.model,
+            now_s=result.finished_s,
+            expected_gap_s=gap,
+            held_bytes=held,
+            deadline_s=deadline,
+        )
+        if plan is not None:
+            self.reservations.add(plan)
+            entry.pins += 1
+
+    def _unpin(self, session_id: str) -> None:
+        """Drop the pin a released reservation held on the session's KV."""
+        entry = self.memory.kv.get(session_id)
+        if entry is not None and entry.pins > 0:
+            entry.pins -= 1
+
+    def _release_reservation(self, session_id: str, reason: ReleaseReason) -> None:
+        if self.reservations.release(session_id, reason) is not None:
+            self._unpin(session_id)
+
+    def _expire_reservations(self) -> None:
+        for res in self.reservations.expired(self._clock.now()):
+            self._release_reservation(res.session_id, ReleaseReason.EXPIRED)
+
+    # -- switching -------------------------------------------------------------------------
+    async def _close_slot(self, reason: CloseReason) -> None:
+        assert self._active is not None
+        record = self.slots[-1]
+        record.end_s, record.close = self._clock.now(), reason
+        model = next_model(self.order, self._active, self.waiting_counts())
+        if model == self._active or model is None:
+            self._open_slot(self._active, 0.0)
+        else:
+            await self._switch(model)
+
+    def _open_slot(self, model: str, switch_s: float) -> None:
+        self._active = model
+        self._slot_start_s = self._clock.now()
+        self._closing = False
+        self.slots.append(SlotRecord(model, self._slot_start_s - switch_s, switch_s))
+
+    async def _switch(self, model: str) -> None:
+        start = self._clock.now()
+        outgoing = self._active
+        self._active = None
+        if outgoing is not None:
+            for res in self.reservations.for_model(outgoing):
+                self._release_reservation(res.session_id, ReleaseReason.SLOT_CLOSED)
+            await self.engines[outgoing].deactivate(
+                keep_kv_on_host=self.flags.host_kv,
+                keep_host_weight_copy=self.flags.d2d_staging,
+            )
+        for name, engine in self.engines.items():
+            if name != model:
+                engine.cancel_staging()
+        await self.engines[model].activate()
+        self._open_slot(model, self._clock.now() - start)
+
+    def _stage_next(self) -> None:
+        if not self.flags.d2d_staging or self._active is None:
+            return
+        waiting = {m: n for m, n in self.waiting_counts().items() if m != self._active}
+        target = next_model(self.order, self._active, waiting)
+        if target is None:
+            return
+        for name, engine in self.engines.items():
+            if name not in (target, self._active):
+                engine.cancel_staging()
+        self.engines[target].start_staging()
+
+    def _cancel_staging(self) -> None:
+        for engine in self.engines.values():
+            if not engine.active:
+                engine.cancel_staging()

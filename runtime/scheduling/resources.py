@@ -1,0 +1,188 @@
+"""What the engines of one node share: HBM and host-DRAM byte accounting, and the PCIe link.
+
+HBM holds the active model's weights, any staged weights of the next model, and session KV
+(``KvLocation.HBM``). Host DRAM holds the pinned weight copies of every hosted model (outside
+the KV tier) and the host KV tier (``KvLocation.HOST``). Both tiers refuse to go over capacity:
+callers evict first; an overflow is a bug and raises ``CapacityError``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from asyncio import CancelledError, Future, get_running_loop
+from dataclasses import dataclass
+from enum import StrEnum
+
+from talaria.core.clock import Clock
+
+
+class CapacityError(RuntimeError):
+    """A tier would go over capacity."""
+
+
+class KvLocation(StrEnum):
+    HBM = "hbm"
+    HOST = "host"
+
+
+@dataclass
+class SessionKv:
+    """The cached KV of one session: ``tokens`` of prefix, ``nbytes`` physical bytes."""
+
+    session_id: str
+    model: str
+    tokens: int
+    nbytes: float
+    location: KvLocation
+    last_used_s: float
+    pins: int = 0  # > 0 while a call runs on it or a reservation holds it
+
+    @property
+    def pinned(self) -> bool:
+        return self.pins > 0
+
+
+class NodeMemory:
+    """Byte accounting of one node's HBM (weights + KV) and host KV tier."""
+
+    def __init__(self, hbm_capacity_bytes: float, host_kv_capacity_bytes: float) -> None:
+        self.hbm_capacity_bytes = hbm_capacity_bytes
+        self.host_kv_capacity_bytes = max(0.0, host_kv_capacity_bytes)
+        self.weights: dict[str, float] = {}
+        self.staged: dict[str, float] = {}
+        self.kv: dict[str, SessionKv] = {}
+        self._hbm_kv_bytes = 0.0
+        self._host_kv_bytes = 0.0
+        self.peak_hbm_bytes = 0.0
+        self.peak_host_kv_bytes = 0.0
+
+    # -- totals ----------------------------------------------------------------------------
+    @property
+    def hbm_used_bytes(self) -> float:
+        return sum(self.weights.values()) + sum(self.staged.values()) + self._hbm_kv_bytes
+
+    @property
+    def hbm_kv_bytes(self) -> float:
+        return self._hbm_kv_bytes
+
+    @property
+    def host_kv_bytes(self) -> float:
+        return self._host_kv_bytes
+
+    def hbm_free_bytes(self) -> float:
+        return self.hbm_capacity_bytes - self.hbm_used_bytes
+
+    def host_free_bytes(self) -> float:
+        return self.host_kv_capacity_bytes - self._host_kv_bytes
+
+    def _check(self) -> None:
+        used = self.hbm_used_bytes
+        if used > self.hbm_capacity_bytes * (1 + 1e-12):
+            raise CapacityError(f"HBM over capacity: {used:.4g} > {self.hbm_capacity_bytes:.4g}")
+        if self._host_kv_bytes > self.host_kv_capacity_bytes * (1 + 1e-12):
+            raise CapacityError("host KV tier over capacity")
+        self.peak_hbm_bytes = max(self.peak_hbm_bytes, used)
+        self.peak_host_kv_bytes = max(self.peak_host_kv_bytes, self._host_kv_bytes)
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_weights(self, model: str, nbytes: float) -> None:
+        self.staged.pop(model, None)
+        self.weights[model] = nbytes
+        self._check()
+
+    def unload_weights(self, model: str) -> None:
+        self.weights.pop(model, None)
+
+    def stage(self, model: str, nbytes: float) -> None:
+        self.staged[model] = nbytes
+        self._check()
+
+    def unstage(self, model: str) -> None:
+        self.staged.pop(model, None)
+
+    # -- session KV ------------------------------------------------------------------------
+    def _add(self, entry: SessionKv, sign: float) -> None:
+        if entry.location is KvLocation.HBM:
+            self._hbm_kv_bytes += sign * entry.nbytes
+        else:
+            self._host_kv_bytes += sign * entry.nbytes
+
+    def put(self, entry: SessionKv) -> None:
+        """Insert or replace a session's entry (the old bytes are released first)."""
+        old = self.kv.pop(entry.session_id, None)
+        if old is not None:
+            self._add(old, -1)
+        self.kv[entry.session_id] = entry
+        self._add(entry, +1)
+        self._check()
+
+    def resize(self, session_id: str, tokens: int, nbytes: float) -> None:
+        entry = self.kv[session_id]
+        self._add(entry, -1)
+        entry.tokens, entry.nbytes = tokens, nbytes
+        self._add(entry, +1)
+        self._check()
+
+    def move(self, session_id: str, location: KvLocation) -> None:
+        entry = self.kv[session_id]
+        self._add(entry, -1)
+        entry.location = location
+        self._add(entry, +1)
+        self._check()
+
+    def drop(self, session_id: str) -> SessionKv | None:
+        entry = self.kv.pop(session_id, None)
+        if entry is not None:
+            self._add(entry, -1)
+        return entry
+
+    def lru(self, location: KvLocation, model: str | None = None) -> list[SessionKv]:
+        """Unpinned entries in ``location`` (of ``model`` if given), least recently used first."""
+        found = [
+            e
+            for e in self.kv.values()
+            if e.location is location and not e.pinned and (model is None or e.model == model)
+        ]
+        return sorted(found, key=lambda e: (e.last_used_s, e.session_id))
+
+
+class PcieLink:
+    """The node's host↔GPU link as one shared resource: transfers run one at a time, lower
+    ``priority`` first (KV restores and offloads at 0 go before weight staging at 1), FIFO
+    within a priority. A transfer's duration is computed by the caller from the cost model."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._busy = False
+        self._waiters: list[tuple[int, int, Future[None]]] = []
+        self._order = itertools.count()
+        self.busy_s = 0.0
+        self.bytes_moved = 0.0
+
+    async def transfer(self, seconds: float, nbytes: float, priority: int = 0) -> None:
+        if self._busy:
+            fut: Future[None] = get_running_loop().create_future()
+            heapq.heappush(self._waiters, (priority, next(self._order), fut))
+            try:
+                await fut
+            except CancelledError:
+                if fut.done() and not fut.cancelled():
+                    self._release()  # we were handed the link, then cancelled: pass it on
+                raise
+        self._busy = True
+        try:
+            await self._clock.sleep(seconds)
+            self.busy_s += seconds
+            self.bytes_moved += nbytes
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._busy = False
+        while self._waiters:
+            _, _, nxt = heapq.heappop(self._waiters)
+            if not nxt.done():
+                self._busy = True
+                nxt.set_result(None)
+                return

@@ -1,0 +1,1 @@
+"""Simulator: agent-session traces, workload generation and replay on a simulated node."""

@@ -1,0 +1,231 @@
+"""Seeded generator of SWE-bench-style agent sessions (FACTS.md §2, "Fitted distributions").
+
+Every draw comes from one ``random.Random(seed)`` in a fixed order, and each draw consumes the
+same randomness whatever the parameters, so e.g. sweeping ``mean_interarrival_s`` rescales the
+start times of otherwise identical sessions. ``lognormal(m, σ)`` below is ``m · exp(σ · z)``
+with z ~ N(0, 1): median m, mean ``m · exp(σ²/2)``.
+
+Per session k (in index order): inter-arrival ``−mean_interarrival_s · ln(1 − u)`` (Poisson
+arrivals; session 0 starts at t = 0, its u is drawn and unused), model j with probability
+∝ ``1 / (j + 1)^zipf_s``, call count ``clamp(round(lognormal(calls_median, calls_sigma)), 1,
+calls_max)``, initial context ``C0 = max(1, round(lognormal(c0_median, c0_sigma)))``.
+Then, if ``total_calls`` is set, counts are rescaled to sum to it (``rescale_counts``). Then per
+call i: output o_i, appended a_i, tool gap g_i (drawn for every call; a_0 and the last gap are
+unused). Context: ``p_0 = C0``, ``p_i = p_{i−1} + o_{i−1} + a_i``, capped at
+``window − o_i`` (outputs are capped at ``window // 2``). ``new_0 = p_0``;
+``new_i = p_i − (p_{i−1} + o_{i−1})``, or ``p_i`` when the cap makes the prompt shorter than the
+previous prompt + output (a truncation: the history is rewritten, nothing is reused).
+Generated traces carry no observed send time for later calls: every call's ``arrival_offset_s``
+is the session start, and only call 0's value is meaningful (the replay is closed-loop).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from talaria.sim.trace import SessionTrace, TraceCall
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """What to generate; distribution defaults are FACTS.md §2's fitted values (est.)."""
+
+    sessions: int
+    models: tuple[str, ...]
+    total_calls: int | None = None  # paper preset: 960 calls over 30 sessions (FACTS §1)
+    # Model popularity: weight of model j = 1 / (j + 1)^zipf_s. Assumption: the paper's abstract
+    # speaks of popularity-skewed model catalogs; the Zipf shape and s = 1 are ours.
+    zipf_s: float = 1.0
+    # Poisson arrivals. Assumption: the paper does not state its arrival pattern; sweeps vary
+    # this. 0 means every session starts at t = 0.
+    mean_interarrival_s: float = 10.0
+    # Calls per session: lognormal median 28, sigma 0.5 (mean ~32 = 960/30, FACTS §1-2),
+    # clamped to [1, 250] (FACTS §2 cap).
+    calls_median: float = 28.0
+    calls_sigma: float = 0.5
+    calls_max: int = 250
+    # Initial context C0: median 6000 tokens (FACTS §2: ~6k, SWE-agent style 1.5-7k); the
+    # spread sigma 0.3 is an assumption.
+    c0_median: float = 6000.0
+    c0_sigma: float = 0.3
+    # Tokens appended per call (tool output + action): lognormal median 550, sigma 1.1
+    # (mean ~1,000; FACTS §2 from modal-labs / nilenso growth of ~740-1,100 per call).
+    append_median: float = 550.0
+    append_sigma: float = 1.1
+    # Output tokens per call: lognormal median 150, sigma 0.9 (mean ~225; FACTS §2, nilenso
+    # ~110-230 visible); reasoning models median 400, sigma 1.0 (TraceLab ~520 mean).
+    output_median: float = 150.0
+    output_sigma: float = 0.9
+    reasoning_output_median: float = 400.0
+    reasoning_output_sigma: float = 1.0
+    # Tool gap: 96% lognormal(0.4 s, 1.3) + 4% lognormal(35 s, 1.0): median ~0.42 s, mean
+    # ~3.2 s, ~4% over 10 s (FACTS §2, nilenso report and TraceLab).
+    gap_long_fraction: float = 0.04
+    gap_short_median_s: float = 0.4
+    gap_short_sigma: float = 1.3
+    gap_long_median_s: float = 35.0
+    gap_long_sigma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1:
+            raise ValueError(f"sessions must be >= 1, got {self.sessions}")
+        if not self.models or len(set(self.models)) != len(self.models):
+            raise ValueError(f"models must be non-empty and distinct, got {self.models}")
+        if self.total_calls is not None and self.total_calls < self.sessions:
+            raise ValueError(f"total_calls {self.total_calls} < sessions {self.sessions}")
+        if self.mean_interarrival_s < 0 or self.calls_max < 1:
+            raise ValueError("mean_interarrival_s must be >= 0 and calls_max >= 1")
+        if not 0.0 <= self.gap_long_fraction <= 1.0:
+            raise ValueError(f"gap_long_fraction must be in [0, 1], got {self.gap_long_fraction}")
+
+
+PAPER_WORKLOAD = WorkloadSpec(
+    sessions=30,
+    models=("glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"),
+    total_calls=960,
+)
+"""FACTS §1: 30 SWE-Bench sessions, 960 calls, three models over 100B parameters."""
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float) -> float:
+    """``median · exp(sigma · z)``, z ~ N(0, 1)."""
+    return median * math.exp(sigma * rng.normalvariate(0.0, 1.0))
+
+
+def zipf_weights(n: int, s: float) -> list[float]:
+    """``1 / (j + 1)^s`` for j = 0..n-1."""
+    return [1.0 / (j + 1) ** s for j in range(n)]
+
+
+def draw_model_index(rng: random.Random, spec: WorkloadSpec) -> int:
+    """Model index j with probability ∝ ``1 / (j + 1)^zipf_s`` (one uniform draw)."""
+    weights = zipf_weights(len(spec.models), spec.zipf_s)
+    return rng.choices(range(len(weights)), weights=weights)[0]
+
+
+def draw_num_calls(rng: random.Random, spec: WorkloadSpec) -> int:
+    """``clamp(round(lognormal(calls_median, calls_sigma)), 1, calls_max)``."""
+    return max(1, min(spec.calls_max, round(_lognormal(rng, spec.calls_median, spec.calls_sigma))))
+
+
+def draw_output_tokens(rng: random.Random, spec: WorkloadSpec, reasoning: bool) -> int:
+    """``max(1, round(lognormal(median, sigma)))`` with the reasoning or plain parameters."""
+    if reasoning:
+        median, sigma = spec.reasoning_output_median, spec.reasoning_output_sigma
+    else:
+        median, sigma = spec.output_median, spec.output_sigma
+    return max(1, round(_lognormal(rng, median, sigma)))
+
+
+def draw_appended_tokens(rng: random.Random, spec: WorkloadSpec) -> int:
+    """``max(0, round(lognormal(append_median, append_sigma)))``."""
+    return max(0, round(_lognormal(rng, spec.append_median, spec.append_sigma)))
+
+
+def draw_tool_gap(rng: random.Random, spec: WorkloadSpec) -> float:
+    """Mixture: with probability ``gap_long_fraction`` the long lognormal, else the short one.
+
+    Draws one uniform and one normal whichever branch is taken.
+    """
+    long = rng.random() < spec.gap_long_fraction
+    z = rng.normalvariate(0.0, 1.0)
+    if long:
+        return spec.gap_long_median_s * math.exp(spec.gap_long_sigma * z)
+    return spec.gap_short_median_s * math.exp(spec.gap_short_sigma * z)
+
+
+def rescale_counts(counts: Sequence[int], total: int) -> list[int]:
+    """Scale ``counts`` to sum to exactly ``total``, each at least 1 (needs total >= len).
+
+    x_k = counts_k · total / sum; take floor(x_k), raised to 1 where it is 0; hand the remainder
+    out one each by largest fractional part of x_k (ties: lower index first; raised sessions
+    last). If the raises
+    overshoot ``total``, take one call at a time from the largest count (ties: smallest
+    fractional part, then higher index).
+    """
+    if total < len(counts) or not counts or min(counts) < 1:
+        raise ValueError(f"cannot give {len(counts)} sessions >= 1 call each from {total}")
+    raw = sum(counts)
+    scaled = [c * total / raw for c in counts]
+    out = [max(1, math.floor(x)) for x in scaled]
+    frac = [x - math.floor(x) for x in scaled]
+    left = total - sum(out)
+    if left > 0:  # raised sessions (x_k < 1) already got their extra call: they come last
+        order = sorted(range(len(out)), key=lambda k: (scaled[k] < 1, -frac[k], k))
+        for k in order[:left]:
+            out[k] += 1
+    while left < 0:
+        k = min((k for k in range(len(out)) if out[k] > 1), key=lambda k: (-out[k], frac[k], -k))
+        out[k] -= 1
+        left += 1
+    return out
+
+
+def _session_calls(
+    rng: random.Random,
+    spec: WorkloadSpec,
+    head: tuple[str, str, float, int, int],
+    window: int,
+    reasoning: bool,
+) -> tuple[TraceCall, ...]:
+    """Calls of one session; ``head`` is (id, model, start, call count, C0)."""
+    sid, model, start, n, c0 = head
+    max_out = max(1, window // 2)
+    calls: list[TraceCall] = []
+    prev_end = 0  # p_{i-1} + o_{i-1}
+    for i in range(n):
+        out = min(max_out, draw_output_tokens(rng, spec, reasoning))
+        appended = draw_appended_tokens(rng, spec)
+        gap = round(draw_tool_gap(rng, spec), 6)
+        wanted = c0 if i == 0 else prev_end + appended
+        prompt = max(1, min(wanted, window - out))
+        new = prompt if i == 0 or prompt < prev_end else prompt - prev_end
+        calls.append(TraceCall(sid, i, model, start, prompt, new, out, gap if i < n - 1 else None))
+        prev_end = prompt + out
+    return tuple(calls)
+
+
+def generate_sessions(
+    spec: WorkloadSpec,
+    context_windows: Mapping[str, int],
+    reasoning: Mapping[str, bool],
+    seed: int,
+) -> list[SessionTrace]:
+    """Sessions "s0000", "s0001", ... ordered by start time (see the module docstring).
+
+    ``context_windows`` must name every model of ``spec``; a model missing from ``reasoning``
+    counts as non-reasoning.
+    """
+    missing = [m for m in spec.models if m not in context_windows]
+    if missing:
+        raise ValueError(f"no context window given for {missing}")
+    small = {m: context_windows[m] for m in spec.models if context_windows[m] < 2}
+    if small:
+        raise ValueError(f"context windows must be >= 2 tokens, got {small}")
+    rng = random.Random(seed)
+    starts: list[float] = []
+    models: list[str] = []
+    counts: list[int] = []
+    c0s: list[int] = []
+    t = 0.0
+    for k in range(spec.sessions):
+        u = rng.random()
+        if k > 0:
+            t += -spec.mean_interarrival_s * math.log(1.0 - u)
+        starts.append(round(t, 6))
+        models.append(spec.models[draw_model_index(rng, spec)])
+        counts.append(draw_num_calls(rng, spec))
+        c0s.append(max(1, round(_lognormal(rng, spec.c0_median, spec.c0_sigma))))
+    if spec.total_calls is not None:
+        counts = rescale_counts(counts, spec.total_calls)
+    sessions = []
+    for k in range(spec.sessions):
+        sid, model = f"s{k:04d}", models[k]
+        head = (sid, model, starts[k], counts[k], c0s[k])
+        window, thinks = context_windows[model], reasoning.get(model, False)
+        calls = _session_calls(rng, spec, head, window, thinks)
+        sessions.append(SessionTrace(sid, model, starts[k], calls))
+    return sessions

@@ -1,0 +1,146 @@
+"""One replay experiment: several policies on the same sessions, plus the two references.
+
+- each policy: the shared node(s) of the preset under that policy's scheduler flags;
+- ``oracle``: every session alone on its own node, model resident, no queueing (``oracle``);
+- ``dedicated``: each model on a node of its own (same engine, batching and flags as
+  ``talaria``), never switched: the distance to it is the cost of multiplexing.
+
+The result is a JSON-ready dict; it holds no wall-clock figures, so the same inputs and seed
+give the identical document.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from talaria.core.catalog import Catalog
+from talaria.core.types import CallResult, KvSource
+from talaria.runtime.costmodel import CostModel
+from talaria.runtime.scheduling.flags import TALARIA, policy_flags
+from talaria.runtime.scheduling.node import SchedulerConfig
+from talaria.sim.metrics import mean, percentile, sct_summary
+from talaria.sim.oracle import oracle_sct_s
+from talaria.sim.replay import NodeSetup, ReplayOutcome, replay
+from talaria.sim.trace import SessionTrace
+
+OnCall = Callable[[CallResult], None]
+
+
+@dataclass(frozen=True)
+class ExperimentSetup:
+    server: str
+    profile: str
+    models: tuple[str, ...]
+    nodes: int = 1
+    quantum_s: float = 60.0
+
+
+def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
+    calls = [c for s in outcome.sessions for c in s.calls]
+    slots = [(n.name, slot) for n in outcome.nodes for slot in n.slots]
+    activations = len(slots)
+    busy = sum(n.busy_s for n in outcome.nodes)
+    span = outcome.makespan_s * max(1, len(outcome.nodes))
+    reservations: dict[str, int] = {}
+    for node in outcome.nodes:
+        for reason, count in node.reservations.items():
+            reservations[reason] = reservations.get(reason, 0) + count
+    summary: dict[str, Any] = sct_summary([s.sct_s for s in outcome.sessions])
+    summary.update(
+        calls_completed=len(calls),
+        sessions_completed=len(outcome.sessions),
+        switches=sum(1 for _, s in slots if s.switch_s > 0) - len(outcome.nodes),
+        slots=activations,
+        switch_s_total=sum(s.switch_s for _, s in slots),
+        recomputed_tokens=sum(c.recomputed_tokens for c in calls),
+        restored_bytes=sum(c.restored_bytes for c in calls),
+        kv_sources={src.value: sum(1 for c in calls if c.kv_source is src) for src in KvSource},
+        sp_admitted=sum(1 for c in calls if c.sp_admitted),
+        gpu_busy_fraction=busy / span if span > 0 else 0.0,
+        mean_queue_s=mean([c.queue_s for c in calls]),
+        p50_ttft_s=percentile([c.first_token_s - c.arrival_s for c in calls], 50),
+        makespan_s=outcome.makespan_s,
+        peak_hbm_fraction=max(n.peak_hbm_bytes / n.hbm_capacity_bytes for n in outcome.nodes),
+        reservations=reservations,
+        sct_s={s.session_id: s.sct_s for s in outcome.sessions},
+        timeline=[
+            {
+                "node": node,
+                "model": s.model,
+                "start_s": s.start_s,
+                "switch_s": s.switch_s,
+                "end_s": s.end_s if s.end_s is not None else outcome.makespan_s,
+                "close": s.close.value if s.close else None,
+                "admitted": s.admitted,
+                "sp_admitted": s.sp_admitted,
+            }
+            for node, s in slots
+        ],
+    )
+    return summary
+
+
+def run_experiment(
+    sessions: Sequence[SessionTrace],
+    catalog: Catalog,
+    setup: ExperimentSetup,
+    policies: Sequence[str],
+    on_call: OnCall | None = None,
+    include_dedicated: bool = True,
+) -> dict[str, Any]:
+    """Replay every policy, the dedicated reference and the oracle bound on ``sessions``."""
+    config = SchedulerConfig(quantum_s=setup.quantum_s)
+    node = NodeSetup(setup.server, setup.profile, setup.models)
+    shared = [(f"node{i}", node) for i in range(setup.nodes)]
+    results: dict[str, dict[str, Any]] = {}
+    for name in policies:
+        flags = policy_flags(name)
+        summary = _summary(replay(sessions, catalog, shared, flags, config, on_call))
+        summary["flags"] = asdict(flags)
+        results[name] = summary
+    document: dict[str, Any] = {
+        "setup": asdict(setup),
+        "sessions": len(sessions),
+        "calls": sum(s.num_calls for s in sessions),
+        "policies": results,
+        "oracle": _oracle(sessions, catalog, setup),
+    }
+    if include_dedicated:
+        per_model = [(m, NodeSetup(setup.server, setup.profile, (m,))) for m in setup.models]
+        dedicated = _summary(replay(sessions, catalog, per_model, TALARIA, config, on_call))
+        document["dedicated"] = dedicated
+    _add_ratios(document)
+    return document
+
+
+def _oracle(
+    sessions: Sequence[SessionTrace], catalog: Catalog, setup: ExperimentSetup
+) -> dict[str, Any]:
+    server, profile = catalog.server(setup.server), catalog.profile(setup.profile)
+    costs = {m: CostModel(catalog.model(m), server, profile) for m in setup.models}
+    sct = {s.session_id: oracle_sct_s(s, costs[s.model]) for s in sessions}
+    summary: dict[str, Any] = sct_summary(list(sct.values()))
+    summary.update(calls_completed=sum(s.num_calls for s in sessions), sct_s=sct)
+    return summary
+
+
+def _add_ratios(document: dict[str, Any]) -> None:
+    """speedup_p50/p95 = round's SCT percentile / this one's; oracle_ratio_p50/p95 = this
+    one's / the oracle's (≥ 1); for ``dedicated``, talaria's p50 / dedicated's."""
+    oracle = document["oracle"]
+    base = document["policies"].get("round")
+    targets = [*document["policies"].values()]
+    if "dedicated" in document:
+        targets.append(document["dedicated"])
+    for summary in targets:
+        for q in ("p50", "p95"):
+            key = f"{q}_sct_s"
+            summary[f"speedup_{q}"] = base[key] / summary[key] if base else None
+            summary[f"oracle_ratio_{q}"] = summary[key] / oracle[key]
+    talaria = document["policies"].get("talaria")
+    if talaria and "dedicated" in document:
+        dedicated = document["dedicated"]
+        document["multiplexing_cost_p50"] = talaria["p50_sct_s"] / dedicated["p50_sct_s"]
+        document["multiplexing_cost_p95"] = talaria["p95_sct_s"] / dedicated["p95_sct_s"]

@@ -1,0 +1,177 @@
+"""Figures for experiment documents (``talaria.sim.experiment``) and sensitivity sweeps.
+
+Everything is drawn on a bare :class:`~matplotlib.figure.Figure` with the Agg canvas, so no
+global pyplot state is touched and the module is safe in headless runs and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from talaria.sim.metrics import percentile
+
+DPI = 120
+TIMELINE_POLICIES = ("round", "talaria")
+BOLD_POLICIES = frozenset(TIMELINE_POLICIES)
+PAPER_SPEEDUP = {"p50": 5.3, "p95": 2.6}
+_REFERENCES = {"oracle": ("black", "--"), "dedicated": ("0.45", ":")}
+
+
+def _save(fig: Figure, path: str | Path) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(out, dpi=DPI, format="png")
+    return out
+
+
+def _p50(summary: dict[str, Any], values: Sequence[float]) -> float:
+    p50 = summary.get("p50_sct_s")
+    return float(p50) if p50 is not None else percentile(values, 50)
+
+
+def _cdf_panel(ax: Axes, doc: dict[str, Any]) -> None:
+    """Empirical SCT CDF per policy, with oracle and dedicated as dashed/dotted references."""
+    curves: list[tuple[str, dict[str, Any], dict[str, Any]]] = []
+    for i, (name, summary) in enumerate(doc.get("policies", {}).items()):
+        width = 2.6 if name in BOLD_POLICIES else 1.3
+        curves.append((name, summary, {"color": f"C{i % 10}", "linewidth": width}))
+    for name, (color, dash) in _REFERENCES.items():
+        if name in doc:
+            curves.append((name, doc[name], {"color": color, "linestyle": dash, "linewidth": 1.8}))
+    seen: list[float] = []
+    for name, summary, style in curves:
+        xs = sorted(float(v) for v in summary.get("sct_s", {}).values())
+        if not xs:
+            continue
+        seen.extend(xs)
+        ys = [0.0, *((i + 1) / len(xs) for i in range(len(xs)))]
+        label = f"{name} (p50 {_p50(summary, xs):.1f} s)"
+        ax.step([xs[0], *xs], ys, where="post", label=label, **style)
+    positive = [v for v in seen if v > 0]
+    if positive and max(positive) / min(positive) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("session completion time (s)")
+    ax.set_ylabel("fraction of sessions")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title("Session completion time (CDF)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="policy")
+
+
+def _models(doc: dict[str, Any], timelines: Sequence[Sequence[dict[str, Any]]]) -> list[str]:
+    """The models in a stable order: the setup's, then any others in order of appearance."""
+    models = [str(m) for m in doc.get("setup", {}).get("models", ())]
+    for timeline in timelines:
+        for slot in timeline:
+            if slot["model"] not in models:
+                models.append(str(slot["model"]))
+    return models
+
+
+def _timeline_panel(
+    ax: Axes, name: str, timeline: Sequence[dict[str, Any]], colors: dict[str, str]
+) -> None:
+    """One row per node, one bar per slot; the switch part of each slot is hatched and faded."""
+    nodes: list[str] = []
+    for slot in timeline:
+        if slot["node"] not in nodes:
+            nodes.append(str(slot["node"]))
+    for slot in timeline:
+        y = nodes.index(str(slot["node"]))
+        start, switch = float(slot["start_s"]), float(slot["switch_s"])
+        end = float(slot["end_s"])
+        color = colors[str(slot["model"])]
+        if switch > 0:
+            ax.barh(y, switch, left=start, height=0.6, color=color, alpha=0.45, hatch="////")
+            ax.barh(y, switch, left=start, height=0.6, fill=False, edgecolor="0.2", lw=0.5)
+        if end > start + switch:
+            ax.barh(y, end - start - switch, left=start + switch, height=0.6, color=color)
+    total = sum(float(s["switch_s"]) for s in timeline)
+    ax.set_title(f"{name}: {len(timeline)} model slots, {total:.0f} s switching", fontsize=10)
+    ax.set_yticks(range(len(nodes)), nodes, fontsize=8)
+    ax.set_ylim(-0.6, len(nodes) - 0.4)
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+
+
+def plot_experiment(doc: dict[str, Any], path: str | Path, title: str | None = None) -> Path:
+    """Write the SCT CDF and the round/talaria slot timelines of ``doc`` as one PNG."""
+    policies: dict[str, Any] = doc.get("policies", {})
+    shown = [p for p in TIMELINE_POLICIES if policies.get(p, {}).get("timeline")]
+    timelines = [policies[p]["timeline"] for p in shown]
+    colors = {m: f"C{i % 10}" for i, m in enumerate(_models(doc, timelines))}
+    fig = Figure(figsize=(12, 9), dpi=DPI)
+    grid = fig.add_gridspec(1 + len(shown), 1, height_ratios=[2.2] + [1.0] * len(shown))
+    _cdf_panel(fig.add_subplot(grid[0]), doc)
+    first: Axes | None = None
+    for i, (name, timeline) in enumerate(zip(shown, timelines, strict=True)):
+        ax = fig.add_subplot(grid[i + 1], sharex=first)
+        first = first or ax
+        _timeline_panel(ax, name, timeline, colors)
+        if i == 0:
+            used = {str(s["model"]) for t in timelines for s in t}
+            handles = [Patch(color=c, label=m) for m, c in colors.items() if m in used]
+            handles.append(Patch(facecolor="0.7", hatch="////", edgecolor="0.2", label="switch"))
+            ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+        if i < len(shown) - 1:
+            ax.tick_params(labelbottom=False)
+        else:
+            ax.set_xlabel("time (s)")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def _number(value: Any) -> float:
+    return float(value) if value is not None else math.nan
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """One panel per swept parameter: talaria's p50/p95 speedup over round against its value."""
+    params: list[str] = []
+    for row in rows:
+        if row["param"] not in params:
+            params.append(str(row["param"]))
+    ncols = max(1, min(len(params), 3))
+    nrows = max(1, math.ceil(len(params) / ncols))
+    fig = Figure(figsize=(4.5 * ncols, 3.6 * nrows), dpi=DPI)
+    axes = [fig.add_subplot(nrows, ncols, i + 1) for i in range(nrows * ncols)]
+    for ax, param in zip(axes, params, strict=False):
+        points = sorted((r for r in rows if r["param"] == param), key=lambda r: float(r["value"]))
+        xs = [float(r["value"]) for r in points]
+        for color, (q, marker) in enumerate((("p50", "o"), ("p95", "s"))):
+            ys = [_number(r.get(f"speedup_{q}")) for r in points]
+            ax.plot(xs, ys, marker=marker, color=f"C{color}", label=f"speedup {q}")
+            paper = PAPER_SPEEDUP[q]
+            ax.axhline(paper, color=f"C{color}", ls="--", lw=1, alpha=0.7, label=f"paper {q}")
+            ax.annotate(
+                f"paper {paper}×",
+                (0.01, paper),
+                xycoords=("axes fraction", "data"),
+                fontsize=7,
+                color=f"C{color}",
+                va="bottom",
+            )
+        positive = [x for x in xs if x > 0]
+        if len(positive) == len(xs) and positive and max(positive) / min(positive) > 20:
+            ax.set_xscale("log")
+        ax.set_title(param, fontsize=10)
+        ax.set_xlabel("value")
+        ax.set_ylabel("speedup vs round (×)")
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(params) :]:
+        ax.set_axis_off()
+    if params:
+        axes[0].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,98 @@
+"""Console tables of a replay experiment and of a sweep (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+
+def _f(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def experiment_table(doc: dict[str, Any]) -> Table:
+    table = Table(
+        title=f"SCT per policy — {doc['sessions']} sessions, {doc['calls']} calls "
+        f"(quantum {doc['setup']['quantum_s']:g} s)"
+    )
+    for name in (
+        "policy",
+        "p50 SCT s",
+        "p95 SCT s",
+        "mean SCT s",
+        "speedup p50",
+        "speedup p95",
+        "÷oracle p50",
+        "switches",
+        "switch s",
+        "recomputed tok",
+        "restored GB",
+        "GPU busy",
+        "SP admits",
+        "calls",
+    ):
+        table.add_column(name, justify="left" if name == "policy" else "right")
+    rows = [*doc["policies"].items()]
+    if "dedicated" in doc:
+        rows.append(("dedicated (ref)", doc["dedicated"]))
+    for name, s in rows:
+        table.add_row(
+            name,
+            _f(s["p50_sct_s"]),
+            _f(s["p95_sct_s"]),
+            _f(s["mean_sct_s"]),
+            _f(s.get("speedup_p50"), 2),
+            _f(s.get("speedup_p95"), 2),
+            _f(s.get("oracle_ratio_p50"), 2),
+            str(s["switches"]),
+            _f(s["switch_s_total"]),
+            f"{s['recomputed_tokens']:,}",
+            _f(s["restored_bytes"] / 1e9),
+            f"{s['gpu_busy_fraction']:.0%}",
+            str(s["sp_admitted"]),
+            str(s["calls_completed"]),
+        )
+    oracle = doc["oracle"]
+    table.add_row(
+        "oracle (bound)",
+        _f(oracle["p50_sct_s"]),
+        _f(oracle["p95_sct_s"]),
+        _f(oracle["mean_sct_s"]),
+        *["–"] * 9,
+        str(oracle["calls_completed"]),
+    )
+    return table
+
+
+def sweep_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="Sensitivity: round vs talaria (dedicated = one node per model)")
+    for name in (
+        "param",
+        "value",
+        "round p50",
+        "round p95",
+        "talaria p50",
+        "talaria p95",
+        "speedup p50",
+        "speedup p95",
+        "talaria÷dedicated p50",
+        "÷oracle p50",
+    ):
+        table.add_column(name, justify="left" if name == "param" else "right")
+    for r in rows:
+        table.add_row(
+            r["param"],
+            f"{r['value']:g}",
+            _f(r["round_p50_sct_s"]),
+            _f(r["round_p95_sct_s"]),
+            _f(r["talaria_p50_sct_s"]),
+            _f(r["talaria_p95_sct_s"]),
+            _f(r["speedup_p50"], 2),
+            _f(r["speedup_p95"], 2),
+            _f(r["multiplexing_cost_p50"], 2),
+            _f(r["oracle_ratio_p50"], 2),
+        )
+    return table

@@ -1,0 +1,262 @@
+"""The ``talaria`` command."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.types import CallResult
+from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, policy_flags
+from talaria.sim.trace import SessionTrace, TraceError, read_trace, write_trace
+from talaria.sim.workload import WorkloadSpec, generate_sessions
+
+app = typer.Typer(
+    help="Talaria: session-aware serving of tool-using agents on shared GPU nodes.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+trace_app = typer.Typer(help="Make and inspect replay traces (JSONL, one call per line).")
+app.add_typer(trace_app, name="trace")
+console = Console(stderr=True)
+
+CatalogOpt = Annotated[
+    list[Path] | None,
+    typer.Option("--catalog", help="Extra directory or TOML file of models/servers/profiles."),
+]
+
+
+def _catalog(extra: list[Path] | None) -> Catalog:
+    try:
+        return load_catalog(extra or [])
+    except CatalogError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _generate(spec: WorkloadSpec, catalog: Catalog, seed: int) -> list[SessionTrace]:
+    models = [catalog.model(m) for m in spec.models]
+    return generate_sessions(
+        spec,
+        {m.name: m.context_window_tokens for m in models},
+        {m.name: m.reasoning for m in models},
+        seed,
+    )
+
+
+def _stdout() -> Console:
+    """Tables go to stdout, full width even when piped to a file."""
+    out = Console()
+    return out if out.is_terminal else Console(width=200)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("calls"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+@app.command()
+def replay(
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="Workload and node setup: 'paper' (30 sessions, 960 calls, one "
+            "8×H200 node, three 100B+ models) or 'small'."
+        ),
+    ] = "paper",
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Replay this JSONL trace instead of generating sessions "
+            "(docs/trace-format.md); its models must be in the catalog."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the workload generator.")] = 0,
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated policies: round (all flags off), talaria (all on), "
+            "+sp_admission, +host_kv, +d2d_staging, +soft_reservations."
+        ),
+    ] = ",".join(DEFAULT_POLICIES),
+    quantum_s: Annotated[
+        float | None, typer.Option(help="Slot quantum in seconds (default: the preset's).")
+    ] = None,
+    sessions: Annotated[
+        int | None, typer.Option(help="Override the preset's session count (calls scale).")
+    ] = None,
+    nodes: Annotated[int, typer.Option(help="Nodes that each host every model.")] = 1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the results document here.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write a PNG: SCT CDF per policy and slot timelines.")
+    ] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Sensitivity sweep NAME=V1,V2,... (repeatable); NAME in: quantum_s, "
+            "sessions, mean_interarrival_s, zipf_s, weight_bw_scale, "
+            "compute_efficiency, memory_efficiency, step_overhead_s."
+        ),
+    ] = None,
+    catalog_dirs: CatalogOpt = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Replay agent sessions on a simulated node in virtual time and compare policies.
+
+    Prints p50/p95/mean session completion time (SCT) per policy, the speedup over 'round',
+    the ratio to the oracle bound (each session alone, model resident) and the 'dedicated'
+    reference (one node per model, never switched).
+    """
+    from talaria.sim.experiment import ExperimentSetup, run_experiment
+    from talaria.sim.presets import get_preset
+    from talaria.sim.report import experiment_table, sweep_table
+    from talaria.sim.sweep import parse_sweep, run_sweep
+
+    catalog = _catalog(catalog_dirs)
+    try:
+        chosen = get_preset(preset)
+        names = [p.strip() for p in policies.split(",") if p.strip()]
+        for name in names:
+            policy_flags(name)
+        sweeps = [parse_sweep(s) for s in sweep or []]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if quantum_s is not None:
+        chosen = replace(chosen, quantum_s=quantum_s)
+    if sessions is not None:
+        w = chosen.workload
+        total = round(w.total_calls / w.sessions * sessions) if w.total_calls else None
+        chosen = replace(chosen, workload=replace(w, sessions=sessions, total_calls=total))
+    try:
+        if trace is not None:
+            traced = read_trace(trace)
+            models = tuple(dict.fromkeys(s.model for s in traced))
+            for m in models:
+                catalog.model(m)
+            chosen = replace(chosen, workload=replace(chosen.workload, models=models))
+            session_list = traced
+        else:
+            session_list = _generate(chosen.workload, catalog, seed)
+    except (TraceError, CatalogError, OSError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+    calls = sum(s.num_calls for s in session_list)
+    runs = len(names) + 1
+    setup = ExperimentSetup(
+        chosen.server, chosen.profile, chosen.workload.models, nodes, chosen.quantum_s
+    )
+    started = time.perf_counter()
+    with _progress() as bar:
+        task = bar.add_task("replay", total=calls * runs, visible=progress)
+
+        def tick(_: CallResult) -> None:
+            bar.advance(task)
+
+        doc: dict[str, Any] = run_experiment(session_list, catalog, setup, names, tick)
+        doc.update(
+            preset=chosen.name,
+            seed=seed if trace is None else None,
+            trace=str(trace) if trace else None,
+        )
+        rows: list[dict[str, Any]] = []
+        if sweeps:
+            points = sum(len(v) for _, v in sweeps)
+            sweep_task = bar.add_task("sweep", total=calls * 3 * points, visible=progress)
+
+            def sweep_tick(_: CallResult) -> None:
+                bar.advance(sweep_task)
+
+            rows = run_sweep(
+                chosen, catalog, sweeps, lambda w, c: _generate(w, c, seed), sweep_tick
+            )
+            doc["sweep"] = rows
+    out = _stdout()
+    out.print(experiment_table(doc))
+    if "multiplexing_cost_p50" in doc:
+        out.print(
+            f"talaria ÷ dedicated: p50 {doc['multiplexing_cost_p50']:.2f}×, "
+            f"p95 {doc['multiplexing_cost_p95']:.2f}×"
+        )
+    if rows:
+        out.print(sweep_table(rows))
+    console.print(f"replayed in {time.perf_counter() - started:.1f} s wall")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        console.print(f"wrote {json_out}")
+    if plot is not None:
+        from talaria.sim.plots import plot_experiment, plot_sweep
+
+        plot_experiment(doc, plot, title=f"{chosen.name}: {chosen.description}")
+        console.print(f"wrote {plot}")
+        if rows:
+            sweep_png = plot.with_name(plot.stem + "-sweep" + plot.suffix)
+            plot_sweep(rows, sweep_png)
+            console.print(f"wrote {sweep_png}")
+
+
+@trace_app.command("generate")
+def trace_generate(
+    out: Annotated[Path, typer.Option(help="Where to write the JSONL trace.")],
+    preset: Annotated[str, typer.Option(help="Workload preset.")] = "paper",
+    seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
+    sessions: Annotated[int | None, typer.Option(help="Override the session count.")] = None,
+    catalog_dirs: CatalogOpt = None,
+) -> None:
+    """Generate SWE-bench-like sessions (FACTS.md §2 distributions) as a replayable trace."""
+    from talaria.sim.presets import get_preset
+
+    catalog = _catalog(catalog_dirs)
+    try:
+        chosen = get_preset(preset)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    workload = chosen.workload
+    if sessions is not None:
+        total = (
+            round(workload.total_calls / workload.sessions * sessions)
+            if workload.total_calls
+            else None
+        )
+        workload = replace(workload, sessions=sessions, total_calls=total)
+    traced = _generate(workload, catalog, seed)
+    write_trace(out, traced)
+    console.print(
+        f"wrote {len(traced)} sessions, {sum(s.num_calls for s in traced)} calls to {out}"
+    )
+
+
+@app.command()
+def catalog(catalog_dirs: CatalogOpt = None) -> None:
+    """List the models, servers and efficiency profiles the catalog knows."""
+    cat = _catalog(catalog_dirs)
+    out = _stdout()
+    for m in cat.models.values():
+        out.print(
+            f"model  {m.name:28} {m.total_params / 1e9:6.0f}B total {m.active_params / 1e9:5.0f}B"
+            f" active  {m.weight_bytes / 1e9:6.0f} GB  KV {m.kv_bytes_per_token_tp8:,} B/token "
+            f"(TP8)  ctx {m.context_window_tokens:,}"
+        )
+    for s in cat.servers.values():
+        out.print(f"server {s.name:28} {s.gpus}×{s.hbm_bytes_per_gpu / 1e9:.0f} GB HBM")
+    for p in cat.profiles.values():
+        out.print(f"profile {p.name}")
+
+
+def main() -> None:
+    app()

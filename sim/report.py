@@ -68,7 +68,11 @@ def experiment_table(doc: dict[str, Any]) -> Table:
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> Table:
-    table = Table(title="Sensitivity: round vs talaria (dedicated = one node per model)")
+    seeds = rows[0].get("seeds", 1) if rows else 1
+    table = Table(
+        title=f"Sensitivity: round vs talaria, median over {seeds} seed(s) "
+        "(dedicated = one node per model)"
+    )
     for name in (
         "param",
         "value",

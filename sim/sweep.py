@@ -13,6 +13,7 @@ Parameters (none of them is given by the paper, or each is an estimate):
 from __future__ import annotations
 
 import copy
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -34,7 +35,7 @@ SWEEP_PARAMS = (
     "step_overhead_s",
 )
 
-SessionMaker = Callable[[WorkloadSpec, Catalog], list[SessionTrace]]
+SessionMaker = Callable[[WorkloadSpec, Catalog, int], list[SessionTrace]]
 
 
 def parse_sweep(text: str) -> tuple[str, list[float]]:
@@ -93,38 +94,45 @@ def run_sweep(
     catalog: Catalog,
     sweeps: Sequence[tuple[str, list[float]]],
     make_sessions: SessionMaker,
+    seeds: Sequence[int] = (0,),
     on_call: OnCall | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (parameter, value): round / talaria / dedicated SCT and the speedups."""
+    """One row per (parameter, value): the median over ``seeds`` of round / talaria /
+    dedicated SCT percentiles and of the ratios (each ratio is taken per seed first)."""
     rows: list[dict[str, Any]] = []
     for param, values in sweeps:
         for value in values:
             varied_preset, varied_catalog = _varied(preset, catalog, param, value)
-            sessions = make_sessions(varied_preset.workload, varied_catalog)
             setup = ExperimentSetup(
                 varied_preset.server,
                 varied_preset.profile,
                 varied_preset.workload.models,
                 quantum_s=varied_preset.quantum_s,
             )
-            doc = run_experiment(sessions, varied_catalog, setup, ["round", "talaria"], on_call)
-            rnd, tal, ded = doc["policies"]["round"], doc["policies"]["talaria"], doc["dedicated"]
-            rows.append(
-                {
-                    "param": param,
-                    "value": value,
-                    "round_p50_sct_s": rnd["p50_sct_s"],
-                    "round_p95_sct_s": rnd["p95_sct_s"],
-                    "talaria_p50_sct_s": tal["p50_sct_s"],
-                    "talaria_p95_sct_s": tal["p95_sct_s"],
-                    "dedicated_p50_sct_s": ded["p50_sct_s"],
-                    "speedup_p50": tal["speedup_p50"],
-                    "speedup_p95": tal["speedup_p95"],
-                    "multiplexing_cost_p50": doc["multiplexing_cost_p50"],
-                    "oracle_ratio_p50": tal["oracle_ratio_p50"],
-                    "talaria_switches": tal["switches"],
-                    "round_switches": rnd["switches"],
-                    "calls": doc["calls"],
-                }
-            )
+            per_seed = []
+            for seed in seeds:
+                sessions = make_sessions(varied_preset.workload, varied_catalog, seed)
+                doc = run_experiment(sessions, varied_catalog, setup, ["round", "talaria"], on_call)
+                per_seed.append(_row(doc))
+            row: dict[str, Any] = {"param": param, "value": value, "seeds": len(per_seed)}
+            row.update({k: statistics.median(r[k] for r in per_seed) for k in per_seed[0]})
+            rows.append(row)
     return rows
+
+
+def _row(doc: dict[str, Any]) -> dict[str, float]:
+    rnd, tal, ded = doc["policies"]["round"], doc["policies"]["talaria"], doc["dedicated"]
+    return {
+        "round_p50_sct_s": rnd["p50_sct_s"],
+        "round_p95_sct_s": rnd["p95_sct_s"],
+        "talaria_p50_sct_s": tal["p50_sct_s"],
+        "talaria_p95_sct_s": tal["p95_sct_s"],
+        "dedicated_p50_sct_s": ded["p50_sct_s"],
+        "speedup_p50": tal["speedup_p50"],
+        "speedup_p95": tal["speedup_p95"],
+        "multiplexing_cost_p50": doc["multiplexing_cost_p50"],
+        "oracle_ratio_p50": tal["oracle_ratio_p50"],
+        "talaria_switches": tal["switches"],
+        "round_switches": rnd["switches"],
+        "calls": doc["calls"],
+    }

@@ -113,6 +113,13 @@ def replay(
             "compute_efficiency, memory_efficiency, step_overhead_s."
         ),
     ] = None,
+    sweep_seeds: Annotated[
+        int,
+        typer.Option(
+            help="Workload seeds per sweep point (seed, seed+1, ...); rows report "
+            "the median over them."
+        ),
+    ] = 3,
     catalog_dirs: CatalogOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
@@ -175,15 +182,15 @@ def replay(
         )
         rows: list[dict[str, Any]] = []
         if sweeps:
-            points = sum(len(v) for _, v in sweeps)
-            sweep_task = bar.add_task("sweep", total=calls * 3 * points, visible=progress)
+            points = sum(len(v) for _, v in sweeps) * sweep_seeds
+            sweep_task = bar.add_task("sweep", total=None, visible=progress)
+            bar.update(sweep_task, description=f"sweep ({points} replays of 3 layouts)")
 
             def sweep_tick(_: CallResult) -> None:
                 bar.advance(sweep_task)
 
-            rows = run_sweep(
-                chosen, catalog, sweeps, lambda w, c: _generate(w, c, seed), sweep_tick
-            )
+            seeds = range(seed, seed + sweep_seeds)
+            rows = run_sweep(chosen, catalog, sweeps, _generate, seeds, sweep_tick)
             doc["sweep"] = rows
     out = _stdout()
     out.print(experiment_table(doc))
@@ -202,7 +209,12 @@ def replay(
     if plot is not None:
         from talaria.sim.plots import plot_experiment, plot_sweep
 
-        plot_experiment(doc, plot, title=f"{chosen.name}: {chosen.description}")
+        source = f"trace {trace.name}" if trace else f"preset {chosen.name}, seed {seed}"
+        title = (
+            f"{source}: {doc['sessions']} sessions, {doc['calls']} calls, "
+            f"{nodes} node(s), quantum {chosen.quantum_s:g} s"
+        )
+        plot_experiment(doc, plot, title=title)
         console.print(f"wrote {plot}")
         if rows:
             sweep_png = plot.with_name(plot.stem + "-sweep" + plot.suffix)

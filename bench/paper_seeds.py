@@ -1,0 +1,71 @@
+"""Replay the paper preset over several workload seeds: how stable are the speedups?
+
+    .venv/bin/python bench/paper_seeds.py --seeds 10 [--quantum-s 60] [--json out/seeds.json]
+
+Prints one row per seed (round / talaria / dedicated p50 and p95 SCT, speedups, talaria ÷
+dedicated) and the median, min and max over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+from talaria.core.catalog import load_catalog
+from talaria.sim.experiment import ExperimentSetup, run_experiment
+from talaria.sim.presets import get_preset
+from talaria.sim.workload import generate_sessions
+
+COLUMNS = (
+    ("round p50", lambda d: d["policies"]["round"]["p50_sct_s"]),
+    ("round p95", lambda d: d["policies"]["round"]["p95_sct_s"]),
+    ("talaria p50", lambda d: d["policies"]["talaria"]["p50_sct_s"]),
+    ("talaria p95", lambda d: d["policies"]["talaria"]["p95_sct_s"]),
+    ("speedup p50", lambda d: d["policies"]["talaria"]["speedup_p50"]),
+    ("speedup p95", lambda d: d["policies"]["talaria"]["speedup_p95"]),
+    ("tal÷ded p50", lambda d: d["multiplexing_cost_p50"]),
+    ("tal÷oracle p50", lambda d: d["policies"]["talaria"]["oracle_ratio_p50"]),
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--preset", default="paper")
+    parser.add_argument("--quantum-s", type=float, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    catalog = load_catalog()
+    preset = get_preset(args.preset)
+    if args.quantum_s is not None:
+        preset = replace(preset, quantum_s=args.quantum_s)
+    models = [catalog.model(m) for m in preset.workload.models]
+    setup = ExperimentSetup(
+        preset.server, preset.profile, preset.workload.models, quantum_s=preset.quantum_s
+    )
+    rows = []
+    print("seed " + " ".join(f"{name:>14}" for name, _ in COLUMNS))
+    for seed in range(args.seeds):
+        sessions = generate_sessions(
+            preset.workload,
+            {m.name: m.context_window_tokens for m in models},
+            {m.name: m.reasoning for m in models},
+            seed,
+        )
+        doc = run_experiment(sessions, catalog, setup, ["round", "talaria"])
+        row = {name: fn(doc) for name, fn in COLUMNS}
+        rows.append(row)
+        print(f"{seed:4d} " + " ".join(f"{row[name]:14.2f}" for name, _ in COLUMNS))
+    for label, agg in (("median", statistics.median), ("min", min), ("max", max)):
+        values = [agg([r[name] for r in rows]) for name, _ in COLUMNS]
+        print(f"{label:>4} " + " ".join(f"{v:14.2f}" for v in values))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -50,8 +50,11 @@ class LoopClock:
         if timeout_s is None:
             await event.wait()
             return True
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+        # that arrives just after the event is set, so a cancelled waiter would never stop.
         try:
-            await asyncio.wait_for(event.wait(), max(0.0, timeout_s) / self.scale)
+            async with asyncio.timeout(max(0.0, timeout_s) / self.scale):
+                await event.wait()
         except TimeoutError:
             return False
         return True

@@ -211,7 +211,8 @@ class NodeScheduler:
         assert self._active is not None
         engine = self.engines[self._active]
         request = waiting.request
-        session = self._sessions[request.session_id]
+        # A call queued before its session ended (e.g. by a final call) keeps a fresh record.
+        session = self._sessions.setdefault(request.session_id, _Session(request.model))
         expected_out = session.expected_output_tokens(self.config.default_output_tokens)
         decision = decide_admission(
             sp_admission=self.flags.sp_admission,
@@ -249,15 +250,16 @@ class NodeScheduler:
             verdict = self._decide(waiting)
             if verdict is False:
                 continue
-            if not self._fits(engine, waiting.request):
-                if engine.running == 0 and self._is_hopeless(engine, waiting.request):
-                    queue.remove(waiting)
-                    waiting.result.set_exception(
-                        CallTooLargeError(
-                            f"call needs {engine.needed_bytes(waiting.request):.3g} B of KV; "
-                            f"node {self.name} cannot hold it"
-                        )
+            if self._is_hopeless(engine, waiting.request):
+                queue.remove(waiting)
+                waiting.result.set_exception(
+                    CallTooLargeError(
+                        f"call needs {engine.needed_bytes(waiting.request):.3g} B of KV; "
+                        f"node {self.name} cannot hold it"
                     )
+                )
+                continue
+            if not self._fits(engine, waiting.request):
                 break  # FIFO: later calls do not overtake one that waits for memory
             admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
             if admission is None:

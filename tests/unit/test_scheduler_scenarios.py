@@ -1,0 +1,580 @@
+"""NodeScheduler on tiny hand-built scenarios, with exact expected times.
+
+Catalog (built here, not loaded): one GPU ("tiny" server) and two identical dense bf16 models
+"a" and "b", so every figure below is a round number:
+
+- weights 40 GB each; usable HBM 100 GB. The scheduler never keeps two models active (a
+  switch always puts the outgoing one to sleep), but the active model plus the other one
+  staged (80 GB) fit, leaving 20 GB of KV. KV is 1 MB per token (2 × 50 layers × 50 heads ×
+  100 dims × 2 B).
+- wake (host → HBM) at 10 GB/s: 4 s; sleep (HBM → host) at 20 GB/s: 2 s; so a plain switch is
+  2 + 4 = 6 s. Device copy of staged weights: 2 × 40 GB / 1 TB/s = 0.08 s. KV over PCIe at
+  10 GB/s: 0.1 ms per token.
+- steps: 10 ms overhead + max(compute, memory); decode is memory-bound, 40 ms of weights +
+  1 µs per context token, so a decode step is ≈ 51 ms at 1,000 tokens of context.
+
+Every expected time is written as a sum of ``CostModel`` terms, in the order the node pays them.
+All runs are on the virtual-time loop: no wall-clock sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+
+import pytest
+
+from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
+from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
+from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.costmodel import CostModel, PrefillChunk
+from talaria.runtime.engines.sim import STAGING_CHUNKS
+from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, SchedulerFlags, policy_flags
+from talaria.runtime.scheduling.node import (
+    CallTooLargeError,
+    NodeScheduler,
+    SchedulerConfig,
+    UnknownModelError,
+)
+from talaria.runtime.scheduling.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.runtime.scheduling.slots import CloseReason
+from talaria.sim.replay import NodeSetup, build_node
+
+WEIGHTS = 40e9
+
+
+def _model(name: str) -> ModelSpec:
+    return ModelSpec(
+        name=name,
+        hf_id=f"test/{name}",
+        total_params=20e9,
+        active_params=20e9,
+        layers=50,
+        q_heads=50,
+        kv_heads=50,
+        head_dim=100,
+        weight_dtype="bf16",
+        weight_bytes=WEIGHTS,
+        kv_bytes_per_token=1_000_000,
+        kv_bytes_per_token_tp8=1_000_000,
+        context_window_tokens=131_072,
+    )
+
+
+SERVER = ServerSpec(
+    name="tiny",
+    gpus=1,
+    hbm_bytes_per_gpu=100e9,
+    hbm_bytes_per_s_per_gpu=1e12,
+    dense_flops_per_s_per_gpu={"bf16": 1e15, "fp8": 2e15},
+    pcie_peak_bytes_per_s_per_gpu=10e9,
+    pcie_pinned_bytes_per_s_per_gpu=10e9,
+    nvlink_bytes_per_s_per_gpu=100e9,
+    host_dram_bytes=1e12,
+    weight_wake_bytes_per_s_per_gpu=10e9,
+    weight_sleep_bytes_per_s_per_gpu=20e9,
+    gpu_memory_utilization=1.0,
+)
+PROFILE = EfficiencyProfile(
+    name="tiny", compute_efficiency=1.0, memory_efficiency=1.0, step_overhead_s=0.01
+)
+CATALOG = Catalog(
+    models={"a": _model("a"), "b": _model("b")},
+    servers={"tiny": SERVER},
+    profiles={"tiny": PROFILE},
+)
+SETUP = NodeSetup("tiny", "tiny", ("a", "b"))
+COST_A = CostModel(CATALOG.model("a"), SERVER, PROFILE)
+COST_B = CostModel(CATALOG.model("b"), SERVER, PROFILE)
+QUANTUM_S = 30.0
+
+SP_SOFT = SchedulerFlags(sp_admission=True, soft_reservations=True)
+
+# A two-call session: call 0 has a P0-token prompt and OUT output tokens; call 1 appends
+# APPEND tokens of tool output to call 0's prompt + output.
+P0, OUT, APPEND = 1000, 10, 90
+SHARED = P0 + OUT  # 1010 tokens of call 1's prompt are call 0's prompt + output
+P1 = SHARED + APPEND  # 1100
+CACHED = SHARED - SHARED % PROFILE.block_tokens  # 1008: only whole 16-token blocks are reused
+GAP = 0.5
+
+
+def test_catalog_numbers_are_the_round_ones_the_scenarios_assume() -> None:
+    assert COST_A.weight_wake_time_s() == pytest.approx(4.0)
+    assert COST_A.weight_sleep_time_s() == pytest.approx(2.0)
+    assert COST_A.d2d_switch_time_s() == pytest.approx(0.08)
+    assert COST_A.kv_bytes(SHARED) == 1024 * 1_000_000
+    assert COST_A.kv_transfer_time_s(COST_A.kv_bytes(SHARED)) == pytest.approx(0.1024)
+    assert COST_A.decode_step_time_s(1, 1000) == pytest.approx(0.01 + 0.04 + 1000e-6)
+    assert SERVER.usable_hbm_bytes >= 2 * WEIGHTS  # staging the other model fits
+
+
+# -- harness ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Call:
+    prompt: int
+    output: int
+    gap_s: float | None = None
+    """Tool time the agent spends after this call's answer."""
+    hint_s: float | None = None
+    """``expected_tool_gap_s`` sent with the call."""
+
+
+@dataclass(frozen=True)
+class Agent:
+    session: str
+    model: str
+    start_s: float
+    calls: tuple[Call, ...]
+    ends: bool = True
+    """The last call carries ``session_final``."""
+
+
+Outcome = list[CallResult | Exception]
+
+
+def _requests(agent: Agent) -> list[CallRequest]:
+    out: list[CallRequest] = []
+    previous = 0  # append-only history: the shared prefix is the last prompt + output
+    for i, call in enumerate(agent.calls):
+        out.append(
+            CallRequest(
+                request_id=f"{agent.session}/{i}",
+                session_id=agent.session,
+                model=agent.model,
+                prompt_tokens=call.prompt,
+                max_output_tokens=call.output,
+                call_index=i,
+                expected_tool_gap_s=call.hint_s,
+                session_final=agent.ends and i == len(agent.calls) - 1,
+                shared_prefix_tokens=previous,
+            )
+        )
+        previous = call.prompt + call.output
+    return out
+
+
+def run_scenario(
+    flags: SchedulerFlags, agents: Sequence[Agent], quantum_s: float = QUANTUM_S
+) -> tuple[NodeScheduler, dict[str, Outcome]]:
+    """Run the agents closed-loop against one node; a failed call ends its session."""
+
+    async def main() -> tuple[NodeScheduler, dict[str, Outcome]]:
+        clock = LoopClock()
+        node = build_node("n0", SETUP, CATALOG, flags, SchedulerConfig(quantum_s=quantum_s), clock)
+        node.start()
+
+        async def run_agent(agent: Agent) -> Outcome:
+            await clock.sleep(agent.start_s - clock.now())
+            results: Outcome = []
+            for call, request in zip(agent.calls, _requests(agent), strict=True):
+                try:
+                    results.append(await node.submit(request))
+                except (CallTooLargeError, UnknownModelError) as exc:
+                    results.append(exc)
+                    break
+                if call.gap_s is not None:
+                    await clock.sleep(call.gap_s)
+            return results
+
+        try:
+            outcomes = await asyncio.gather(*(run_agent(a) for a in agents))
+        finally:
+            await node.stop()  # also retrieves the loop task's exception if it crashed
+        return node, {a.session: o for a, o in zip(agents, outcomes, strict=True)}
+
+    # run_virtual, plus: when the run deadlocks (a regression), cancel what is left so that
+    # no pending task is garbage-collected later, in the middle of another test.
+    loop = VirtualTimeLoop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        _cancel_leftovers(loop)
+        loop.close()
+
+
+def _cancel_leftovers(loop: VirtualTimeLoop) -> None:
+    for _ in range(10):
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        # a task may swallow one cancel (see test_stop_right_after_the_last_call): try again
+        with contextlib.suppress(VirtualTimeDeadlock):
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    raise AssertionError("tasks left pending after cancelling them 10 times")
+
+
+def ok(outcome: Outcome, index: int) -> CallResult:
+    result = outcome[index]
+    assert isinstance(result, CallResult), result
+    return result
+
+
+def lone_call_s(cost: CostModel, prompt: int, output: int, cached: int = 0) -> float:
+    """A call alone on its engine: prefill the uncached part (the step samples token 1), then
+    output − 1 decode steps of batch 1."""
+    return cost.prefill_time_s(prompt - cached, cached) + cost.decode_time_s(output - 1, prompt, 1)
+
+
+def plain_switch_s(outgoing: CostModel, incoming: CostModel) -> float:
+    """Sleep the outgoing model's weights to host, then wake the incoming one's."""
+    return outgoing.weight_sleep_time_s() + incoming.weight_wake_time_s()
+
+
+def approx(x: float) -> object:
+    return pytest.approx(x, rel=0, abs=1e-9)
+
+
+TWO_CALLS_A = Agent("s1", "a", 0.0, (Call(P0, OUT, gap_s=GAP), Call(P1, OUT)))
+ONE_CALL_B = Agent("s2", "b", 0.0, (Call(P0, OUT),))
+
+
+# -- +sp_admission ---------------------------------------------------------------------------
+LONG_OUT = 100
+SP_AGENTS = (
+    Agent("long", "a", 0.0, (Call(P0, LONG_OUT),)),  # keeps a's slot open (running)
+    TWO_CALLS_A,
+    ONE_CALL_B,  # makes a's slot contended
+)
+
+
+def _sp_common() -> tuple[float, float]:
+    """Slot a opens after a's wake; "long" and s1's call 0 prefill together in one step, then
+    decode as a batch of two until s1's call 0 ends (OUT − 1 steps)."""
+    t_open = COST_A.weight_wake_time_s()
+    both = [PrefillChunk(P0, 0), PrefillChunk(P0, 0)]
+    t_first = t_open + COST_A.step_time_s(both, 0, 0)
+    t_a0 = t_first + sum(COST_A.decode_step_time_s(2, 2 * P0 + 2 * i) for i in range(OUT - 1))
+    return t_open, t_a0
+
+
+def test_round_continuation_waits_for_the_models_next_slot() -> None:
+    node, out = run_scenario(policy_flags("round"), SP_AGENTS)
+    t_open, t_a0 = _sp_common()
+    assert ok(out["s1"], 0).admitted_s == approx(t_open)
+    assert ok(out["s1"], 0).finished_s == approx(t_a0)
+    # "long" then decodes alone from context P0 + OUT − 1 until its last token.
+    t_long = t_a0 + sum(COST_A.decode_step_time_s(1, P0 + OUT - 1 + i) for i in range(90))
+    assert ok(out["long"], 0).finished_s == approx(t_long)
+    # s1's call 1 (arrived at t_a0 + GAP) waits: a's slot closes idle when "long" ends, b gets
+    # its slot (switch a → b), then a comes back (switch b → a) with s1's KV dropped.
+    t_b_open = t_long + plain_switch_s(COST_A, COST_B)
+    t_b0 = t_b_open + lone_call_s(COST_B, P0, OUT)
+    t_a_again = t_b0 + plain_switch_s(COST_B, COST_A)
+    a1 = ok(out["s1"], 1)
+    assert a1.arrival_s == approx(t_a0 + GAP)
+    assert not a1.sp_admitted
+    assert a1.admitted_s == approx(t_a_again)
+    assert a1.kv_source is KvSource.RECOMPUTE
+    assert a1.finished_s == approx(t_a_again + lone_call_s(COST_A, P1, OUT))
+    assert [s.model for s in node.slots] == ["a", "b", "a"]
+    assert node.slots[0].close is CloseReason.IDLE
+    assert node.slots[0].end_s == approx(t_long)
+
+
+def test_sp_admission_serves_the_continuation_in_the_same_slot() -> None:
+    node, out = run_scenario(policy_flags("+sp_admission"), SP_AGENTS)
+    _, t_a0 = _sp_common()
+    a1 = ok(out["s1"], 1)
+    t_arrival = t_a0 + GAP
+    assert a1.sp_admitted
+    assert a1.admitted_s == approx(t_arrival)
+    assert (a1.kv_source, a1.cached_tokens) == (KvSource.HBM, CACHED)
+    # "long" decodes alone from context P0 + OUT − 1; the engine takes a1 in at the first step
+    # boundary after its arrival.
+    ends = list(accumulate(COST_A.decode_step_time_s(1, P0 + OUT - 1 + i) for i in range(90)))
+    j = next(i for i, end in enumerate(ends) if end > GAP)
+    assert ends[j] - GAP > 1e-6 and (j == 0 or GAP - ends[j - 1] > 1e-6)  # no boundary tie
+    long_context = P0 + OUT - 1 + (j + 1)
+    t_boundary = t_a0 + ends[j]
+    # One mixed step: "long" decodes one token, a1 prefills its P1 − CACHED uncached tokens.
+    t_first = t_boundary + COST_A.step_time_s([PrefillChunk(P1 - CACHED, CACHED)], long_context, 1)
+    assert a1.first_token_s == approx(t_first)
+    # Then both decode as a batch of two until a1's last token.
+    batch_context = (long_context + 1) + P1
+    t_fin = t_first + sum(COST_A.decode_step_time_s(2, batch_context + 2 * i) for i in range(9))
+    assert a1.finished_s == approx(t_fin)
+    assert node.slots[0].model == "a" and node.slots[0].sp_admitted == 1
+    assert node.slots[0].end_s is not None and node.slots[0].end_s > a1.finished_s
+
+
+# -- +host_kv --------------------------------------------------------------------------------
+HOST_AGENTS = (
+    Agent("s1", "a", 0.0, (Call(P0, OUT, gap_s=1.0), Call(P1, OUT))),
+    ONE_CALL_B,
+)
+
+
+@pytest.mark.parametrize("policy", ["round", "+host_kv"])
+def test_host_kv_restores_the_prefix_after_a_switch_away_and_back(policy: str) -> None:
+    host_kv = policy == "+host_kv"
+    node, out = run_scenario(policy_flags(policy), HOST_AGENTS)
+    t_a0 = COST_A.weight_wake_time_s() + lone_call_s(COST_A, P0, OUT)
+    assert ok(out["s1"], 0).finished_s == approx(t_a0)
+    # Switch a → b: with host_kv, s1's KV (SHARED tokens) is offloaded over PCIe first.
+    offload = COST_A.kv_transfer_time_s(COST_A.kv_bytes(SHARED)) if host_kv else 0.0
+    switch_away = offload + plain_switch_s(COST_A, COST_B)
+    assert node.slots[1].model == "b"
+    assert node.slots[1].switch_s == approx(switch_away)
+    t_b0 = t_a0 + switch_away + lone_call_s(COST_B, P0, OUT)
+    assert ok(out["s2"], 0).finished_s == approx(t_b0)
+    # Switch b → a: s2 ended, so b has no KV to offload.
+    t_a_again = t_b0 + plain_switch_s(COST_B, COST_A)
+    assert node.slots[2].switch_s == approx(plain_switch_s(COST_B, COST_A))
+    a1 = ok(out["s1"], 1)
+    assert a1.admitted_s == approx(t_a_again)
+    if host_kv:
+        assert a1.kv_source is KvSource.HOST
+        assert a1.cached_tokens == CACHED
+        assert a1.restored_bytes == COST_A.kv_bytes(CACHED)
+        assert a1.recomputed_tokens == 0
+        restore = COST_A.kv_transfer_time_s(COST_A.kv_bytes(CACHED))
+        t_first = t_a_again + restore + COST_A.prefill_time_s(P1 - CACHED, CACHED)
+    else:
+        assert a1.kv_source is KvSource.RECOMPUTE
+        assert a1.cached_tokens == 0
+        assert a1.restored_bytes == 0.0
+        assert a1.recomputed_tokens == SHARED
+        t_first = t_a_again + COST_A.prefill_time_s(P1, 0)
+    assert a1.first_token_s == approx(t_first)
+    assert a1.finished_s == approx(t_first + COST_A.decode_time_s(OUT - 1, P1, 1))
+
+
+# -- +d2d_staging ----------------------------------------------------------------------------
+@pytest.mark.parametrize("a_output", [100, 20], ids=["staging-done", "staging-partial"])
+@pytest.mark.parametrize("policy", ["round", "+d2d_staging"])
+def test_d2d_staging_switches_by_device_copy(policy: str, a_output: int) -> None:
+    node, out = run_scenario(
+        policy_flags(policy), (Agent("s1", "a", 0.0, (Call(P0, a_output),)), ONE_CALL_B)
+    )
+    t_open = COST_A.weight_wake_time_s()
+    assert node.slots[0].switch_s == approx(t_open)  # first activation: a full wake either way
+    t_a0 = t_open + lone_call_s(COST_A, P0, a_output)
+    assert node.slots[0].end_s == approx(t_a0)
+    if policy == "round":
+        switch = plain_switch_s(COST_A, COST_B)
+    else:
+        # b's weights are staged from a's slot opening, STAGING_CHUNKS chunks back to back;
+        # a chunk cut by the switch is lost and paid again at the switch.
+        chunk = WEIGHTS / STAGING_CHUNKS
+        elapsed_chunks = (t_a0 - t_open) / COST_B.weight_stage_time_s(chunk)
+        assert abs(elapsed_chunks - round(elapsed_chunks)) > 1e-6  # no boundary tie
+        done = min(STAGING_CHUNKS, math.floor(elapsed_chunks))
+        remaining = WEIGHTS - done * chunk
+        switch = COST_B.weight_stage_time_s(remaining) + COST_B.d2d_switch_time_s()
+        if a_output == 100:
+            assert done == STAGING_CHUNKS and switch == approx(COST_B.d2d_switch_time_s())
+        else:
+            assert 0 < done < STAGING_CHUNKS
+    assert node.slots[1].model == "b"
+    assert node.slots[1].start_s == approx(t_a0)
+    assert node.slots[1].switch_s == approx(switch)
+    b0 = ok(out["s2"], 0)
+    assert b0.admitted_s == approx(t_a0 + switch)
+    assert b0.finished_s == approx(t_a0 + switch + lone_call_s(COST_B, P0, OUT))
+
+
+# -- +soft_reservations (with SP) ------------------------------------------------------------
+@pytest.mark.parametrize("flags", [SP_SOFT, policy_flags("talaria")], ids=["sp+soft", "talaria"])
+def test_soft_reservation_keeps_the_slot_open_through_the_tool_gap(
+    flags: SchedulerFlags,
+) -> None:
+    node, out = run_scenario(flags, (TWO_CALLS_A, ONE_CALL_B))
+    t_a0 = COST_A.weight_wake_time_s() + lone_call_s(COST_A, P0, OUT)
+    assert ok(out["s1"], 0).finished_s == approx(t_a0)
+    # Without the reservation the contended slot would close IDLE at t_a0; it stays open and
+    # the continuation is admitted (SP) on arrival, its prefix still in HBM.
+    a1 = ok(out["s1"], 1)
+    assert a1.sp_admitted
+    assert a1.admitted_s == approx(t_a0 + GAP)
+    assert (a1.kv_source, a1.cached_tokens) == (KvSource.HBM, CACHED)
+    t_fin = t_a0 + GAP + lone_call_s(COST_A, P1, OUT, cached=CACHED)
+    assert a1.finished_s == approx(t_fin)
+    first = node.slots[0]
+    assert (first.model, first.close, first.admitted, first.sp_admitted) == (
+        "a",
+        CloseReason.IDLE,
+        2,
+        1,
+    )
+    assert first.end_s == approx(t_fin)
+    assert [s.model for s in node.slots] == ["a", "b"]  # no switch between s1's calls
+    assert node.reservations.released[ReleaseReason.RETURNED] == 1
+    assert not node.reservations.live
+
+
+def test_without_soft_reservations_the_slot_closes_idle_in_the_tool_gap() -> None:
+    node, out = run_scenario(policy_flags("+sp_admission"), (TWO_CALLS_A, ONE_CALL_B))
+    t_a0 = COST_A.weight_wake_time_s() + lone_call_s(COST_A, P0, OUT)
+    assert node.slots[0].close is CloseReason.IDLE
+    assert node.slots[0].end_s == approx(t_a0)
+    t_b0 = t_a0 + plain_switch_s(COST_A, COST_B) + lone_call_s(COST_B, P0, OUT)
+    t_a_again = t_b0 + plain_switch_s(COST_B, COST_A)
+    a1 = ok(out["s1"], 1)
+    assert not a1.sp_admitted
+    assert a1.admitted_s == approx(t_a_again)
+    assert a1.kv_source is KvSource.RECOMPUTE
+    assert [s.model for s in node.slots] == ["a", "b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("hint_s", "gap_s"),
+    [(2.0, 2.0), (None, DEFAULT_GAP_PRIOR_S)],
+    ids=["hinted-gap", "prior-gap"],
+)
+def test_reservation_of_a_session_that_never_returns_expires(
+    hint_s: float | None, gap_s: float
+) -> None:
+    gone = Agent("s1", "a", 0.0, (Call(P0, OUT, hint_s=hint_s),), ends=False)
+    node, out = run_scenario(SP_SOFT, (gone, ONE_CALL_B))
+    t_a0 = COST_A.weight_wake_time_s() + lone_call_s(COST_A, P0, OUT)
+    assert ok(out["s1"], 0).finished_s == approx(t_a0)
+    # Held until now + max(2 × gap, gap + 1 s), then the slot closes idle and b gets the node.
+    t_expiry = t_a0 + max(2 * gap_s, gap_s + 1.0)
+    assert node.slots[0].close is CloseReason.IDLE
+    assert node.slots[0].end_s == approx(t_expiry)
+    assert node.slots[1].model == "b"
+    b0 = ok(out["s2"], 0)
+    assert b0.admitted_s == approx(t_expiry + plain_switch_s(COST_A, COST_B))
+    assert node.reservations.released == {
+        ReleaseReason.RETURNED: 0,
+        ReleaseReason.ENDED: 0,
+        ReleaseReason.EXPIRED: 1,
+        ReleaseReason.SLOT_CLOSED: 0,
+    }
+    assert not node.reservations.live
+
+
+# -- uncontended continuous batching ---------------------------------------------------------
+@pytest.mark.parametrize("policy", DEFAULT_POLICIES)
+def test_uncontended_calls_are_admitted_on_arrival_in_every_policy(policy: str) -> None:
+    agents = (
+        Agent("s1", "a", 0.0, (Call(P0, 100, gap_s=GAP), Call(P0 + 100 + APPEND, OUT))),
+        Agent("s2", "a", 6.0, (Call(P0, OUT),)),  # arrives mid-slot, while s1's call 0 runs
+    )
+    node, out = run_scenario(policy_flags(policy), agents)
+    t_open = COST_A.weight_wake_time_s()
+    late = ok(out["s2"], 0)
+    assert (late.arrival_s, late.admitted_s) == (6.0, 6.0)
+    assert not late.sp_admitted
+    a0, a1 = ok(out["s1"], 0), ok(out["s1"], 1)
+    assert a0.admitted_s == approx(t_open)
+    assert a1.admitted_s == approx(a1.arrival_s)
+    assert a1.arrival_s == approx(a0.finished_s + GAP)
+    assert not a1.sp_admitted
+    # s1's call 1 runs alone, its prefix still in HBM.
+    shared = P0 + 100
+    cached = shared - shared % PROFILE.block_tokens
+    assert (a1.kv_source, a1.cached_tokens) == (KvSource.HBM, cached)
+    prompt = shared + APPEND
+    assert a1.finished_s == approx(a1.arrival_s + lone_call_s(COST_A, prompt, OUT, cached))
+    assert len(node.slots) == 1 and node.slots[0].close is None
+
+
+# -- errors ----------------------------------------------------------------------------------
+TOO_BIG = 70_000  # 70 GB of KV > 100 GB HBM − 40 GB of weights
+
+
+def test_call_larger_than_hbm_fails_and_the_node_keeps_serving() -> None:
+    agents = (
+        Agent("big", "a", 0.0, (Call(TOO_BIG, OUT),)),
+        Agent("s2", "a", 10.0, (Call(P0, OUT),)),
+    )
+    node, out = run_scenario(policy_flags("round"), agents)
+    assert COST_A.kv_bytes(TOO_BIG + OUT) > SERVER.usable_hbm_bytes - WEIGHTS
+    (error,) = out["big"]
+    assert isinstance(error, CallTooLargeError)
+    later = ok(out["s2"], 0)
+    assert later.admitted_s == 10.0
+    assert later.finished_s == approx(10.0 + lone_call_s(COST_A, P0, OUT))
+    assert len(node.slots) == 1
+
+
+def test_call_queued_behind_a_too_large_call_is_still_served() -> None:
+    agents = (
+        Agent("big", "a", 0.0, (Call(TOO_BIG, OUT),)),
+        Agent("s2", "a", 1.0, (Call(P0, OUT),)),  # waits for a's slot behind "big"
+    )
+    _, out = run_scenario(policy_flags("round"), agents)
+    assert isinstance(out["big"][0], CallTooLargeError)
+    assert ok(out["s2"], 0).admitted_s == approx(COST_A.weight_wake_time_s())
+
+
+def test_call_queued_behind_a_too_large_call_is_served_without_waiting_a_quantum() -> None:
+    agents = (
+        Agent("big", "a", 0.0, (Call(TOO_BIG, OUT),)),
+        Agent("s3", "a", 1.0, (Call(P0, OUT),)),
+        ONE_CALL_B,
+    )
+    _, out = run_scenario(policy_flags("round"), agents)
+    assert isinstance(out["big"][0], CallTooLargeError)
+    assert ok(out["s3"], 0).admitted_s == approx(COST_A.weight_wake_time_s())
+
+
+def test_ending_a_session_with_a_call_still_queued_does_not_kill_the_node() -> None:
+    async def main() -> list[CallResult | BaseException]:
+        clock = LoopClock()
+        node = build_node("n0", SETUP, CATALOG, policy_flags("round"), SchedulerConfig(), clock)
+        node.start()
+        # one session, two concurrent calls (a on "a" marked final, one on "b"), and a
+        # bystander session on "b"
+        calls = [
+            CallRequest("x/a", "x", "a", P0, OUT, session_final=True),
+            CallRequest("x/b", "x", "b", P0, OUT),
+            CallRequest("y/0", "y", "b", P0, OUT, session_final=True),
+        ]
+        try:
+            return await asyncio.gather(*(node.submit(c) for c in calls), return_exceptions=True)
+        finally:
+            await node.stop()
+
+    loop = VirtualTimeLoop()
+    try:
+        results = loop.run_until_complete(main())
+    finally:
+        _cancel_leftovers(loop)
+        loop.close()
+    assert isinstance(results[0], CallResult)
+    assert isinstance(results[2], CallResult)  # the bystander is served
+
+
+# -- stopping --------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "last_ends",
+    [
+        True,
+        False,  # regression: LoopClock.wait_event once used wait_for, which lost the cancel
+    ],
+)
+def test_stop_right_after_the_last_call(last_ends: bool) -> None:
+    """s1's reservation gives the loop a timer, so it waits through ``asyncio.wait_for``; the
+    last call's finish sets the loop's wake event after its result (it is not session_final),
+    and the harness stops the node right then."""
+    agents = (
+        Agent("s1", "a", 0.0, (Call(P0, OUT),), ends=False),
+        Agent("s0", "a", 0.0, (Call(P0, 100),), ends=last_ends),
+    )
+    node, out = run_scenario(policy_flags("+soft_reservations"), agents)
+    assert ok(out["s0"], 0).finished_s > ok(out["s1"], 0).finished_s
+    # s1 (and s0 when it did not end) still hold their reservations: neither came back
+    expected = {"s1"} if last_ends else {"s1", "s0"}
+    assert set(node.reservations.live) == expected
+
+
+def test_unknown_model_raises() -> None:
+    async def main() -> None:
+        clock = LoopClock()
+        node = build_node("n0", SETUP, CATALOG, policy_flags("round"), SchedulerConfig(), clock)
+        node.start()
+        with pytest.raises(UnknownModelError, match="'zzz'"):
+            await node.submit(CallRequest("x/0", "x", "zzz", 10, 1))
+        assert node.waiting_counts() == {"a": 0, "b": 0}
+        await node.stop()
+
+    run_virtual(main())

@@ -1,0 +1,354 @@
+"""The scheduler's pure rules, table-driven: slot order and closing (slots), admission
+(admission), soft reservations (reservations) and the named policies (flags)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+
+from talaria.runtime.scheduling.admission import (
+    AdmissionDecision,
+    AdmitReason,
+    decide_admission,
+    fits_memory,
+)
+from talaria.runtime.scheduling.flags import (
+    DEFAULT_POLICIES,
+    FLAG_NAMES,
+    ROUND,
+    TALARIA,
+    SchedulerFlags,
+    policy_flags,
+)
+from talaria.runtime.scheduling.reservations import (
+    DEFAULT_GAP_PRIOR_S,
+    GapEstimator,
+    ReleaseReason,
+    Reservation,
+    ReservationTable,
+    plan_reservation,
+)
+from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
+
+ORDER = ("a", "b", "c")
+
+
+# -- slots.next_model ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("active", "waiting", "expected"),
+    [
+        # round-robin: the first model after the active one (wrapping) with waiting calls
+        ("a", {"a": 1, "b": 1, "c": 1}, "b"),
+        ("b", {"a": 1, "b": 1, "c": 1}, "c"),
+        ("c", {"a": 1, "b": 1, "c": 1}, "a"),
+        # models without waiting calls are skipped
+        ("a", {"a": 1, "b": 0, "c": 2}, "c"),
+        ("a", {"c": 2}, "c"),
+        ("c", {"a": 0, "b": 3}, "b"),
+        # the active model comes last: it keeps the node only when nobody else waits
+        ("a", {"a": 4}, "a"),
+        ("b", {"a": 0, "b": 1, "c": 0}, "b"),
+        # no active model: start at the first in the order
+        (None, {"a": 1, "b": 1}, "a"),
+        (None, {"b": 1, "c": 1}, "b"),
+        (None, {"c": 1}, "c"),
+        # an active model outside the order: start at the first
+        ("zzz", {"b": 1, "c": 1}, "b"),
+        # nothing waiting
+        ("a", {}, None),
+        ("a", {"a": 0, "b": 0, "c": 0}, None),
+        (None, {}, None),
+        # counts for models outside the order are ignored
+        ("a", {"zzz": 5}, None),
+    ],
+)
+def test_next_model(active: str | None, waiting: dict[str, int], expected: str | None) -> None:
+    assert next_model(ORDER, active, waiting) == expected
+
+
+def test_next_model_empty_order() -> None:
+    assert next_model((), None, {"a": 1}) is None
+
+
+@pytest.mark.parametrize(
+    ("active", "waiting", "expected"),
+    [
+        ("a", {}, False),
+        ("a", {"a": 5}, False),
+        ("a", {"a": 5, "b": 0}, False),
+        ("a", {"b": 1}, True),
+        ("a", {"a": 0, "c": 2}, True),
+    ],
+)
+def test_is_contended(active: str, waiting: dict[str, int], expected: bool) -> None:
+    assert is_contended(active, waiting) is expected
+
+
+# -- slots.close_reason ----------------------------------------------------------------------
+BASE_CLOSE: dict[str, Any] = dict(
+    now_s=10.0,
+    deadline_s=60.0,
+    contended=True,
+    running=0,
+    admissible_waiting=False,
+    live_reservations=0,
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        # contended, nothing running, nothing admissible, no reservation: idle
+        ({}, CloseReason.IDLE),
+        # uncontended never closes, whatever else holds
+        ({"contended": False}, None),
+        ({"contended": False, "now_s": 100.0}, None),
+        ({"contended": False, "now_s": 60.0, "running": 3}, None),
+        # quantum: at or past the deadline, even with work in flight
+        ({"now_s": 60.0}, CloseReason.QUANTUM),
+        ({"now_s": 61.0, "running": 2}, CloseReason.QUANTUM),
+        ({"now_s": 60.0, "admissible_waiting": True, "live_reservations": 1}, CloseReason.QUANTUM),
+        # before the deadline, any of these keeps it open
+        ({"running": 1}, None),
+        ({"admissible_waiting": True}, None),
+        ({"live_reservations": 1}, None),  # a session in its tool gap, expected back
+        ({"now_s": 59.999, "live_reservations": 2}, None),
+    ],
+)
+def test_close_reason(change: dict[str, Any], expected: CloseReason | None) -> None:
+    assert close_reason(**{**BASE_CLOSE, **change}) == expected
+
+
+# -- admission.decide_admission --------------------------------------------------------------
+BASE_ADMIT: dict[str, Any] = dict(
+    sp_admission=True,
+    closing=False,
+    in_slot_batch=False,
+    contended=True,
+    is_continuation=True,
+    remaining_s=10.0,
+    estimated_service_s=5.0,
+)
+
+
+ADMIT_TABLE: list[tuple[dict[str, Any], bool, AdmitReason]] = [
+    # a closing slot admits nothing, not even its batch
+    ({"closing": True}, False, AdmitReason.WAIT_CLOSING),
+    ({"closing": True, "in_slot_batch": True}, False, AdmitReason.WAIT_CLOSING),
+    ({"closing": True, "contended": False}, False, AdmitReason.WAIT_CLOSING),
+    # waiting when the slot opened: the slot's batch, in every policy, whatever its size
+    ({"in_slot_batch": True}, True, AdmitReason.SLOT_BATCH),
+    (
+        {"in_slot_batch": True, "sp_admission": False, "estimated_service_s": 1e9},
+        True,
+        AdmitReason.SLOT_BATCH,
+    ),
+    # arrived later, uncontended: continuous batching, in every policy
+    ({"contended": False}, True, AdmitReason.UNCONTENDED),
+    (
+        {"contended": False, "sp_admission": False, "is_continuation": False},
+        True,
+        AdmitReason.UNCONTENDED,
+    ),
+    # arrived later, contended
+    ({"sp_admission": False}, False, AdmitReason.WAIT_NEXT_SLOT),
+    ({"is_continuation": False}, False, AdmitReason.WAIT_NOT_CONTINUATION),
+    ({"estimated_service_s": 10.5}, False, AdmitReason.WAIT_OVER_TIME_BUDGET),
+    ({"remaining_s": -1.0, "estimated_service_s": 0.0}, False, AdmitReason.WAIT_OVER_TIME_BUDGET),
+    ({}, True, AdmitReason.SP_BUDGET),
+    ({"estimated_service_s": 10.0}, True, AdmitReason.SP_BUDGET),  # exactly fits
+]
+
+
+@pytest.mark.parametrize(("change", "admit", "reason"), ADMIT_TABLE)
+def test_decide_admission(change: dict[str, Any], admit: bool, reason: AdmitReason) -> None:
+    decision = decide_admission(**{**BASE_ADMIT, **change})
+    assert decision == AdmissionDecision(admit, reason)
+    assert decision.sp is (reason is AdmitReason.SP_BUDGET)
+
+
+def test_every_admit_reason_is_covered() -> None:
+    """Each reason is reachable: the table above has at least one row per reason."""
+    assert {reason for _, _, reason in ADMIT_TABLE} == set(AdmitReason)
+
+
+@pytest.mark.parametrize(
+    ("needed", "free", "evictable", "reserved", "fits"),
+    [
+        (10.0, 10.0, 0.0, 0.0, True),  # exactly the free bytes
+        (10.0, 9.0, 0.0, 0.0, False),
+        (10.0, 4.0, 6.0, 0.0, True),  # free + evictable idle KV
+        (10.0, 4.0, 6.0, 1.0, False),  # minus other sessions' reservations
+        (9.0, 4.0, 6.0, 1.0, True),
+        (0.0, 0.0, 0.0, 0.0, True),
+        (0.0, 0.0, 0.0, 1.0, False),  # reservations beyond what is free
+    ],
+)
+def test_fits_memory(
+    needed: float, free: float, evictable: float, reserved: float, fits: bool
+) -> None:
+    got = fits_memory(
+        needed_bytes=needed, free_bytes=free, evictable_bytes=evictable, reserved_bytes=reserved
+    )
+    assert got is fits
+
+
+# -- reservations ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("now", "gap", "deadline", "expires"),
+    [
+        (100.0, 3.0, None, 106.0),  # uncontended: no deadline; 2 × gap
+        (100.0, 3.0, 103.0, 106.0),  # back exactly at the deadline: still taken
+        (100.0, 0.5, 160.0, 101.5),  # short gap: gap + 1 s > 2 × gap
+        (100.0, 1.0, 160.0, 102.0),  # the two rules meet at 1 s
+        (100.0, 0.0, 160.0, 101.0),
+        (0.0, 20.0, 60.0, 40.0),
+    ],
+)
+def test_plan_reservation_taken(
+    now: float, gap: float, deadline: float | None, expires: float
+) -> None:
+    res = plan_reservation(
+        session_id="s",
+        model="m",
+        now_s=now,
+        expected_gap_s=gap,
+        held_bytes=123.0,
+        deadline_s=deadline,
+    )
+    assert res == Reservation("s", "m", 123.0, now, now + gap, expires)
+    assert res is not None and res.expires_s == now + max(2 * gap, gap + 1)
+
+
+@pytest.mark.parametrize(("now", "gap", "deadline"), [(100.0, 3.0, 102.9), (0.0, 61.0, 60.0)])
+def test_plan_reservation_refused_when_back_after_the_deadline(
+    now: float, gap: float, deadline: float
+) -> None:
+    res = plan_reservation(
+        session_id="s",
+        model="m",
+        now_s=now,
+        expected_gap_s=gap,
+        held_bytes=1.0,
+        deadline_s=deadline,
+    )
+    assert res is None
+
+
+def test_plan_reservation_custom_slack() -> None:
+    res = plan_reservation(
+        session_id="s",
+        model="m",
+        now_s=0.0,
+        expected_gap_s=2.0,
+        held_bytes=0.0,
+        deadline_s=None,
+        slack_factor=3.0,
+        min_slack_s=5.0,
+    )
+    assert res is not None and res.expires_s == 7.0  # max(3 × 2, 2 + 5)
+
+
+@pytest.mark.parametrize(
+    ("gaps", "expected"),
+    [
+        ((), DEFAULT_GAP_PRIOR_S),  # the prior alone
+        ((1.2,), (DEFAULT_GAP_PRIOR_S + 1.2) / 2),
+        ((1.0, 2.0, 3.0), (DEFAULT_GAP_PRIOR_S + 6.0) / 4),
+        ((-5.0,), DEFAULT_GAP_PRIOR_S / 2),  # negative gaps count as 0
+    ],
+)
+def test_gap_estimator_default_prior(gaps: tuple[float, ...], expected: float) -> None:
+    est = GapEstimator()
+    for gap in gaps:
+        est.observe(gap)
+    assert est.count == len(gaps)
+    assert est.expected_s() == pytest.approx(expected)
+
+
+def test_gap_estimator_prior_weight() -> None:
+    est = GapEstimator(prior_s=10.0, prior_weight=3.0)
+    assert est.expected_s() == 10.0
+    est.observe(2.0)
+    assert est.expected_s() == pytest.approx((10.0 * 3 + 2.0) / 4)
+
+
+def _res(session: str, model: str = "a", held: float = 1.0, expires: float = 10.0) -> Reservation:
+    return Reservation(session, model, held, 0.0, expires / 2, expires)
+
+
+def test_reservation_table_release_counts_only_live_reservations() -> None:
+    table = ReservationTable()
+    assert table.released == dict.fromkeys(ReleaseReason, 0)
+    table.add(_res("s1"))
+    table.add(_res("s2"))
+    table.add(_res("s3"))
+    assert table.release("s1", ReleaseReason.RETURNED) == _res("s1")
+    assert table.release("s1", ReleaseReason.RETURNED) is None  # already gone: not counted
+    assert table.release("nobody", ReleaseReason.ENDED) is None
+    assert table.release("s2", ReleaseReason.EXPIRED) is not None
+    assert table.release("s3", ReleaseReason.SLOT_CLOSED) is not None
+    assert table.released == {
+        ReleaseReason.RETURNED: 1,
+        ReleaseReason.ENDED: 0,
+        ReleaseReason.EXPIRED: 1,
+        ReleaseReason.SLOT_CLOSED: 1,
+    }
+    assert not table.live
+
+
+def test_reservation_table_queries() -> None:
+    table = ReservationTable()
+    assert table.next_expiry_s() is None
+    assert table.held_bytes() == 0.0
+    table.add(_res("s1", "a", held=5.0, expires=10.0))
+    table.add(_res("s2", "b", held=7.0, expires=4.0))
+    table.add(_res("s3", "a", held=11.0, expires=20.0))
+    assert table.next_expiry_s() == 4.0
+    assert [r.session_id for r in table.expired(10.0)] == ["s1", "s2"]  # expires_s <= now
+    assert table.expired(3.9) == []
+    assert {r.session_id for r in table.for_model("a")} == {"s1", "s3"}
+    assert table.held_bytes() == 23.0
+    assert table.held_bytes(exclude_session="s3") == 12.0
+    table.add(_res("s1", "a", held=1.0, expires=30.0))  # a session holds one reservation
+    assert len(table.live) == 3 and table.held_bytes() == 19.0
+
+
+# -- flags.policy_flags ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "enabled"),
+    [
+        ("round", []),
+        ("talaria", list(FLAG_NAMES)),
+        ("+sp_admission", ["sp_admission"]),
+        ("+host_kv", ["host_kv"]),
+        ("+d2d_staging", ["d2d_staging"]),
+        ("+soft_reservations", ["soft_reservations"]),
+    ],
+)
+def test_policy_flags(name: str, enabled: list[str]) -> None:
+    flags = policy_flags(name)
+    assert flags.enabled() == enabled
+    assert asdict(flags) == {f: f in enabled for f in FLAG_NAMES}
+
+
+def test_named_policies() -> None:
+    assert policy_flags("round") == ROUND == SchedulerFlags()
+    assert policy_flags("talaria") == TALARIA
+    assert FLAG_NAMES == ("sp_admission", "host_kv", "d2d_staging", "soft_reservations")
+    one_flag = [f"+{f}" for f in FLAG_NAMES]
+    assert list(DEFAULT_POLICIES) == ["round", *one_flag, "talaria"]
+    for name in DEFAULT_POLICIES:
+        policy_flags(name)
+
+
+@pytest.mark.parametrize("name", ["", "Round", "fifo", "+", "+nope", "sp_admission", "-host_kv"])
+def test_unknown_policy_raises_listing_choices(name: str) -> None:
+    with pytest.raises(ValueError, match="unknown policy") as info:
+        policy_flags(name)
+    message = str(info.value)
+    assert repr(name) in message
+    for choice in DEFAULT_POLICIES:
+        assert choice in message

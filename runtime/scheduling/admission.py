@@ -16,6 +16,7 @@ A closing slot (quantum elapsed, draining) admits nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -48,8 +49,10 @@ def decide_admission(
     contended: bool,
     is_continuation: bool,
     remaining_s: float,
-    estimated_service_s: float,
+    estimate_service_s: Callable[[], float],
 ) -> AdmissionDecision:
+    """``estimate_service_s`` is called only when the time budget decides (it costs a
+    prefill and decode estimate; most calls are decided without it)."""
     if closing:
         return AdmissionDecision(False, AdmitReason.WAIT_CLOSING)
     if in_slot_batch:
@@ -60,7 +63,7 @@ def decide_admission(
         return AdmissionDecision(False, AdmitReason.WAIT_NEXT_SLOT)
     if not is_continuation:
         return AdmissionDecision(False, AdmitReason.WAIT_NOT_CONTINUATION)
-    if estimated_service_s > remaining_s:
+    if estimate_service_s() > remaining_s:
         return AdmissionDecision(False, AdmitReason.WAIT_OVER_TIME_BUDGET)
     return AdmissionDecision(True, AdmitReason.SP_BUDGET)
 

@@ -64,6 +64,13 @@ class _Session:
         return round(appended) + self.expected_output_tokens(default_output)
 
 
+@dataclass(frozen=True)
+class _SlotView:
+    closing: bool
+    contended: bool
+    remaining_s: float
+
+
 @dataclass
 class SlotRecord:
     model: str
@@ -206,22 +213,32 @@ class NodeScheduler:
         )
 
     # -- admission -------------------------------------------------------------------------
-    def _decide(self, waiting: _Waiting) -> bool | None:
+    def _slot_view(self) -> _SlotView:
+        """What every admission decision of one pass shares (computed once per pass)."""
+        return _SlotView(
+            closing=self._closing,
+            contended=self._contended(),
+            remaining_s=self._deadline_s() - self._clock.now(),
+        )
+
+    def _decide(self, waiting: _Waiting, view: _SlotView) -> bool | None:
         """True: admit; False: keep waiting; None: admit as SP."""
         assert self._active is not None
         engine = self.engines[self._active]
         request = waiting.request
         # A call queued before its session ended (e.g. by a final call) keeps a fresh record.
         session = self._sessions.setdefault(request.session_id, _Session(request.model))
-        expected_out = session.expected_output_tokens(self.config.default_output_tokens)
+        default_out = self.config.default_output_tokens
         decision = decide_admission(
             sp_admission=self.flags.sp_admission,
-            closing=self._closing,
+            closing=view.closing,
             in_slot_batch=waiting.arrival_s <= self._slot_start_s,
-            contended=self._contended(),
+            contended=view.contended,
             is_continuation=session.calls > 0,
-            remaining_s=self._deadline_s() - self._clock.now(),
-            estimated_service_s=engine.estimate_service_s(request, expected_out),
+            remaining_s=view.remaining_s,
+            estimate_service_s=lambda: engine.estimate_service_s(
+                request, session.expected_output_tokens(default_out)
+            ),
         )
         if not decision.admit:
             return False
@@ -229,7 +246,8 @@ class NodeScheduler:
 
     def _any_admissible(self) -> bool:
         assert self._active is not None
-        return any(self._decide(w) is not False for w in self._waiting[self._active])
+        view = self._slot_view()
+        return any(self._decide(w, view) is not False for w in self._waiting[self._active])
 
     def _fits(self, engine: Engine, request: CallRequest) -> bool:
         evictable = sum(
@@ -246,8 +264,9 @@ class NodeScheduler:
         assert self._active is not None
         engine = self.engines[self._active]
         queue = self._waiting[self._active]
+        view = self._slot_view()
         for waiting in list(queue):
-            verdict = self._decide(waiting)
+            verdict = self._decide(waiting, view)
             if verdict is False:
                 continue
             if self._is_hopeless(engine, waiting.request):

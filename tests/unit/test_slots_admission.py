@@ -164,9 +164,27 @@ ADMIT_TABLE: list[tuple[dict[str, Any], bool, AdmitReason]] = [
 
 @pytest.mark.parametrize(("change", "admit", "reason"), ADMIT_TABLE)
 def test_decide_admission(change: dict[str, Any], admit: bool, reason: AdmitReason) -> None:
-    decision = decide_admission(**{**BASE_ADMIT, **change})
+    args = {**BASE_ADMIT, **change}
+    service_s = args.pop("estimated_service_s")
+    decision = decide_admission(**args, estimate_service_s=lambda: service_s)
     assert decision == AdmissionDecision(admit, reason)
     assert decision.sp is (reason is AdmitReason.SP_BUDGET)
+
+
+def test_service_estimate_is_only_computed_when_the_time_budget_decides() -> None:
+    calls: list[int] = []
+
+    def estimate() -> float:
+        calls.append(1)
+        return 1.0
+
+    for change, _, reason in ADMIT_TABLE:
+        calls.clear()
+        args = {**BASE_ADMIT, **change}
+        args.pop("estimated_service_s")
+        decide_admission(**args, estimate_service_s=estimate)
+        budget_decides = reason in (AdmitReason.SP_BUDGET, AdmitReason.WAIT_OVER_TIME_BUDGET)
+        assert bool(calls) is budget_decides
 
 
 def test_every_admit_reason_is_covered() -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from typing import Any
 
 from talaria.core.catalog import Catalog
 from talaria.core.types import CallResult, KvSource
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.scheduling.flags import TALARIA, policy_flags
-from talaria.runtime.scheduling.node import SchedulerConfig
+from talaria.runtime.scheduling.node import SchedulerConfig, SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.replay import NodeSetup, ReplayOutcome, replay
@@ -51,7 +52,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
     summary.update(
         calls_completed=len(calls),
         sessions_completed=len(outcome.sessions),
-        switches=sum(1 for _, s in slots if s.switch_s > 0) - len(outcome.nodes),
+        switches=sum(_switches(n.slots) for n in outcome.nodes),
         slots=activations,
         switch_s_total=sum(s.switch_s for _, s in slots),
         recomputed_tokens=sum(c.recomputed_tokens for c in calls),
@@ -80,6 +81,11 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         ],
     )
     return summary
+
+
+def _switches(slots: Sequence[SlotRecord]) -> int:
+    """Model changes on one node (its first activation is a cold load, not a switch)."""
+    return sum(1 for prev, cur in pairwise(slots) if prev.model != cur.model)
 
 
 def run_experiment(

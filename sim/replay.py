@@ -95,9 +95,7 @@ def build_node(
         )
         for spec in specs
     }
-    node = NodeScheduler(name, engines, memory, clock, flags, config)
-    node.pcie = pcie  # type: ignore[attr-defined]
-    return node
+    return NodeScheduler(name, engines, memory, clock, flags, config, pcie)
 
 
 def _request(session: SessionTrace, index: int) -> CallRequest:
@@ -169,14 +167,13 @@ async def _replay(
 
 
 def _node_outcome(node: NodeScheduler) -> NodeOutcome:
-    pcie: PcieLink = node.pcie  # type: ignore[attr-defined]
     busy = sum(e.snapshot().busy_s for e in node.engines.values())
     return NodeOutcome(
         name=node.name,
         models=tuple(node.engines),
         slots=node.slots,
         busy_s=busy,
-        pcie_busy_s=pcie.busy_s,
+        pcie_busy_s=node.pcie.busy_s if node.pcie else 0.0,
         peak_hbm_bytes=node.memory.peak_hbm_bytes,
         hbm_capacity_bytes=node.memory.hbm_capacity_bytes,
         peak_host_kv_bytes=node.memory.peak_host_kv_bytes,

@@ -25,7 +25,7 @@ from talaria.runtime.scheduling.reservations import (
     ReservationTable,
     plan_reservation,
 )
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
+from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
 
 
@@ -98,8 +98,10 @@ class NodeScheduler:
         clock: Clock,
         flags: SchedulerFlags,
         config: SchedulerConfig | None = None,
+        pcie: PcieLink | None = None,
     ) -> None:
         self.name = name
+        self.pcie = pcie  # the engines' shared link, kept for status and statistics
         self.engines = dict(engines)
         self.order = list(engines)
         self.memory = memory

@@ -122,6 +122,20 @@ class SimEngine:
     def kv_bytes(self, tokens: int) -> float:
         return self._cost.kv_bytes(tokens)
 
+    def switch_in_s(self) -> float:
+        if self._active:
+            return 0.0
+        if self.staging:
+            remaining = self._spec.weight_bytes - self._staged_bytes_done
+            return self._cost.weight_stage_time_s(remaining) + self._cost.d2d_switch_time_s()
+        return self._cost.weight_wake_time_s()
+
+    def kv_restore_s(self, tokens: int) -> float:
+        return self._cost.kv_transfer_time_s(self._cost.kv_bytes(tokens))
+
+    def recompute_s(self, tokens: int) -> float:
+        return self._cost.recompute_time_s(tokens)
+
     def needed_bytes(self, request: CallRequest) -> float:
         _, _, entry = self._reuse(request)
         total = self._cost.kv_bytes(request.prompt_tokens + request.max_output_tokens)

@@ -19,7 +19,7 @@ from talaria.core.types import CallRequest, CallResult
 from talaria.runtime.engine import Admission, Engine, Finished
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.flags import SchedulerFlags
-from talaria.runtime.scheduling.reservations import (
+from talaria.core.reservations import (
     GapEstimator,
     ReleaseReason,
     ReservationTable,
@@ -27,6 +27,7 @@ from talaria.runtime.scheduling.reservations import (
 )
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
+from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 
 class UnknownModelError(LookupError):
@@ -165,6 +166,77 @@ class NodeScheduler:
 
     def waiting_counts(self) -> dict[str, int]:
         return {m: len(q) for m, q in self._waiting.items()}
+
+    def status(self) -> InstanceStatus:
+        """The snapshot routing reads (runtime/status.py)."""
+        now = self._clock.now()
+        waiting = self.waiting_counts()
+        models = {
+            name: ModelResidency(
+                model=name,
+                state=(
+                    ModelState.ACTIVE
+                    if name == self._active
+                    else ModelState.STAGED
+                    if engine.staging
+                    else ModelState.HOST
+                ),
+                next_slot_in_s=self._next_slot_in_s(name, now, waiting),
+                staged_fraction=engine.snapshot().staged_fraction,
+                switch_s=engine.switch_in_s(),
+            )
+            for name, engine in self.engines.items()
+        }
+        sessions = {}
+        for entry in self.memory.kv.values():
+            engine = self.engines.get(entry.model)
+            if engine is None:
+                continue
+            in_hbm = entry.location is KvLocation.HBM
+            sessions[entry.session_id] = SessionKvStatus(
+                location=entry.location.value,
+                tokens=entry.tokens,
+                model=entry.model,
+                restore_s=0.0 if in_hbm else engine.kv_restore_s(entry.tokens),
+                recompute_s=engine.recompute_s(entry.tokens),
+            )
+        kv_room = (
+            self.memory.hbm_capacity_bytes
+            - sum(self.memory.weights.values())
+            - sum(self.memory.staged.values())
+        )
+        return InstanceStatus(
+            instance=self.name,
+            at_s=now,
+            active_model=self._active,
+            models=models,
+            sessions=sessions,
+            reserved={r.session_id: r.held_bytes for r in self.reservations.live.values()},
+            waiting_calls=sum(waiting.values()),
+            waiting_prompt_tokens=sum(
+                w.request.prompt_tokens for q in self._waiting.values() for w in q
+            ),
+            running_calls=sum(e.running for e in self.engines.values()),
+            kv_utilization=min(1.0, self.memory.hbm_kv_bytes / kv_room) if kv_room > 0 else 1.0,
+        )
+
+    def _next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
+        """0 if active; else the rest of the active slot's quantum, a quantum + switch for each
+        model ahead in round-robin order with waiting calls, and this model's own switch."""
+        if model == self._active:
+            return 0.0
+        wait = 0.0
+        start = 0
+        if self._active is not None:
+            wait = max(0.0, self._deadline_s() - now)
+            start = self.order.index(self._active) + 1
+        for i in range(len(self.order)):
+            ahead = self.order[(start + i) % len(self.order)]
+            if ahead == model:
+                break
+            if ahead != self._active and waiting.get(ahead, 0) > 0:
+                wait += self.config.quantum_s + self.engines[ahead].switch_in_s()
+        return wait + self.engines[model].switch_in_s()
 
     # -- the loop --------------------------------------------------------------------------
     async def _run(self) -> None:

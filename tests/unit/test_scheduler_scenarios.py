@@ -40,7 +40,7 @@ from talaria.runtime.scheduling.node import (
     SchedulerConfig,
     UnknownModelError,
 )
-from talaria.runtime.scheduling.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
 from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.replay import NodeSetup, build_node
 

@@ -22,7 +22,7 @@ from talaria.runtime.scheduling.flags import (
     SchedulerFlags,
     policy_flags,
 )
-from talaria.runtime.scheduling.reservations import (
+from talaria.core.reservations import (
     DEFAULT_GAP_PRIOR_S,
     GapEstimator,
     ReleaseReason,

@@ -1,4 +1,5 @@
-"""Soft reservations: a session in a tool gap keeps its KV and some admission budget on the node
+"""Soft reservations (shared by the runtime's admission and the proxy's routing): a session in a
+tool gap keeps its KV and some admission budget on the node
 it last ran on, until it returns, ends, or the reservation expires.
 
 Expected gap = the caller's hint if given, else the session's learned mean gap

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible session gateway: API, session store, routing, admin."""

@@ -1,0 +1,97 @@
+"""What the gateway persists, as plain records. The hot path builds them and hands them to the
+store's batched writer; the store turns them into rows (proxy/store/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """Upserted on every call: created on the first, counters and times moved on later ones."""
+
+    session_id: str
+    tenant_id: str
+    model: str
+    started_at: datetime
+    last_call_at: datetime
+    parent_session_id: str | None = None
+    state: str = "active"  # active | in_tool | ended
+    ended_at: datetime | None = None
+    end_reason: str | None = None  # client | final | admin | idle
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    request_id: str
+    session_id: str
+    call_index: int
+    model: str
+    instance: str | None
+    arrived_at: datetime
+    finished_at: datetime | None
+    status: str  # ok | error
+    queue_s: float | None = None
+    prefill_s: float | None = None  # admission → first token (includes KV restore)
+    decode_s: float | None = None  # first token → last token
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    finish_reason: str | None = None  # stop | length | tool_calls
+    kv_source: str | None = None  # new | hbm | host | recompute
+    stream: bool = False
+    tool_gap_hint_s: float | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    request_id: str
+    session_id: str
+    router: str
+    instance: str | None
+    reason: str
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    """instance → scorer → score in [0, 1] (plus "total")."""
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ReservationRecord:
+    """Inserted when taken; the same id is written again when released."""
+
+    reservation_id: str
+    session_id: str
+    instance: str
+    held_bytes: float
+    created_at: datetime
+    expected_return_at: datetime
+    expires_at: datetime
+    released_at: datetime | None = None
+    release_reason: str | None = None  # returned | ended | expired
+
+
+@dataclass(frozen=True)
+class HintRecord:
+    session_id: str
+    at: datetime
+    expected_s: float | None
+    tool: str | None = None
+    kind: str = "tool_gap"  # tool_gap | end
+
+
+@dataclass(frozen=True)
+class InstanceRecord:
+    name: str
+    kind: str  # in-process | http
+    url: str | None
+    models: list[str]
+    last_seen_at: datetime
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+Record = (
+    SessionRecord | CallRecord | DecisionRecord | ReservationRecord | HintRecord | InstanceRecord
+)

@@ -1,0 +1,72 @@
+"""What a runtime instance reports about itself: the snapshot the proxy's routing scorers read.
+
+It is plain data (no methods that do I/O), the same whether it comes from an in-process node or,
+later, over HTTP as JSON (``to_dict`` / ``from_dict``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class ModelState(StrEnum):
+    ACTIVE = "active"  # weights in HBM, serving now
+    STAGED = "staged"  # weights (partly) staged in free HBM for the next switch
+    HOST = "host"  # asleep: weights in host memory, a wake-up away
+
+
+@dataclass(frozen=True)
+class ModelResidency:
+    model: str
+    state: ModelState
+    next_slot_in_s: float
+    """Estimated seconds until this model serves on the instance (0 when active): the rest of the
+    current slot if it is contended, plus a quantum and a switch for each model ahead of it in the
+    round-robin order that has waiting calls, plus its own switch."""
+    staged_fraction: float = 0.0
+    switch_s: float = 0.0
+    """Seconds a switch to this model would take now (wake, or the rest of staging + D2D)."""
+
+
+@dataclass(frozen=True)
+class SessionKvStatus:
+    location: str  # "hbm" or "host"
+    tokens: int
+    model: str
+    restore_s: float  # host → HBM transfer time (0 in HBM)
+    recompute_s: float  # prefill time if the KV were gone
+
+
+@dataclass(frozen=True)
+class InstanceStatus:
+    instance: str
+    at_s: float
+    active_model: str | None
+    models: dict[str, ModelResidency]
+    sessions: dict[str, SessionKvStatus] = field(default_factory=dict)
+    reserved: dict[str, float] = field(default_factory=dict)
+    """session → bytes its soft reservation holds on this instance."""
+    waiting_calls: int = 0
+    waiting_prompt_tokens: int = 0
+    running_calls: int = 0
+    kv_utilization: float = 0.0
+    """KV bytes in HBM ÷ HBM left for KV after weights (0–1)."""
+
+    @property
+    def reserved_bytes(self) -> float:
+        return sum(self.reserved.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> InstanceStatus:
+        models = {
+            name: ModelResidency(**{**m, "state": ModelState(m["state"])})
+            for name, m in data["models"].items()
+        }
+        sessions = {sid: SessionKvStatus(**s) for sid, s in data.get("sessions", {}).items()}
+        rest = {k: v for k, v in data.items() if k not in ("models", "sessions")}
+        return cls(models=models, sessions=sessions, **rest)

@@ -15,16 +15,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from talaria.core.clock import Clock
-from talaria.core.types import CallRequest, CallResult
-from talaria.runtime.engine import Admission, Engine, Finished
-from talaria.runtime.scheduling.admission import decide_admission, fits_memory
-from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.core.reservations import (
     GapEstimator,
     ReleaseReason,
     ReservationTable,
     plan_reservation,
 )
+from talaria.core.types import CallRequest, CallResult
+from talaria.runtime.engine import Admission, Engine, Finished
+from talaria.runtime.scheduling.admission import decide_admission, fits_memory
+from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
 from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus

@@ -30,6 +30,7 @@ import pytest
 
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
+from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engines.sim import STAGING_CHUNKS
@@ -40,7 +41,6 @@ from talaria.runtime.scheduling.node import (
     SchedulerConfig,
     UnknownModelError,
 )
-from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
 from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.replay import NodeSetup, build_node
 

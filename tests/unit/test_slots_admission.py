@@ -8,6 +8,14 @@ from typing import Any
 
 import pytest
 
+from talaria.core.reservations import (
+    DEFAULT_GAP_PRIOR_S,
+    GapEstimator,
+    ReleaseReason,
+    Reservation,
+    ReservationTable,
+    plan_reservation,
+)
 from talaria.runtime.scheduling.admission import (
     AdmissionDecision,
     AdmitReason,
@@ -21,14 +29,6 @@ from talaria.runtime.scheduling.flags import (
     TALARIA,
     SchedulerFlags,
     policy_flags,
-)
-from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
-    GapEstimator,
-    ReleaseReason,
-    Reservation,
-    ReservationTable,
-    plan_reservation,
 )
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
 

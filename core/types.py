@@ -33,6 +33,8 @@ class CallRequest:
     call_index: int = 0
     expected_tool_gap_s: float | None = None
     session_final: bool = False
+    stream: bool = False
+    """The caller wants token deltas as they are generated (``TokenDelta`` events)."""
     shared_prefix_tokens: int | None = None
     """Tokens of this prompt equal to the session's previous prompt + output. Replay knows it
     from the trace; ``None`` means append-only (the whole cached prefix matches)."""

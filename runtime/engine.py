@@ -24,11 +24,20 @@ class FirstToken:
 
 
 @dataclass(frozen=True)
+class TokenDelta:
+    """``tokens`` more output tokens exist at ``t_s`` (streaming calls only; the first token is
+    announced by ``FirstToken`` and not repeated here)."""
+
+    t_s: float
+    tokens: int
+
+
+@dataclass(frozen=True)
 class Finished:
     result: CallResult
 
 
-GenerationEvent = FirstToken | Finished
+GenerationEvent = FirstToken | TokenDelta | Finished
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,28 @@ import asyncio
 import bisect
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from talaria.core.catalog import ModelSpec
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
-from talaria.runtime.engine import Admission, EngineSnapshot, Finished, FirstToken, GenerationEvent
+from talaria.runtime.engine import (
+    Admission,
+    EngineSnapshot,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    TokenDelta,
+)
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink, SessionKv
 
 STAGING_CHUNKS = 16
 """Weight staging moves in this many chunks, so KV transfers can pass between them."""
+
+STREAM_STEPS = 8
+"""While a streaming call decodes, the engine wakes at least every this many steps to hand
+out its new tokens (a replay without streaming callers jumps straight to the next finish)."""
 
 
 @dataclass(eq=False)
@@ -45,6 +57,7 @@ class _Seq:
     first_token_s: float | None = None
     first: asyncio.Future[float] = field(default_factory=lambda: _loop().create_future())
     done: asyncio.Future[CallResult] = field(default_factory=lambda: _loop().create_future())
+    deltas: asyncio.Queue[TokenDelta] | None = None
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -209,6 +222,7 @@ class SimEngine:
             output_left=request.max_output_tokens,
             restored_bytes=self._cost.kv_bytes(cached) if source is KvSource.HOST else 0.0,
             recomputed_tokens=shared if source is KvSource.RECOMPUTE else 0,
+            deltas=asyncio.Queue() if request.stream else None,
         )
         self._seqs.append(seq)
         self._by_id[request.request_id] = seq
@@ -233,6 +247,20 @@ class SimEngine:
         seq = self._by_id[admission.request.request_id]
         first_s = await seq.first
         yield FirstToken(first_s, admission.cached_tokens, admission.kv_source)
+        if seq.deltas is not None:
+            while not seq.done.done() or not seq.deltas.empty():
+                if not seq.deltas.empty():
+                    yield seq.deltas.get_nowait()
+                    continue
+                getter = asyncio.ensure_future(seq.deltas.get())
+                pending: list[asyncio.Future[Any]] = [getter, seq.done]
+                try:
+                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    if not getter.done():
+                        getter.cancel()
+                if getter.done() and not getter.cancelled():
+                    yield getter.result()
         result = await seq.done
         self._by_id.pop(admission.request.request_id, None)
         yield Finished(result)
@@ -276,6 +304,8 @@ class SimEngine:
     async def _decode_steps(self, decoding: list[_Seq]) -> None:
         """Run decode steps until the first sequence finishes or a new one is ready."""
         k = min(s.output_left for s in decoding)
+        if any(s.deltas is not None for s in decoding):
+            k = min(k, STREAM_STEPS)
         n = len(decoding)
         context = sum(s.context for s in decoding)
         ends: list[float] = []
@@ -300,6 +330,10 @@ class SimEngine:
         if seq.first_token_s is None:
             seq.first_token_s = now
             seq.first.set_result(now)
+            if tokens > 1 and seq.deltas is not None:
+                seq.deltas.put_nowait(TokenDelta(now, tokens - 1))
+        elif seq.deltas is not None:
+            seq.deltas.put_nowait(TokenDelta(now, tokens))
         seq.context += tokens if seq.output_done else tokens - 1
         seq.output_done += tokens
         seq.output_left -= tokens

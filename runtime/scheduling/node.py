@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from talaria.core.clock import Clock
 from talaria.core.reservations import (
@@ -22,12 +23,31 @@ from talaria.core.reservations import (
     plan_reservation,
 )
 from talaria.core.types import CallRequest, CallResult
-from talaria.runtime.engine import Admission, Engine, Finished
+from talaria.runtime.engine import Admission, Engine, Finished, GenerationEvent
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
 from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
+
+
+async def _next_event(
+    events: asyncio.Queue[GenerationEvent], done: asyncio.Future[Any]
+) -> GenerationEvent | None:
+    """The next queued event, or None once ``done`` resolves with nothing left queued."""
+    while True:
+        if not events.empty():
+            return events.get_nowait()
+        if done.done():
+            return None
+        getter = asyncio.ensure_future(events.get())
+        try:
+            await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not getter.done():
+                getter.cancel()
+        if getter.done() and not getter.cancelled():
+            return getter.result()
 
 
 class UnknownModelError(LookupError):
@@ -43,6 +63,7 @@ class _Waiting:
     request: CallRequest
     arrival_s: float
     result: asyncio.Future[CallResult]
+    events: asyncio.Queue[GenerationEvent] | None = None
 
 
 @dataclass
@@ -136,6 +157,36 @@ class NodeScheduler:
             self._task = None
 
     async def submit(self, request: CallRequest) -> CallResult:
+        """Queue the call and wait for its result."""
+        return await self._enqueue(request, None).result
+
+    async def stream(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+        """Queue the call and yield its events (``FirstToken``, ``TokenDelta``s for streaming
+        requests, ``Finished``). If the consumer stops before the call is admitted, the call
+        leaves the queue; once admitted it runs to the end (its result still counts)."""
+        events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
+        waiting = self._enqueue(request, events)
+        try:
+            while True:
+                event = await _next_event(events, waiting.result)
+                if event is None:  # the call ended without a Finished event: it failed
+                    error = waiting.result.exception()
+                    if error is not None:
+                        raise error
+                    return
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            queue = self._waiting[request.model]
+            if waiting in queue:
+                queue.remove(waiting)
+                waiting.result.cancel()
+                self._wake.set()
+
+    def _enqueue(
+        self, request: CallRequest, events: asyncio.Queue[GenerationEvent] | None
+    ) -> _Waiting:
         if request.model not in self.engines:
             raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
         now = self._clock.now()
@@ -146,9 +197,10 @@ class NodeScheduler:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         self._release_reservation(request.session_id, ReleaseReason.RETURNED)
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        self._waiting[request.model].append(_Waiting(request, now, fut))
+        waiting = _Waiting(request, now, fut, events)
+        self._waiting[request.model].append(waiting)
         self._wake.set()
-        return await fut
+        return waiting
 
     def hint(self, session_id: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s``."""
@@ -376,6 +428,9 @@ class NodeScheduler:
             async for event in engine.run(admission):
                 if isinstance(event, Finished):
                     self._finished(waiting.request, event.result)
+                if waiting.events is not None:
+                    waiting.events.put_nowait(event)
+                if isinstance(event, Finished):
                     waiting.result.set_result(event.result)
         except Exception as exc:  # an engine fault fails this call, never the scheduler
             if not waiting.result.done():

@@ -1,9 +1,34 @@
 #!/usr/bin/env bash
 # The test command: sets up (idempotent), then lint, types, tests.
+# The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
+# server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+
+if [ -z "${TALARIA_TEST_PG_URL:-}" ]; then
+    PG_DIR=$(mktemp -d -t talaria-pg.XXXXXX)
+    cleanup_pg() {
+        bash scripts/pg.sh stop "$PG_DIR" >/dev/null 2>&1 || true
+        rm -rf "$PG_DIR"
+    }
+    trap cleanup_pg EXIT
+    trap 'exit 130' INT TERM # so that the EXIT trap runs on a signal too
+    PG_PORT=$(.venv/bin/python -c 'import socket
+s = socket.socket()
+s.bind(("127.0.0.1", 0))
+print(s.getsockname()[1])')
+    if PG_URL=$(bash scripts/pg.sh start "$PG_DIR" "$PG_PORT"); then
+        export TALARIA_TEST_PG_URL="$PG_URL"
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not start PostgreSQL (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not start PostgreSQL; its tests will be skipped" >&2
+    fi
+fi
+
 .venv/bin/python -m pytest "$@"

@@ -1,6 +1,7 @@
 """One replay experiment: several policies on the same sessions, plus the two references.
 
-- each policy: the shared node(s) of the preset under that policy's scheduler flags;
+- each policy: the shared node(s) of the preset under that policy's router and scheduler flags
+  (``sim/policies.py``);
 - ``oracle``: every session alone on its own node, model resident, no queueing (``oracle``);
 - ``dedicated``: each model on a node of its own (same engine, batching and flags as
   ``talaria``), never switched: the distance to it is the cost of multiplexing.
@@ -12,17 +13,19 @@ give the identical document.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from typing import Any
 
 from talaria.core.catalog import Catalog
 from talaria.core.types import CallResult, KvSource
+from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.scheduling.flags import TALARIA, policy_flags
+from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import SchedulerConfig, SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
+from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import NodeSetup, ReplayOutcome, replay
 from talaria.sim.trace import SessionTrace
 
@@ -36,6 +39,34 @@ class ExperimentSetup:
     models: tuple[str, ...]
     nodes: int = 1
     quantum_s: float = 60.0
+    node_models: tuple[tuple[str, ...], ...] | None = None
+    """Per-node model lists (a cluster whose nodes host subsets); None: ``nodes`` nodes that
+    each host every model."""
+    routing_seed: int = 0
+    """Seed of the router's tie-break rng (``random.Random``), the same for every policy."""
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
+    """Scorer weights and reference scales of every router (recorded in the document)."""
+
+    def __post_init__(self) -> None:
+        if self.node_models is None:
+            if self.nodes < 1:
+                raise ValueError(f"nodes must be >= 1, got {self.nodes}")
+            return
+        if self.nodes != len(self.node_models):
+            raise ValueError(f"nodes={self.nodes} but {len(self.node_models)} node model lists")
+        hosted = {m for models in self.node_models for m in models}
+        if hosted != set(self.models):
+            raise ValueError(
+                f"node models {sorted(hosted)} must be exactly the workload's {sorted(self.models)}"
+            )
+
+    def layout(self) -> list[tuple[str, NodeSetup]]:
+        """The shared nodes: ``node0``, ``node1``, ... with their model lists."""
+        per_node = self.node_models or (self.models,) * self.nodes
+        return [
+            (f"node{i}", NodeSetup(self.server, self.profile, models))
+            for i, models in enumerate(per_node)
+        ]
 
 
 def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
@@ -50,6 +81,9 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
             reservations[reason] = reservations.get(reason, 0) + count
     summary: dict[str, Any] = sct_summary([s.sct_s for s in outcome.sessions])
     summary.update(
+        router=outcome.router,
+        routing_reasons=outcome.routing_reasons,
+        migrations=outcome.migrations,
         calls_completed=len(calls),
         sessions_completed=len(outcome.sessions),
         switches=sum(_switches(n.slots) for n in outcome.nodes),
@@ -98,13 +132,24 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Replay every policy, the dedicated reference and the oracle bound on ``sessions``."""
     config = SchedulerConfig(quantum_s=setup.quantum_s)
-    node = NodeSetup(setup.server, setup.profile, setup.models)
-    shared = [(f"node{i}", node) for i in range(setup.nodes)]
+    shared = setup.layout()
+    seed = setup.routing_seed
     results: dict[str, dict[str, Any]] = {}
     for name in policies:
-        flags = policy_flags(name)
-        summary = _summary(replay(sessions, catalog, shared, flags, config, on_call))
-        summary["flags"] = asdict(flags)
+        policy = resolve_policy(name)
+        outcome = replay(
+            sessions,
+            catalog,
+            shared,
+            policy.flags,
+            config,
+            on_call,
+            router=policy.router,
+            routing=setup.routing,
+            routing_seed=seed,
+        )
+        summary = _summary(outcome)
+        summary["flags"] = asdict(policy.flags)
         results[name] = summary
     document: dict[str, Any] = {
         "setup": asdict(setup),
@@ -115,7 +160,10 @@ def run_experiment(
     }
     if include_dedicated:
         per_model = [(m, NodeSetup(setup.server, setup.profile, (m,))) for m in setup.models]
-        dedicated = _summary(replay(sessions, catalog, per_model, TALARIA, config, on_call))
+        outcome = replay(
+            sessions, catalog, per_model, TALARIA, config, on_call, routing=setup.routing
+        )
+        dedicated = _summary(outcome)
         document["dedicated"] = dedicated
     _add_ratios(document)
     return document

@@ -1,9 +1,12 @@
-"""Named replay setups: the workload, the server, how many nodes, and the slot quantum."""
+"""Named replay setups: the workload, the server, the nodes and their models, the slot quantum,
+and the policies compared by default."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from talaria.sim.experiment import ExperimentSetup
+from talaria.sim.policies import CLUSTER_POLICIES, SINGLE_NODE_POLICIES
 from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec
 
 
@@ -18,6 +21,62 @@ class Preset:
     """Slot quantum of a contended slot. The paper does not state its round scheduler's slot
     length; 60 s is our default (about 7× the ~8.6 s sleep+wake switch of the paper trio, so
     switching costs at most ~13% of a contended round) and ``--sweep quantum_s=...`` varies it."""
+    node_models: tuple[tuple[str, ...], ...] | None = None
+    """Models of each node (node0, node1, ...); None: one node per ``--nodes``, each hosting
+    every model of the workload."""
+    policies: tuple[str, ...] = SINGLE_NODE_POLICIES
+    """Policies replayed when none are named (``sim/policies.py``)."""
+
+    def experiment_setup(self, nodes: int | None = None) -> ExperimentSetup:
+        """The experiment of this preset; ``nodes`` (every node hosting every model) applies
+        only to presets without their own node layout."""
+        models = self.workload.models
+        if self.node_models is not None:
+            return ExperimentSetup(
+                self.server,
+                self.profile,
+                models,
+                len(self.node_models),
+                self.quantum_s,
+                self.node_models,
+            )
+        return ExperimentSetup(self.server, self.profile, models, nodes or 1, self.quantum_s)
+
+
+CLUSTER_MODELS: tuple[str, ...] = (
+    "glm-4.5-fp8",
+    "qwen3-235b-a22b-bf16",
+    "qwen3-coder-480b-a35b-fp8",
+    "gpt-oss-120b",
+    "deepseek-v3-fp8",
+    "llama-4-scout-bf16",
+)
+"""The six shipped models in Zipf rank order (session shares 41/20/14/10/8/7%). Each fits one
+node's usable HBM (1,015 GB) alone with room for KV: the largest, DeepSeek-V3 (690 GB), leaves
+325 GB, over four 131K-token contexts. None is dropped."""
+
+CLUSTER_NODE_MODELS: tuple[tuple[str, ...], ...] = (
+    ("glm-4.5-fp8", "gpt-oss-120b", "deepseek-v3-fp8"),
+    ("glm-4.5-fp8", "deepseek-v3-fp8", "llama-4-scout-bf16"),
+    ("qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8", "gpt-oss-120b"),
+    ("qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8", "llama-4-scout-bf16"),
+)
+"""Three models per node, each model on two nodes. All six cannot share a node: their pinned
+host weight copies total 2,278 GB against 1,800 GB of host DRAM (2 TB less the 10% reserve of
+sim/replay.py). Of the assignments with every model on exactly two nodes, this one has the
+smallest spread of expected session share per node (node0–3: 30/28/22/20%, half of each
+hosted model's share) among those whose pinned copies leave every node ≥ 500 GB of host KV
+(1,110 / 1,263 / 1,015 / 1,168 GB of weights)."""
+
+CLUSTER_WORKLOAD = WorkloadSpec(
+    sessions=120,
+    models=CLUSTER_MODELS,
+    total_calls=120 * 32,
+    mean_interarrival_s=3.0,
+)
+"""120 sessions at the paper preset's 32 calls per session (3,840 calls, rescaled as there).
+Poisson arrivals every 3 s on average (an assumption, as for the paper preset): about 20
+sessions a minute over 4 nodes, close to the paper preset's load per node (6 a minute on one)."""
 
 
 PRESETS: dict[str, Preset] = {
@@ -32,6 +91,15 @@ PRESETS: dict[str, Preset] = {
         "small",
         "a quick check: the paper's three models, 6 sessions of ~8 calls",
         replace(PAPER_WORKLOAD, sessions=6, total_calls=48),
+    ),
+    "cluster": Preset(
+        "cluster",
+        "a routed cluster: four 8×H200 nodes, six shipped models (three per node, each on two "
+        "nodes), 120 sessions of 32 calls on average, Poisson arrivals every 3 s, Zipf(1) "
+        "model popularity; a router picks the node of every call",
+        CLUSTER_WORKLOAD,
+        node_models=CLUSTER_NODE_MODELS,
+        policies=CLUSTER_POLICIES,
     ),
 }
 

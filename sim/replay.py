@@ -5,26 +5,29 @@ answer, wait the recorded tool gap, call again. Agents send no gap hints (the sc
 each session's gaps, as it would live without the SDK's explicit hints). Nodes are the real
 ``NodeScheduler`` over ``SimEngine`` engines, on a ``VirtualTimeLoop``.
 
-Layouts: ``shared`` puts every model on ``nodes`` nodes (sessions spread over them by a seeded
-hash of the session id — a placeholder for the proxy's router in a later issue); ``dedicated``
-gives each model a node of its own that never switches.
+Every call goes through the replay's proxy (``sim/cluster.Dispatcher``): the policy's router
+(``talaria.proxy.routing``) picks, per call, one of the nodes hosting the call's model from their
+``status()`` snapshots. Layouts are lists of named nodes, each with its own model list: one
+node hosting every model (the paper), several (the cluster, see ``sim/presets.py``), or one node
+per model that never switches (``dedicated``), where the router has a single candidate.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, CallResult
+from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig, SlotRecord
 from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
+from talaria.sim.cluster import Dispatcher
 from talaria.sim.trace import SessionTrace
 
 HOST_RESERVE_FRACTION = 0.1
@@ -71,6 +74,11 @@ class ReplayOutcome:
     sessions: list[SessionOutcome]
     nodes: list[NodeOutcome] = field(default_factory=list)
     makespan_s: float = 0.0
+    router: str = "talaria"
+    routing_reasons: dict[str, int] = field(default_factory=dict)
+    """Routing reason → calls (``talaria.proxy.routing``: only-candidate, reserved, kv-hbm...)."""
+    migrations: int = 0
+    """Continuation calls routed to a different node than the session's previous call."""
 
 
 def build_node(
@@ -119,9 +127,16 @@ def replay(
     flags: SchedulerFlags,
     config: SchedulerConfig,
     on_call: Callable[[CallResult], None] | None = None,
+    *,
+    router: str = "talaria",
+    routing: RoutingConfig | None = None,
+    routing_seed: int = 0,
 ) -> ReplayOutcome:
-    """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time."""
-    return run_virtual(_replay(sessions, catalog, layout, flags, config, on_call))
+    """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time, each call
+    routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``)."""
+    return run_virtual(
+        _replay(sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed)
+    )
 
 
 async def _replay(
@@ -131,27 +146,28 @@ async def _replay(
     flags: SchedulerFlags,
     config: SchedulerConfig,
     on_call: Callable[[CallResult], None] | None,
+    router: str,
+    routing: RoutingConfig | None,
+    routing_seed: int,
 ) -> ReplayOutcome:
     import asyncio
 
     clock = LoopClock()
     nodes = [build_node(name, setup, catalog, flags, config, clock) for name, setup in layout]
-    hosting: dict[str, list[NodeScheduler]] = {}
+    hosted = {model for node in nodes for model in node.engines}
+    for session in sessions:
+        if session.model not in hosted:
+            raise ValueError(f"no node hosts model {session.model!r}")
     for node in nodes:
         node.start()
-        for model in node.engines:
-            hosting.setdefault(model, []).append(node)
+    proxy = Dispatcher(nodes, router, clock, routing, routing_seed)
 
     async def agent(session: SessionTrace) -> SessionOutcome:
-        candidates = hosting.get(session.model)
-        if not candidates:
-            raise ValueError(f"no node hosts model {session.model!r}")
-        node = candidates[zlib.crc32(session.session_id.encode()) % len(candidates)]
         await clock.sleep(session.start_s - clock.now())
         start = clock.now()
         results: list[CallResult] = []
         for index, call in enumerate(session.calls):
-            result = await node.submit(_request(session, index))
+            result = await proxy.call(_request(session, index))
             results.append(result)
             if on_call is not None:
                 on_call(result)
@@ -163,7 +179,14 @@ async def _replay(
     makespan = clock.now()
     for node in nodes:
         await node.stop()
-    return ReplayOutcome(list(outcomes), [_node_outcome(n) for n in nodes], makespan)
+    return ReplayOutcome(
+        list(outcomes),
+        [_node_outcome(n) for n in nodes],
+        makespan,
+        router=proxy.router,
+        routing_reasons=dict(sorted(proxy.reasons.items())),
+        migrations=proxy.migrations,
+    )
 
 
 def _node_outcome(node: NodeScheduler) -> NodeOutcome:

@@ -1,4 +1,5 @@
-"""Console tables of a replay experiment and of a sweep (rich)."""
+"""Console tables of a replay experiment (SCT per policy; for routed multi-node runs, the
+routing-reason mix) and of a sweep (rich)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,33 @@ def _f(value: Any, digits: int = 1) -> str:
     return f"{value:,.{digits}f}"
 
 
+REASON_ORDER: tuple[str, ...] = (
+    "reserved",
+    "sticky",
+    "kv-hbm",
+    "kv-host",
+    "model-active",
+    "model-staged",
+    "model-host",
+    "least-loaded",
+    "tie-break",
+    "only-candidate",
+)
+"""Columns of the routing-reason table, rule-based reasons first (talaria.proxy.routing)."""
+
+
+def _nodes(doc: dict[str, Any]) -> int:
+    setup = doc["setup"]
+    node_models = setup.get("node_models")
+    return len(node_models) if node_models else int(setup.get("nodes", 1))
+
+
 def experiment_table(doc: dict[str, Any]) -> Table:
+    nodes = _nodes(doc)
+    where = f", {nodes} nodes" if nodes > 1 else ""
     table = Table(
         title=f"SCT per policy — {doc['sessions']} sessions, {doc['calls']} calls "
-        f"(quantum {doc['setup']['quantum_s']:g} s)"
+        f"(quantum {doc['setup']['quantum_s']:g} s{where})"
     )
     for name in (
         "policy",
@@ -64,6 +88,29 @@ def experiment_table(doc: dict[str, Any]) -> Table:
         *["–"] * 9,
         str(oracle["calls_completed"]),
     )
+    return table
+
+
+def routing_table(doc: dict[str, Any]) -> Table | None:
+    """Per policy: its router, the share of calls per routing reason, and the migrations
+    (continuations sent to another node than the session's previous call). None when every
+    call had a single candidate node (one node, or dedicated), where routing decides nothing."""
+    policies: dict[str, dict[str, Any]] = doc["policies"]
+    mixes = {name: s.get("routing_reasons", {}) for name, s in policies.items()}
+    seen = {reason for mix in mixes.values() for reason in mix}
+    if not seen - {"only-candidate"}:
+        return None
+    reasons = [r for r in REASON_ORDER if r in seen] + sorted(seen - set(REASON_ORDER))
+    table = Table(title="Routing-reason mix — share of calls per reason (calls)")
+    for name in ("policy", "router", *reasons, "migrations"):
+        table.add_column(name, justify="left" if name in ("policy", "router") else "right")
+    for name, summary in policies.items():
+        mix = mixes[name]
+        total = sum(mix.values()) or 1
+        cells = [f"{mix[r] / total:.0%} ({mix[r]:,})" if mix.get(r) else "–" for r in reasons]
+        table.add_row(
+            name, str(summary.get("router", "–")), *cells, f"{summary.get('migrations', 0):,}"
+        )
     return table
 
 

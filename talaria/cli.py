@@ -270,5 +270,83 @@ def catalog(catalog_dirs: CatalogOpt = None) -> None:
         out.print(f"profile {p.name}")
 
 
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    time_scale: Annotated[
+        float | None,
+        typer.Option(
+            help="Simulated seconds per real second for the embedded simulated "
+            "engines (default 1: real time; e.g. 20 runs 20× faster)."
+        ),
+    ] = None,
+    models: Annotated[
+        str | None, typer.Option(help="Comma-separated models of the embedded node(s).")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option(help="Embedded simulated nodes.")] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="Scheduler flags of the embedded nodes (as in replay).")
+    ] = None,
+    router: Annotated[
+        str | None, typer.Option(help="talaria, load-only, sticky or kv-aware.")
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(help="SQLAlchemy URL (default: SQLite in the user data directory)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the OpenAI-compatible proxy with an embedded simulated runtime.
+
+    Any OpenAI client works against it: base_url http://HOST:PORT/v1. Sessions are identified
+    by the X-Talaria-Session-Id header (or x-session-id, x-litellm-session-id, body
+    litellm_session_id / prompt_cache_key). Settings also come from TALARIA_* environment
+    variables (TALARIA_API_KEYS, TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, ...). The simulated
+    engines time every call with the cost model; their text is synthetic.
+    """
+    import uvicorn
+
+    from talaria.proxy.app import create_app
+    from talaria.proxy.settings import ProxySettings
+
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "time_scale": time_scale,
+            "models": models,
+            "nodes": nodes,
+            "policy": policy,
+            "router": router,
+            "database_url": database_url,
+        }.items()
+        if value is not None
+    }
+    try:
+        settings = ProxySettings(**overrides)
+        if settings.policy:
+            policy_flags(settings.policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    console.print(
+        f"talaria proxy on http://{host}:{port}/v1 — models {', '.join(settings.models)} on "
+        f"{settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
+        "replies are synthetic text from the simulated engine"
+    )
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+def _register_db() -> None:
+    """``talaria db`` needs the proxy extra (SQLAlchemy, Alembic); without it, skip it."""
+    try:
+        from talaria.proxy.store.cli import db_app
+    except ImportError:  # pragma: no cover - only without the proxy extra
+        return
+    app.add_typer(db_app, name="db", help="Database schema: upgrade, downgrade, current.")
+
+
+_register_db()
+
+
 def main() -> None:
     app()

@@ -1,0 +1,2 @@
+"""Alembic migrations of the session store (``talaria.migrations``); run them with
+``talaria db upgrade`` or ``talaria.proxy.store.migrate``."""

@@ -1,0 +1,1 @@
+"""Alembic revisions, hand-written (a package so that they ship in the wheel)."""

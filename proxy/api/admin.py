@@ -1,0 +1,152 @@
+"""Admin API under /admin: bearer ``TALARIA_ADMIN_TOKEN``; without a token it is off (404).
+
+Reads flush the batched writer first, so what a caller just did is visible.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from talaria.proxy.api.context import ProxyContext, context, json_response
+from talaria.proxy.errors import ApiError
+from talaria.proxy.store.views import SessionDetail
+
+router = APIRouter(prefix="/admin")
+
+
+def _admin(request: Request) -> ProxyContext:
+    ctx = context(request)
+    token = ctx.settings.admin_token
+    if not token:
+        raise ApiError(404, "The admin API is off (set TALARIA_ADMIN_TOKEN).", code="not_found")
+    given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+        raise ApiError(401, "Admin token required.", type="authentication_error")
+    return ctx
+
+
+def _time(value: str | None, name: str) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError as exc:
+        raise ApiError(400, f"{name} must be an ISO 8601 time", param=name) from exc
+
+
+@router.get("/sessions")
+async def list_sessions(
+    request: Request,
+    state: str | None = None,
+    model: str | None = None,
+    tenant: str | None = None,
+    started_after: str | None = None,
+    started_before: str | None = None,
+    cursor: str | None = None,
+    limit: int = 50,
+) -> Response:
+    ctx = _admin(request)
+    await ctx.writer.flush()
+    try:
+        page = await ctx.store.list_sessions(
+            state=state,
+            model=model,
+            tenant_id=tenant,
+            started_after=_time(started_after, "started_after"),
+            started_before=_time(started_before, "started_before"),
+            cursor=cursor,
+            limit=limit,
+        )
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
+    return json_response({"data": [asdict(s) for s in page.items], "next_cursor": page.next_cursor})
+
+
+@router.get("/sessions/{session_id}")
+async def get_session(session_id: str, request: Request) -> Response:
+    ctx = _admin(request)
+    await ctx.writer.flush()
+    detail = await ctx.store.get_session(session_id)
+    if detail is None:
+        raise ApiError(404, f"No session {session_id!r}.", code="session_not_found")
+    return json_response(timeline(detail))
+
+
+def timeline(detail: SessionDetail) -> dict[str, Any]:
+    """The session, its calls in order (each with its routing decision) and the tool gaps
+    between them (with the hint that announced each, if any)."""
+    reasons = {d.request_id: d for d in detail.decisions}
+    calls = []
+    for call in detail.calls:
+        decision = reasons.get(call.request_id)
+        calls.append(
+            {
+                **asdict(call),
+                "routing_reason": decision.reason if decision else None,
+                "router": decision.router if decision else None,
+                "routing_scores": decision.scores if decision else None,
+            }
+        )
+    gaps = []
+    for prev, nxt in zip(detail.calls, detail.calls[1:], strict=False):
+        if prev.finished_at is None:
+            continue
+        hints = [
+            asdict(h)
+            for h in detail.hints
+            if h.kind == "tool_gap" and prev.finished_at <= h.at <= nxt.arrived_at
+        ]
+        gaps.append(
+            {
+                "after_call": prev.call_index,
+                "gap_s": (nxt.arrived_at - prev.finished_at).total_seconds(),
+                "hinted_s": prev.tool_gap_hint_s,
+                "hints": hints,
+            }
+        )
+    return {
+        "session": asdict(detail.session),
+        "calls": calls,
+        "tool_gaps": gaps,
+        "reservations": [asdict(r) for r in detail.reservations],
+        "hints": [asdict(h) for h in detail.hints],
+    }
+
+
+@router.post("/sessions/{session_id}/end")
+async def end_session(session_id: str, request: Request) -> Response:
+    ctx = _admin(request)
+    ended = await ctx.gateway.end_session(session_id, "admin", None)
+    if not ended:
+        raise ApiError(404, f"No live session {session_id!r}.", code="session_not_found")
+    return json_response({"session_id": session_id, "ended": True})
+
+
+@router.get("/instances")
+async def instances(request: Request) -> Response:
+    ctx = _admin(request)
+    data = []
+    for runtime in ctx.gateway.runtimes:
+        status = await runtime.status()
+        data.append(
+            {
+                "name": runtime.name,
+                "kind": runtime.kind,
+                "models": list(runtime.models),
+                "active_model": status.active_model,
+                "residency": {m: asdict(r) for m, r in status.models.items()},
+                "waiting_calls": status.waiting_calls,
+                "running_calls": status.running_calls,
+                "kv_utilization": status.kv_utilization,
+                "sessions_with_kv": len(status.sessions),
+                "reserved_sessions": len(status.reserved),
+            }
+        )
+    return json_response({"data": data})

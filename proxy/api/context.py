@@ -1,0 +1,59 @@
+"""What every route reaches through ``request.app.state``: the proxy's parts, built by the
+lifespan (proxy/app.py). Plus small response helpers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from talaria.proxy.auth import Authenticator
+from talaria.proxy.errors import ApiError, bad_request
+from talaria.proxy.gateway import Gateway
+from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.settings import ProxySettings
+from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.writer import BatchWriter
+
+
+@dataclass
+class ProxyContext:
+    settings: ProxySettings
+    gateway: Gateway
+    store: SqlStore
+    writer: BatchWriter
+    metrics: ProxyMetrics
+    auth: Authenticator
+
+
+def context(request: Request) -> ProxyContext:
+    ctx: ProxyContext = request.app.state.talaria
+    return ctx
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps(data, separators=(",", ":"), default=str).encode()
+    return Response(body, status, headers=headers, media_type="application/json")
+
+
+async def read_json(request: Request, max_bytes: int) -> Any:
+    """The body as JSON: 413 beyond ``max_bytes``, 400 when it is not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(max_bytes)
+    body = await request.body()
+    if len(body) > max_bytes:
+        raise _too_large(max_bytes)
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+
+
+def _too_large(max_bytes: int) -> ApiError:
+    return ApiError(
+        413, f"The request body is larger than {max_bytes} bytes.", code="request_too_large"
+    )

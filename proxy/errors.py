@@ -1,0 +1,81 @@
+"""Errors in OpenAI's envelope: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class ApiError(Exception):
+    """An error the API reports to the caller with ``status`` and OpenAI's envelope."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def headers(self) -> dict[str, str]:
+        if self.retry_after_s is None:
+            return {}
+        return {"Retry-After": str(max(1, round(self.retry_after_s)))}
+
+    def sse(self) -> bytes:
+        """The error as one SSE data frame (errors during a stream)."""
+        return b"data: " + json.dumps(self.body()).encode() + b"\n\n"
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unknown_model(model: str, known: list[str]) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{model}` does not exist or you do not have access to it. "
+        f"Available: {', '.join(known)}",
+        code="model_not_found",
+        param="model",
+    )
+
+
+def unauthorized(message: str = "Invalid or missing API key.") -> ApiError:
+    return ApiError(401, message, type="authentication_error", code="invalid_api_key")
+
+
+def too_many_requests(limit: int) -> ApiError:
+    return ApiError(
+        429,
+        f"Too many requests in flight for this key (limit {limit}). Retry shortly.",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        retry_after_s=1.0,
+    )
+
+
+def unavailable(message: str, retry_after_s: float = 1.0) -> ApiError:
+    return ApiError(
+        503, message, type="server_error", code="runtime_unavailable", retry_after_s=retry_after_s
+    )

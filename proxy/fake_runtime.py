@@ -1,0 +1,137 @@
+"""``InstantRuntime``: a ``RuntimeClient`` that answers every call at once.
+
+No engine, no scheduler, no sleeping: ``generate`` yields ``FirstToken``, then (for streaming
+calls) one ``TokenDelta`` per further token, then ``Finished``, all at the loop clock's "now". It
+exists to measure what the proxy itself costs (``bench/proxy_overhead.py``) and to test the API
+layer without the simulated engine's timing.
+
+Prefix reuse is modelled like the simulated engine, minus memory: the first call of a session is
+``KvSource.NEW`` with nothing cached; every later call is ``KvSource.HBM`` with the shared prefix
+(``CallRequest.shared_prefix_tokens``, or the previous prompt + output when ``None``) floored to
+whole ``block_tokens`` blocks, and never the last prompt token.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+
+from talaria.core.clock import Clock, LoopClock
+from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
+from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState
+
+
+class InstantRuntime:
+    """Every model of ``models`` always ACTIVE; every reply ``min(max_output_tokens,
+    output_tokens)`` tokens long, generated instantly.
+
+    Sessions it has served are remembered (least recently used forgotten beyond
+    ``max_sessions``) so continuations report cached tokens; ``end_session`` and a call with
+    ``session_final`` forget them.
+    """
+
+    kind = "instant"
+
+    def __init__(
+        self,
+        models: Sequence[str] = ("bench-model",),
+        *,
+        name: str = "instant-0",
+        output_tokens: int = 16,
+        block_tokens: int = 16,
+        clock: Clock | None = None,
+        max_sessions: int = 100_000,
+    ) -> None:
+        if not models:
+            raise ValueError("InstantRuntime needs at least one model")
+        if output_tokens < 1 or block_tokens < 1:
+            raise ValueError("output_tokens and block_tokens must be positive")
+        self.name = name
+        self._models = tuple(models)
+        self._output_tokens = output_tokens
+        self._block = block_tokens
+        self._clock: Clock = clock or LoopClock()
+        self._max_sessions = max_sessions
+        self._sessions: OrderedDict[str, int] = OrderedDict()
+        """session → tokens of its context after its last call (prompt + output)."""
+        self._status = InstanceStatus(
+            instance=name,
+            at_s=0.0,
+            active_model=self._models[0],
+            models={
+                m: ModelResidency(model=m, state=ModelState.ACTIVE, next_slot_in_s=0.0)
+                for m in self._models
+            },
+        )
+        self.calls = 0
+        """Calls served (started) so far."""
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self._models
+
+    async def start(self) -> None:
+        return None
+
+    def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+        return self._generate(request)
+
+    async def _generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+        self.calls += 1
+        now = self._clock.now()
+        tokens = max(1, min(request.max_output_tokens, self._output_tokens))
+        source, cached = self._reuse(request)
+        yield FirstToken(now, cached, source)
+        if request.stream:
+            for _ in range(tokens - 1):
+                yield TokenDelta(self._clock.now(), 1)
+        finished = self._clock.now()
+        if request.session_final:
+            self._sessions.pop(request.session_id, None)
+        else:
+            self._sessions[request.session_id] = request.prompt_tokens + tokens
+            self._sessions.move_to_end(request.session_id)
+            while len(self._sessions) > self._max_sessions:
+                self._sessions.popitem(last=False)
+        yield Finished(
+            CallResult(
+                request_id=request.request_id,
+                session_id=request.session_id,
+                model=request.model,
+                node=self.name,
+                prompt_tokens=request.prompt_tokens,
+                cached_tokens=cached,
+                output_tokens=tokens,
+                arrival_s=now,
+                admitted_s=now,
+                first_token_s=now,
+                finished_s=finished,
+                kv_source=source,
+                restored_bytes=0.0,
+                recomputed_tokens=0,
+                sp_admitted=False,
+            )
+        )
+
+    def _reuse(self, request: CallRequest) -> tuple[KvSource, int]:
+        held = self._sessions.get(request.session_id)
+        if held is None:
+            return KvSource.NEW, 0
+        shared = request.shared_prefix_tokens
+        if shared is None:
+            shared = held
+        reusable = max(0, min(shared, held, request.prompt_tokens - 1))
+        return KvSource.HBM, reusable - reusable % self._block
+
+    async def status(self) -> InstanceStatus:
+        return self._status
+
+    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+        return None
+
+    async def end_session(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    async def close(self) -> None:
+        return None

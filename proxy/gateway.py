@@ -1,0 +1,512 @@
+"""The gateway service: one LLM call from identified request to recorded result.
+
+Per call: find or start the session's state; release its soft reservation (a hit if it came back
+to the reserved instance); route it (``proxy.routing``) over the status of the instances hosting
+its model; run it on that instance in a task of its own, so a client that disconnects never
+loses the call or its records; then learn its tool gap, take a new soft reservation when it ends
+in a tool call (or a gap hint), and hand session, call, decision and reservation records to the
+batched writer. Times in records: wall clock for ``*_at``, clock seconds for durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, Protocol
+
+from talaria.core.clock import Clock
+from talaria.core.reservations import plan_reservation
+from talaria.core.types import CallRequest, CallResult
+from talaria.proxy.errors import ApiError, bad_request, too_many_requests, unavailable
+from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.records import (
+    CallRecord,
+    DecisionRecord,
+    HintRecord,
+    Record,
+    ReservationRecord,
+    SessionRecord,
+)
+from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, route
+from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.sessions import (
+    Fingerprint,
+    Identity,
+    SessionState,
+    SessionTable,
+    message_fingerprint,
+    shared_prefix_tokens,
+)
+from talaria.proxy.synthetic import tool_call, words
+from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+
+RESERVATION_SWEEP_S = 1.0
+
+
+class RecordSink(Protocol):
+    def submit(self, record: Record) -> None: ...
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """What the API layer extracted from a request."""
+
+    request_id: str
+    model: str
+    identity: Identity
+    tenant_id: str
+    prompt_tokens: int
+    fingerprints: list[Fingerprint]
+    max_tokens: int
+    stream: bool
+    tool_name: str | None = None
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    result: CallResult
+    instance: str
+    finish_reason: str
+    text: str | None
+    """The synthetic reply text (None when the reply is a tool call)."""
+    tool_call: dict[str, Any] | None
+
+
+EventKind = Literal["first", "delta", "done", "error"]
+
+
+@dataclass
+class CallHandle:
+    """A running call: ``events`` receives ("first", cached_tokens), ("delta", tokens),
+    ("done", CallOutcome) or ("error", ApiError); ``task`` runs to the end regardless."""
+
+    events: asyncio.Queue[tuple[EventKind, Any]]
+    task: asyncio.Task[CallOutcome | None]
+    instance: str
+
+    async def outcome(self) -> CallOutcome:
+        while True:
+            kind, value = await self.events.get()
+            if kind == "done":
+                assert isinstance(value, CallOutcome)
+                return value
+            if kind == "error":
+                raise value
+
+
+class Gateway:
+    def __init__(
+        self,
+        runtimes: Sequence[RuntimeClient],
+        sink: RecordSink,
+        metrics: ProxyMetrics,
+        clock: Clock,
+        *,
+        router: str = "talaria",
+        routing: RoutingConfig | None = None,
+        routing_seed: int = 0,
+        context_windows: dict[str, int] | None = None,
+        max_inflight_per_tenant: int = 512,
+    ) -> None:
+        self.runtimes = list(runtimes)
+        self._by_name = {r.name: r for r in self.runtimes}
+        self._sink = sink
+        self.metrics = metrics
+        self._clock = clock
+        self._router = router
+        self._routing = routing or RoutingConfig()
+        self._rng = random.Random(routing_seed)
+        self._windows = context_windows or {}
+        self._max_inflight = max_inflight_per_tenant
+        self._inflight: dict[str, int] = {}
+        self.sessions = SessionTable()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- catalog -----------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        return sorted({m for r in self.runtimes for m in r.models})
+
+    def context_window(self, model: str) -> int | None:
+        return self._windows.get(model)
+
+    async def residency(self) -> dict[str, list[dict[str, Any]]]:
+        """model → [{instance, state, next_slot_in_s}] (for /v1/models)."""
+        out: dict[str, list[dict[str, Any]]] = {m: [] for m in self.models()}
+        for runtime in self.runtimes:
+            status = await runtime.status()
+            for name, res in status.models.items():
+                out.setdefault(name, []).append(
+                    {
+                        "instance": runtime.name,
+                        "state": res.state.value,
+                        "next_slot_in_s": round(res.next_slot_in_s, 3),
+                    }
+                )
+        return out
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_reservations())
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- calls -------------------------------------------------------------------------------
+    async def open_call(self, call: PreparedCall) -> CallHandle:
+        """Route the call and start it; raises ApiError before anything runs."""
+        window = self._windows.get(call.model)
+        if window is not None and call.prompt_tokens + call.max_tokens > window:
+            raise bad_request(
+                f"This model's maximum context length is {window} tokens; the request has "
+                f"{call.prompt_tokens} prompt tokens and asks for up to {call.max_tokens} more.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        if self._inflight.get(call.tenant_id, 0) >= self._max_inflight:
+            raise too_many_requests(self._max_inflight)
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        state = self._session(call, now_at)
+        if state.last_finish_s is not None and state.inflight == 0:
+            state.gaps.observe(now_s - state.last_finish_s)
+        candidates = [r for r in self.runtimes if call.model in r.models]
+        statuses = [await r.status() for r in candidates]
+        reserved = self._live_reservation(state, now_s)
+        try:
+            decision = route(
+                self._router,
+                RouteRequest(
+                    session_id=state.session_id,
+                    model=call.model,
+                    prompt_tokens=call.prompt_tokens,
+                    last_instance=state.last_instance,
+                    reserved_instance=reserved,
+                ),
+                statuses,
+                self._routing,
+                self._rng,
+            )
+        except NoInstanceError as exc:
+            raise unavailable(str(exc)) from exc
+        self._settle_reservation(state, decision.instance, now_at)
+        self.metrics.decisions.labels(self._router, decision.reason).inc()
+        self._sink.submit(
+            DecisionRecord(
+                request_id=call.request_id,
+                session_id=state.session_id,
+                router=self._router,
+                instance=decision.instance,
+                reason=decision.reason,
+                scores=decision.scores,
+                created_at=now_at,
+            )
+        )
+        shared = shared_prefix_tokens(state.history, call.fingerprints) if state.history else 0
+        request = CallRequest(
+            request_id=call.request_id,
+            session_id=state.session_id,
+            model=call.model,
+            prompt_tokens=call.prompt_tokens,
+            max_output_tokens=call.max_tokens,
+            call_index=state.calls,
+            expected_tool_gap_s=call.identity.tool_gap_hint_s,
+            session_final=call.identity.final,
+            stream=call.stream,
+            shared_prefix_tokens=shared,
+        )
+        state.calls += 1
+        state.inflight += 1
+        self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
+        events: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue()
+        runtime = self._by_name[decision.instance]
+        task = asyncio.get_running_loop().create_task(
+            self._execute(call, state, request, runtime, events, now_at)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return CallHandle(events, task, decision.instance)
+
+    def _session(self, call: PreparedCall, now_at: datetime) -> SessionState:
+        state = self.sessions.get(call.identity.session_id)
+        if state is None or state.ended:
+            state = SessionState(
+                session_id=call.identity.session_id,
+                tenant_id=call.tenant_id,
+                model=call.model,
+                started_at=now_at,
+                parent_session_id=call.identity.parent_session_id,
+            )
+            state.started_s = self._clock.now()
+            self.sessions.put(state)
+            self.metrics.live_sessions.set(len(self.sessions))
+        state.model = call.model
+        return state
+
+    async def _execute(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        events: asyncio.Queue[tuple[EventKind, Any]],
+        arrived_at: datetime,
+    ) -> CallOutcome | None:
+        result: CallResult | None = None
+        error: Exception | None = None
+        try:
+            async for event in runtime.generate(request):
+                if isinstance(event, FirstToken):
+                    events.put_nowait(("first", event.cached_tokens))
+                elif isinstance(event, TokenDelta):
+                    events.put_nowait(("delta", event.tokens))
+                elif isinstance(event, Finished):
+                    result = event.result
+        except Exception as exc:  # a runtime fault fails this call only
+            error = exc
+        finally:
+            state.inflight -= 1
+            self._inflight[call.tenant_id] -= 1
+        finished_at = datetime.now(UTC)
+        if result is None:
+            api_error = error if isinstance(error, ApiError) else None
+            message = f"runtime {runtime.name} failed the call: {error!r}"
+            self._sink.submit(
+                CallRecord(
+                    request_id=call.request_id,
+                    session_id=state.session_id,
+                    call_index=request.call_index,
+                    model=call.model,
+                    instance=runtime.name,
+                    arrived_at=arrived_at,
+                    finished_at=finished_at,
+                    status="error",
+                    stream=call.stream,
+                    prompt_tokens=call.prompt_tokens,
+                    error=message[:500],
+                )
+            )
+            self._write_session(state, finished_at)
+            events.put_nowait(("error", api_error or unavailable(message)))
+            return None
+        finish = self._finish_reason(call, result)
+        if call.tool_name is not None:
+            outcome = CallOutcome(
+                result, runtime.name, finish, None, tool_call(call.request_id, call.tool_name)
+            )
+        else:
+            outcome = CallOutcome(
+                result, runtime.name, finish, words(0, result.output_tokens), None
+            )
+        self._finished(call, state, request, runtime, outcome, arrived_at, finished_at)
+        events.put_nowait(("done", outcome))
+        return outcome
+
+    @staticmethod
+    def _finish_reason(call: PreparedCall, result: CallResult) -> str:
+        if call.tool_name is not None:
+            return "tool_calls"
+        return "length" if result.output_tokens >= call.max_tokens else "stop"
+
+    def _finished(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        outcome: CallOutcome,
+        arrived_at: datetime,
+        finished_at: datetime,
+    ) -> None:
+        result = outcome.result
+        state.last_finish_s = result.finished_s
+        state.last_instance = runtime.name
+        reply = {
+            "role": "assistant",
+            "content": outcome.text,
+            "tool_calls": [outcome.tool_call] if outcome.tool_call else None,
+        }
+        state.history = [*call.fingerprints, message_fingerprint(reply)]
+        self.metrics.call_latency.labels(call.model).observe(result.latency_s)
+        self.metrics.ttft.labels(call.model).observe(result.first_token_s - result.arrival_s)
+        self.metrics.tokens(result.prompt_tokens, result.cached_tokens)
+        self._sink.submit(
+            CallRecord(
+                request_id=call.request_id,
+                session_id=state.session_id,
+                call_index=request.call_index,
+                model=call.model,
+                instance=runtime.name,
+                arrived_at=arrived_at,
+                finished_at=finished_at,
+                status="ok",
+                queue_s=result.queue_s,
+                prefill_s=result.first_token_s - result.admitted_s,
+                decode_s=result.finished_s - result.first_token_s,
+                prompt_tokens=result.prompt_tokens,
+                cached_tokens=result.cached_tokens,
+                output_tokens=result.output_tokens,
+                finish_reason=outcome.finish_reason,
+                kv_source=result.kv_source.value,
+                stream=call.stream,
+                tool_gap_hint_s=call.identity.tool_gap_hint_s,
+            )
+        )
+        if call.identity.final:
+            self._end(state, "final", finished_at)
+            return
+        gap = call.identity.tool_gap_hint_s
+        if outcome.finish_reason == "tool_calls" or gap is not None:
+            self._reserve(state, runtime.name, gap, finished_at)
+        self._write_session(state, finished_at)
+
+    # -- reservations ------------------------------------------------------------------------
+    def _live_reservation(self, state: SessionState, now_s: float) -> str | None:
+        expires = state.reservation_expires_s
+        if state.reserved_instance is None or expires is None:
+            return None
+        return state.reserved_instance if now_s <= expires else None
+
+    def _reserve(
+        self, state: SessionState, instance: str, gap_s: float | None, now_at: datetime
+    ) -> None:
+        now_s = self._clock.now()
+        expected = gap_s if gap_s is not None else state.gaps.expected_s()
+        plan = plan_reservation(
+            session_id=state.session_id,
+            model=state.model,
+            now_s=now_s,
+            expected_gap_s=expected,
+            held_bytes=0.0,
+            deadline_s=None,
+        )
+        assert plan is not None  # no deadline: always planned
+        if state.reservation_id is not None:
+            self._release(state, "replaced", now_at)
+        state.reservation_id = uuid.uuid4().hex
+        state.reserved_instance = instance
+        state.reservation_expires_s = plan.expires_s
+        state.reservation_times = (
+            now_at,
+            now_at + timedelta(seconds=expected),
+            now_at + timedelta(seconds=plan.expires_s - now_s),
+        )
+        self.metrics.reservations.labels("taken").inc()
+        self._write_reservation(state, None, None)
+
+    def _write_reservation(
+        self, state: SessionState, released_at: datetime | None, reason: str | None
+    ) -> None:
+        assert state.reservation_id is not None and state.reserved_instance is not None
+        assert state.reservation_times is not None
+        created_at, expected_at, expires_at = state.reservation_times
+        self._sink.submit(
+            ReservationRecord(
+                reservation_id=state.reservation_id,
+                session_id=state.session_id,
+                instance=state.reserved_instance,
+                held_bytes=0.0,
+                created_at=created_at,
+                expected_return_at=expected_at,
+                expires_at=expires_at,
+                released_at=released_at,
+                release_reason=reason,
+            )
+        )
+
+    def _release(self, state: SessionState, reason: str, now_at: datetime) -> None:
+        if state.reservation_id is None:
+            return
+        self._write_reservation(state, now_at, reason)
+        state.reservation_id = state.reserved_instance = None
+        state.reservation_expires_s = None
+        state.reservation_times = None
+
+    def _settle_reservation(self, state: SessionState, instance: str, now_at: datetime) -> None:
+        """The session is back: a hit if routed to its live reservation's instance."""
+        if state.reservation_id is None:
+            return
+        live = self._live_reservation(state, self._clock.now())
+        if live is None:
+            self.metrics.reservations.labels("expired").inc()
+            self._release(state, "expired", now_at)
+            return
+        self.metrics.reservations.labels("hit" if live == instance else "miss").inc()
+        self._release(state, "returned", now_at)
+
+    async def _sweep_reservations(self) -> None:
+        while True:
+            await self._clock.sleep(RESERVATION_SWEEP_S)
+            now_s, now_at = self._clock.now(), datetime.now(UTC)
+            for state in self.sessions.values():
+                expires = state.reservation_expires_s
+                if state.reservation_id is not None and expires is not None and now_s > expires:
+                    self.metrics.reservations.labels("expired").inc()
+                    self._release(state, "expired", now_at)
+
+    # -- hints and ends ----------------------------------------------------------------------
+    async def hint(
+        self, session_id: str, tenant_id: str, expected_s: float | None, tool: str | None
+    ) -> bool:
+        """Record a tool-gap hint; reserve on the session's last instance. False: unknown."""
+        now_at = datetime.now(UTC)
+        state = self.sessions.get(session_id)
+        if state is None or state.tenant_id != tenant_id or state.ended:
+            return False
+        self._sink.submit(HintRecord(session_id, now_at, expected_s, tool))
+        if state.last_instance is not None and expected_s is not None:
+            await self._by_name[state.last_instance].hint(session_id, expected_s)
+            if state.inflight == 0:
+                self._reserve(state, state.last_instance, expected_s, now_at)
+        return True
+
+    async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
+        state = self.sessions.get(session_id)
+        if state is None or state.ended or (tenant_id is not None and state.tenant_id != tenant_id):
+            return False
+        now_at = datetime.now(UTC)
+        self._sink.submit(HintRecord(session_id, now_at, None, None, kind="end"))
+        if state.last_instance is not None:
+            await self._by_name[state.last_instance].end_session(session_id)
+        self._end(state, reason, now_at)
+        return True
+
+    def _end(self, state: SessionState, reason: str, now_at: datetime) -> None:
+        if state.reservation_id is not None:
+            self.metrics.reservations.labels("ended").inc()
+            self._release(state, "ended", now_at)
+        state.ended = True
+        self.metrics.sct.labels(state.model).observe(self._clock.now() - state.started_s)
+        self._write_session(state, now_at, ended_reason=reason)
+        self.sessions.pop(state.session_id)
+        self.metrics.live_sessions.set(len(self.sessions))
+
+    def _write_session(
+        self, state: SessionState, now_at: datetime, ended_reason: str | None = None
+    ) -> None:
+        if ended_reason is not None:
+            status = "ended"
+        elif state.reservation_id is not None:
+            status = "in_tool"
+        else:
+            status = "active"
+        self._sink.submit(
+            SessionRecord(
+                session_id=state.session_id,
+                tenant_id=state.tenant_id,
+                model=state.model,
+                started_at=state.started_at,
+                last_call_at=now_at,
+                parent_session_id=state.parent_session_id,
+                state=status,
+                ended_at=now_at if ended_reason else None,
+                end_reason=ended_reason,
+            )
+        )

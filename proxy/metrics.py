@@ -1,0 +1,63 @@
+"""Prometheus metrics of one proxy (its own registry: several apps in one process stay apart)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+SCT_BUCKETS_S = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+
+
+class ProxyMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "talaria_requests", "API requests by endpoint and status", ["endpoint", "status"],
+            registry=r,
+        )  # fmt: skip
+        self.call_latency = Histogram(
+            "talaria_call_latency_seconds", "Arrival to last token of an LLM call", ["model"],
+            buckets=LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.ttft = Histogram(
+            "talaria_ttft_seconds", "Arrival to first token", ["model"],
+            buckets=LATENCY_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.sct = Histogram(
+            "talaria_session_completion_seconds", "First call's arrival to the session's end",
+            ["model"], buckets=SCT_BUCKETS_S, registry=r,
+        )  # fmt: skip
+        self.decisions = Counter(
+            "talaria_routing_decisions", "Routing decisions by reason", ["router", "reason"],
+            registry=r,
+        )  # fmt: skip
+        self.reservations = Counter(
+            "talaria_reservations",
+            "Soft reservations by outcome: taken, hit (returned to the reserved instance), "
+            "miss (returned elsewhere), expired, ended",
+            ["outcome"], registry=r,
+        )  # fmt: skip
+        self.prompt_tokens = Counter(
+            "talaria_prompt_tokens", "Prompt tokens of finished calls", registry=r
+        )
+        self.cached_tokens = Counter(
+            "talaria_cached_tokens", "Prompt tokens served from a prefix cache", registry=r
+        )
+        self.kv_hit_ratio = Gauge(
+            "talaria_kv_hit_ratio", "cached_tokens / prompt_tokens since start", registry=r
+        )
+        self.live_sessions = Gauge("talaria_live_sessions", "Sessions in memory", registry=r)
+        self.writer_pending = Gauge(
+            "talaria_store_pending_records", "Records waiting for the batched writer", registry=r
+        )
+
+    def tokens(self, prompt: int, cached: int) -> None:
+        self.prompt_tokens.inc(prompt)
+        self.cached_tokens.inc(cached)
+        total = self.prompt_tokens._value.get()
+        if total > 0:
+            self.kv_hit_ratio.set(self.cached_tokens._value.get() / total)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,78 @@
+"""Routing settings: per-router scorer weights and the scorers' reference scales.
+
+The proxy's settings map ``TALARIA_ROUTING_*`` environment variables onto ``RoutingConfig``
+(a later issue); the simulator uses the defaults below.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+SCORER_NAMES: tuple[str, ...] = ("model_residency", "kv_locality", "instance_pressure")
+"""Every scorer, in the fixed order used for reports and for breaking reason ties."""
+
+
+@dataclass(frozen=True)
+class ScorerWeights:
+    """Weight of each scorer in a router's total ``Σ weight × score`` (0: not used)."""
+
+    model_residency: float = 0.0
+    kv_locality: float = 0.0
+    instance_pressure: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not value >= 0.0:  # also rejects NaN
+                raise ValueError(f"weight {f.name} must be >= 0, got {value}")
+
+    def as_dict(self) -> dict[str, float]:
+        return {name: float(getattr(self, name)) for name in SCORER_NAMES}
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    residency_tau_s: float = 10.0
+    """Time scale of ``model_residency`` (score 1/2 when the model serves in tau seconds): about
+    one sleep + wake switch of the paper's models at the measured sleep-mode rates (8.6–10.7 s),
+    so a model one plain switch away scores ≈ 0.5 and one 60 s quantum away ≈ 0.14."""
+    pressure_ref_tokens: float = 8192.0
+    """Waiting prompt tokens that count as one unit of load: one prefill step's token budget
+    (``max_num_batched_tokens`` of the default profile), i.e. one step of queued prefill."""
+    pressure_ref_calls: float = 32.0
+    """Running calls that count as one unit of load: the paper's whole workload (30 sessions,
+    at most one call each in flight) running on one node at once."""
+    pressure_ref_bytes: float = 100e9
+    """Bytes of other sessions' soft reservations that count as one unit of load: ~100 GB is
+    the KV room left on an 8×H200 node (1,015 GB usable) once a 355–690 GB model and a staged
+    successor are resident, so reservations weigh at least as much as KV already in use."""
+    talaria: ScorerWeights = ScorerWeights(1.0, 1.0, 0.5)
+    """Residency and KV locality each save seconds per call (a switch, or a prefix recompute
+    or restore), so they weigh 1. Pressure weighs 0.5: its whole range (0.5) is below a KV hit
+    in HBM (1), so load alone never moves a session off its KV in HBM, but it outweighs a
+    residency gap smaller than 0.5 × (1 − pressure of the busy node). E.g. GLM-4.5 asleep on an
+    idle node (4.2 s wake → residency 0.71) wins over GLM-4.5 active on a node whose load
+    exceeds ~1.4 units (pressure < 0.41): cold sessions spread once the warm node is busy."""
+    load_only: ScorerWeights = ScorerWeights(instance_pressure=1.0)
+    sticky: ScorerWeights = ScorerWeights(instance_pressure=1.0)
+    kv_aware: ScorerWeights = ScorerWeights(kv_locality=1.0, instance_pressure=0.5)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "residency_tau_s",
+            "pressure_ref_tokens",
+            "pressure_ref_calls",
+            "pressure_ref_bytes",
+        ):
+            value = getattr(self, name)
+            if not value > 0.0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+    def weights(self, router: str) -> ScorerWeights:
+        """The weights of router ``router`` (``talaria``, ``load-only``, ``sticky``,
+        ``kv-aware``)."""
+        attr = router.replace("-", "_")
+        value = getattr(self, attr, None)
+        if not isinstance(value, ScorerWeights):
+            raise ValueError(f"no weights for router {router!r}")
+        return value

@@ -1,0 +1,197 @@
+"""The session store's tables, as SQLAlchemy 2.0 declarative models.
+
+The schema itself is created by the hand-written Alembic migrations (``migrations/versions``);
+these models must match them exactly (a test compares the migrated schema with this metadata).
+
+Every timestamp is a :class:`UTCDateTime`: ``DateTime(timezone=True)`` that is stored as UTC and
+always read back as an aware UTC ``datetime``, also on SQLite, which keeps no zone.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def as_utc(value: datetime) -> datetime:
+    """``value`` as an aware UTC datetime; a naive one is taken to be UTC already."""
+    if value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that binds and returns aware UTC datetimes on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = as_utc(value)
+        # SQLite stores text without a zone: bind naive UTC so values sort as they compare.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else as_utc(value)
+
+
+class Base(DeclarativeBase):
+    """Declarative base; its metadata (with stable constraint names) is Alembic's target."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+    }
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    name: Mapped[str] = mapped_column(String, unique=True)
+    created_at: Mapped[datetime]
+
+
+class ApiKey(Base):
+    """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    key_hash: Mapped[str] = mapped_column(String, unique=True)
+    prefix: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class SessionRow(Base):
+    """One agent session, with counters summed over its calls."""
+
+    __tablename__ = "sessions"
+
+    session_id: Mapped[str] = mapped_column(String, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String, index=True)
+    parent_session_id: Mapped[str | None] = mapped_column(String, index=True)
+    model: Mapped[str] = mapped_column(String)
+    state: Mapped[str] = mapped_column(String)
+    started_at: Mapped[datetime] = mapped_column(index=True)
+    last_call_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    end_reason: Mapped[str | None] = mapped_column(String)
+    calls: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+
+
+class CallRow(Base):
+    """One model call (a ``CallRecord``). The (session_id, call_index) index also serves
+    lookups by session_id alone, so there is no separate index on it."""
+
+    __tablename__ = "calls"
+    __table_args__ = (Index("ix_calls_session_id_call_index", "session_id", "call_index"),)
+
+    request_id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id"))
+    call_index: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str] = mapped_column(String)
+    instance: Mapped[str | None] = mapped_column(String)
+    arrived_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    status: Mapped[str] = mapped_column(String)
+    queue_s: Mapped[float | None] = mapped_column(Float)
+    prefill_s: Mapped[float | None] = mapped_column(Float)
+    decode_s: Mapped[float | None] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str | None] = mapped_column(String)
+    kv_source: Mapped[str | None] = mapped_column(String)
+    stream: Mapped[bool] = mapped_column(Boolean)
+    tool_gap_hint_s: Mapped[float | None] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text)
+
+
+class DecisionRow(Base):
+    """One routing decision, with every candidate's scores."""
+
+    __tablename__ = "routing_decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    request_id: Mapped[str] = mapped_column(String, index=True)
+    session_id: Mapped[str] = mapped_column(String, index=True)
+    router: Mapped[str] = mapped_column(String)
+    instance: Mapped[str | None] = mapped_column(String)
+    reason: Mapped[str] = mapped_column(String, index=True)
+    scores: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+
+
+class ReservationRow(Base):
+    """A soft KV reservation; the release fields are filled in when it is written again."""
+
+    __tablename__ = "reservations"
+
+    reservation_id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String, index=True)
+    instance: Mapped[str] = mapped_column(String)
+    held_bytes: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime]
+    expected_return_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    released_at: Mapped[datetime | None]
+    release_reason: Mapped[str | None] = mapped_column(String)
+
+
+class HintRow(Base):
+    """A client hint (expected tool gap, or the end of the session)."""
+
+    __tablename__ = "hints"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    session_id: Mapped[str] = mapped_column(String, index=True)
+    at: Mapped[datetime]
+    expected_s: Mapped[float | None] = mapped_column(Float)
+    tool: Mapped[str | None] = mapped_column(String)
+    kind: Mapped[str] = mapped_column(String)
+
+
+class InstanceRow(Base):
+    """A runtime instance as last seen by the gateway."""
+
+    __tablename__ = "runtime_instances"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    kind: Mapped[str] = mapped_column(String)
+    url: Mapped[str | None] = mapped_column(String)
+    models: Mapped[list[str]]
+    last_seen_at: Mapped[datetime]
+    status: Mapped[dict[str, Any]]

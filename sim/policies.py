@@ -1,0 +1,60 @@
+"""Named replay policies: each is a (router, scheduler flags) pair — the one place they are
+mapped.
+
+| name | router | flags | isolates |
+|---|---|---|---|
+| ``round`` | ``load-only`` | all off | the per-request baseline |
+| ``talaria`` | ``talaria`` | all on | the whole system |
+| ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
+| ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
+
+``round`` is what a per-request stack does: least outstanding work per call, and a round
+scheduler on each node. The other routers run with ``talaria``'s node flags, so they differ
+from it only in routing. ``+<flag>`` names are the single-node ablations.
+
+On one node (or when only one node hosts a model) every router sends every call to the only
+candidate, so the single-node results depend on the flags alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from talaria.proxy.routing.routers import ROUTER_NAMES
+from talaria.runtime.scheduling.flags import (
+    DEFAULT_POLICIES,
+    FLAG_NAMES,
+    ROUND,
+    TALARIA,
+    SchedulerFlags,
+    policy_flags,
+)
+
+CLUSTER_POLICIES: tuple[str, ...] = ("round", "talaria", "load-only", "sticky", "kv-aware")
+"""Default policies of multi-node presets: the baseline, the system, and each other router
+with the system's node flags."""
+SINGLE_NODE_POLICIES: tuple[str, ...] = DEFAULT_POLICIES
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    router: str
+    flags: SchedulerFlags
+
+
+def resolve_policy(name: str) -> Policy:
+    """The (router, flags) of policy ``name`` (table above); ValueError lists the choices."""
+    if name == "round":
+        return Policy(name, "load-only", ROUND)
+    if name == "talaria":
+        return Policy(name, "talaria", TALARIA)
+    if name in ROUTER_NAMES:
+        return Policy(name, name, TALARIA)
+    try:
+        return Policy(name, "talaria", policy_flags(name))
+    except ValueError:
+        choices = ", ".join(
+            dict.fromkeys(["round", "talaria", *ROUTER_NAMES, *(f"+{f}" for f in FLAG_NAMES)])
+        )
+        raise ValueError(f"unknown policy {name!r}; choose from: {choices}") from None

@@ -1,0 +1,54 @@
+"""A real proxy on a real socket: uvicorn in a thread, started and stopped around tests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import uvicorn
+
+from talaria.proxy.app import create_app
+from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.settings import ProxySettings
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        await super().startup(sockets)
+        self.ready.set()
+
+
+@dataclass
+class RunningProxy:
+    base_url: str
+    settings: ProxySettings
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+
+@contextmanager
+def running_proxy(
+    settings: ProxySettings, runtimes: Sequence[RuntimeClient] | None = None
+) -> Iterator[RunningProxy]:
+    app = create_app(settings, runtimes=runtimes)
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = _Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    if not server.ready.wait(timeout=60):
+        raise RuntimeError("proxy did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield RunningProxy(f"http://127.0.0.1:{port}", settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -1,0 +1,135 @@
+"""Migrations: up, down to base, up again, on both backends; the migrated schema is the
+models' schema; the ``talaria db`` commands; default locations."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection
+from typer.testing import CliRunner
+
+from talaria.proxy.store import db as store_db
+from talaria.proxy.store import migrate
+from talaria.proxy.store.cli import db_app
+from talaria.proxy.store.db import make_engine
+from talaria.proxy.store.models import Base
+
+TABLES = {
+    "tenants",
+    "api_keys",
+    "sessions",
+    "calls",
+    "routing_decisions",
+    "reservations",
+    "hints",
+    "runtime_instances",
+}
+
+
+async def _tables(url: str) -> set[str]:
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            names = await conn.run_sync(lambda c: inspect(c).get_table_names())
+    finally:
+        await engine.dispose()
+    return set(names) - {"alembic_version"}
+
+
+def _diff(conn: Connection) -> list[Any]:
+    context = MigrationContext.configure(conn, opts={"compare_type": True})
+    return list(compare_metadata(context, Base.metadata))
+
+
+@pytest.mark.asyncio
+async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
+    assert await migrate.current_async(db_url) is None
+    await migrate.upgrade_async(db_url)
+    assert await migrate.current_async(db_url) == migrate.head() == "0001"
+    assert await _tables(db_url) == TABLES
+    await asyncio.to_thread(migrate.downgrade, db_url, "base")
+    assert await migrate.current_async(db_url) is None
+    assert await _tables(db_url) == set()
+    await migrate.upgrade_async(db_url)
+    assert await _tables(db_url) == TABLES
+
+
+@pytest.mark.asyncio
+async def test_migrated_schema_matches_models(db_url: str) -> None:
+    await migrate.upgrade_async(db_url)
+    engine = make_engine(db_url)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(_diff)
+    finally:
+        await engine.dispose()
+    assert diff == []
+
+
+@pytest.mark.asyncio
+async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
+    runner = CliRunner()
+
+    def invoke(*args: str) -> str:
+        result = runner.invoke(db_app, list(args))
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    # The commands run their own event loop, so they run in a thread here, as from a shell.
+    assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
+    assert "revision 0001" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    out = await asyncio.to_thread(invoke, "current", "--url", db_url)
+    assert "current: 0001" in out and "head: 0001" in out
+    down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
+    assert "revision base" in down
+
+
+def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'env.db'}"
+    monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
+    result = CliRunner().invoke(db_app, ["upgrade"])
+    assert result.exit_code == 0, result.output
+    assert migrate.current(url) == "0001"
+    assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
+
+
+def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    location = migrate.script_location()
+    assert (location / "env.py").is_file()
+    assert (location / "script.py.mako").is_file()
+    url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
+    migrate.upgrade(url)
+    assert migrate.current(url) == "0001"
+
+
+def test_default_sqlite_url_honours_data_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "nested" / "data"
+    monkeypatch.setenv(store_db.DATA_DIR_ENV, str(target))
+    monkeypatch.delenv(store_db.DATABASE_URL_ENV, raising=False)
+    assert store_db.default_sqlite_url() == f"sqlite+aiosqlite:///{target / 'talaria.db'}"
+    assert target.is_dir()
+    assert store_db.default_url() == store_db.default_sqlite_url()
+    monkeypatch.setenv(store_db.DATABASE_URL_ENV, "postgresql+asyncpg://u@h/db")
+    assert store_db.default_url() == "postgresql+asyncpg://u@h/db"
+
+
+@pytest.mark.asyncio
+async def test_sqlite_pragmas(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite+aiosqlite:///{tmp_path / 'p.db'}")
+    try:
+        async with engine.connect() as conn:
+            mode = (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar()
+            sync = (await conn.exec_driver_sql("PRAGMA synchronous")).scalar()
+            fks = (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar()
+    finally:
+        await engine.dispose()
+    assert (mode, sync, fks) == ("wal", 1, 1)

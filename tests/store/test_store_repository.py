@@ -1,0 +1,274 @@
+"""``SqlStore`` on both backends: write_batch round trips, reads, tenants and API keys."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from talaria.proxy.records import (
+    CallRecord,
+    DecisionRecord,
+    HintRecord,
+    InstanceRecord,
+    Record,
+    ReservationRecord,
+    SessionRecord,
+)
+from talaria.proxy.store.repository import SqlStore, hash_key
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def session(sid: str, at: datetime = T0, **kw: object) -> SessionRecord:
+    fields: dict[str, object] = {
+        "session_id": sid,
+        "tenant_id": "acme",
+        "model": "glm",
+        "started_at": at,
+        "last_call_at": at,
+    }
+    fields.update(kw)
+    return SessionRecord(**fields)  # type: ignore[arg-type]
+
+
+def call(rid: str, sid: str, index: int, **kw: object) -> CallRecord:
+    fields: dict[str, object] = {
+        "request_id": rid,
+        "session_id": sid,
+        "call_index": index,
+        "model": "glm",
+        "instance": "node-0",
+        "arrived_at": T0 + timedelta(seconds=index),
+        "finished_at": T0 + timedelta(seconds=index, milliseconds=500),
+        "status": "ok",
+        "prompt_tokens": 100,
+        "cached_tokens": 40,
+        "output_tokens": 10,
+    }
+    fields.update(kw)
+    return CallRecord(**fields)  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_session_and_calls_round_trip(store: SqlStore) -> None:
+    s = session("s1", parent_session_id="s0")
+    c0 = call("r0", "s1", 0, queue_s=0.1, prefill_s=0.2, decode_s=0.3, kv_source="new")
+    c1 = call("r1", "s1", 1, stream=True, finish_reason="tool_calls", tool_gap_hint_s=2.5)
+    await store.write_batch([s, c1, c0])  # calls come back ordered by call_index
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert detail.calls == (c0, c1)
+    summary = detail.session
+    assert (summary.calls, summary.prompt_tokens, summary.cached_tokens) == (2, 200, 80)
+    assert summary.output_tokens == 20 and summary.parent_session_id == "s0"
+    assert summary.started_at == T0 and summary.state == "active"
+    assert await store.get_session("missing") is None
+    assert await store.get_session("s1", tenant_id="other") is None
+    assert await store.get_session("s1", tenant_id="acme") is not None
+
+
+@pytest.mark.asyncio
+async def test_call_rewrite_is_idempotent(store: SqlStore) -> None:
+    last = call("r1", "s1", 1)
+    batch: list[Record] = [session("s1"), call("r0", "s1", 0), last]
+    await store.write_batch(batch)
+    await store.write_batch(batch)  # a retried batch
+    # The same call written again when finished, with more output: counted by the difference.
+    await store.write_batch([replace(last, output_tokens=25, status="error", error="boom")])
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert [c.request_id for c in detail.calls] == ["r0", "r1"]
+    assert detail.calls[1].error == "boom" and detail.calls[1].output_tokens == 25
+    s = detail.session
+    assert (s.calls, s.prompt_tokens, s.cached_tokens, s.output_tokens) == (2, 200, 80, 35)
+
+
+@pytest.mark.asyncio
+async def test_duplicate_call_within_one_batch(store: SqlStore) -> None:
+    c = call("r0", "s1", 0)
+    await store.write_batch([session("s1"), c, c])
+    detail = await store.get_session("s1")
+    assert detail is not None and detail.session.calls == 1 and len(detail.calls) == 1
+
+
+@pytest.mark.asyncio
+async def test_session_updates_end_and_reopen(store: SqlStore) -> None:
+    later = T0 + timedelta(minutes=5)
+    await store.write_batch([session("s1"), session("s1", at=T0, last_call_at=later)])
+    detail = await store.get_session("s1")
+    assert detail is not None and detail.session.last_call_at == later
+    # An older last_call_at never moves it back.
+    await store.write_batch([session("s1", state="in_tool")])
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert detail.session.last_call_at == later and detail.session.state == "in_tool"
+    end = later + timedelta(seconds=1)
+    await store.write_batch(
+        [session("s1", last_call_at=later, state="ended", ended_at=end, end_reason="client")]
+    )
+    # A stale in_tool record after the end does not un-end the session...
+    await store.write_batch([session("s1", state="in_tool", last_call_at=later)])
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert (detail.session.state, detail.session.ended_at, detail.session.end_reason) == (
+        "ended",
+        end,
+        "client",
+    )
+    # ...but a new call after the end reopens it.
+    await store.write_batch([session("s1", last_call_at=end + timedelta(seconds=3))])
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert (detail.session.state, detail.session.ended_at, detail.session.end_reason) == (
+        "active",
+        None,
+        None,
+    )
+
+
+@pytest.mark.asyncio
+async def test_call_before_its_session_gets_a_placeholder(store: SqlStore) -> None:
+    await store.write_batch([call("r0", "s9", 0)])
+    detail = await store.get_session("s9")
+    assert detail is not None and detail.session.tenant_id == "unknown"
+    assert detail.session.calls == 1
+    await store.write_batch([session("s9", at=T0 - timedelta(seconds=5))])
+    detail = await store.get_session("s9")
+    assert detail is not None
+    assert detail.session.tenant_id == "acme" and detail.session.calls == 1
+    assert detail.session.started_at == T0 - timedelta(seconds=5)
+
+
+@pytest.mark.asyncio
+async def test_decisions_hints_reservations(store: SqlStore) -> None:
+    scores = {"node-0": {"kv": 1.0, "total": 0.75}, "node-1": {"kv": 0.0, "total": 0.25}}
+    d = DecisionRecord("r0", "s1", "session-affinity", "node-0", "kv_hit", scores, T0)
+    d_now = DecisionRecord("r1", "s1", "session-affinity", None, "no_instance")
+    h = HintRecord("s1", T0 + timedelta(seconds=2), 3.5, tool="bash")
+    h_end = HintRecord("s1", T0 + timedelta(seconds=9), None, kind="end")
+    r = ReservationRecord(
+        "res-1", "s1", "node-0", 1.5e9, T0, T0 + timedelta(seconds=4), T0 + timedelta(seconds=8)
+    )
+    await store.write_batch([session("s1"), d, h_end, h, r, d_now])
+    released = replace(r, released_at=T0 + timedelta(seconds=5), release_reason="returned")
+    await store.write_batch([released])
+    await store.write_batch([r])  # a late copy of the first write does not un-release it
+    detail = await store.get_session("s1")
+    assert detail is not None
+    assert detail.decisions[0] == d and detail.decisions[1].instance is None
+    created = detail.decisions[1].created_at
+    assert created is not None and created.tzinfo is not None
+    assert detail.hints == (h, h_end)
+    assert detail.reservations == (released,)
+
+
+@pytest.mark.asyncio
+async def test_instance_upsert(store: SqlStore) -> None:
+    a = InstanceRecord("node-0", "in-process", None, ["glm"], T0, {"active": "glm"})
+    b = InstanceRecord("node-1", "http", "http://10.0.0.2:8000", ["qwen", "glm"], T0)
+    await store.write_batch([b, a])
+    a2 = replace(a, models=["glm", "qwen"], last_seen_at=T0 + timedelta(1), status={"n": 2})
+    await store.write_batch([a2])
+    assert await store.list_instances() == [a2, b]
+
+
+@pytest.mark.asyncio
+async def test_datetimes_come_back_aware_utc(store: SqlStore) -> None:
+    plus2 = timezone(timedelta(hours=2))
+    local = datetime(2026, 11, 1, 14, 0, tzinfo=plus2)  # == T0
+    naive = datetime(2026, 11, 1, 12, 0, 1)  # taken as UTC
+    await store.write_batch(
+        [session("s1", at=local), call("r0", "s1", 0, arrived_at=naive, finished_at=None)]
+    )
+    detail = await store.get_session("s1")
+    assert detail is not None
+    for value in (
+        detail.session.started_at,
+        detail.session.last_call_at,
+        detail.calls[0].arrived_at,
+    ):
+        assert value.tzinfo is not None and value.utcoffset() == timedelta(0)
+    assert detail.session.started_at == T0
+    assert detail.calls[0].arrived_at == T0 + timedelta(seconds=1)
+    assert detail.calls[0].finished_at is None
+    page = await store.list_sessions(started_after=local, started_before=local + timedelta(1))
+    assert [s.session_id for s in page.items] == ["s1"]
+
+
+@pytest.mark.asyncio
+async def test_large_batch(store: SqlStore) -> None:
+    records: list[SessionRecord | CallRecord] = []
+    for i in range(300):
+        records.append(session(f"s{i:03d}", at=T0 + timedelta(seconds=i)))
+        records.extend(call(f"r{i:03d}-{j}", f"s{i:03d}", j) for j in range(3))
+    await store.write_batch(records)
+    await store.write_batch(records)
+    page = await store.list_sessions(limit=1000)
+    assert len(page.items) == 300 and page.next_cursor is None
+    assert {s.calls for s in page.items} == {3}
+
+
+@pytest.mark.asyncio
+async def test_list_sessions_filters(store: SqlStore) -> None:
+    await store.write_batch(
+        [
+            session("a", at=T0, model="glm"),
+            session("b", at=T0 + timedelta(seconds=1), model="qwen", tenant_id="other"),
+            session("c", at=T0 + timedelta(seconds=2), state="ended", ended_at=T0),
+            session("d", at=T0 + timedelta(seconds=3), model="qwen"),
+        ]
+    )
+
+    async def ids(**kw: object) -> list[str]:
+        page = await store.list_sessions(**kw)  # type: ignore[arg-type]
+        return [s.session_id for s in page.items]
+
+    assert await ids() == ["d", "c", "b", "a"]
+    assert await ids(model="qwen") == ["d", "b"]
+    assert await ids(tenant_id="other") == ["b"]
+    assert await ids(state="ended") == ["c"]
+    assert await ids(state="active", model="qwen", tenant_id="acme") == ["d"]
+    assert await ids(started_after=T0 + timedelta(seconds=1)) == ["d", "c", "b"]
+    assert await ids(started_before=T0 + timedelta(seconds=1)) == ["a"]
+    first = await store.list_sessions(limit=3)
+    assert first.next_cursor is not None
+    rest = await store.list_sessions(limit=3, cursor=first.next_cursor)
+    assert [s.session_id for s in rest.items] == ["a"] and rest.next_cursor is None
+
+
+@pytest.mark.asyncio
+async def test_list_sessions_rejects_bad_input(store: SqlStore) -> None:
+    for bad in ("", "nonsense", "!!!", "WzIsIngiLCJ5Il0"):
+        with pytest.raises(ValueError, match="invalid cursor"):
+            await store.list_sessions(cursor=bad)
+    with pytest.raises(ValueError, match="limit"):
+        await store.list_sessions(limit=0)
+
+
+@pytest.mark.asyncio
+async def test_tenants_and_api_keys(store: SqlStore) -> None:
+    acme = await store.create_tenant("acme")
+    assert await store.create_tenant("acme") == acme
+    other = await store.create_tenant("other")
+    assert other != acme
+    assert await store.count_api_keys() == 0
+    key = await store.create_api_key(acme)
+    key2 = await store.create_api_key(other)
+    assert key.startswith("tk-") and len(key) > 40 and key != key2
+    assert await store.tenant_for_key(key) == acme
+    assert await store.tenant_for_key(key2) == other
+    assert await store.tenant_for_key("tk-wrong") is None
+    infos = await store.list_api_keys(acme)
+    assert len(infos) == 1 and infos[0].prefix == key[:8] and infos[0].revoked_at is None
+    assert key not in repr(infos)  # the plaintext is not stored
+    assert await store.revoke_api_key(infos[0].id)
+    assert not await store.revoke_api_key(infos[0].id)
+    assert not await store.revoke_api_key("no-such-key")
+    assert await store.tenant_for_key(key) is None
+    assert await store.count_api_keys() == 2
+    assert await store.count_api_keys(active_only=True) == 1
+    with pytest.raises(ValueError, match="no tenant"):
+        await store.create_api_key("no-such-tenant")
+    assert hash_key(key) != key and len(hash_key(key)) == 64

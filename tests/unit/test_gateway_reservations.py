@@ -1,0 +1,147 @@
+"""Proxy-level soft reservations through the real Gateway, on the virtual clock."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from talaria.core.catalog import load_catalog
+from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
+from talaria.proxy.gateway import Gateway, PreparedCall
+from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.records import Record, ReservationRecord, SessionRecord
+from talaria.proxy.runtime_client import InProcessRuntime
+from talaria.proxy.sessions import Identity, message_fingerprint
+from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.scheduling.node import SchedulerConfig
+
+MODEL = "glm-4.5-fp8"
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def submit(self, record: Record) -> None:
+        self.records.append(record)
+
+    def reservations(self) -> list[ReservationRecord]:
+        return [r for r in self.records if isinstance(r, ReservationRecord)]
+
+
+def _call(n: int, sid: str = "s1", tool: bool = True, gap_s: float | None = None) -> PreparedCall:
+    content = "step " * (50 + n)
+    return PreparedCall(
+        request_id=f"r{n}",
+        model=MODEL,
+        identity=Identity(sid, True, None, gap_s, False),
+        tenant_id="t",
+        prompt_tokens=60 + n,
+        fingerprints=[message_fingerprint({"role": "user", "content": content})],
+        max_tokens=64,
+        stream=False,
+        tool_name="bash" if tool else None,
+    )
+
+
+def _run(scenario: Callable[[Gateway, LoopClock], Awaitable[None]]) -> tuple[ListSink, str]:
+    sink = ListSink()
+    metrics = ProxyMetrics()
+
+    async def main() -> None:
+        clock = LoopClock()
+        node = build_sim_node(
+            "n0", NodeSetup("h200x8", "default", (MODEL,)), load_catalog(), TALARIA,
+            SchedulerConfig(), clock,
+        )  # fmt: skip
+        runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
+        await runtime.start()
+        gateway = Gateway([runtime], sink, metrics, clock)
+        gateway.start()
+        try:
+            await scenario(gateway, clock)
+        finally:
+            await gateway.close()
+            await runtime.close()
+
+    run_virtual(main())
+    return sink, metrics.render().decode()
+
+
+def _metric(text: str, outcome: str) -> float:
+    line = f'talaria_reservations_total{{outcome="{outcome}"}}'
+    found = [float(x.split()[-1]) for x in text.splitlines() if x.startswith(line)]
+    return found[0] if found else 0.0
+
+
+def test_a_session_that_returns_in_time_hits_its_reservation() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        outcome = await (await gateway.open_call(_call(0))).outcome()
+        assert outcome.finish_reason == "tool_calls"
+        await clock.sleep(1.0)
+        handle = await gateway.open_call(_call(1))
+        assert handle.instance == "n0"
+        await handle.outcome()
+
+    sink, metrics = _run(scenario)
+    first = [
+        r for r in sink.reservations() if r.reservation_id == sink.reservations()[0].reservation_id
+    ]
+    assert [r.release_reason for r in first] == [None, "returned"]
+    assert _metric(metrics, "hit") == 1 and _metric(metrics, "taken") == 2
+    # expected return = the prior gap (no hint, nothing learned yet)
+    taken = first[0]
+    assert (taken.expected_return_at - taken.created_at).total_seconds() == pytest.approx(
+        DEFAULT_GAP_PRIOR_S
+    )
+
+
+def test_a_reservation_expires_when_the_session_stays_away() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0, gap_s=2.0))).outcome()
+        await clock.sleep(10.0)  # hinted 2 s: expires at max(2·2, 2 + 1) = 4 s, swept every 1 s
+
+    sink, metrics = _run(scenario)
+    assert [r.release_reason for r in sink.reservations()] == [None, "expired"]
+    assert _metric(metrics, "expired") == 1
+    states = [r.state for r in sink.records if isinstance(r, SessionRecord)]
+    assert states[-1] == "in_tool"
+
+
+def test_ending_the_session_releases_its_reservation() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0))).outcome()
+        assert await gateway.end_session("s1", "client", "t")
+        assert not await gateway.end_session("s1", "client", "t")  # already ended
+
+    sink, metrics = _run(scenario)
+    assert [r.release_reason for r in sink.reservations()] == [None, "ended"]
+    ended = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
+    assert ended and ended[-1].end_reason == "client"
+    assert _metric(metrics, "ended") == 1
+
+
+def test_no_reservation_without_a_tool_call_or_hint() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0, tool=False))).outcome()
+
+    sink, _ = _run(scenario)
+    assert sink.reservations() == []
+
+
+def test_learned_gap_sets_the_next_expected_return() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0))).outcome()
+        await clock.sleep(0.5)
+        await (await gateway.open_call(_call(1))).outcome()
+
+    sink, _ = _run(scenario)
+    taken = [r for r in sink.reservations() if r.release_reason is None]
+    second = taken[1]
+    learned = (DEFAULT_GAP_PRIOR_S + 0.5) / 2  # prior (weight 1) and one observed 0.5 s gap
+    assert (second.expected_return_at - second.created_at).total_seconds() == pytest.approx(
+        learned, abs=1e-3
+    )

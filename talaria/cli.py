@@ -342,7 +342,10 @@ def _register_db() -> None:
         from talaria.proxy.store.cli import db_app
     except ImportError:  # pragma: no cover - only without the proxy extra
         return
+    from talaria.proxy.keys_cli import keys_app
+
     app.add_typer(db_app, name="db", help="Database schema: upgrade, downgrade, current.")
+    app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke.")
 
 
 _register_db()

@@ -1,0 +1,109 @@
+"""Faults through the real HTTP stack: a runtime that fails before or during a call, and a
+client that goes away mid-stream. The caller gets OpenAI-format errors; nothing is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from talaria.core.types import CallRequest
+from talaria.proxy.fake_runtime import InstantRuntime
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.engine import GenerationEvent, TokenDelta
+from tests.integration.server import running_proxy
+
+ADMIN = "adm"
+MODEL = "bench-model"
+
+
+class ScriptedRuntime(InstantRuntime):
+    """InstantRuntime that can fail before the first token, fail after it, or wait for the
+    test before finishing (and tell the test when it has)."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__((MODEL,), output_tokens=8)
+        self.mode = mode
+        self.release = threading.Event()
+        self.finished = threading.Event()
+
+    async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+        if self.mode == "fail-before":
+            raise RuntimeError("engine crashed")
+        async for event in super().generate(request):
+            if self.mode == "fail-during" and isinstance(event, TokenDelta):
+                raise RuntimeError("engine crashed mid-call")
+            if self.mode == "gated" and isinstance(event, TokenDelta):
+                await asyncio.to_thread(self.release.wait, 30)
+            yield event
+        self.finished.set()
+
+
+def _settings(tmp: Path) -> ProxySettings:
+    return ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp}/f.db", admin_token=ADMIN)
+
+
+def test_runtime_failure_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    with running_proxy(_settings(tmp_path), runtimes=[ScriptedRuntime("fail-before")]) as proxy:
+        response = httpx.post(
+            proxy.v1 + "/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}]},
+            headers={"X-Talaria-Session-Id": "f1"},
+        )
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "1"
+        error = response.json()["error"]
+        assert error["code"] == "runtime_unavailable" and "engine crashed" in error["message"]
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        detail = httpx.get(
+            proxy.base_url + "/admin/sessions/f1", headers={"Authorization": f"Bearer {ADMIN}"}
+        ).json()
+        assert [c["status"] for c in detail["calls"]] == ["error"]  # the failure is recorded
+
+
+def test_failure_during_a_stream_is_an_sse_error_frame(tmp_path: Path) -> None:
+    with running_proxy(_settings(tmp_path), runtimes=[ScriptedRuntime("fail-during")]) as proxy:
+        with httpx.stream(
+            "POST",
+            proxy.v1 + "/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True},
+        ) as response:
+            lines = [line for line in response.iter_lines() if line]
+        assert response.status_code == 200
+        assert any('"error"' in line and "mid-call" in line for line in lines)
+        assert lines[-1] == "data: [DONE]"
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        with pytest.raises(openai.APIError):
+            list(stream)
+
+
+def test_client_that_leaves_mid_stream_loses_nothing(tmp_path: Path) -> None:
+    runtime = ScriptedRuntime("gated")
+    with running_proxy(_settings(tmp_path), runtimes=[runtime]) as proxy:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}
+        with httpx.stream(
+            "POST",
+            proxy.v1 + "/chat/completions",
+            json=body,
+            headers={"X-Talaria-Session-Id": "gone"},
+        ) as response:
+            first = next(response.iter_lines())
+            assert first.startswith("data: ")
+        # the client has hung up; now let the runtime finish the call
+        runtime.release.set()
+        assert runtime.finished.wait(30)
+        detail = httpx.get(
+            proxy.base_url + "/admin/sessions/gone", headers={"Authorization": f"Bearer {ADMIN}"}
+        ).json()
+        (call,) = detail["calls"]
+        assert call["status"] == "ok" and call["output_tokens"] == 8

@@ -23,6 +23,7 @@ class ReleaseReason(StrEnum):
     ENDED = "ended"
     EXPIRED = "expired"
     SLOT_CLOSED = "slot-closed"
+    MOVED = "moved"  # the session's next call went to another instance
 
 
 @dataclass

@@ -133,5 +133,8 @@ class InstantRuntime:
     async def end_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
 
+    async def session_moved(self, session_id: str) -> None:
+        return None
+
     async def close(self) -> None:
         return None

@@ -197,6 +197,8 @@ class Gateway:
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
         self._settle_reservation(state, decision.instance, now_at)
+        if state.last_instance is not None and state.last_instance != decision.instance:
+            await self._by_name[state.last_instance].session_moved(state.session_id)
         self.metrics.decisions.labels(self._router, decision.reason).inc()
         self._sink.submit(
             DecisionRecord(

@@ -35,6 +35,10 @@ class RuntimeClient(Protocol):
 
     async def end_session(self, session_id: str) -> None: ...
 
+    async def session_moved(self, session_id: str) -> None:
+        """The session's next call went to another instance: release what it holds here."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -82,6 +86,9 @@ class InProcessRuntime:
 
     async def end_session(self, session_id: str) -> None:
         self._node.end_session(session_id)
+
+    async def session_moved(self, session_id: str) -> None:
+        self._node.session_moved(session_id)
 
     async def close(self) -> None:
         await self._node.stop()

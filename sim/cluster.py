@@ -70,6 +70,7 @@ class Dispatcher:
         self.reasons[decision.reason] += 1
         if last is not None and last != decision.instance:
             self.migrations += 1
+            self._nodes[last].session_moved(sid)
         self._last[sid] = decision.instance
         self._visited.setdefault(sid, set()).add(decision.instance)
         node = self._nodes[decision.instance]

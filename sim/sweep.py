@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from talaria.core.catalog import Catalog
-from talaria.sim.experiment import ExperimentSetup, OnCall, run_experiment
+from talaria.sim.experiment import OnCall, run_experiment
 from talaria.sim.presets import Preset
 from talaria.sim.trace import SessionTrace
 from talaria.sim.workload import WorkloadSpec
@@ -103,12 +103,7 @@ def run_sweep(
     for param, values in sweeps:
         for value in values:
             varied_preset, varied_catalog = _varied(preset, catalog, param, value)
-            setup = ExperimentSetup(
-                varied_preset.server,
-                varied_preset.profile,
-                varied_preset.workload.models,
-                quantum_s=varied_preset.quantum_s,
-            )
+            setup = varied_preset.experiment_setup()
             per_seed = []
             for seed in seeds:
                 sessions = make_sessions(varied_preset.workload, varied_catalog, seed)

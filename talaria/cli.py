@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.types import CallResult
-from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, policy_flags
+from talaria.runtime.scheduling.flags import policy_flags
 from talaria.sim.trace import SessionTrace, TraceError, read_trace, write_trace
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
@@ -74,7 +74,8 @@ def replay(
         str,
         typer.Option(
             help="Workload and node setup: 'paper' (30 sessions, 960 calls, one "
-            "8×H200 node, three 100B+ models) or 'small'."
+            "8×H200 node, three 100B+ models), 'small', or 'cluster' (four nodes, six "
+            "models, 120 sessions; a router picks the node of every call)."
         ),
     ] = "paper",
     trace: Annotated[
@@ -86,19 +87,27 @@ def replay(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the workload generator.")] = 0,
     policies: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="Comma-separated policies: round (all flags off), talaria (all on), "
-            "+sp_admission, +host_kv, +d2d_staging, +soft_reservations."
+            help="Comma-separated policies (default: the preset's): round (load-only router, "
+            "all flags off), talaria (talaria router, all flags on), load-only, sticky, "
+            "kv-aware (that router, all flags on), +sp_admission, +host_kv, +d2d_staging, "
+            "+soft_reservations (one flag over round)."
         ),
-    ] = ",".join(DEFAULT_POLICIES),
+    ] = None,
     quantum_s: Annotated[
         float | None, typer.Option(help="Slot quantum in seconds (default: the preset's).")
     ] = None,
     sessions: Annotated[
         int | None, typer.Option(help="Override the preset's session count (calls scale).")
     ] = None,
-    nodes: Annotated[int, typer.Option(help="Nodes that each host every model.")] = 1,
+    nodes: Annotated[
+        int | None,
+        typer.Option(
+            help="Nodes that each host every model (default 1; presets with their own "
+            "node layout, like 'cluster', ignore it)."
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the results document here.")
     ] = None,
@@ -129,17 +138,19 @@ def replay(
     the ratio to the oracle bound (each session alone, model resident) and the 'dedicated'
     reference (one node per model, never switched).
     """
-    from talaria.sim.experiment import ExperimentSetup, run_experiment
+    from talaria.sim.experiment import run_experiment
+    from talaria.sim.policies import resolve_policy
     from talaria.sim.presets import get_preset
-    from talaria.sim.report import experiment_table, sweep_table
+    from talaria.sim.report import experiment_table, routing_table, sweep_table
     from talaria.sim.sweep import parse_sweep, run_sweep
 
     catalog = _catalog(catalog_dirs)
     try:
         chosen = get_preset(preset)
-        names = [p.strip() for p in policies.split(",") if p.strip()]
+        chosen_policies = policies if policies is not None else ",".join(chosen.policies)
+        names = [p.strip() for p in chosen_policies.split(",") if p.strip()]
         for name in names:
-            policy_flags(name)
+            resolve_policy(name)
         sweeps = [parse_sweep(s) for s in sweep or []]
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -164,9 +175,10 @@ def replay(
 
     calls = sum(s.num_calls for s in session_list)
     runs = len(names) + 1
-    setup = ExperimentSetup(
-        chosen.server, chosen.profile, chosen.workload.models, nodes, chosen.quantum_s
-    )
+    try:
+        setup = chosen.experiment_setup(nodes)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
     started = time.perf_counter()
     with _progress() as bar:
         task = bar.add_task("replay", total=calls * runs, visible=progress)
@@ -194,6 +206,9 @@ def replay(
             doc["sweep"] = rows
     out = _stdout()
     out.print(experiment_table(doc))
+    routing = routing_table(doc)
+    if routing is not None:
+        out.print(routing)
     if "multiplexing_cost_p50" in doc:
         out.print(
             f"talaria ÷ dedicated: p50 {doc['multiplexing_cost_p50']:.2f}×, "
@@ -212,7 +227,7 @@ def replay(
         source = f"trace {trace.name}" if trace else f"preset {chosen.name}, seed {seed}"
         title = (
             f"{source}: {doc['sessions']} sessions, {doc['calls']} calls, "
-            f"{nodes} node(s), quantum {chosen.quantum_s:g} s"
+            f"{setup.nodes} node(s), quantum {chosen.quantum_s:g} s"
         )
         plot_experiment(doc, plot, title=title)
         console.print(f"wrote {plot}")

@@ -93,6 +93,7 @@ class SimEngine:
         self._staged_bytes_done = 0.0
         self.busy_s = 0.0
         self.steps = 0
+        self._recompute_cache: dict[int, float] = {}
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -147,7 +148,14 @@ class SimEngine:
         return self._cost.kv_transfer_time_s(self._cost.kv_bytes(tokens))
 
     def recompute_s(self, tokens: int) -> float:
-        return self._cost.recompute_time_s(tokens)
+        """Memoised: a session's KV size stays put between its calls, and status snapshots ask
+        for every session on every routing decision."""
+        cached = self._recompute_cache.get(tokens)
+        if cached is None:
+            if len(self._recompute_cache) > 65_536:
+                self._recompute_cache.clear()
+            cached = self._recompute_cache[tokens] = self._cost.recompute_time_s(tokens)
+        return cached
 
     def needed_bytes(self, request: CallRequest) -> float:
         _, _, entry = self._reuse(request)

@@ -208,6 +208,12 @@ class NodeScheduler:
         if session is not None:
             session.hint_gap_s = expected_gap_s
 
+    def session_moved(self, session_id: str) -> None:
+        """The session's next call went elsewhere: release its reservation here (its KV stays,
+        evictable, in case it comes back)."""
+        self._release_reservation(session_id, ReleaseReason.MOVED)
+        self._wake.set()
+
     def end_session(self, session_id: str) -> None:
         self._release_reservation(session_id, ReleaseReason.ENDED)
         entry = self.memory.kv.get(session_id)

@@ -6,6 +6,7 @@ import asyncio
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.reservations import ReleaseReason
 from talaria.core.types import CallRequest
 from talaria.runtime.engine import Finished, FirstToken, TokenDelta
 from talaria.runtime.scheduling.flags import TALARIA
@@ -69,3 +70,17 @@ def test_consumer_leaving_before_admission_removes_the_call() -> None:
         return queued, left
 
     assert run_virtual(main()) == (1, 0)
+
+
+def test_session_moved_releases_its_reservation_but_keeps_its_kv() -> None:
+    async def main() -> tuple[int, int, bool]:
+        node = _node(LoopClock())
+        await node.submit(CallRequest("r1", "s1", "glm-4.5-fp8", 2000, 20))
+        live_before = len(node.reservations.live)
+        node.session_moved("s1")
+        moved = node.reservations.released[ReleaseReason.MOVED]
+        kept = "s1" in node.memory.kv and not node.memory.kv["s1"].pinned
+        await node.stop()
+        return live_before, moved, kept
+
+    assert run_virtual(main()) == (1, 1, True)

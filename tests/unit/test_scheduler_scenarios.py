@@ -447,6 +447,7 @@ def test_reservation_of_a_session_that_never_returns_expires(
         ReleaseReason.ENDED: 0,
         ReleaseReason.EXPIRED: 1,
         ReleaseReason.SLOT_CLOSED: 0,
+        ReleaseReason.MOVED: 0,
     }
     assert not node.reservations.live
 

@@ -308,11 +308,14 @@ def test_reservation_table_release_counts_only_live_reservations() -> None:
     assert table.release("nobody", ReleaseReason.ENDED) is None
     assert table.release("s2", ReleaseReason.EXPIRED) is not None
     assert table.release("s3", ReleaseReason.SLOT_CLOSED) is not None
+    table.add(_res("s4"))
+    assert table.release("s4", ReleaseReason.MOVED) is not None
     assert table.released == {
         ReleaseReason.RETURNED: 1,
         ReleaseReason.ENDED: 0,
         ReleaseReason.EXPIRED: 1,
         ReleaseReason.SLOT_CLOSED: 1,
+        ReleaseReason.MOVED: 1,
     }
     assert not table.live
 

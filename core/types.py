@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 
 class KvSource(StrEnum):
@@ -36,6 +37,11 @@ class CallRequest:
     stream: bool = False
     """The caller wants token deltas as they are generated (``TokenDelta`` events)."""
     shared_prefix_tokens: int | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Chat messages, for engines that tokenize (the runtime renders them with the model's chat
+    template); the simulated engine only needs ``prompt_tokens``."""
+    prompt_text: str | None = None
+    """A plain-text prompt (completions), for engines that tokenize."""
     """Tokens of this prompt equal to the session's previous prompt + output. Replay knows it
     from the trace; ``None`` means append-only (the whole cached prefix matches)."""
 
@@ -57,6 +63,8 @@ class CallResult:
     restored_bytes: float
     recomputed_tokens: int
     sp_admitted: bool
+    output_text: str | None = None
+    """What a real engine generated (None from the simulated engine, whose text is synthetic)."""
 
     @property
     def latency_s(self) -> float:

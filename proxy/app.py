@@ -23,6 +23,7 @@ from talaria.proxy.auth import Authenticator
 from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import Gateway
+from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
 from talaria.proxy.runtime_client import RuntimeClient
@@ -87,11 +88,13 @@ def create_app(
             catalog = load_catalog(cfg.catalog_path)
         except CatalogError as exc:
             raise RuntimeError(f"cannot load the model catalog: {exc}") from exc
-        clients: list[RuntimeClient] = (
-            list(runtimes)
-            if runtimes is not None
-            else list(build_embedded(cfg, catalog, the_clock))
-        )
+        clients: list[RuntimeClient]
+        if runtimes is not None:
+            clients = list(runtimes)
+        elif cfg.runtimes:
+            clients = [HttpRuntime(url, status_ttl_s=cfg.status_ttl_s) for url in cfg.runtimes]
+        else:
+            clients = list(build_embedded(cfg, catalog, the_clock))
         for client in clients:
             await client.start()
         hosted = {m for c in clients for m in c.models}
@@ -113,7 +116,9 @@ def create_app(
             log.warning("no API keys configured: serving local callers with any key")
         now = datetime.now(UTC)
         for client in clients:
-            writer.submit(InstanceRecord(client.name, client.kind, None, list(client.models), now))
+            address = getattr(client, "url", None)
+            record = InstanceRecord(client.name, client.kind, address, list(client.models), now)
+            writer.submit(record)
         app.state.talaria = ProxyContext(cfg, gateway, store, writer, metrics, auth)
         try:
             yield

@@ -64,6 +64,8 @@ class PreparedCall:
     max_tokens: int
     stream: bool
     tool_name: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    prompt_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,7 @@ EventKind = Literal["first", "delta", "done", "error"]
 
 @dataclass
 class CallHandle:
-    """A running call: ``events`` receives ("first", cached_tokens), ("delta", tokens),
+    """A running call: ``events`` receives ("first", FirstToken), ("delta", TokenDelta),
     ("done", CallOutcome) or ("error", ApiError); ``task`` runs to the end regardless."""
 
     events: asyncio.Queue[tuple[EventKind, Any]]
@@ -223,6 +225,8 @@ class Gateway:
             session_final=call.identity.final,
             stream=call.stream,
             shared_prefix_tokens=shared,
+            messages=call.messages,
+            prompt_text=call.prompt_text,
         )
         state.calls += 1
         state.inflight += 1
@@ -265,10 +269,10 @@ class Gateway:
         error: Exception | None = None
         try:
             async for event in runtime.generate(request):
-                if isinstance(event, FirstToken):
-                    events.put_nowait(("first", event.cached_tokens))
-                elif isinstance(event, TokenDelta):
-                    events.put_nowait(("delta", event.tokens))
+                if isinstance(event, FirstToken | TokenDelta):
+                    events.put_nowait(
+                        ("first" if isinstance(event, FirstToken) else "delta", event)
+                    )
                 elif isinstance(event, Finished):
                     result = event.result
         except Exception as exc:  # a runtime fault fails this call only
@@ -304,9 +308,10 @@ class Gateway:
                 result, runtime.name, finish, None, tool_call(call.request_id, call.tool_name)
             )
         else:
-            outcome = CallOutcome(
-                result, runtime.name, finish, words(0, result.output_tokens), None
-            )
+            text = result.output_text
+            if text is None:  # a simulated engine: synthetic words
+                text = words(0, result.output_tokens)
+            outcome = CallOutcome(result, runtime.name, finish, text, None)
         self._finished(call, state, request, runtime, outcome, arrived_at, finished_at)
         events.put_nowait(("done", outcome))
         return outcome

@@ -30,6 +30,10 @@ class ProxySettings(BaseSettings):
         default_factory=list, description="Accepted API keys (besides keys in the store)"
     )
     admin_token: str | None = Field(None, description="Bearer token of /admin; unset = off")
+    runtimes: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="URLs of runtime servers; when empty, an embedded simulated runtime",
+    )
     # embedded runtime (simulated engines)
     models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PAPER_MODELS))
     catalog_path: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -49,7 +53,7 @@ class ProxySettings(BaseSettings):
     status_ttl_s: float = Field(0.05, ge=0)
     writer_flush_interval_s: float = Field(0.05, gt=0)
 
-    @field_validator("api_keys", "models", "catalog_path", mode="before")
+    @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)

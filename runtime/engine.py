@@ -21,6 +21,9 @@ class FirstToken:
     t_s: float
     cached_tokens: int
     kv_source: KvSource
+    text: str | None = None
+    """The first token's text from engines that detokenize; None from the simulated engine
+    (the proxy then renders synthetic words)."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class TokenDelta:
 
     t_s: float
     tokens: int
+    text: str | None = None
+    """These tokens' text from engines that detokenize; None from the simulated engine."""
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
+from talaria.runtime.config import NodeConfig
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
-from talaria.runtime.scheduling.flags import SchedulerFlags
+from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
 from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
 
@@ -52,3 +53,49 @@ def build_sim_node(
         for spec in specs
     }
     return NodeScheduler(name, engines, memory, clock, flags, config, pcie)
+
+
+@dataclass
+class BuiltNode:
+    """A node built from a config, with the engines that need starting and stopping."""
+
+    node: NodeScheduler
+    engines: dict[str, Engine]
+
+
+def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
+    """Simulated engines from the catalog and vLLM engines from model directories, one node.
+
+    vLLM engines manage their own KV memory (their ``needed_bytes`` is 0), so the node's byte
+    accounting only binds the simulated ones."""
+    flags = policy_flags(config.policy)
+    sim_models = [m for m in config.models if m.engine == "sim"]
+    if sim_models:
+        server = catalog.server(config.server)
+        specs = [catalog.model(m.name) for m in sim_models]
+        host_kv = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
+            s.weight_bytes for s in specs
+        )
+        memory = NodeMemory(server.usable_hbm_bytes, host_kv)
+    else:
+        memory = NodeMemory(float("inf"), 0.0)
+    pcie = PcieLink(clock)
+    engines: dict[str, Engine] = {}
+    for model in config.models:
+        if model.engine == "sim":
+            spec = catalog.model(model.name)
+            cost = CostModel(spec, catalog.server(config.server), catalog.profile(config.profile))
+            engines[model.name] = SimEngine(
+                spec, cost, memory, pcie, clock, config.name, flags.host_kv
+            )
+        else:
+            from talaria.runtime.engines.vllm import build_vllm_engine
+
+            engines[model.name] = build_vllm_engine(
+                config.model_dir(model), model.name, clock, config.name, **model.options
+            )
+    scheduler = NodeScheduler(
+        config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),
+        pcie,
+    )  # fmt: skip
+    return BuiltNode(scheduler, engines)

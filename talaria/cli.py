@@ -310,9 +310,17 @@ def serve(
         str | None,
         typer.Option(help="SQLAlchemy URL (default: SQLite in the user data directory)."),
     ] = None,
+    runtime: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--runtime",
+            help="URL of a runtime server (talaria runtime), repeatable; without any, the "
+            "proxy runs an embedded simulated runtime.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve the OpenAI-compatible proxy with an embedded simulated runtime.
+    """Serve the OpenAI-compatible proxy (embedded simulated runtime, or --runtime URLs).
 
     Any OpenAI client works against it: base_url http://HOST:PORT/v1. Sessions are identified
     by the X-Talaria-Session-Id header (or x-session-id, x-litellm-session-id, body
@@ -334,6 +342,7 @@ def serve(
             "policy": policy,
             "router": router,
             "database_url": database_url,
+            "runtimes": runtime or None,
         }.items()
         if value is not None
     }
@@ -343,12 +352,44 @@ def serve(
             policy_flags(settings.policy)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    console.print(
-        f"talaria proxy on http://{host}:{port}/v1 — models {', '.join(settings.models)} on "
-        f"{settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
-        "replies are synthetic text from the simulated engine"
-    )
+    if settings.runtimes:
+        console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
+    else:
+        console.print(
+            f"talaria proxy on http://{host}:{port}/v1 — models {', '.join(settings.models)} "
+            f"on {settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
+            "replies are synthetic text from the simulated engine"
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+@app.command("runtime")
+def runtime_server(
+    config: Annotated[Path, typer.Option(help="Node configuration TOML (runtime/config.py).")],
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
+    catalog_dirs: CatalogOpt = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Run one node's runtime server: its engines (simulated or vLLM) behind the slot scheduler,
+    serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). SIGTERM drains:
+    no new connections, in-flight calls finish, then the engines shut down."""
+    import uvicorn
+
+    from talaria.runtime.config import NodeConfigError, load_node_config
+    from talaria.runtime.server import create_runtime_app
+
+    try:
+        node = load_node_config(config)
+        policy_flags(node.policy)
+    except (NodeConfigError, ValueError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    console.print(
+        f"talaria runtime {node.name} on http://{host}:{port} — "
+        + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
+    )
+    app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
+    uvicorn.run(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=600)
 
 
 def _register_db() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -127,7 +128,12 @@ def main() -> None:
     parser.add_argument("--db", help="SQLite file of the talaria proxy")
     parser.add_argument("--output-tokens", type=int, default=REPLY_TOKENS)
     parser.add_argument("--access-log", action="store_true")
-    parser.add_argument("--profile", help="cProfile the server; write pstats to this file")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="sys.setswitchinterval (s) for the server: an experiment on how fast the SQLite "
+        "worker thread gets the GIL back from a busy event loop (Python's default: 0.005)",
+    )
     args = parser.parse_args()
 
     import uvicorn
@@ -146,19 +152,8 @@ def main() -> None:
     )
     server = uvicorn.Server(config)
     print(f"bench server {args.target} pid {os.getpid()} port {args.port}", flush=True)
-    if args.profile:
-        import cProfile
-        import signal
-
-        profiler = cProfile.Profile()
-        # SIGUSR1: start profiling; SIGUSR2: stop and dump (the bench profiles one phase).
-        signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
-
-        def _dump(*_: object) -> None:
-            profiler.disable()
-            profiler.dump_stats(args.profile)
-
-        signal.signal(signal.SIGUSR2, _dump)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
     server.run()
 
 

@@ -81,6 +81,7 @@ async def chat_completions(request: Request) -> Response:
         max_tokens=body.max_completion_tokens or body.max_tokens or ctx.settings.max_output_tokens,
         stream=body.stream,
         tool_name=pick_tool(body.tools, body.tool_choice),
+        messages=tuple(messages),
     )
     handle = await ctx.gateway.open_call(call)
     headers = _headers(call.request_id, identity.session_id, handle.instance)
@@ -117,6 +118,11 @@ async def chat_completions(request: Request) -> Response:
     )
 
 
+def _text(engine_text: str | None, start: int, tokens: int) -> str:
+    """The engine's text when it has one, else synthetic words for tokens [start, +tokens)."""
+    return engine_text if engine_text is not None else words(start, tokens)
+
+
 def _sse(data: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
@@ -141,11 +147,11 @@ async def _chat_stream(
         if kind == "first":
             yield chunk({"role": "assistant", "content": "" if call.tool_name else None})
             if call.tool_name is None:
-                yield chunk({"content": words(0, 1)})
+                yield chunk({"content": _text(value.text, 0, 1)})
                 sent = 1
         elif kind == "delta" and call.tool_name is None:
-            yield chunk({"content": words(sent, value)})
-            sent += value
+            yield chunk({"content": _text(value.text, sent, value.tokens)})
+            sent += value.tokens
         elif kind == "done":
             outcome: CallOutcome = value
             if outcome.tool_call is not None:
@@ -155,7 +161,7 @@ async def _chat_stream(
                 yield chunk({"tool_calls": [head]})
                 for part in chunks_of(tc["function"]["arguments"], 16):
                     yield chunk({"tool_calls": [{"index": 0, "function": {"arguments": part}}]})
-            elif sent < outcome.result.output_tokens:
+            elif sent < outcome.result.output_tokens and outcome.result.output_text is None:
                 yield chunk({"content": words(sent, outcome.result.output_tokens - sent)})
             yield chunk({}, outcome.finish_reason)
             if include_usage:
@@ -189,6 +195,7 @@ async def completions(request: Request) -> Response:
         fingerprints=[fingerprint],
         max_tokens=body.max_tokens or ctx.settings.max_output_tokens,
         stream=body.stream,
+        prompt_text=prompt,
     )
     handle = await ctx.gateway.open_call(call)
     headers = _headers(call.request_id, identity.session_id, handle.instance)
@@ -227,14 +234,14 @@ async def _completion_stream(
     while True:
         kind, value = await handle.events.get()
         if kind == "first":
-            yield chunk(words(0, 1))
+            yield chunk(_text(value.text, 0, 1))
             sent = 1
         elif kind == "delta":
-            yield chunk(words(sent, value))
-            sent += value
+            yield chunk(_text(value.text, sent, value.tokens))
+            sent += value.tokens
         elif kind == "done":
             outcome: CallOutcome = value
-            if sent < outcome.result.output_tokens:
+            if sent < outcome.result.output_tokens and outcome.result.output_text is None:
                 yield chunk(words(sent, outcome.result.output_tokens - sent))
             yield chunk("", outcome.finish_reason)
             if include_usage:

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 
@@ -33,6 +34,23 @@ class RunningProxy:
     @property
     def v1(self) -> str:
         return self.base_url + "/v1"
+
+
+@contextmanager
+def running_app(app: Any) -> Iterator[str]:
+    """Serve any ASGI app on a free loopback port; yields its base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = _Server(config)
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    if not server.ready.wait(timeout=120):
+        raise RuntimeError("server did not start")
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @contextmanager

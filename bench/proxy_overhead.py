@@ -1,0 +1,831 @@
+"""What the Talaria proxy itself costs per request, next to a direct server and LiteLLM's proxy.
+
+    .venv/bin/python bench/proxy_overhead.py [--requests 800] [--concurrency 1,16,64] \\
+        [--rounds 2] [--json out/proxy-overhead.json]
+
+Three servers, each its own process on loopback, one worker each (bench/overhead/servers.py):
+
+- ``direct``: a minimal OpenAI-compatible server (Starlette + uvicorn) answering
+  ``/v1/chat/completions`` at once: 12 words, or an SSE stream of 12 content events + ``[DONE]``;
+- ``talaria``: the proxy (``create_app``) with an ``InstantRuntime`` (12 output tokens), session
+  bookkeeping and persistence on (its batched writer records every call to SQLite);
+- ``litellm``: LiteLLM's proxy (``litellm --config``) forwarding ``bench-model`` to ``direct``.
+
+Load: an asyncio HTTP/1.1 keep-alive client in this process, ``C`` connections for concurrency
+``C``. Requests belong to ``requests / calls-per-session`` sessions (``X-Talaria-Session-Id``),
+each several calls long with a growing history, the last one marked final. For each concurrency,
+each round and each mode (non-streaming, streaming), the targets run one after another (their
+order rotating), so drifts hit all alike. Per batch: every latency, the wall time, and the
+server's own CPU time (utime + stime of its process tree from /proc, read after it settles), which
+load does not distort. Every reply must succeed; any error aborts the run.
+
+LiteLLM: ``--litellm PATH`` (default: ``litellm`` in .venv/bin, out/litellm-venv/bin, or PATH);
+``LITELLM_LOCAL_MODEL_COST_MAP=True`` is set. Without it the run reports talaria vs direct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from overhead.client import BatchResult, Connection, check, encode_post, run_batch, validate
+from overhead.profile import PySpy, summarize_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVERS = Path(__file__).resolve().parent / "overhead" / "servers.py"
+HOST = "127.0.0.1"
+MODEL = "bench-model"
+REPLY_TOKENS = 12
+MASTER_KEY = "sk-bench-overhead"
+PATH = "/v1/chat/completions"
+MODES = ("json", "stream")
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+SYSTEM = (
+    "You are a software engineering agent working in a Python repository. Use the tools to "
+    "inspect files, run the tests and edit code until the failing test passes. Think step by "
+    "step, keep each change small, and explain what you changed and why. "
+) * 3
+TOOL_OUTPUT = (
+    "$ pytest tests/test_module_{j}.py -x -q\n"
+    "F....\n"
+    "FAILED tests/test_module_{j}.py::test_case_{step} - AssertionError: expected 4, got 5\n"
+    "  File src/module_{j}.py, line {line}, in compute\n"
+    "    return total + offset\n"
+    "1 failed, 4 passed in 0.{step}3s\n"
+)
+
+
+# -- servers --------------------------------------------------------------------------------------
+@dataclass
+class Server:
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    log: Path
+    info: dict[str, Any] = field(default_factory=dict)
+    idle_cpu_per_s: float = 0.0
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def proc_tree_cpu_s(pid: int) -> float:
+    """utime + stime of ``pid`` and its live descendants (all threads), in seconds."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        rest = raw[raw.rfind(b")") + 2 :].split()
+        stats[int(entry)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) * TICK_S)
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    return sum(stats[p][1] for p in tree if p in stats)
+
+
+def main_thread_cpu_s(pid: int) -> float:
+    """utime + stime of the main thread of ``pid`` (its event loop), in seconds."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return 0.0
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    return (int(rest[11]) + int(rest[12])) * TICK_S
+
+
+def system_busy_s() -> float:
+    """CPU seconds all processors spent busy since boot (/proc/stat: all but idle, iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) * TICK_S
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TALARIA_", "LITELLM_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start_server(
+    name: str, cmd: list[str], port: int, workdir: Path, env: dict[str, str] | None = None
+) -> Server:
+    log = workdir / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+            env=env or _clean_env(),
+            start_new_session=True,
+        )
+    return Server(name, port, proc, log)
+
+
+def wait_ready(server: Server, path: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    url = f"http://{HOST}:{server.port}{path}"
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(
+                f"{server.name} exited with {server.proc.returncode}:\n{server.log_tail()}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status < 500:
+                    return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500:
+                return
+        except (OSError, urllib.error.URLError):
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"{server.name} not ready after {timeout_s:.0f} s:\n{server.log_tail()}")
+
+
+def stop_server(server: Server) -> None:
+    if not server.alive():
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.proc.pid, signal.SIGTERM)
+    try:
+        server.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=10)
+
+
+def litellm_candidates(explicit: str | None) -> list[str]:
+    """The litellm executables to try, in order: ``--litellm``, else .venv/bin,
+    out/litellm-venv/bin, PATH (a plain ``litellm`` without its proxy extra fails to start;
+    the next one is tried)."""
+    if explicit:
+        return [explicit]
+    found = [
+        str(c)
+        for c in (ROOT / ".venv/bin/litellm", ROOT / "out/litellm-venv/bin/litellm")
+        if c.exists()
+    ]
+    on_path = shutil.which("litellm")
+    if on_path and on_path not in found:
+        found.append(on_path)
+    return found
+
+
+def _litellm_facts(executable: str) -> dict[str, Any]:
+    """LiteLLM's version and event loop / HTTP parser, asked of its own interpreter."""
+    python = Path(executable).with_name("python")
+    code = (
+        "import importlib.metadata as m, importlib.util as u, json;"
+        "print(json.dumps({'version': m.version('litellm'),"
+        "'uvicorn': m.version('uvicorn'), 'fastapi': m.version('fastapi'),"
+        "'httptools': u.find_spec('httptools') is not None,"
+        "'uvloop': u.find_spec('uvloop') is not None}))"
+    )
+    try:
+        out = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=60, check=True
+        )
+        facts: dict[str, Any] = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, json.JSONDecodeError) as exc:
+        return {"error": repr(exc)}
+    facts["loop"] = "uvloop (litellm's CLI forces it)" if facts.get("uvloop") else "asyncio"
+    facts["http"] = "httptools" if facts.pop("httptools") else "h11"
+    return facts
+
+
+def start_litellm(executable: str, direct_port: int, workdir: Path, access_log: bool) -> Server:
+    port = free_port()
+    config = workdir / "litellm.yaml"
+    config.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: http://{HOST}:{direct_port}/v1\n"
+        "      api_key: x\n"
+        "general_settings:\n"
+        f"  master_key: {MASTER_KEY}\n"
+    )
+    env = _clean_env()
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    if not access_log:
+        env["LITELLM_LOG"] = "WARNING"  # uvicorn at "warning": no access log, like the others
+    cmd = [
+        executable,
+        "--config",
+        str(config),
+        "--host",
+        HOST,
+        "--port",
+        str(port),
+        "--num_workers",
+        "1",
+    ]
+    return start_server("litellm", cmd, port, workdir, env)
+
+
+# -- requests -------------------------------------------------------------------------------------
+def chat_body(session: int, call: int, stream: bool) -> bytes:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": f"Task {session}: tests/test_module_{session}.py fails after the last "
+            f"refactor of src/module_{session}.py. Find the cause and fix it.",
+        },
+    ]
+    for step in range(call):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"Step {step}: running the tests of module {session} again.",
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": TOOL_OUTPUT.format(j=session, step=step, line=40 + step),
+            }
+        )
+    body: dict[str, Any] = {"model": MODEL, "messages": messages}
+    if stream:
+        body["stream"] = True
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class Workload:
+    """Batch ``b`` of ``n`` requests: request ``i`` is call ``i // sessions`` of session
+    ``i % sessions`` (``b``-tagged ids, so every batch has sessions of its own); a session's
+    calls are ``sessions`` requests apart, so they never overlap at the concurrencies used."""
+
+    def __init__(self, requests: int, calls_per_session: int) -> None:
+        self.n = requests
+        self.calls = calls_per_session
+        self.sessions = max(1, -(-requests // calls_per_session))
+        self._bodies = {
+            (s, c, stream): chat_body(s, c, stream)
+            for s in range(self.sessions)
+            for c in range(calls_per_session)
+            for stream in (False, True)
+        }
+        self._batch = 0
+
+    def batch(self, port: int, stream: bool, n: int | None = None) -> list[bytes]:
+        self._batch += 1
+        tag = f"ov{os.getpid()}-{self._batch}"
+        out = []
+        for i in range(n or self.n):
+            session, call = i % self.sessions, (i // self.sessions) % self.calls
+            headers = {
+                "Authorization": f"Bearer {MASTER_KEY}",
+                "X-Talaria-Session-Id": f"{tag}-{session}",
+            }
+            if call == self.calls - 1:
+                headers["X-Talaria-Session-Final"] = "true"
+            body = self._bodies[(session, call, stream)]
+            out.append(encode_post(HOST, port, PATH, body, headers))
+        return out
+
+
+# -- measurement ----------------------------------------------------------------------------------
+@dataclass
+class Cell:
+    """One (mode, concurrency, target): the batches of every round."""
+
+    latencies_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+    requests: int = 0
+    server_cpu_s: float = 0.0
+    server_main_thread_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    rounds: list[dict[str, float]] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+async def settle(pid: int, min_s: float, max_s: float = 30.0) -> float:
+    """Wait until the server is idle again (its CPU time grew by at most one clock tick in each
+    of two successive 0.1 s windows), at least ``min_s``: work left over from a batch (the
+    batched writer catching up) belongs to that batch. Returns the seconds waited."""
+    started = time.monotonic()
+    await asyncio.sleep(min_s)
+    last, quiet = proc_tree_cpu_s(pid), 0
+    while quiet < 2 and time.monotonic() - started < max_s:
+        await asyncio.sleep(0.1)
+        now = proc_tree_cpu_s(pid)
+        quiet = quiet + 1 if now - last <= TICK_S * 1.01 else 0
+        last = now
+    return time.monotonic() - started
+
+
+async def writer_backlog(port: int) -> int | None:
+    """``talaria_store_pending_records`` from the proxy's /metrics (None if unreadable)."""
+    conn = Connection(HOST, port)
+    try:
+        request = f"GET /metrics HTTP/1.1\r\nHost: {HOST}:{port}\r\n\r\n".encode()
+        _, body = await conn.request(request)
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        return None
+    finally:
+        await conn.close()
+    for line in body.decode(errors="replace").splitlines():
+        if line.startswith("talaria_store_pending_records "):
+            return int(float(line.split()[1]))
+    return None
+
+
+async def measured_batch(
+    server: Server, requests: list[bytes], concurrency: int, stream: bool, settle_s: float
+) -> tuple[BatchResult, float, float, int | None]:
+    """The batch; the server's CPU seconds (process tree, until it is idle again) and its main
+    thread's; for talaria, the batched writer's backlog when the last reply arrived."""
+    pid = server.proc.pid
+    cpu0, main0 = proc_tree_cpu_s(pid), main_thread_cpu_s(pid)
+    result = await run_batch(HOST, server.port, requests, concurrency, check(stream))
+    backlog = await writer_backlog(server.port) if server.name == "talaria" else None
+    await settle(pid, settle_s)
+    return result, proc_tree_cpu_s(pid) - cpu0, main_thread_cpu_s(pid) - main0, backlog
+
+
+async def warm_up(server: Server, workload: Workload, n: int, modes: list[str]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for mode in modes:
+        stream = mode == "stream"
+        requests = workload.batch(server.port, stream, n)
+        result = await run_batch(HOST, server.port, requests, 8, check(stream), keep_bodies=True)
+        if result.errors:
+            raise RuntimeError(f"{server.name} warm-up ({mode}): {result.first_error}")
+        shapes = {json.dumps(validate(stream, body, REPLY_TOKENS)) for _, body in result.bodies}
+        summary[mode] = [json.loads(s) for s in sorted(shapes)]
+    return summary
+
+
+async def idle_cpu(server: Server, seconds: float) -> float:
+    cpu0 = proc_tree_cpu_s(server.proc.pid)
+    await asyncio.sleep(seconds)
+    return (proc_tree_cpu_s(server.proc.pid) - cpu0) / seconds
+
+
+async def measure(
+    servers: list[Server], workload: Workload, args: argparse.Namespace
+) -> dict[tuple[str, int, str], Cell]:
+    cells: dict[tuple[str, int, str], Cell] = {}
+    order = list(servers)
+    started = time.monotonic()
+    for concurrency in args.concurrency:
+        for round_no in range(args.rounds):
+            for mode in args.modes:
+                stream = mode == "stream"
+                for server in order:
+                    requests = workload.batch(server.port, stream)
+                    result, cpu, main_cpu, backlog = await measured_batch(
+                        server, requests, concurrency, stream, args.settle_s
+                    )
+                    if result.errors:
+                        raise RuntimeError(
+                            f"{server.name} {mode} c={concurrency} round {round_no}: "
+                            f"{result.errors}/{len(requests)} requests failed; first: "
+                            f"{result.first_error}"
+                        )
+                    if not server.alive():
+                        raise RuntimeError(f"{server.name} died:\n{server.log_tail()}")
+                    cell = cells.setdefault((mode, concurrency, server.name), Cell())
+                    cell.latencies_s += result.latencies_s
+                    cell.wall_s += result.wall_s
+                    cell.requests += len(requests)
+                    cell.server_cpu_s += cpu
+                    cell.server_main_thread_cpu_s += main_cpu
+                    cell.client_cpu_s += result.client_cpu_s
+                    cell.rounds.append(
+                        {
+                            "round": round_no,
+                            "rps": len(requests) / result.wall_s,
+                            "p50_ms": percentile(result.latencies_s, 0.5) * 1e3,
+                            "server_cpu_ms_per_req": cpu / len(requests) * 1e3,
+                            "client_cpu_ms_per_req": result.client_cpu_s / len(requests) * 1e3,
+                            "writer_backlog_at_end": backlog,
+                        }
+                    )
+                    print(
+                        f"  [{time.monotonic() - started:6.1f} s] c={concurrency:<3} "
+                        f"round {round_no} {mode:<6} {server.name:<8} "
+                        f"{len(requests) / result.wall_s:8.1f} req/s  "
+                        f"p50 {percentile(result.latencies_s, 0.5) * 1e3:7.2f} ms  "
+                        f"cpu {cpu / len(requests) * 1e3:6.2f} ms/req",
+                        flush=True,
+                    )
+                order = order[1:] + order[:1]
+    return cells
+
+
+# -- report ---------------------------------------------------------------------------------------
+def summarize(
+    cells: dict[tuple[str, int, str], Cell], servers: list[Server]
+) -> list[dict[str, Any]]:
+    idle = {s.name: s.idle_cpu_per_s for s in servers}
+    rows = []
+    for (mode, concurrency, name), cell in cells.items():
+        direct = cells.get((mode, concurrency, "direct"))
+        p50 = percentile(cell.latencies_s, 0.5) * 1e3
+        p99 = percentile(cell.latencies_s, 0.99) * 1e3
+        base50 = percentile(direct.latencies_s, 0.5) * 1e3 if direct else float("nan")
+        base99 = percentile(direct.latencies_s, 0.99) * 1e3 if direct else float("nan")
+        cpu_ms = cell.server_cpu_s / cell.requests * 1e3
+        idle_ms = idle[name] * cell.wall_s / cell.requests * 1e3
+        rows.append(
+            {
+                "mode": mode,
+                "concurrency": concurrency,
+                "target": name,
+                "requests": cell.requests,
+                "p50_ms": p50,
+                "p99_ms": p99,
+                "mean_ms": sum(cell.latencies_s) / len(cell.latencies_s) * 1e3,
+                "added_p50_ms": p50 - base50,
+                "added_p99_ms": p99 - base99,
+                "rps": cell.requests / cell.wall_s,
+                "server_cpu_ms_per_req": cpu_ms,
+                "server_cpu_ms_per_req_less_idle": cpu_ms - idle_ms,
+                "server_main_thread_cpu_ms_per_req": cell.server_main_thread_cpu_s
+                / cell.requests
+                * 1e3,
+                "server_cpu_util": cell.server_cpu_s / cell.wall_s,
+                "client_cpu_ms_per_req": cell.client_cpu_s / cell.requests * 1e3,
+                "client_cpu_util": cell.client_cpu_s / cell.wall_s,
+                "rounds": cell.rounds,
+            }
+        )
+    order = {s.name: i for i, s in enumerate(servers)}
+    rows.sort(key=lambda r: (MODES.index(r["mode"]), r["concurrency"], order[r["target"]]))
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| mode | conc | target | p50 ms | p99 ms | added p50 ms | added p99 ms | req/s "
+        "| server CPU ms/req | client CPU ms/req |"
+    )
+    lines = [head, "|" + "---|" * 10]
+    for r in rows:
+        direct = r["target"] == "direct"
+        add50 = "—" if direct else f"{r['added_p50_ms']:+.2f}"
+        add99 = "—" if direct else f"{r['added_p99_ms']:+.2f}"
+        lines.append(
+            f"| {r['mode']} | {r['concurrency']} | {r['target']} | {r['p50_ms']:.2f} "
+            f"| {r['p99_ms']:.2f} | {add50} | {add99} | {r['rps']:.0f} "
+            f"| {r['server_cpu_ms_per_req']:.2f} | {r['client_cpu_ms_per_req']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[str, Any]]:
+    def get(mode: str, c: int, target: str) -> dict[str, Any] | None:
+        for r in rows:
+            if (r["mode"], r["concurrency"], r["target"]) == (mode, c, target):
+                return r
+        return None
+
+    out: list[dict[str, Any]] = []
+    for mode, limit in (("json", 1.5), ("stream", 3.0)):
+        talaria = [r for r in rows if r["mode"] == mode and r["target"] == "talaria"]
+        if talaria:
+            worst = max(r["server_cpu_ms_per_req"] for r in talaria)
+            out.append(
+                {
+                    "target": f"talaria CPU per {mode} request ≤ {limit} ms (worst concurrency)",
+                    "measured": round(worst, 3),
+                    "met": worst <= limit,
+                }
+            )
+    lowest = min(concurrencies)
+    for mode in MODES:
+        r = get(mode, lowest, "talaria")
+        if r is not None and mode == "json":
+            out.append(
+                {
+                    "target": f"added p50 at concurrency {lowest} ({mode}) ≤ 1.5 ms",
+                    "measured": round(r["added_p50_ms"], 3),
+                    "met": r["added_p50_ms"] <= 1.5,
+                }
+            )
+        elif r is not None:
+            out.append(
+                {
+                    "target": f"added p50 at concurrency {lowest} ({mode}), for information",
+                    "measured": round(r["added_p50_ms"], 3),
+                    "met": None,
+                }
+            )
+    highest = max(concurrencies)
+    for mode in MODES:
+        t, lite = get(mode, highest, "talaria"), get(mode, highest, "litellm")
+        if t is not None and lite is not None:
+            ratio = t["rps"] / lite["rps"]
+            out.append(
+                {
+                    "target": f"throughput ≥ 5× LiteLLM's ({mode}, concurrency {highest})",
+                    "measured": round(ratio, 2),
+                    "met": ratio >= 5.0,
+                }
+            )
+    return out
+
+
+def machine() -> dict[str, Any]:
+    model = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem_gib = None
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        mem_gib = round(int(f.readline().split()[1]) / 2**20, 1)
+    versions = {}
+    for dist in ("fastapi", "starlette", "uvicorn", "sqlalchemy", "aiosqlite", "pydantic"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": mem_gib,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions,
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") else "h11",
+    }
+
+
+def print_profile(profile: dict[str, Any], top: int = 15) -> None:
+    print(
+        f"\ntalaria profile (py-spy, {profile['samples']} samples at {profile['rate_hz']} Hz, "
+        f"{profile['requests']} requests): {profile['ms_per_request']:.3f} ms sampled per request"
+    )
+    print("  by thread: " + ", ".join(f"{t} {ms:.3f}" for t, ms in profile["threads"].items()))
+    print("  by category (ms per request):")
+    for name, ms in profile["categories"].items():
+        print(f"    {ms:7.3f}  {name}")
+    for kind in ("inclusive", "self"):
+        print(f"  top {kind} (ms per request, share of samples):")
+        for row in profile[kind][:top]:
+            print(f"    {row['ms_per_request']:7.3f}  {row['share']:6.1%}  {row['function']}")
+
+
+# -- main -----------------------------------------------------------------------------------------
+def _cpu_self_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Proxy overhead: talaria vs a direct server vs LiteLLM's proxy."
+    )
+    parser.add_argument("--requests", type=int, default=800, help="requests per batch")
+    parser.add_argument("--concurrency", default="1,16,64", help="comma-separated")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--calls-per-session", type=int, default=4)
+    parser.add_argument("--modes", default="json,stream", help="json, stream or both")
+    parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per mode")
+    parser.add_argument(
+        "--settle-s",
+        type=float,
+        default=0.2,
+        help="least wait after a batch for the server "
+        "to go idle before its CPU time is read (it waits on until it is idle)",
+    )
+    parser.add_argument("--idle-s", type=float, default=3.0, help="idle CPU measured this long")
+    parser.add_argument("--litellm", help="the litellm executable (default: found)")
+    parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--access-log", action="store_true", help="uvicorn access logs on")
+    parser.add_argument("--json", type=Path, default=ROOT / "out/proxy-overhead.json")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, db)")
+    parser.add_argument(
+        "--py-spy",
+        metavar="PATH",
+        help="profile the talaria server with this py-spy during the measurement "
+        "(perturbs its figures a little: profile in a run of its own)",
+    )
+    parser.add_argument("--py-spy-rate", type=int, default=250, help="samples per second")
+    args = parser.parse_args(argv)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    args.modes = [m.strip() for m in str(args.modes).split(",") if m.strip()]
+    if not args.concurrency or any(c < 1 for c in args.concurrency):
+        parser.error("--concurrency: positive integers")
+    if not set(args.modes) <= set(MODES) or not args.modes:
+        parser.error("--modes: json and/or stream")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="talaria-overhead-"))
+    servers: list[Server] = []
+    started_servers: list[Server] = []
+    notes: list[str] = []
+    ok = False
+    try:
+        python = sys.executable
+        log_flag = ["--access-log"] if args.access_log else []
+        direct_port, talaria_port = free_port(), free_port()
+        direct = start_server(
+            "direct",
+            [python, str(SERVERS), "direct", "--port", str(direct_port), *log_flag],
+            direct_port,
+            workdir,
+        )
+        talaria = start_server(
+            "talaria",
+            [
+                python,
+                str(SERVERS),
+                "talaria",
+                "--port",
+                str(talaria_port),
+                "--db",
+                str(workdir / "talaria.db"),
+                "--output-tokens",
+                str(REPLY_TOKENS),
+                *log_flag,
+            ],
+            talaria_port,
+            workdir,
+        )
+        started_servers += [direct, talaria]
+        wait_ready(direct, "/health", 60)
+        wait_ready(talaria, "/healthz", 60)
+        servers = [direct, talaria]
+        local = machine()
+        for server in servers:
+            server.info = {"loop": local["loop"], "http": local["http"]}
+
+        candidates = [] if args.no_litellm else litellm_candidates(args.litellm)
+        if not candidates and not args.no_litellm:
+            notes.append("litellm not found: talaria vs direct only")
+        for executable in candidates:
+            lite = start_litellm(executable, direct_port, workdir, args.access_log)
+            started_servers.append(lite)
+            try:
+                wait_ready(lite, "/health/liveliness", 180)
+            except RuntimeError as exc:
+                last = str(exc).strip().splitlines()[-1][:300]
+                notes.append(f"{executable} did not start: {last}")
+                stop_server(lite)
+                continue
+            lite.info = {"executable": executable, **_litellm_facts(executable)}
+            servers.append(lite)
+            break
+        for note in notes:
+            print("NOTE:", note, file=sys.stderr)
+
+        workload = Workload(args.requests, args.calls_per_session)
+
+        async def run() -> dict[tuple[str, int, str], Cell]:
+            for server in list(servers):
+                try:
+                    server.info["warmup"] = await warm_up(server, workload, args.warmup, args.modes)
+                except Exception as exc:
+                    if server.name != "litellm":
+                        raise
+                    notes.append(f"litellm failed its warm-up: {exc}")
+                    servers.remove(server)
+                    stop_server(server)
+            for server in servers:
+                server.idle_cpu_per_s = await idle_cpu(server, args.idle_s)
+            if args.py_spy is None:
+                return await measure(servers, workload, args)
+            spy = PySpy(args.py_spy, talaria.proc.pid, profile_path, args.py_spy_rate)
+            try:
+                return await measure(servers, workload, args)
+            finally:
+                spy.stop()
+
+        print(
+            f"targets: {', '.join(s.name for s in servers)}; {args.requests} requests per batch "
+            f"({workload.sessions} sessions × {workload.calls} calls), concurrency "
+            f"{args.concurrency}, {args.rounds} round(s), modes {args.modes}",
+            flush=True,
+        )
+        profile_path = args.json.with_name(args.json.stem + "-talaria.collapsed")
+        started = time.monotonic()
+        busy0 = system_busy_s()
+        ours0 = _cpu_self_s() + sum(proc_tree_cpu_s(s.proc.pid) for s in started_servers)
+        cells = asyncio.run(run())
+        elapsed = time.monotonic() - started
+        ours = _cpu_self_s() + sum(proc_tree_cpu_s(s.proc.pid) for s in started_servers)
+        other_load = max(0.0, (system_busy_s() - busy0) - (ours - ours0)) / elapsed
+        rows = summarize(cells, servers)
+        profile = None
+        if args.py_spy is not None:
+            talaria_requests = sum(c.requests for k, c in cells.items() if k[2] == "talaria")
+            profile = summarize_profile(profile_path, args.py_spy_rate, talaria_requests)
+            profile["collapsed_stacks"] = str(profile_path)
+        checks = targets(rows, args.concurrency)
+        report = {
+            "command": " ".join(["bench/proxy_overhead.py", *(argv or sys.argv[1:])]),
+            "machine": local,
+            "config": {
+                "requests_per_batch": args.requests,
+                "sessions_per_batch": workload.sessions,
+                "calls_per_session": workload.calls,
+                "concurrency": args.concurrency,
+                "rounds": args.rounds,
+                "modes": args.modes,
+                "reply_tokens": REPLY_TOKENS,
+                "access_log": args.access_log,
+                "warmup_requests_per_mode": args.warmup,
+                "settle_s": args.settle_s,
+                "duration_s": round(elapsed, 1),
+            },
+            "other_load_cores": round(other_load, 3),
+            "servers": {
+                s.name: {**s.info, "idle_cpu_ms_per_s": s.idle_cpu_per_s * 1e3} for s in servers
+            },
+            "notes": notes,
+            "results": rows,
+            "targets": checks,
+        }
+        if profile is not None:
+            report["profile_talaria"] = profile
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print()
+        print(table(rows))
+        print()
+        for s in servers:
+            print(f"{s.name}: idle CPU {s.idle_cpu_per_s * 1e3:.2f} ms/s; {s.info.get('loop')}")
+        for c in checks:
+            verdict = {True: "MET", False: "MISSED", None: "info"}[c["met"]]
+            print(f"{verdict:>6}  {c['target']}: {c['measured']}")
+        print(f"other processes on the machine meanwhile: {other_load:.2f} cores on average")
+        for note in notes:
+            print("NOTE:", note)
+        if profile is not None:
+            print_profile(profile)
+        print(f"wrote {args.json}")
+        ok = True
+        return 0
+    finally:
+        for server in started_servers:
+            stop_server(server)
+        if ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            print(f"work dir (logs, db): {workdir}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

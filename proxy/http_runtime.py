@@ -1,0 +1,127 @@
+"""``HttpRuntime``: the RuntimeClient for a runtime server reached over HTTP (runtime/server.py).
+
+Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` is cached for ``status_ttl_s``
+seconds. Hints, ends and moves are best effort: a failure is logged, never raised (the call
+path must not fail because a hint got lost). A runtime that cannot be reached fails the call
+with ``RuntimeUnavailable`` (the gateway answers 503).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from talaria.core.types import CallRequest, KvSource
+from talaria.core.wire import request_to_dict, result_from_dict
+from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
+from talaria.runtime.status import InstanceStatus
+
+log = logging.getLogger("talaria.proxy.http_runtime")
+
+
+class RuntimeUnavailable(RuntimeError):
+    """The runtime server could not be reached or refused the call."""
+
+
+def event_from_dict(data: dict[str, Any]) -> GenerationEvent:
+    kind = data.get("type")
+    if kind == "first":
+        return FirstToken(
+            data["t_s"], data["cached_tokens"], KvSource(data["kv_source"]), data.get("text")
+        )
+    if kind == "delta":
+        return TokenDelta(data["t_s"], data["tokens"], data.get("text"))
+    if kind == "finished":
+        return Finished(result_from_dict(data["result"]))
+    raise RuntimeUnavailable(data.get("message", f"unexpected event {data!r}"))
+
+
+class HttpRuntime:
+    kind = "http"
+
+    def __init__(self, url: str, *, status_ttl_s: float = 0.05, timeout_s: float = 600.0) -> None:
+        self.url = url.rstrip("/")
+        self.name = self.url
+        self._ttl_s = status_ttl_s
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0)
+        )
+        self._models: tuple[str, ...] = ()
+        self._status: InstanceStatus | None = None
+        self._status_at = 0.0
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return self._models
+
+    async def start(self) -> None:
+        """Learn the instance's name and models (fails clearly if it cannot be reached)."""
+        try:
+            response = await self._client.get("/v1/runtime/status")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise RuntimeUnavailable(f"runtime {self.url} is not reachable: {exc}") from exc
+        data = response.json()
+        self.name = data["instance"]
+        self._models = tuple(data["model_names"])
+        self._status = InstanceStatus.from_dict(
+            {k: v for k, v in data.items() if k != "model_names"}
+        )
+        self._status_at = asyncio.get_running_loop().time()
+
+    async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+        try:
+            async with self._client.stream(
+                "POST", "/v1/runtime/generate", json=request_to_dict(request)
+            ) as response:
+                if response.status_code != 200:
+                    body = (await response.aread()).decode(errors="replace")
+                    raise RuntimeUnavailable(
+                        f"runtime {self.name} answered {response.status_code}: {body[:200]}"
+                    )
+                async for line in response.aiter_lines():
+                    if line.strip():
+                        yield event_from_dict(json.loads(line))
+        except httpx.HTTPError as exc:
+            raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
+
+    async def status(self) -> InstanceStatus:
+        now = asyncio.get_running_loop().time()
+        if self._status is None or now - self._status_at > self._ttl_s:
+            try:
+                response = await self._client.get("/v1/runtime/status")
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
+            data = response.json()
+            self._status = InstanceStatus.from_dict(
+                {k: v for k, v in data.items() if k != "model_names"}
+            )
+            self._status_at = now
+        return self._status
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        try:
+            response = await self._client.post(path, json=body or {}, timeout=2.0)
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            log.warning("runtime %s: %s failed: %r", self.name, path, exc)
+
+    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+        await self._post(
+            f"/v1/runtime/sessions/{session_id}/hint", {"expected_gap_s": expected_gap_s}
+        )
+
+    async def end_session(self, session_id: str) -> None:
+        await self._post(f"/v1/runtime/sessions/{session_id}/end")
+
+    async def session_moved(self, session_id: str) -> None:
+        await self._post(f"/v1/runtime/sessions/{session_id}/moved")
+
+    async def close(self) -> None:
+        await self._client.aclose()

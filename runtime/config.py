@@ -1,0 +1,105 @@
+"""Node configuration for ``talaria runtime --config node.toml``.
+
+```toml
+[node]
+name = "node0"          # instance name the proxy sees
+policy = "talaria"      # scheduler flags: round, talaria, +flag (as in talaria replay)
+quantum_s = 60.0
+time_scale = 1.0        # simulated engines only: simulated seconds per real second
+server = "h200x8"       # simulated engines' hardware (catalog)
+profile = "default"
+
+[[model]]
+name = "glm-4.5-fp8"    # a catalog model, simulated
+engine = "sim"
+
+[[model]]
+name = "tiny-a"
+engine = "vllm"
+path = "tiny-llama-a"   # a model directory: relative to this file, or a shipped tiny model
+max_model_len = 2048
+```
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class NodeConfigError(ValueError):
+    """The node configuration file is missing a field or names something unknown."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    engine: str  # "sim" or "vllm"
+    path: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """Engine-specific settings (e.g. max_model_len, gpu_memory_utilization)."""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    models: tuple[ModelConfig, ...]
+    policy: str = "talaria"
+    quantum_s: float = 60.0
+    time_scale: float = 1.0
+    server: str = "h200x8"
+    profile: str = "default"
+    base_dir: Path = Path(".")
+
+    def model_dir(self, model: ModelConfig) -> Path:
+        """A vLLM model's directory: absolute, relative to the config file, or a shipped tiny
+        model under talaria/runtime/models/."""
+        if model.path is None:
+            raise NodeConfigError(f"model {model.name}: engine 'vllm' needs a 'path'")
+        candidate = Path(model.path)
+        if candidate.is_absolute():
+            return candidate
+        local = self.base_dir / candidate
+        if local.exists():
+            return local
+        shipped = Path(__file__).parent / "models" / candidate
+        if shipped.exists():
+            return shipped
+        raise NodeConfigError(f"model {model.name}: no directory {model.path!r}")
+
+
+def load_node_config(path: str | Path) -> NodeConfig:
+    file = Path(path)
+    try:
+        doc = tomllib.loads(file.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise NodeConfigError(f"{file}: {exc}") from exc
+    node = doc.get("node", {})
+    entries = doc.get("model", [])
+    if not isinstance(entries, list) or not entries:
+        raise NodeConfigError(f"{file}: needs at least one [[model]]")
+    models = []
+    for entry in entries:
+        if not isinstance(entry, dict) or "name" not in entry:
+            raise NodeConfigError(f"{file}: every [[model]] needs a name")
+        engine = entry.get("engine", "sim")
+        if engine not in ("sim", "vllm"):
+            raise NodeConfigError(f"{file}: model {entry['name']}: engine must be sim or vllm")
+        options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
+        models.append(ModelConfig(entry["name"], engine, entry.get("path"), options))
+    known = {"name", "policy", "quantum_s", "time_scale", "server", "profile"}
+    unknown = set(node) - known
+    if unknown:
+        raise NodeConfigError(f"{file}: unknown [node] keys {sorted(unknown)}")
+    return NodeConfig(
+        name=node.get("name", "node0"),
+        models=tuple(models),
+        policy=node.get("policy", "talaria"),
+        quantum_s=float(node.get("quantum_s", 60.0)),
+        time_scale=float(node.get("time_scale", 1.0)),
+        server=node.get("server", "h200x8"),
+        profile=node.get("profile", "default"),
+        base_dir=file.parent,
+    )

@@ -1,0 +1,156 @@
+"""The runtime server: one node's engines and slot scheduler behind an internal HTTP API.
+
+Endpoints (the proxy's ``HttpRuntime`` speaks them):
+
+- ``POST /v1/runtime/generate``: a CallRequest (core/wire.py) → NDJSON, one event per line:
+  ``{"type": "first", "t_s", "cached_tokens", "kv_source", "text"}``,
+  ``{"type": "delta", "t_s", "tokens", "text"}``, ``{"type": "finished", "result": {...}}``, or
+  ``{"type": "error", "message"}``;
+- ``GET /v1/runtime/status``: ``InstanceStatus.to_dict()`` plus ``model_names`` (in order);
+- ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
+  ``.../moved``;
+- ``GET /healthz`` (liveness), ``GET /readyz`` (engines started, not draining).
+
+Draining: on SIGTERM uvicorn stops accepting connections and waits for in-flight requests —
+streams included — before the lifespan stops the node and shuts the engines down; readiness
+reports 503 from then on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from talaria.core.catalog import load_catalog
+from talaria.core.clock import LoopClock
+from talaria.core.types import CallRequest
+from talaria.core.wire import WireError, request_from_dict, result_to_dict
+from talaria.runtime.config import NodeConfig
+from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
+from talaria.runtime.factory import BuiltNode, build_node_from_config
+from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
+
+log = logging.getLogger("talaria.runtime")
+
+
+@dataclass
+class RuntimeState:
+    config: NodeConfig
+    node: NodeScheduler
+    ready: bool = False
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return Response(json.dumps(data), status, media_type="application/json")
+
+
+def event_to_dict(event: GenerationEvent) -> dict[str, Any]:
+    if isinstance(event, FirstToken):
+        return {
+            "type": "first",
+            "t_s": event.t_s,
+            "cached_tokens": event.cached_tokens,
+            "kv_source": event.kv_source.value,
+            "text": event.text,
+        }
+    if isinstance(event, TokenDelta):
+        return {"type": "delta", "t_s": event.t_s, "tokens": event.tokens, "text": event.text}
+    return {"type": "finished", "result": result_to_dict(event.result)}
+
+
+def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = None) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        clock = LoopClock(config.time_scale)
+        built: BuiltNode = build_node_from_config(config, load_catalog(catalog_paths or []), clock)
+        for name, engine in built.engines.items():  # one at a time (vLLM's memory check)
+            start = getattr(engine, "start", None)
+            if start is not None:
+                log.info("starting engine %s", name)
+                await start()
+        built.node.start()
+        state = RuntimeState(config, built.node, ready=True)
+        app.state.runtime = state
+        try:
+            yield
+        finally:
+            state.ready = False
+            await built.node.stop()
+            for engine in built.engines.values():
+                shutdown = getattr(engine, "shutdown", None)
+                if shutdown is not None:
+                    await shutdown()
+
+    app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    def state_of(request: Request) -> RuntimeState:
+        runtime: RuntimeState = request.app.state.runtime
+        return runtime
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return _json({"ok": True})
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> Response:
+        ready = state_of(request).ready
+        return _json({"ready": ready}, 200 if ready else 503)
+
+    @app.get("/v1/runtime/status")
+    async def status(request: Request) -> Response:
+        node = state_of(request).node
+        return _json({**node.status().to_dict(), "model_names": list(node.engines)})
+
+    @app.post("/v1/runtime/generate")
+    async def generate(request: Request) -> Response:
+        runtime = state_of(request)
+        if not runtime.ready:
+            return _json({"error": "draining"}, 503)
+        try:
+            call = request_from_dict(await request.json())
+        except (WireError, json.JSONDecodeError) as exc:
+            return _json({"error": str(exc)}, 400)
+        if call.model not in runtime.node.engines:
+            return _json({"error": f"model {call.model!r} is not on this node"}, 404)
+        return StreamingResponse(_events(runtime.node, call), media_type="application/x-ndjson")
+
+    @app.post("/v1/runtime/sessions/{session_id}/hint")
+    async def hint(session_id: str, request: Request) -> Response:
+        body = await request.json()
+        gap = body.get("expected_gap_s") if isinstance(body, dict) else None
+        if not isinstance(gap, int | float) or gap < 0:
+            return _json({"error": "expected_gap_s must be a non-negative number"}, 400)
+        state_of(request).node.hint(session_id, float(gap))
+        return _json({"ok": True})
+
+    @app.post("/v1/runtime/sessions/{session_id}/end")
+    async def end(session_id: str, request: Request) -> Response:
+        state_of(request).node.end_session(session_id)
+        return _json({"ok": True})
+
+    @app.post("/v1/runtime/sessions/{session_id}/moved")
+    async def moved(session_id: str, request: Request) -> Response:
+        state_of(request).node.session_moved(session_id)
+        return _json({"ok": True})
+
+    return app
+
+
+async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes]:
+    try:
+        async for event in node.stream(call):
+            yield json.dumps(event_to_dict(event)).encode() + b"\n"
+            if isinstance(event, Finished):
+                return
+    except UnknownModelError as exc:
+        yield json.dumps({"type": "error", "message": str(exc)}).encode() + b"\n"
+    except Exception as exc:  # reported to the proxy, which fails this call only
+        log.exception("call %s failed", call.request_id)
+        yield json.dumps({"type": "error", "message": repr(exc)}).encode() + b"\n"

@@ -1,0 +1,66 @@
+"""Fixtures of the SDK tests: a real Talaria proxy on a loopback port (simulated runtime at
+500×, SQLite in a temporary directory), its admin API, and servers that are not Talaria."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from talaria.proxy.settings import ProxySettings
+from tests.integration.server import RunningProxy, running_proxy
+from tests.sdk.support import ADMIN, Admin, FakeServer, Seen, fake_openai_app, serve
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before anything imports it
+
+
+@pytest.fixture(scope="session")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    tmp = tmp_path_factory.mktemp("sdk-proxy")
+    settings = ProxySettings(
+        database_url=f"sqlite+aiosqlite:///{tmp}/proxy.db", admin_token=ADMIN, time_scale=500.0
+    )
+    with running_proxy(settings) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def admin(proxy: RunningProxy) -> Admin:
+    """GET an admin path of the proxy, as JSON (raises on an error status)."""
+
+    def get(path: str) -> dict[str, Any]:
+        response = httpx.get(proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
+        response.raise_for_status()
+        data: dict[str, Any] = response.json()
+        return data
+
+    return get
+
+
+@pytest.fixture
+def foreign() -> Iterator[FakeServer]:
+    """An OpenAI-compatible server that is not Talaria."""
+    seen = Seen()
+    with serve(fake_openai_app(seen)) as url:
+        yield FakeServer(url, seen)
+
+
+@pytest.fixture
+def broken_talaria() -> Iterator[FakeServer]:
+    """Looks like Talaria in its replies, but its session endpoints fail."""
+    seen = Seen()
+    with serve(fake_openai_app(seen, talaria_like=True)) as url:
+        yield FakeServer(url, seen)
+
+
+@pytest.fixture
+def closed_port_url() -> str:
+    """A loopback base URL where nothing listens (connections are refused at once)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"

@@ -1,0 +1,259 @@
+"""VLLMEngine on real vLLM (the CPU build): the tiny random-weight models of runtime/models/.
+
+Run with the vLLM venv: ``bash scripts/vllm-venv.sh && .venv-vllm/bin/python -m pytest -m vllm
+tests/vllm``. Starting an engine takes ~20 s, so one module-scoped pair of engines (tiny-llama-a
+and tiny-llama-b, started one at a time) serves every test here, on one event loop.
+
+On the CPU backend there is no sleep mode: switching is the engine's logical gate (0 s), so
+these tests check real tokens, real prefix-cache hits and the scheduler's decisions with real
+engines, not switch costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from talaria.core.clock import LoopClock
+from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+from talaria.runtime.engines.vllm import (
+    PRIORITY_DEFAULT,
+    PRIORITY_SP,
+    VLLMEngine,
+    build_vllm_engine,
+    tiny_model_dir,
+)
+from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
+from talaria.runtime.scheduling.resources import NodeMemory
+from talaria.runtime.tokenizer import ByteTokenizer
+
+pytestmark = pytest.mark.vllm
+
+T = TypeVar("T")
+SYSTEM = {
+    "role": "system",
+    "content": "You are a careful software engineering agent. Read before you edit. " * 4,
+}
+
+
+class Recorder:
+    """Wraps the real AsyncLLM and records each generate call's request id and priority."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.priorities: dict[str, int] = {}
+
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]:
+        self.priorities[request_id.split("#")[0]] = priority
+        stream: AsyncIterator[Any] = self.llm.generate(
+            prompt, sampling_params, request_id=request_id, priority=priority
+        )
+        return stream
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.llm, name)
+
+
+class Node:
+    """The module's event loop and its two started engines."""
+
+    def __init__(self) -> None:
+        self.runner = asyncio.Runner()
+        self.clock = LoopClock()
+        self.engines: dict[str, VLLMEngine] = {}
+        self.recorders: dict[str, Recorder] = {}
+        self.start_s: dict[str, float] = {}
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.runner.run(coro)
+
+    async def start(self) -> None:
+        for name in ("tiny-llama-a", "tiny-llama-b"):
+            engine = build_vllm_engine(
+                tiny_model_dir(name), name, self.clock, "cpu0", max_model_len=2048
+            )
+            assert not engine.sleep_mode  # the CPU backend has no sleep mode: the gate
+            t0 = time.perf_counter()
+            await engine.start()  # one at a time
+            self.start_s[name] = time.perf_counter() - t0
+            recorder = Recorder(engine._llm)
+            engine._llm = recorder
+            self.engines[name] = engine
+            self.recorders[name] = recorder
+
+    async def stop(self) -> None:
+        for engine in self.engines.values():
+            await engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def node() -> Iterator[Node]:
+    node = Node()
+    try:
+        node.run(node.start())
+        print(f"engine start: {node.start_s}")
+        yield node
+    finally:
+        node.run(node.stop())
+        node.runner.close()
+        node.recorders.clear()  # drop the last references to the AsyncLLMs now
+        node.engines.clear()
+        gc.collect()
+
+
+def call(
+    rid: str,
+    session: str,
+    messages: list[dict[str, Any]],
+    *,
+    model: str = "tiny-llama-a",
+    index: int = 0,
+    max_out: int = 16,
+    stream: bool = False,
+) -> CallRequest:
+    return CallRequest(
+        request_id=rid,
+        session_id=session,
+        model=model,
+        prompt_tokens=len(str(messages)) // 4,
+        max_output_tokens=max_out,
+        call_index=index,
+        stream=stream,
+        messages=tuple(messages),
+    )
+
+
+def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
+    engine = node.engines["tiny-llama-a"]
+    tok = ByteTokenizer()
+
+    messages = [SYSTEM, {"role": "user", "content": "Fix the failing test."}]
+    prompt_ids = tok.encode_chat(messages)
+
+    async def body() -> tuple[list[Any], CallResult, list[Any]]:
+        assert await engine.activate() < 0.01  # the CPU gate
+        history = list(messages)
+        first = call("real-1", "real", history, stream=True)
+        admission = engine.try_admit(first, node.clock.now(), False)
+        assert admission is not None
+        events = [e async for e in engine.run(admission)]
+        result = events[-1].result
+        history += [
+            {"role": "assistant", "content": result.output_text},
+            {"role": "tool", "content": "1 failed, 3 passed"},
+        ]
+        second = call("real-2", "real", history, index=1)
+        admission = engine.try_admit(second, node.clock.now(), False)
+        assert admission is not None
+        more = [e async for e in engine.run(admission)]
+        await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=False)
+        return events, result, more
+
+    events, result, more = node.run(body())
+    head, *deltas, done = events
+    assert isinstance(head, FirstToken) and isinstance(done, Finished)
+    assert head.kv_source is KvSource.NEW and head.cached_tokens == 0
+    assert all(isinstance(d, TokenDelta) for d in deltas)
+    assert result.output_tokens == 16 == 1 + sum(d.tokens for d in deltas)
+    assert result.prompt_tokens == len(prompt_ids) > 128  # over one CPU KV block
+    assert result.output_text and head.text + "".join(d.text for d in deltas) == result.output_text
+    assert result.first_token_s <= result.finished_s
+
+    first_token, finished = more
+    assert isinstance(first_token, FirstToken) and isinstance(finished, Finished)
+    second = finished.result
+    print(f"continuation: {second.cached_tokens} of {second.prompt_tokens} tokens cached")
+    assert second.cached_tokens > 0 and second.cached_tokens == first_token.cached_tokens
+    block = 128  # the CPU backend's KV block
+    context = result.prompt_tokens + result.output_tokens  # the output round-trips
+    assert second.cached_tokens == (context - 1) // block * block  # whole computed blocks
+    assert second.kv_source is KvSource.HBM
+    assert node.recorders["tiny-llama-a"].priorities["real-2"] == PRIORITY_DEFAULT
+
+
+async def agent(
+    sched: NodeScheduler,
+    session: str,
+    model: str,
+    calls: int,
+    max_out: int,
+    gap_s: float,
+    results: list[CallResult],
+    start_s: float = 0.0,
+) -> None:
+    await asyncio.sleep(start_s)
+    messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": f"task {session}"}]
+    for i in range(calls):
+        req = call(f"{session}-{i}", session, messages, model=model, index=i, max_out=max_out)
+        result = await sched.submit(req)
+        results.append(result)
+        messages += [
+            {"role": "assistant", "content": result.output_text},
+            {"role": "tool", "content": f"tool output {i}"},
+        ]
+        await asyncio.sleep(gap_s)
+
+
+def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
+    """A long call keeps tiny-llama-a's slot busy while a short session on it comes back from
+    its tools (continuations, SP-admitted mid-slot); tiny-llama-b waits meanwhile."""
+    a, b = "tiny-llama-a", "tiny-llama-b"
+
+    async def body() -> tuple[NodeScheduler, list[CallResult]]:
+        sched = NodeScheduler(
+            "cpu0",
+            node.engines,
+            NodeMemory(64e9, 64e9),
+            node.clock,
+            TALARIA,
+            SchedulerConfig(quantum_s=5.0, default_output_tokens=16),
+        )
+        sched.start()
+        results: list[CallResult] = []
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    agent(sched, "long", a, 2, 400, 0.05, results),
+                    agent(sched, "short", a, 5, 8, 0.02, results, 0.05),
+                    agent(sched, "other", b, 3, 16, 0.05, results, 0.1),
+                ),
+                timeout=240,
+            )
+        finally:
+            await sched.stop()
+        return sched, results
+
+    t0 = time.perf_counter()
+    sched, results = node.run(body())
+    print(f"scheduler run: {time.perf_counter() - t0:.1f} s")
+    for slot in sched.slots:
+        print(slot)
+    assert len(results) == 10
+    models = [s.model for s in sched.slots]
+    switched = [m for i, m in enumerate(models) if i == 0 or m != models[i - 1]]
+    assert switched[:3] == [a, b, a], switched
+    sp = [r for r in results if r.sp_admitted]
+    assert sp, "a continuation of the short session was admitted mid-slot (SP)"
+    assert all(r.session_id == "short" and r.model == a for r in sp)
+    priorities = {**node.recorders[a].priorities, **node.recorders[b].priorities}
+    for r in results:
+        assert priorities[r.request_id] == (PRIORITY_SP if r.sp_admitted else PRIORITY_DEFAULT)
+    for r in sorted(results, key=lambda r: r.arrival_s):
+        print(r.request_id, f"queue {r.queue_s:.3f} s", r.sp_admitted, r.cached_tokens, r.kv_source)
+    other = next(r for r in results if r.request_id == "other-0")
+    assert other.queue_s > 0  # it waited for b's slot
+    continuations = [r for r in results if not r.request_id.endswith("-0")]
+    assert all(r.cached_tokens > 0 and r.kv_source is KvSource.HBM for r in continuations)
+    wanted = {"long": 400, "short": 8, "other": 16}
+    assert all(r.output_tokens == wanted[r.session_id] and r.output_text for r in results)

@@ -24,6 +24,10 @@ from talaria.runtime.status import InstanceStatus
 log = logging.getLogger("talaria.proxy.http_runtime")
 
 
+_EXTRA_KEYS = ("model_names", "slots")
+"""Status keys beyond InstanceStatus's fields."""
+
+
 class RuntimeUnavailable(RuntimeError):
     """The runtime server could not be reached or refused the call."""
 
@@ -70,7 +74,7 @@ class HttpRuntime:
         self.name = data["instance"]
         self._models = tuple(data["model_names"])
         self._status = InstanceStatus.from_dict(
-            {k: v for k, v in data.items() if k != "model_names"}
+            {k: v for k, v in data.items() if k not in _EXTRA_KEYS}
         )
         self._status_at = asyncio.get_running_loop().time()
 
@@ -100,7 +104,7 @@ class HttpRuntime:
                 raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
             data = response.json()
             self._status = InstanceStatus.from_dict(
-                {k: v for k, v in data.items() if k != "model_names"}
+                {k: v for k, v in data.items() if k not in _EXTRA_KEYS}
             )
             self._status_at = now
         return self._status

@@ -6,7 +6,8 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   ``{"type": "first", "t_s", "cached_tokens", "kv_source", "text"}``,
   ``{"type": "delta", "t_s", "tokens", "text"}``, ``{"type": "finished", "result": {...}}``, or
   ``{"type": "error", "message"}``;
-- ``GET /v1/runtime/status``: ``InstanceStatus.to_dict()`` plus ``model_names`` (in order);
+- ``GET /v1/runtime/status``: ``InstanceStatus.to_dict()`` plus ``model_names`` (in order) and
+  ``slots`` (the latest slots: model, start, switch seconds, end, close reason, admissions);
 - ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
   ``.../moved``;
 - ``GET /healthz`` (liveness), ``GET /readyz`` (engines started, not draining).
@@ -38,6 +39,9 @@ from talaria.runtime.factory import BuiltNode, build_node_from_config
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
 log = logging.getLogger("talaria.runtime")
+
+RECENT_SLOTS = 100
+"""How many of the latest slots ``/v1/runtime/status`` lists (model, times, admissions)."""
 
 
 @dataclass
@@ -106,7 +110,19 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
     @app.get("/v1/runtime/status")
     async def status(request: Request) -> Response:
         node = state_of(request).node
-        return _json({**node.status().to_dict(), "model_names": list(node.engines)})
+        slots = [
+            {
+                "model": s.model,
+                "start_s": s.start_s,
+                "switch_s": s.switch_s,
+                "end_s": s.end_s,
+                "close": s.close.value if s.close else None,
+                "admitted": s.admitted,
+                "sp_admitted": s.sp_admitted,
+            }
+            for s in node.slots[-RECENT_SLOTS:]
+        ]
+        return _json({**node.status().to_dict(), "model_names": list(node.engines), "slots": slots})
 
     @app.post("/v1/runtime/generate")
     async def generate(request: Request) -> Response:

@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The test command: sets up (idempotent), then lint, types, tests.
+# The test command: sets up (idempotent), then lint, types, tests, then the vLLM stage: a
+# separate venv with the CPU build of vLLM (scripts/vllm-venv.sh) runs the tests marked `vllm`
+# (tiny random-weight models; proxy → runtime server → vLLM). TALARIA_SKIP_VLLM=1 skips that
+# stage (quick local runs); CI runs it.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -32,3 +35,10 @@ print(s.getsockname()[1])')
 fi
 
 .venv/bin/python -m pytest "$@"
+
+if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
+    echo "test.sh: vLLM stage skipped (TALARIA_SKIP_VLLM=1)" >&2
+else
+    bash scripts/vllm-venv.sh
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -m vllm tests/vllm
+fi

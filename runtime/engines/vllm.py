@@ -41,6 +41,9 @@ sleeps (``epoch``): cached tokens > 0 in the same epoch as the session's previou
 ``HBM``; after a sleep they can only have come from a host tier (``HOST``); none are ``NEW``
 for a session's first call and ``RECOMPUTE`` afterwards.
 
+``session_kv()`` is the engine's best-effort view of which sessions' KV it still holds (vLLM's
+KV is not in ``NodeMemory``, so the scheduler's status does not list it by itself).
+
 **Memory.** vLLM owns its KV memory (a block pool sized at start by
 ``gpu_memory_utilization``) and preempts when it runs out, so ``try_admit`` admits whenever the
 engine is active and ``needed_bytes`` is 0. ``kv_bytes`` is still exact (from the model
@@ -69,7 +72,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -288,6 +291,9 @@ class _SessionState:
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix (compared 256 ids at a time, as int arrays)."""
+    a = a if isinstance(a, array) else array("i", a)
+    b = b if isinstance(b, array) else array("i", b)
     n = min(len(a), len(b))
     i = 0
     step = 256
@@ -379,14 +385,7 @@ class VLLMEngine:
         self._llm = llm
         block = _block_size(llm)
         if block is not None and block != self._kv.block_tokens:
-            self._kv = KvShape(
-                self._kv.layers,
-                self._kv.kv_heads,
-                self._kv.head_dim,
-                self._kv.dtype_bytes,
-                block,
-                self._kv.tensor_parallel_size,
-            )
+            self._kv = replace(self._kv, block_tokens=block)  # vLLM's choice (128 on CPU)
         if self._opt.sleep_mode:
             await llm.sleep(level=1)
             self._awake = frozenset()
@@ -437,6 +436,20 @@ class VLLMEngine:
         if self._generating:
             busy += self._clock.now() - self._busy_since
         return EngineSnapshot(self.model, self._active, self._running, staged, busy)
+
+    def session_kv(self) -> dict[str, tuple[int, KvSource]]:
+        """Best-effort view of the sessions whose KV this engine probably still holds, for
+        status and KV-locality routing (vLLM's KV does not live in ``NodeMemory``): session →
+        (tokens of its last prompt + output, ``HBM`` if no sleep since, else ``HOST`` when a
+        host tier survives sleep). Sessions whose KV a sleep dropped are left out; so is
+        eviction inside vLLM, which the engine does not see."""
+        out: dict[str, tuple[int, KvSource]] = {}
+        for session_id, state in self._sessions.items():
+            if state.epoch == self.epoch:
+                out[session_id] = (len(state.context), KvSource.HBM)
+            elif self._opt.host_kv_survives_sleep:
+                out[session_id] = (len(state.context), KvSource.HOST)
+        return out
 
     # -- estimates -------------------------------------------------------------------------
     def kv_bytes(self, tokens: int) -> float:
@@ -619,8 +632,7 @@ class VLLMEngine:
                         text += decoder.finish()
                     if request.stream and (rest or text):
                         yield TokenDelta(now, len(rest), text)
-                if finished:
-                    break
+            # (no break at ``finished``: vLLM's stream then ends by itself, nothing to abort)
         finally:
             self._end_busy()
             if not finished:
@@ -867,7 +879,7 @@ def build_vllm_engine(
     *,
     sleep_mode: bool | None = None,
     max_model_len: int = 2048,
-    rates: RateModel | None = None,
+    rates: RateModel | Mapping[str, float] | None = None,
     ignore_eos: bool | None = None,
     tokenizer: Tokenizer | None = None,
     host_kv_survives_sleep: bool | None = None,
@@ -878,6 +890,7 @@ def build_vllm_engine(
 ) -> VLLMEngine:
     """A ``VLLMEngine`` for ``model_dir`` (not started: ``await engine.start()``, one engine at
     a time). ``sleep_mode=None`` asks vLLM's platform (GPU: sleep mode; CPU: the gate).
+    ``rates`` may be a mapping of ``RateModel`` fields (a node TOML's ``rates = {...}``).
     ``engine_args`` go to ``AsyncEngineArgs`` (``tensor_parallel_size``,
     ``gpu_memory_utilization``, ``kv_offloading_size``, ``kv_offloading_backend``, ...).
     With the byte tokenizer (the tiny models) the output is restricted to ``TEXT_IDS`` unless
@@ -915,7 +928,7 @@ def build_vllm_engine(
         sleep_mode=gpu,
         max_model_len=max_model_len,
         ignore_eos=dummy if ignore_eos is None else ignore_eos,
-        rates=rates or RateModel(),
+        rates=rates if isinstance(rates, RateModel) else RateModel(**(rates or {})),
         host_kv_survives_sleep=host_kv_survives_sleep,
         weight_bytes_per_device=weight_bytes_per_device,
         free_device_bytes=free_device_bytes,

@@ -463,11 +463,13 @@ class NodeScheduler:
         session.hint_gap_s = None
         deadline = self._deadline_s() if self._contended() else None
         entry = self.memory.kv.get(result.session_id)
-        if entry is None or entry.location is not KvLocation.HBM:
-            return
-        engine = self.engines[result.model]
-        growth = session.expected_growth_tokens(self.config.default_output_tokens)
-        held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
+        if entry is not None and entry.location is not KvLocation.HBM:
+            return  # its KV already left HBM: nothing to hold
+        held = 0.0  # an engine that manages its own KV (vLLM) leaves no entry to hold
+        if entry is not None:
+            engine = self.engines[result.model]
+            growth = session.expected_growth_tokens(self.config.default_output_tokens)
+            held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
         plan = plan_reservation(
             session_id=result.session_id,
             model=result.model,
@@ -478,7 +480,8 @@ class NodeScheduler:
         )
         if plan is not None:
             self.reservations.add(plan)
-            entry.pins += 1
+            if entry is not None:
+                entry.pins += 1
 
     def _unpin(self, session_id: str) -> None:
         """Drop the pin a released reservation held on the session's KV."""

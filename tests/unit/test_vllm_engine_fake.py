@@ -34,10 +34,12 @@ from talaria.runtime.engines.vllm import (
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
 from talaria.runtime.scheduling.resources import NodeMemory
-from talaria.runtime.tokenizer import BYTE_OFFSET, ByteTokenizer
+from talaria.runtime.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 
 T = TypeVar("T")
 STEP_S = 0.01
+SLEEP_S = 0.03
+WAKE_S_PER_TAG = 0.02
 BLOCK = 16
 REPLY = "ok, done. "
 SHAPE = KvShape(layers=2, kv_heads=2, head_dim=32, dtype_bytes=2, block_tokens=BLOCK)
@@ -68,11 +70,13 @@ class FakeLLM:
 
     async def sleep(self, level: int = 1) -> None:
         self.calls.append(("sleep", level))
+        await self.clock.sleep(SLEEP_S)
         if not self.keep_cache_on_sleep:
             self.cache.clear()
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         self.calls.append(("wake_up", tags))
+        await self.clock.sleep(WAKE_S_PER_TAG * (len(tags) if tags else 2))
         return True
 
     async def abort(self, request_id: str) -> None:
@@ -212,12 +216,13 @@ def test_gpu_start_sleeps_activate_wakes_deactivate_sleeps() -> None:
         assert llm.calls == [("sleep", 1)]  # asleep after start: the next engine can start
         assert not engine.active and engine.awake_tags == frozenset()
         assert engine.switch_in_s() == 2.0
-        await engine.activate()
+        assert await engine.activate() == pytest.approx(2 * WAKE_S_PER_TAG)
         assert llm.calls[-1] == ("wake_up", None)  # weights and kv_cache: both
         assert engine.active and engine.switch_in_s() == 0.0
         _, result = await serve(engine, request("r1", messages=(SYSTEM, USER)))
         assert result.output_tokens == 12
-        await engine.deactivate(keep_kv_on_host=True, keep_host_weight_copy=False)
+        slept = await engine.deactivate(keep_kv_on_host=True, keep_host_weight_copy=False)
+        assert slept == pytest.approx(SLEEP_S)
         assert switches(llm) == [("sleep", 1), ("wake_up", None), ("sleep", 1)]
         assert engine.epoch == 1 and engine.last_keep_kv_on_host is True
         await engine.shutdown()
@@ -263,9 +268,12 @@ def test_staging_wakes_weights_then_activate_wakes_kv_cache() -> None:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         assert llm.calls[-1] == ("wake_up", ["weights"])
+        assert engine.snapshot().staged_fraction == 0.0  # the wake is under way
+        assert engine.switch_in_s() == 2.0
+        await clock.sleep(0.1)
         assert engine.snapshot().staged_fraction == 1.0
         assert engine.switch_in_s() == 0.5  # only the KV pool is left to wake
-        await engine.activate()
+        assert await engine.activate() == pytest.approx(WAKE_S_PER_TAG)
         assert switches(llm) == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
         assert engine.active and not engine.staging
         assert engine.awake_tags == frozenset({"weights", "kv_cache"})
@@ -378,6 +386,21 @@ def test_after_a_switch_kv_is_recomputed_or_restored_from_host() -> None:
         second = request("r2", messages=(SYSTEM, USER, reply, USER), call_index=1)
         _, result = await serve(engine, second)
         return result
+
+    async def view(clock: LoopClock, host_kv: bool) -> list[dict[str, tuple[int, KvSource]]]:
+        engine, _ = make_engine("a", clock, sleep_mode=True, host_kv=host_kv)
+        await engine.start()
+        await engine.activate()
+        await serve(engine, request("r1", messages=(SYSTEM, USER)))
+        before = engine.session_kv()
+        await engine.deactivate(keep_kv_on_host=True, keep_host_weight_copy=False)
+        return [before, engine.session_kv()]
+
+    tokens = ByteTokenizer().encode_chat([SYSTEM, USER])
+    held = len(tokens) + 12
+    assert virtual(lambda clock: view(clock, False)) == [{"s1": (held, KvSource.HBM)}, {}]
+    on_host = virtual(lambda clock: view(clock, True))
+    assert on_host == [{"s1": (held, KvSource.HBM)}, {"s1": (held, KvSource.HOST)}]
 
     dropped = virtual(lambda clock: scenario(clock, host_kv=False))
     assert dropped.kv_source is KvSource.RECOMPUTE and dropped.cached_tokens == 0
@@ -565,6 +588,7 @@ def test_scheduler_alternates_slots_and_sp_sets_priority(sleep_mode: bool) -> No
     for model, fake in fakes.items():
         calls = switches(fake)
         if sleep_mode:
+            assert all(s.switch_s > 0 for s in node.slots[1:] if s.model != "a" or s.start_s > 0)
             # started asleep; every slot of the model is a wake (maybe staged) and a sleep
             assert calls[0] == ("sleep", 1)
             assert ("wake_up", None) in calls or ("wake_up", ["kv_cache"]) in calls
@@ -603,6 +627,13 @@ def test_engine_args_and_factory_without_vllm() -> None:
     assert b.kv_bytes(16) == 16 * 2 * 3 * 2 * 32 * 2  # three layers
     with pytest.raises(FileNotFoundError):
         tiny_model_dir("nope")
+    # a node TOML gives the rates as a table; the byte tokenizer keeps the output printable
+    toml_like = build_vllm_engine(
+        tiny, "tiny-a", clock, "node0", sleep_mode=False, rates={"prefill_s_per_token": 0.5}
+    )
+    assert toml_like.recompute_s(4) == 2.0
+    assert toml_like._opt.sampling["allowed_token_ids"] == list(TEXT_IDS)
+    assert ByteTokenizer().decode(TEXT_IDS) == "\n" + "".join(map(chr, range(32, 127)))
 
 
 def test_kv_shape_from_config() -> None:

@@ -93,7 +93,8 @@ class Node:
             self.recorders[name] = recorder
 
     async def stop(self) -> None:
-        for engine in self.engines.values():
+        for name, engine in self.engines.items():
+            engine._llm = self.recorders[name].llm  # shut the AsyncLLM itself down
             await engine.shutdown()
 
 
@@ -217,7 +218,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
             NodeMemory(64e9, 64e9),
             node.clock,
             TALARIA,
-            SchedulerConfig(quantum_s=5.0, default_output_tokens=16),
+            SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
         )
         sched.start()
         results: list[CallResult] = []

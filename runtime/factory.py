@@ -5,9 +5,10 @@ Used by the simulator's replay and by the proxy's embedded runtime, so both run 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from talaria.core.catalog import Catalog
+from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.costmodel import CostModel
@@ -20,6 +21,15 @@ from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
 HOST_RESERVE_FRACTION = 0.1
 """Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight
 copies of every hosted model, is the host KV tier."""
+
+
+def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
+    """HBM: the server's usable HBM. Host KV tier: host DRAM × (1 − reserve) − the pinned weight
+    copies of every hosted model (so each can be woken)."""
+    host_kv = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
+        m.weight_bytes for m in models
+    )
+    return NodeMemory(server.usable_hbm_bytes, host_kv)
 
 
 @dataclass(frozen=True)
@@ -41,10 +51,7 @@ def build_sim_node(
     server = catalog.server(setup.server)
     profile = catalog.profile(setup.profile)
     specs = [catalog.model(m) for m in setup.models]
-    host_kv_capacity = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
-        s.weight_bytes for s in specs
-    )
-    memory = NodeMemory(server.usable_hbm_bytes, host_kv_capacity)
+    memory = node_memory(server, specs)
     pcie = PcieLink(clock)
     engines: dict[str, Engine] = {
         spec.name: SimEngine(
@@ -71,12 +78,8 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     flags = policy_flags(config.policy)
     sim_models = [m for m in config.models if m.engine == "sim"]
     if sim_models:
-        server = catalog.server(config.server)
         specs = [catalog.model(m.name) for m in sim_models]
-        host_kv = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
-            s.weight_bytes for s in specs
-        )
-        memory = NodeMemory(server.usable_hbm_bytes, host_kv)
+        memory = node_memory(catalog.server(config.server), specs)
     else:
         memory = NodeMemory(float("inf"), 0.0)
     pcie = PcieLink(clock)

@@ -21,12 +21,13 @@ from talaria.core.catalog import Catalog
 from talaria.core.types import CallResult, KvSource
 from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
+from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import SchedulerConfig, SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy
-from talaria.sim.replay import NodeSetup, ReplayOutcome, replay
+from talaria.sim.replay import ReplayOutcome, replay
 from talaria.sim.trace import SessionTrace
 
 OnCall = Callable[[CallResult], None]

@@ -21,25 +21,11 @@ from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.routing import RoutingConfig
-from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engine import Engine
-from talaria.runtime.engines.sim import SimEngine
+from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig, SlotRecord
-from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
 from talaria.sim.cluster import Dispatcher
 from talaria.sim.trace import SessionTrace
-
-HOST_RESERVE_FRACTION = 0.1
-"""Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight
-copies of every hosted model, is the host KV tier."""
-
-
-@dataclass(frozen=True)
-class NodeSetup:
-    server: str
-    profile: str
-    models: tuple[str, ...]
 
 
 @dataclass
@@ -81,29 +67,9 @@ class ReplayOutcome:
     """Continuation calls routed to a different node than the session's previous call."""
 
 
-def build_node(
-    name: str,
-    setup: NodeSetup,
-    catalog: Catalog,
-    flags: SchedulerFlags,
-    config: SchedulerConfig,
-    clock: LoopClock,
-) -> NodeScheduler:
-    server = catalog.server(setup.server)
-    profile = catalog.profile(setup.profile)
-    specs = [catalog.model(m) for m in setup.models]
-    host_kv_capacity = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
-        s.weight_bytes for s in specs
-    )
-    memory = NodeMemory(server.usable_hbm_bytes, host_kv_capacity)
-    pcie = PcieLink(clock)
-    engines: dict[str, Engine] = {
-        spec.name: SimEngine(
-            spec, CostModel(spec, server, profile), memory, pcie, clock, name, flags.host_kv
-        )
-        for spec in specs
-    }
-    return NodeScheduler(name, engines, memory, clock, flags, config, pcie)
+build_node = build_sim_node
+"""The node the replay builds: ``runtime.factory.build_sim_node`` (the proxy's embedded runtime
+builds the same)."""
 
 
 def _request(session: SessionTrace, index: int) -> CallRequest:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -412,3 +413,25 @@ def test_too_many_requests_in_flight_is_429(tmp_path: Path) -> None:
 
         first, second, retry_after = asyncio.run(main())
         assert (first, second) == (200, 429) and int(retry_after) >= 1
+
+
+def test_proxy_on_postgresql() -> None:
+    """The whole proxy on a real PostgreSQL server (scripts/test.sh starts one)."""
+    url = os.environ.get("TALARIA_TEST_PG_URL")
+    if not url:
+        if os.environ.get("CI"):
+            pytest.fail("TALARIA_TEST_PG_URL is not set under CI")
+        pytest.skip("no PostgreSQL server (set TALARIA_TEST_PG_URL; scripts/test.sh does)")
+    settings = ProxySettings(database_url=url, admin_token=ADMIN, time_scale=500.0)
+    with running_proxy(settings) as proxy:
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        sid = _sid()
+        for _ in range(2):
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "on postgres"}],
+                extra_headers={"X-Talaria-Session-Id": sid},
+            )
+        detail = _admin(proxy, f"/admin/sessions/{sid}").json()
+        assert [c["call_index"] for c in detail["calls"]] == [0, 1]
+        assert detail["session"]["calls"] == 2

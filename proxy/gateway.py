@@ -11,6 +11,7 @@ batched writer. Times in records: wall clock for ``*_at``, clock seconds for dur
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import uuid
 from collections.abc import Sequence
@@ -43,8 +44,10 @@ from talaria.proxy.sessions import (
 )
 from talaria.proxy.synthetic import tool_call, words
 from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+from talaria.runtime.status import InstanceStatus
 
 RESERVATION_SWEEP_S = 1.0
+log = logging.getLogger("talaria.proxy.gateway")
 
 
 class RecordSink(Protocol):
@@ -139,12 +142,11 @@ class Gateway:
     async def residency(self) -> dict[str, list[dict[str, Any]]]:
         """model → [{instance, state, next_slot_in_s}] (for /v1/models)."""
         out: dict[str, list[dict[str, Any]]] = {m: [] for m in self.models()}
-        for runtime in self.runtimes:
-            status = await runtime.status()
+        for status in await self._statuses(None):
             for name, res in status.models.items():
                 out.setdefault(name, []).append(
                     {
-                        "instance": runtime.name,
+                        "instance": status.instance,
                         "state": res.state.value,
                         "next_slot_in_s": round(res.next_slot_in_s, 3),
                     }
@@ -179,8 +181,9 @@ class Gateway:
         state = self._session(call, now_at)
         if state.last_finish_s is not None and state.inflight == 0:
             state.gaps.observe(now_s - state.last_finish_s)
-        candidates = [r for r in self.runtimes if call.model in r.models]
-        statuses = [await r.status() for r in candidates]
+        statuses = await self._statuses(call.model)
+        if not statuses:
+            raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
         reserved = self._live_reservation(state, now_s)
         try:
             decision = route(
@@ -239,6 +242,19 @@ class Gateway:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return CallHandle(events, task, decision.instance)
+
+    async def _statuses(self, model: str | None) -> list[InstanceStatus]:
+        """Status of every instance hosting ``model`` (all if None) that answers; an instance
+        that fails is left out of this decision (and logged), not fatal."""
+        statuses = []
+        for runtime in self.runtimes:
+            if model is not None and model not in runtime.models:
+                continue
+            try:
+                statuses.append(await runtime.status())
+            except Exception as exc:
+                log.warning("runtime %s: status failed: %r", runtime.name, exc)
+        return statuses
 
     def _session(self, call: PreparedCall, now_at: datetime) -> SessionState:
         state = self.sessions.get(call.identity.session_id)

@@ -132,9 +132,13 @@ async def end_session(session_id: str, request: Request) -> Response:
 @router.get("/instances")
 async def instances(request: Request) -> Response:
     ctx = _admin(request)
-    data = []
+    data: list[dict[str, Any]] = []
     for runtime in ctx.gateway.runtimes:
-        status = await runtime.status()
+        try:
+            status = await runtime.status()
+        except Exception as exc:  # an unreachable instance is reported, not fatal
+            data.append({"name": runtime.name, "kind": runtime.kind, "error": repr(exc)})
+            continue
         data.append(
             {
                 "name": runtime.name,

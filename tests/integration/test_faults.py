@@ -107,3 +107,36 @@ def test_client_that_leaves_mid_stream_loses_nothing(tmp_path: Path) -> None:
         ).json()
         (call,) = detail["calls"]
         assert call["status"] == "ok" and call["output_tokens"] == 8
+
+
+class UnreachableRuntime(InstantRuntime):
+    """An instance whose status cannot be read (a dead runtime server)."""
+
+    def __init__(self, name: str, models: tuple[str, ...]) -> None:
+        super().__init__(models, name=name)
+
+    async def status(self):  # type: ignore[no-untyped-def]
+        raise ConnectionError("connection refused")
+
+
+def test_an_unreachable_instance_is_routed_around_and_reported(tmp_path: Path) -> None:
+    runtimes = [
+        UnreachableRuntime("dead", (MODEL, "only-dead")),
+        InstantRuntime((MODEL,), name="alive"),
+    ]
+    with running_proxy(_settings(tmp_path), runtimes=runtimes) as proxy:
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}]
+        )
+        assert raw.headers["x-talaria-instance"] == "alive"
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(
+                model="only-dead", messages=[{"role": "user", "content": "x"}]
+            )
+        assert info.value.status_code == 503 and info.value.response.headers["retry-after"]
+        instances = httpx.get(
+            proxy.base_url + "/admin/instances", headers={"Authorization": f"Bearer {ADMIN}"}
+        ).json()["data"]
+        assert "connection refused" in instances[0]["error"] and instances[1]["name"] == "alive"
+        assert [m.id for m in client.models.list()] == [MODEL, "only-dead"]

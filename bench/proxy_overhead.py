@@ -19,8 +19,13 @@ order rotating), so drifts hit all alike. Per batch: every latency, the wall tim
 server's own CPU time (utime + stime of its process tree from /proc, read after it settles), which
 load does not distort. Every reply must succeed; any error aborts the run.
 
-LiteLLM: ``--litellm PATH`` (default: ``litellm`` in .venv/bin, out/litellm-venv/bin, or PATH);
-``LITELLM_LOCAL_MODEL_COST_MAP=True`` is set. Without it the run reports talaria vs direct.
+LiteLLM: ``--litellm PATH`` (default: the first of .venv/bin/litellm, out/litellm-venv/bin/litellm
+and ``litellm`` on PATH that starts; a plain ``litellm`` without its ``[proxy]`` extra does not);
+``LITELLM_LOCAL_MODEL_COST_MAP=True`` is set, and ``LITELLM_LOG=WARNING`` unless
+``--access-log``. Without it the run reports talaria vs direct.
+
+Results: docs/proxy-overhead.md. ``bench/overhead/writer_lag.py`` probes whether the proxy's
+batched writer keeps up under sustained load.
 """
 
 from __future__ import annotations

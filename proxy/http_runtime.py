@@ -63,13 +63,20 @@ class HttpRuntime:
     def models(self) -> tuple[str, ...]:
         return self._models
 
-    async def start(self) -> None:
-        """Learn the instance's name and models (fails clearly if it cannot be reached)."""
-        try:
-            response = await self._client.get("/v1/runtime/status")
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise RuntimeUnavailable(f"runtime {self.url} is not reachable: {exc}") from exc
+    async def start(self, attempts: int = 5) -> None:
+        """Learn the instance's name and models. A runtime that has just started may drop the
+        first connections: try ``attempts`` times, 0.2 s, 0.4 s, ... apart, then fail clearly."""
+        for attempt in range(attempts):
+            try:
+                response = await self._client.get("/v1/runtime/status")
+                response.raise_for_status()
+                break
+            except httpx.HTTPError as exc:
+                if attempt == attempts - 1:
+                    raise RuntimeUnavailable(
+                        f"runtime {self.url} is not reachable: {exc!r}"
+                    ) from exc
+                await asyncio.sleep(0.2 * 2**attempt)
         data = response.json()
         self.name = data["instance"]
         self._models = tuple(data["model_names"])

@@ -10,8 +10,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import httpx
 import openai
@@ -63,12 +65,22 @@ def runtime_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         env=env,
     )
     assert proc.stderr is not None
-    seen = []
-    for line in proc.stderr:  # engines start one at a time (~20 s each); wait for uvicorn
-        seen.append(line)
-        if "Application startup complete" in line:
-            break
-    else:
+    seen: list[str] = []
+    started = threading.Event()
+
+    def drain(stream: IO[str]) -> None:
+        # Keep reading the runtime's log for its whole life: vLLM logs a lot, and a full pipe
+        # would block the process. The startup line tells when it is serving.
+        for line in stream:
+            seen.append(line)
+            if "Application startup complete" in line:
+                started.set()
+        started.set()  # the process ended (the assertion below reports it)
+
+    threading.Thread(target=drain, args=(proc.stderr,), daemon=True).start()
+    started.wait(timeout=600)  # engines start one at a time (~20 s each)
+    if proc.poll() is not None or not any("Application startup complete" in s for s in seen):
+        proc.kill()
         raise RuntimeError("runtime did not start:\n" + "".join(seen[-40:]))
     try:
         yield f"http://127.0.0.1:{port}"

@@ -103,6 +103,29 @@ class CallHandle:
                 raise value
 
 
+def _call_record(
+    call: PreparedCall,
+    state: SessionState,
+    request: CallRequest,
+    runtime: RuntimeClient,
+    arrived_at: datetime,
+    finished_at: datetime,
+    **outcome: Any,
+) -> CallRecord:
+    """The call's record: who and when, plus ``outcome`` (status, tokens, timings or error)."""
+    return CallRecord(
+        request_id=call.request_id,
+        session_id=state.session_id,
+        call_index=request.call_index,
+        model=call.model,
+        instance=runtime.name,
+        arrived_at=arrived_at,
+        finished_at=finished_at,
+        stream=call.stream,
+        **outcome,
+    )
+
+
 class Gateway:
     def __init__(
         self,
@@ -301,16 +324,14 @@ class Gateway:
             api_error = error if isinstance(error, ApiError) else None
             message = f"runtime {runtime.name} failed the call: {error!r}"
             self._sink.submit(
-                CallRecord(
-                    request_id=call.request_id,
-                    session_id=state.session_id,
-                    call_index=request.call_index,
-                    model=call.model,
-                    instance=runtime.name,
-                    arrived_at=arrived_at,
-                    finished_at=finished_at,
+                _call_record(
+                    call,
+                    state,
+                    request,
+                    runtime,
+                    arrived_at,
+                    finished_at,
                     status="error",
-                    stream=call.stream,
                     prompt_tokens=call.prompt_tokens,
                     error=message[:500],
                 )
@@ -361,14 +382,13 @@ class Gateway:
         self.metrics.ttft.labels(call.model).observe(result.first_token_s - result.arrival_s)
         self.metrics.tokens(result.prompt_tokens, result.cached_tokens)
         self._sink.submit(
-            CallRecord(
-                request_id=call.request_id,
-                session_id=state.session_id,
-                call_index=request.call_index,
-                model=call.model,
-                instance=runtime.name,
-                arrived_at=arrived_at,
-                finished_at=finished_at,
+            _call_record(
+                call,
+                state,
+                request,
+                runtime,
+                arrived_at,
+                finished_at,
                 status="ok",
                 queue_s=result.queue_s,
                 prefill_s=result.first_token_s - result.admitted_s,
@@ -378,7 +398,6 @@ class Gateway:
                 output_tokens=result.output_tokens,
                 finish_reason=outcome.finish_reason,
                 kv_source=result.kv_source.value,
-                stream=call.stream,
                 tool_gap_hint_s=call.identity.tool_gap_hint_s,
             )
         )

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +127,61 @@ class ServerSpec:
 
 
 @dataclass(frozen=True)
+class StepFit:
+    """A measured engine step time, fitted by ``talaria calibrate`` (least squares):
+
+    t_step = overhead_s + s_per_token × n + s_per_pair × pairs + s_per_seq × seqs
+
+    n: tokens in the step (prefill chunk tokens + one per decoding sequence); pairs: attention
+    token pairs (decode: the total context; a chunk of t tokens after c: t·c + t²/2); seqs:
+    sequences in the step. It replaces the roofline's max(compute, memory) for its model.
+    ``call_overhead_s`` is once per call, before its first step can take it: the engine's
+    intake (tokenizing, handing the request to the engine process, scheduling it).
+    ``idle_wake`` adds to the intake of a call that finds the engine idle: points
+    (idle seconds, extra seconds), interpolated linearly and held flat past both ends (an
+    engine that has slept longer answers its next call later; ``talaria calibrate`` measures
+    the ladder)."""
+
+    overhead_s: float
+    s_per_token: float
+    s_per_pair: float
+    s_per_seq: float
+    call_overhead_s: float = 0.0
+    idle_wake: tuple[tuple[float, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        points = tuple((float(i), float(e)) for i, e in self.idle_wake)
+        if any(b[0] <= a[0] for a, b in pairwise(points)):
+            raise ValueError(f"idle_wake idle times must increase: {points}")
+        object.__setattr__(self, "idle_wake", points)
+
+    def wake_s(self, idle_s: float) -> float:
+        """Extra intake after ``idle_s`` idle: ``idle_wake`` interpolated (0 with no points)."""
+        points = self.idle_wake
+        if not points:
+            return 0.0
+        if idle_s <= points[0][0]:
+            return points[0][1]
+        for (x0, y0), (x1, y1) in pairwise(points):
+            if idle_s <= x1:
+                return y0 + (y1 - y0) * (idle_s - x0) / (x1 - x0)
+        return points[-1][1]
+
+    def step_time_s(self, tokens: int, pairs: float, seqs: int) -> float:
+        """overhead_s + s_per_token·tokens + s_per_pair·pairs + s_per_seq·seqs."""
+        return (
+            self.overhead_s
+            + self.s_per_token * tokens
+            + self.s_per_pair * pairs
+            + self.s_per_seq * seqs
+        )
+
+
+@dataclass(frozen=True)
 class EfficiencyProfile:
-    """Achieved fractions of peak and fixed overheads (FACTS.md §4, est.; `talaria calibrate`
-    will fit these on a real engine)."""
+    """Achieved fractions of peak and fixed overheads (FACTS.md §4, est.), plus, per model,
+    step times fitted on a real engine by ``talaria calibrate`` (``fitted``: model name →
+    ``StepFit``; a model without one uses the roofline)."""
 
     name: str = "default"
     compute_efficiency: float = 0.3
@@ -136,6 +189,7 @@ class EfficiencyProfile:
     step_overhead_s: float = 0.005
     max_num_batched_tokens: int = 8192
     block_tokens: int = 16
+    fitted: Mapping[str, StepFit] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,7 +223,7 @@ class Catalog:
 def _build(cls: type[Any], table: dict[str, Any], source: str) -> Any:
     try:
         return cls(**table)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise CatalogError(f"{source}: {exc}") from exc
 
 
@@ -186,7 +240,15 @@ def _load_file(path: Path, catalog: Catalog) -> None:
         server: ServerSpec = _build(ServerSpec, doc["server"], str(path))
         catalog.servers[server.name] = server
     if "profile" in doc:
-        profile: EfficiencyProfile = _build(EfficiencyProfile, doc["profile"], str(path))
+        table = dict(doc["profile"])
+        fits = table.pop("fitted", {})
+        if not isinstance(fits, dict):
+            raise CatalogError(f"{path}: [profile.fitted] must be a table of models")
+        table["fitted"] = {
+            model: _build(StepFit, fit, f"{path}: [profile.fitted.{model}]")
+            for model, fit in fits.items()
+        }
+        profile: EfficiencyProfile = _build(EfficiencyProfile, table, str(path))
         catalog.profiles[profile.name] = profile
     if not {"model", "server", "profile"} & doc.keys():
         raise CatalogError(f"{path}: expected a [model], [server] or [profile] table")

@@ -24,7 +24,7 @@ from talaria.runtime.status import InstanceStatus
 log = logging.getLogger("talaria.proxy.http_runtime")
 
 
-_EXTRA_KEYS = ("model_names", "slots")
+_EXTRA_KEYS = ("model_names", "slots", "engines")
 """Status keys beyond InstanceStatus's fields."""
 
 
@@ -115,6 +115,17 @@ class HttpRuntime:
             )
             self._status_at = now
         return self._status
+
+    async def status_document(self) -> dict[str, Any]:
+        """The runtime's whole status document, uncached: InstanceStatus's fields plus
+        ``model_names``, recent ``slots`` and per-model ``engines`` info."""
+        try:
+            response = await self._client.get("/v1/runtime/status")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
+        data: dict[str, Any] = response.json()
+        return data
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
         try:

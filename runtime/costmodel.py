@@ -4,6 +4,9 @@ Source of every formula: FACTS.md §4 "Cost-model shape" (est.). One engine iter
 (continuous batching with chunked prefill) costs a fixed overhead plus the larger of its compute
 time and its HBM-traffic time; transfers are bytes over the per-GPU link rate times the GPUs.
 Byte counts are physical bytes summed over the node's GPUs (``kv_bytes_per_token_tp8``).
+
+A model whose profile carries a ``StepFit`` (measured by ``talaria calibrate``) takes its step
+time from that fit instead of the roofline; transfers keep the server's rates.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ class CostModel:
         self._window = model.attention_window_tokens
         self._window_frac = model.attention_window_layer_fraction if windowed else 0.0
         self._decode_consts: dict[int, tuple[float, float]] = {}
+        self.fit = profile.fitted.get(model.name)
+        """The measured step time of this model, if calibrated (replaces the roofline)."""
 
     # memory
     def kv_bytes(self, tokens: int) -> float:
@@ -111,7 +116,8 @@ class CostModel:
     def step_time_s(
         self, prefill: Sequence[PrefillChunk], decode_contexts_total: int, decode_seqs: int
     ) -> float:
-        """One iteration: step_overhead_s + max(compute_s, memory_s); no tokens → 0.
+        """One iteration: step_overhead_s + max(compute_s, memory_s), or the model's
+        ``StepFit`` of (n, pairs, seqs) when calibrated; no tokens → 0.
 
         n = Σ chunk tokens + decode_seqs. compute_s = 2·active·n / (η_c·gpus·peak(weight
         dtype)) + 4·layers·q_heads·d_att·pairs / (η_c·gpus·peak bf16), pairs = decode context
@@ -125,6 +131,8 @@ class CostModel:
             return 0.0
         pairs = self._decode_pairs(decode_contexts_total, decode_seqs)
         pairs += sum(self._chunk_pairs(c) for c in chunks)
+        if self.fit is not None:
+            return self.fit.step_time_s(n, pairs, decode_seqs + len(chunks))
         kv_tokens = decode_contexts_total + sum(c.context_tokens + c.tokens for c in chunks)
         static = self._static_terms(n, decode_seqs + len(chunks))
         return self._combine(static, pairs, kv_tokens)
@@ -134,6 +142,10 @@ class CostModel:
         (linear compute, weights touched, fixed KV) cached. Source: FACTS.md §4 (est.)."""
         if batch <= 0:
             return 0.0
+        if self.fit is not None:
+            return self.fit.step_time_s(
+                batch, self._decode_pairs(total_context_tokens, batch), batch
+            )
         static = self._decode_consts.get(batch)
         if static is None:
             static = self._decode_consts[batch] = self._static_terms(batch, batch)
@@ -157,6 +169,14 @@ class CostModel:
         sequence's decode among ``batch`` sequences of the same context. FACTS.md §4 (est.)."""
         step = self.decode_step_time_s
         return sum(step(batch, batch * (context_tokens + i)) for i in range(output_tokens))
+
+    def call_overhead_s(self, idle_s: float = 0.0) -> float:
+        """Per-call intake latency before the first step, for a call that finds the engine
+        idle for ``idle_s`` (0: busy): the fit's call_overhead_s + wake_s(idle_s); 0 for the
+        roofline (its step overhead covers it)."""
+        if self.fit is None:
+            return 0.0
+        return self.fit.call_overhead_s + self.fit.wake_s(idle_s)
 
     def recompute_time_s(self, tokens: int) -> float:
         """Rebuilding a lost prefix: prefill_time_s(tokens, 0)."""

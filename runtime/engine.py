@@ -66,6 +66,22 @@ class EngineSnapshot:
     busy_s: float
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What a calibration needs to know about an engine (``talaria calibrate`` reads it from the
+    runtime's status)."""
+
+    kind: str
+    """"sim" or "vllm"."""
+    switches_cost: bool
+    """Whether activating/deactivating moves weights (GPU sleep mode, simulated engines); False
+    for vLLM's CPU gate, whose switches take ~0 s by construction."""
+    block_tokens: int
+    max_num_batched_tokens: int | None
+    max_model_len: int
+    """The longest prompt + output the engine accepts."""
+
+
 class Engine(Protocol):
     model: str
 
@@ -121,3 +137,5 @@ class Engine(Protocol):
     def cancel_staging(self) -> None: ...
 
     def snapshot(self) -> EngineSnapshot: ...
+
+    def info(self) -> EngineInfo: ...

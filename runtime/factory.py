@@ -70,6 +70,15 @@ class BuiltNode:
     engines: dict[str, Engine]
 
 
+def _calibrated_cost(config: NodeConfig, catalog: Catalog, model: str) -> CostModel | None:
+    """The cost model of a vLLM-served ``model`` if the node's profile has a ``StepFit`` for it
+    (and the catalog knows the model), else None (the engine's rate defaults apply)."""
+    profile = catalog.profile(config.profile)
+    if model not in profile.fitted or model not in catalog.models:
+        return None
+    return CostModel(catalog.model(model), catalog.server(config.server), profile)
+
+
 def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
     """Simulated engines from the catalog and vLLM engines from model directories, one node.
 
@@ -95,7 +104,12 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
             from talaria.runtime.engines.vllm import build_vllm_engine
 
             engines[model.name] = build_vllm_engine(
-                config.model_dir(model), model.name, clock, config.name, **model.options
+                config.model_dir(model),
+                model.name,
+                clock,
+                config.name,
+                cost=_calibrated_cost(config, catalog, model.name),
+                **model.options,
             )
     scheduler = NodeScheduler(
         config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),

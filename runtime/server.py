@@ -23,7 +23,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -122,7 +122,15 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             }
             for s in node.slots[-RECENT_SLOTS:]
         ]
-        return _json({**node.status().to_dict(), "model_names": list(node.engines), "slots": slots})
+        engines = {name: asdict(e.info()) for name, e in node.engines.items()}
+        return _json(
+            {
+                **node.status().to_dict(),
+                "model_names": list(node.engines),
+                "slots": slots,
+                "engines": engines,
+            }
+        )
 
     @app.post("/v1/runtime/generate")
     async def generate(request: Request) -> Response:

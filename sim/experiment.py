@@ -18,6 +18,7 @@ from itertools import pairwise
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult, KvSource
 from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
@@ -28,7 +29,6 @@ from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import ReplayOutcome, replay
-from talaria.sim.trace import SessionTrace
 
 OnCall = Callable[[CallResult], None]
 

@@ -8,8 +8,8 @@ simulated engine itself takes for a lone session, so every replayed SCT is ≥ i
 
 from __future__ import annotations
 
+from talaria.core.trace import SessionTrace
 from talaria.runtime.costmodel import CostModel
-from talaria.sim.trace import SessionTrace
 
 
 def oracle_sct_s(session: SessionTrace, cost: CostModel) -> float:
@@ -20,7 +20,7 @@ def oracle_sct_s(session: SessionTrace, cost: CostModel) -> float:
         shared = call.prompt_tokens - call.new_tokens
         cached = min(shared, previous, call.prompt_tokens - 1)
         cached = max(0, cached - cached % block)
-        total += cost.prefill_time_s(call.prompt_tokens - cached, cached)
+        total += cost.call_overhead_s() + cost.prefill_time_s(call.prompt_tokens - cached, cached)
         total += cost.decode_time_s(call.output_tokens - 1, call.prompt_tokens, 1)
         total += call.tool_gap_s or 0.0
         previous = call.prompt_tokens + call.output_tokens

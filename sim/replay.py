@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig, SlotRecord
 from talaria.sim.cluster import Dispatcher
-from talaria.sim.trace import SessionTrace
 
 
 @dataclass

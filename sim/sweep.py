@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.trace import SessionTrace
 from talaria.sim.experiment import OnCall, run_experiment
 from talaria.sim.presets import Preset
-from talaria.sim.trace import SessionTrace
 from talaria.sim.workload import WorkloadSpec
 
 SWEEP_PARAMS = (

@@ -26,7 +26,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from talaria.sim.trace import SessionTrace, TraceCall
+from talaria.core.trace import SessionTrace, TraceCall
 
 
 @dataclass(frozen=True)

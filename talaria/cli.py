@@ -11,11 +11,12 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.trace import SessionTrace, TraceError, read_trace, write_trace
 from talaria.core.types import CallResult
 from talaria.runtime.scheduling.flags import policy_flags
-from talaria.sim.trace import SessionTrace, TraceError, read_trace, write_trace
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
 app = typer.Typer(
@@ -48,6 +49,17 @@ def _generate(spec: WorkloadSpec, catalog: Catalog, seed: int) -> list[SessionTr
         {m.name: m.reasoning for m in models},
         seed,
     )
+
+
+def _profile_name(path: Path) -> str:
+    """The ``name`` of the ``[profile]`` table in a catalog TOML file."""
+    import tomllib
+
+    try:
+        name = tomllib.loads(path.read_text())["profile"]["name"]
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise typer.BadParameter(f"{path}: no [profile] with a name ({exc})") from exc
+    return str(name)
 
 
 def _stdout() -> Console:
@@ -129,6 +141,17 @@ def replay(
             "the median over them."
         ),
     ] = 3,
+    server: Annotated[
+        str | None,
+        typer.Option(help="Server of the nodes, a catalog name (default: the preset's)."),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="Efficiency profile: a catalog name, or a TOML file such as `talaria "
+            "calibrate` writes (its [profile] is used; default: the preset's)."
+        ),
+    ] = None,
     catalog_dirs: CatalogOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
@@ -144,9 +167,15 @@ def replay(
     from talaria.sim.report import experiment_table, routing_table, sweep_table
     from talaria.sim.sweep import parse_sweep, run_sweep
 
-    catalog = _catalog(catalog_dirs)
+    profile_file = Path(profile) if profile and profile.endswith(".toml") else None
+    catalog = _catalog([*(catalog_dirs or []), *([profile_file] if profile_file else [])])
     try:
         chosen = get_preset(preset)
+        if server is not None:
+            chosen = replace(chosen, server=catalog.server(server).name)
+        if profile is not None:
+            profile_name = _profile_name(profile_file) if profile_file else profile
+            chosen = replace(chosen, profile=catalog.profile(profile_name).name)
         chosen_policies = policies if policies is not None else ",".join(chosen.policies)
         names = [p.strip() for p in chosen_policies.split(",") if p.strip()]
         for name in names:
@@ -266,6 +295,212 @@ def trace_generate(
     console.print(
         f"wrote {len(traced)} sessions, {sum(s.num_calls for s in traced)} calls to {out}"
     )
+
+
+@trace_app.command("export")
+def trace_export(
+    out: Annotated[
+        Path, typer.Option(help="Where to write the JSONL trace; '-' writes it to stdout.")
+    ],
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            help="Database URL of the proxy's session store (default: as the proxy: "
+            "$TALARIA_DATABASE_URL, else SQLite in the user data directory).",
+        ),
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Only sessions whose first successful call arrived at or after this: an "
+            "ISO-8601 time (naive = UTC) or a duration before now (30m, 2h, 1d)."
+        ),
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            help="Only sessions whose first successful call arrived before this (same forms "
+            "as --since)."
+        ),
+    ] = None,
+    session: Annotated[
+        list[str] | None,
+        typer.Option("--session", help="Only this session id (repeatable)."),
+    ] = None,
+) -> None:
+    """Export the proxy's stored calls as a replay trace (docs/trace-format.md).
+
+    Whole sessions, successful calls only, renumbered 0..n-1; arrival offsets, tool gaps and new
+    tokens come from the stored times and token counts, and every call carries its measured
+    latency_s and ttft_s. Replay it against other policies: talaria replay --trace FILE.
+    """
+    import asyncio
+    from datetime import UTC, datetime
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from talaria.core.trace import dumps_trace
+    from talaria.proxy.store.db import default_url
+    from talaria.proxy.store.export import ExportError, export_from_url, parse_time
+
+    now = datetime.now(UTC)
+    bounds: dict[str, datetime | None] = {}
+    for name, value in (("since", since), ("until", until)):
+        try:
+            bounds[name] = None if value is None else parse_time(value, now)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint=f"'--{name}'") from exc
+    try:
+        traced = asyncio.run(
+            export_from_url(
+                db or default_url(),
+                since=bounds["since"],
+                until=bounds["until"],
+                session_ids=session,
+            )
+        )
+        text = dumps_trace(traced)
+    except (SQLAlchemyError, OSError) as exc:
+        reason = getattr(exc, "orig", None) or exc
+        raise typer.BadParameter(
+            f"cannot read the session store: {reason}", param_hint="'--db'"
+        ) from exc
+    except (ExportError, TraceError) as exc:
+        console.print(f"cannot export: {exc}", markup=False, highlight=False)
+        raise typer.Exit(1) from exc
+    missing = sorted(set(session or ()) - {s.session_id for s in traced})
+    if missing:
+        raise typer.BadParameter(
+            f"no successful calls of session(s) {', '.join(missing)} (unknown id, or outside "
+            "--since/--until)",
+            param_hint="'--session'",
+        )
+    if not traced:
+        console.print("no sessions to export: no successful calls match the filters")
+        raise typer.Exit(1)
+    if str(out) == "-":
+        typer.echo(text, nl=False)
+    else:
+        try:
+            out.write_text(text, encoding="utf-8")
+        except OSError as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--out'") from exc
+    calls = [c for s in traced for c in s.calls]
+    span = max(c.arrival_offset_s + (c.latency_s or 0.0) for c in calls)
+    console.print(
+        f"exported {len(traced)} sessions, {len(calls)} calls spanning {span:.1f} s "
+        f"to {'stdout' if str(out) == '-' else out}",
+        highlight=False,
+    )
+
+
+@app.command()
+def calibrate(
+    runtime_url: Annotated[
+        str,
+        typer.Option(
+            "--runtime", help="Base URL of a running `talaria runtime` server (its engines)."
+        ),
+    ],
+    model: Annotated[
+        list[str],
+        typer.Option(help="Model to measure (repeatable); one fitted step time per model."),
+    ],
+    out: Annotated[Path, typer.Option(help="Where to write the profile TOML.")],
+    name: Annotated[str, typer.Option(help="Name of the written profile.")] = "calibrated",
+    report: Annotated[
+        Path | None,
+        typer.Option(help="Also write every measurement and its fitted residual (JSON)."),
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option(help="A smaller grid, one pass (CI): about a tenth of the calls.")
+    ] = False,
+    repeats: Annotated[
+        int | None, typer.Option(min=1, help="Passes over the grid (default 3; 1 with --quick).")
+    ] = None,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Measure a running engine and fit the cost model's step time to it.
+
+    Through the runtime's HTTP API: prefill time over prompt lengths and cached-prefix lengths
+    (one call at a time), decode step time over batch sizes and context lengths (streamed
+    batches). Fits, per model, t = overhead + a·tokens + b·attention pairs + c·sequences (+ a
+    per-call intake) by weighted least squares, prints the residuals, and writes a profile
+    TOML for `talaria replay --profile FILE`. Measure on a quiet machine: anything else
+    running shows up in the figures. Switch and KV-restore times are reported where the
+    engine moves memory at a switch (not on vLLM's CPU gate).
+    """
+    import asyncio
+
+    from talaria.proxy.http_runtime import RuntimeUnavailable
+    from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from talaria.sim.fit import profile_toml
+
+    plan = QUICK_PLAN if quick else CalibrationPlan()
+    if repeats is not None:
+        plan = replace(plan, repeats=repeats)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("measurements"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def tick(measured: str, total: int) -> None:
+            if measured not in tasks:
+                tasks[measured] = bar.add_task(measured, total=total, visible=progress)
+            bar.advance(tasks[measured])
+
+        try:
+            run = asyncio.run(run_calibration(runtime_url, model, plan, tick))
+        except (RuntimeUnavailable, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--runtime/--model") from exc
+    table = Table(title=f"fitted step time (profile {name!r})")
+    for column in ("model", "samples", "overhead ms", "µs/token", "ns/pair", "µs/seq",
+                   "intake ms", "|resid| median", "|resid| max"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for m, fit in run.fits.items():
+        f = fit.fit
+        table.add_row(
+            m,
+            str(fit.samples),
+            f"{f.overhead_s * 1e3:.3f}",
+            f"{f.s_per_token * 1e6:.3f}",
+            f"{f.s_per_pair * 1e9:.3f}",
+            f"{f.s_per_seq * 1e6:.3f}",
+            f"{f.call_overhead_s * 1e3:.3f}",
+            f"{fit.median_abs_rel_residual:.1%}",
+            f"{fit.max_abs_rel_residual:.1%}",
+        )
+    _stdout().print(table)
+    if not run.switches_measurable:
+        console.print(
+            "switch and KV restore: not measured (the engines move nothing at a switch: "
+            "vLLM's CPU gate; use server 'cpu-vllm' when replaying)"
+        )
+    else:
+        for m, cal in run.models.items():
+            if cal.switch_s:
+                console.print(f"{m}: switch_s of its slots: {sorted(cal.switch_s)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        profile_toml(
+            name,
+            run.fits,
+            max_num_batched_tokens=run.max_num_batched_tokens,
+            block_tokens=run.block_tokens,
+            source=f"runtime {runtime_url}, {plan.repeats} pass(es)",
+        )
+    )
+    console.print(f"wrote {out}")
+    if report is not None:
+        report.parent.mkdir(parents=True, exist_ok=True)
+        report.write_text(json.dumps(run.report(), indent=1) + "\n")
+        console.print(f"wrote {report}")
 
 
 @app.command()
@@ -389,7 +624,16 @@ def runtime_server(
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
     )
     app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
-    uvicorn.run(app_, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=600)
+    # loop="asyncio": the scheduler's clock is loop.time(), which uvloop rounds to whole
+    # milliseconds; the standard loop reads time.monotonic(), fine enough to time engine steps.
+    uvicorn.run(
+        app_,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=600,
+        loop="asyncio",
+    )
 
 
 def _register_db() -> None:

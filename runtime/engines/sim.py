@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engine import (
     Admission,
+    EngineInfo,
     EngineSnapshot,
     Finished,
     FirstToken,
@@ -94,6 +96,8 @@ class SimEngine:
         self.busy_s = 0.0
         self.steps = 0
         self._recompute_cache: dict[int, float] = {}
+        self._idle_since = -math.inf
+        """When the engine last ran out of work (−inf: never ran)."""
 
     # -- state -----------------------------------------------------------------------------
     @property
@@ -114,6 +118,12 @@ class SimEngine:
         return EngineSnapshot(self.model, self._active, self.running, staged, self.busy_s)
 
     # -- admission -------------------------------------------------------------------------
+    def info(self) -> EngineInfo:
+        p = self._cost.profile
+        return EngineInfo(
+            "sim", True, p.block_tokens, p.max_num_batched_tokens, self._spec.context_window_tokens
+        )
+
     def _reuse(self, request: CallRequest) -> tuple[KvSource, int, SessionKv | None]:
         """Where the call's prefix comes from and how many tokens of it are reused: only whole
         blocks, and never the last prompt token (vLLM recomputes it to get logits)."""
@@ -165,7 +175,8 @@ class SimEngine:
 
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
         source, cached, _ = self._reuse(request)
-        t = self._cost.prefill_time_s(request.prompt_tokens - cached, cached)
+        t = self._cost.call_overhead_s()
+        t += self._cost.prefill_time_s(request.prompt_tokens - cached, cached)
         if source is KvSource.HOST:
             t += self._cost.kv_transfer_time_s(self._cost.kv_bytes(cached))
         batch = self.running + 1
@@ -222,6 +233,7 @@ class SimEngine:
             )
         )
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
+        idle = 0.0 if self._seqs else now - self._idle_since
         shared = request.shared_prefix_tokens or 0
         seq = _Seq(
             admission,
@@ -235,14 +247,22 @@ class SimEngine:
         self._seqs.append(seq)
         self._by_id[request.request_id] = seq
         transfer = offloaded + seq.restored_bytes
-        if transfer > 0:
-            asyncio.get_running_loop().create_task(self._ready_after_transfer(seq, transfer))
+        intake = self._cost.call_overhead_s(idle)
+        if transfer > 0 or intake > 0:
+            asyncio.get_running_loop().create_task(self._ready_later(seq, transfer, intake))
         else:
             self._set_ready(seq)
         return admission
 
-    async def _ready_after_transfer(self, seq: _Seq, nbytes: float) -> None:
-        await self._pcie.transfer(self._cost.kv_transfer_time_s(nbytes), nbytes, priority=0)
+    async def _ready_later(self, seq: _Seq, nbytes: float, intake_s: float) -> None:
+        """Ready once its KV has moved (``nbytes`` over PCIe) and ``intake_s`` has passed since
+        admission, whichever is later (the two overlap)."""
+        start = self._clock.now()
+        if nbytes > 0:
+            await self._pcie.transfer(self._cost.kv_transfer_time_s(nbytes), nbytes, priority=0)
+        left = intake_s - (self._clock.now() - start)
+        if left > 0:
+            await self._clock.sleep(left)
         self._set_ready(seq)
 
     def _set_ready(self, seq: _Seq) -> None:
@@ -352,6 +372,8 @@ class SimEngine:
             return
         self._seqs = [s for s in self._seqs if not (s.ready and s.output_left <= 0)]
         now = self._clock.now()
+        if not self._seqs:
+            self._idle_since = now
         for seq in finished:
             request = seq.admission.request
             tokens = request.prompt_tokens + seq.output_done

@@ -49,8 +49,9 @@ KV is not in ``NodeMemory``, so the scheduler's status does not list it by itsel
 engine is active and ``needed_bytes`` is 0. ``kv_bytes`` is still exact (from the model
 config), for reservations and status.
 
-**Timing estimates** come from ``RateModel``, a per-token rate model with documented defaults
-(to be calibrated by measurement, issue 6).
+**Timing estimates** come from the calibrated ``CostModel`` when the node's profile has a fit
+for the model (``talaria calibrate``; the simulator then estimates exactly as the live engine
+does), else from ``RateModel``, a per-token rate model with rough defaults.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ from typing import Any, Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import (
     Admission,
+    EngineInfo,
     EngineSnapshot,
     Finished,
     FirstToken,
@@ -280,6 +283,10 @@ class VLLMEngineOptions:
     is off."""
     sampling: Mapping[str, Any] = field(default_factory=dict)
     """Extra ``SamplingParams`` fields (e.g. ``temperature=0``)."""
+    cost: CostModel | None = None
+    """A calibrated cost model of this engine (its profile has a ``StepFit`` for the model):
+    if given, service and recompute estimates come from it instead of ``rates``, exactly as
+    the simulator estimates them."""
 
 
 @dataclass
@@ -437,6 +444,17 @@ class VLLMEngine:
             busy += self._clock.now() - self._busy_since
         return EngineSnapshot(self.model, self._active, self._running, staged, busy)
 
+    def info(self) -> EngineInfo:
+        """The block size vLLM chose and its ``max_num_batched_tokens`` (None before start or
+        from an engine without a ``vllm_config``)."""
+        return EngineInfo(
+            "vllm",
+            self._opt.sleep_mode,
+            self._kv.block_tokens,
+            _max_batched_tokens(self._llm),
+            self._opt.max_model_len,
+        )
+
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:
         """Best-effort view of the sessions whose KV this engine probably still holds, for
         status and KV-locality routing (vLLM's KV does not live in ``NodeMemory``): session →
@@ -471,6 +489,8 @@ class VLLMEngine:
         return tokens * self._rates.kv_restore_s_per_token
 
     def recompute_s(self, tokens: int) -> float:
+        if self._opt.cost is not None:
+            return self._opt.cost.recompute_time_s(tokens)
         return tokens * self._rates.prefill_s_per_token
 
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
@@ -480,6 +500,13 @@ class VLLMEngine:
             prompt = len(ids)
         except Exception:  # a prompt that cannot be tokenized fails in run, not here
             source, cached, prompt = KvSource.NEW, 0, request.prompt_tokens
+        cost = self._opt.cost
+        if cost is not None:
+            t = cost.call_overhead_s() + cost.prefill_time_s(prompt - cached, cached)
+            if source is KvSource.HOST:
+                t += self.kv_restore_s(cached)
+            batch = self._running + 1
+            return t + cost.decode_time_s(expected_output_tokens, prompt, batch)
         r = self._rates
         t = (prompt - cached) * r.prefill_s_per_token
         if source is KvSource.HOST:
@@ -795,6 +822,14 @@ def _block_size(llm: Any) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
+def _max_batched_tokens(llm: Any) -> int | None:
+    try:
+        value = llm.vllm_config.scheduler_config.max_num_batched_tokens
+    except AttributeError:
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 # -- building one -------------------------------------------------------------------------------
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
@@ -886,6 +921,7 @@ def build_vllm_engine(
     weight_bytes_per_device: float | None = None,
     free_device_bytes: Callable[[], float] | None = None,
     sampling: Mapping[str, Any] | None = None,
+    cost: CostModel | None = None,
     **engine_args: Any,
 ) -> VLLMEngine:
     """A ``VLLMEngine`` for ``model_dir`` (not started: ``await engine.start()``, one engine at
@@ -933,6 +969,7 @@ def build_vllm_engine(
         weight_bytes_per_device=weight_bytes_per_device,
         free_device_bytes=free_device_bytes,
         sampling=sampling,
+        cost=cost,
     )
 
     def make() -> AsyncLLMLike:

@@ -16,6 +16,7 @@ import pytest
 
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec, load_catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.scheduling.flags import ROUND, TALARIA
 from talaria.runtime.scheduling.node import SchedulerConfig
@@ -24,7 +25,6 @@ from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import CLUSTER_POLICIES, resolve_policy
 from talaria.sim.presets import get_preset
 from talaria.sim.replay import NodeSetup, build_node
-from talaria.sim.trace import SessionTrace
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
 CATALOG = load_catalog()

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from talaria.core.catalog import load_catalog
+from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, policy_flags
@@ -23,7 +24,6 @@ from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.replay import NodeSetup, replay
-from talaria.sim.trace import SessionTrace
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
 CATALOG = load_catalog()

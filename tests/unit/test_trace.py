@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from talaria.sim.trace import (
+from talaria.core.trace import (
+    FIELDS,
     SessionTrace,
     TraceCall,
     TraceError,
     dumps_call,
+    dumps_trace,
     parse_call,
     read_trace,
     write_trace,
@@ -35,6 +37,8 @@ def _session(sid: str, start: float, n: int, model: str = "m") -> SessionTrace:
                 output_tokens=out,
                 tool_gap_s=None if i == n - 1 else 0.25 * (i + 1),
                 cached_tokens=None if i == 0 else prompt - 50,
+                latency_s=None if i == 0 else 0.75 * i,
+                ttft_s=None if i == 0 else 0.125,
                 parent_session_id="père\u2028x" if sid == "child" else None,
             )
         )
@@ -68,6 +72,7 @@ def test_write_is_deterministic_and_order_free(tmp_path: Path) -> None:
     write_trace(one, SESSIONS)
     write_trace(two, list(reversed(SESSIONS)))
     assert one.read_bytes() == two.read_bytes()
+    assert one.read_text(encoding="utf-8") == dumps_trace(SESSIONS)
     first = json.loads(one.read_text().splitlines()[0])
     assert list(first) == [
         "session_id",
@@ -79,6 +84,25 @@ def test_write_is_deterministic_and_order_free(tmp_path: Path) -> None:
         "output_tokens",
         "tool_gap_s",
     ]
+
+
+def test_measured_fields_are_written_in_order_and_read_back() -> None:
+    call = TraceCall("s", 1, "m", 2.0, 120, 15, 5, None, 100, 3.25, 0.5, "p")
+    line = dumps_call(call)
+    assert list(json.loads(line)) == list(FIELDS)
+    assert list(FIELDS[FIELDS.index("cached_tokens") :]) == [
+        "cached_tokens",
+        "latency_s",
+        "ttft_s",
+        "parent_session_id",
+    ]
+    assert parse_call(line, "x:1") == call
+    # omitted when None; integers are accepted as floats, as for the other float fields
+    assert "latency_s" not in dumps_call(TraceCall("s", 0, "m", 0.0, 10, 10, 1, None))
+    parsed = parse_call(_j(latency_s=2, ttft_s=0), "x:1")
+    assert (parsed.latency_s, parsed.ttft_s) == (2.0, 0.0)
+    assert isinstance(parsed.latency_s, float) and isinstance(parsed.ttft_s, float)
+    assert parse_call(_j(latency_s=None), "x:1").latency_s is None
 
 
 def test_shuffled_lines_blanks_and_comments(tmp_path: Path) -> None:
@@ -158,6 +182,12 @@ BAD: dict[str, tuple[list[str], int, str | None]] = {
     "empty session id": ([_j(session_id="")], 1, "session_id"),
     "int model": ([_j(model=3)], 1, "model"),
     "cached above prompt": ([_j(cached_tokens=101)], 1, "cached_tokens"),
+    "negative latency": ([_j(latency_s=-0.1)], 1, "latency_s"),
+    "inf latency": ([_j(latency_s=float("inf"))], 1, "latency_s"),
+    "string latency": ([_j(latency_s="1")], 1, "latency_s"),
+    "negative ttft": ([_j(ttft_s=-1)], 1, "ttft_s"),
+    "nan ttft": ([_j(ttft_s=float("nan"))], 1, "ttft_s"),
+    "bool ttft": ([_j(ttft_s=True)], 1, "ttft_s"),
     "empty parent": ([_j(parent_session_id="")], 1, "parent_session_id"),
     "duplicate index": ([_C0, _c1(), _c1()], 3, "call_index"),
     "index gap": ([_C0, _c1(call_index=2)], 2, "call_index"),

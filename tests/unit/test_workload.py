@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talaria.sim.trace import read_trace, write_trace
+from talaria.core.trace import read_trace, write_trace
 from talaria.sim.workload import (
     PAPER_WORKLOAD,
     WorkloadSpec,

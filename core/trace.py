@@ -26,11 +26,13 @@ FIELDS = (
     "output_tokens",
     "tool_gap_s",
     "cached_tokens",
+    "latency_s",
+    "ttft_s",
     "parent_session_id",
 )
 """Every key a line may hold, in the order ``dumps_call`` writes them."""
 
-_OPTIONAL = frozenset({"tool_gap_s", "cached_tokens", "parent_session_id"})
+_OPTIONAL = frozenset({"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id"})
 # Characters that str.splitlines treats as line ends but json.dumps leaves raw in strings.
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -41,7 +43,11 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceCall:
-    """One LLM call of a session, as a trace line holds it."""
+    """One LLM call of a session, as a trace line holds it.
+
+    ``cached_tokens``, ``latency_s`` (finished − arrived) and ``ttft_s`` (queue + prefill) are
+    what a live run measured (``talaria trace export``); the replay ignores them.
+    """
 
     session_id: str
     call_index: int
@@ -52,6 +58,8 @@ class TraceCall:
     output_tokens: int
     tool_gap_s: float | None
     cached_tokens: int | None = None
+    latency_s: float | None = None
+    ttft_s: float | None = None
     parent_session_id: str | None = None
 
 
@@ -92,6 +100,10 @@ def dumps_call(call: TraceCall) -> str:
     }
     if call.cached_tokens is not None:
         row["cached_tokens"] = call.cached_tokens
+    if call.latency_s is not None:
+        row["latency_s"] = float(call.latency_s)
+    if call.ttft_s is not None:
+        row["ttft_s"] = float(call.ttft_s)
     if call.parent_session_id is not None:
         row["parent_session_id"] = call.parent_session_id
     text = json.dumps(row, ensure_ascii=False, allow_nan=False)
@@ -127,13 +139,19 @@ def _float(row: dict[str, Any], key: str, where: str) -> float:
     return float(value)
 
 
+def _opt_float(row: dict[str, Any], key: str, where: str) -> float | None:
+    """``_float`` of an optional key; absent or null reads as None."""
+    return None if row.get(key) is None else _float(row, key, where)
+
+
 def parse_call(line: str, where: str) -> TraceCall:
     """Parse and check one line; ``where`` (e.g. ``"t.jsonl:7"``) prefixes every error.
 
     Checks: a JSON object with only known keys; every required key present; types (integers are
     not booleans; floats are finite); ranges (``call_index >= 0``, ``prompt_tokens > 0``,
     ``0 <= new_tokens <= prompt_tokens``, ``output_tokens > 0``, ``0 <= cached_tokens <=
-    prompt_tokens``, offsets and gaps >= 0). An absent ``tool_gap_s`` reads as null.
+    prompt_tokens``, offsets, gaps, latencies and TTFTs >= 0). An absent ``tool_gap_s`` reads
+    as null.
     """
     try:
         row = json.loads(line)
@@ -154,7 +172,7 @@ def parse_call(line: str, where: str) -> TraceCall:
     cached = None if row.get("cached_tokens") is None else _int(row, "cached_tokens", where, 0)
     if cached is not None and cached > prompt:
         raise _fail(where, "cached_tokens", f"{cached} exceeds prompt_tokens {prompt}")
-    gap = None if row.get("tool_gap_s") is None else _float(row, "tool_gap_s", where)
+    gap = _opt_float(row, "tool_gap_s", where)
     parent = None
     if row.get("parent_session_id") is not None:
         parent = _str(row, "parent_session_id", where)
@@ -168,6 +186,8 @@ def parse_call(line: str, where: str) -> TraceCall:
         output_tokens=_int(row, "output_tokens", where, 1),
         tool_gap_s=gap,
         cached_tokens=cached,
+        latency_s=_opt_float(row, "latency_s", where),
+        ttft_s=_opt_float(row, "ttft_s", where),
         parent_session_id=parent,
     )
 
@@ -209,10 +229,11 @@ def _order(sessions: Sequence[SessionTrace]) -> list[SessionTrace]:
     return sorted(sessions, key=lambda s: (s.start_s, s.session_id))
 
 
-def write_trace(path: str | Path, sessions: Sequence[SessionTrace]) -> None:
-    """Write sessions (by ``start_s``, then id), each session's calls by index, one per line.
+def dumps_trace(sessions: Sequence[SessionTrace]) -> str:
+    """The trace file's text: sessions (by ``start_s``, then id), each session's calls by
+    index, one line each, every line ending in a newline.
 
-    Each session is checked as ``read_trace`` would check it, so a written file reads back.
+    Each session is checked as ``read_trace`` would check it, so the text reads back.
     """
     lines: list[str] = []
     ids: set[str] = set()
@@ -234,7 +255,12 @@ def write_trace(path: str | Path, sessions: Sequence[SessionTrace]) -> None:
                 f"({built.model!r}, {built.start_s})"
             )
         lines.extend(dumps_call(call) for call in built.calls)
-    Path(path).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return "".join(line + "\n" for line in lines)
+
+
+def write_trace(path: str | Path, sessions: Sequence[SessionTrace]) -> None:
+    """Write :func:`dumps_trace` of ``sessions`` to ``path`` (UTF-8)."""
+    Path(path).write_text(dumps_trace(sessions), encoding="utf-8")
 
 
 def read_trace(path: str | Path) -> list[SessionTrace]:

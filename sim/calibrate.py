@@ -1,0 +1,322 @@
+"""``talaria calibrate``: measure a running engine through the runtime server's HTTP API and fit
+the cost model's step time (``sim/fit.py``).
+
+Everything is timed with the runtime's own event timestamps (``t_s`` of its NDJSON stream, the
+runtime's clock), so HTTP and this client's scheduling do not enter the measurements.
+
+- **Prefill** of ``P`` prompt tokens after ``C`` cached ones: a session's call 0 of ``C`` tokens
+  leaves its KV in the engine's prefix cache; call 1 of ``P`` tokens then reuses it (vLLM reports
+  how many tokens it found: whole blocks only). One sample = admitted → first token (so it
+  includes the call's intake), with n = P − cached, pairs = n·cached + n²/2, seqs = 1. Calls
+  run one at a time.
+- **Decode** of ``B`` sequences at context ``L``: ``B`` fresh sessions with ``L``-token prompts
+  and ``K`` output tokens each start together, streaming. Once the last of them has its first
+  token and until the first finishes, every engine step decodes all ``B``: the step time is the
+  slope of tokens over time in that window (mean over the ``B`` calls), with n = seqs = B and
+  pairs = Σ contexts at the window's middle.
+- **Idle wake-up**: calls of 64 tokens sent after the engine has been idle for each of
+  ``idle_gaps_s``; the median admission → first token minus that at the shortest idle gives
+  ``StepFit.idle_wake`` (an agent's calls come after tool gaps, so they often find the
+  engine idle; on vLLM-CPU here the first token comes ~25 ms later after 1 s idle).
+- **Switch and KV restore**: an engine that moves nothing at a switch (vLLM's CPU gate) has
+  nothing to measure; otherwise the ``switch_s`` of the model's slots seen during the run are
+  reported (not fitted: the server's transfer rates stay as the catalog gives them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from talaria.core.types import CallRequest, CallResult
+from talaria.proxy.http_runtime import HttpRuntime
+from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+from talaria.sim.fit import FitReport, StepSample, fit_steps
+
+Tick = Callable[[str, int], None]
+"""Called after each measurement with (model, measurements planned for that model)."""
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """The grid of measurements for one model (each point ``repeats`` times)."""
+
+    prompt_tokens: tuple[int, ...] = (32, 128, 256, 512, 1024, 1536)
+    cached_fractions: tuple[float, ...] = (0.0, 0.5, 0.9)
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    decode_contexts: tuple[int, ...] = (64, 512, 1024)
+    decode_tokens: int = 48
+    repeats: int = 3
+    idle_gaps_s: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+    """Idle times before a call, for the wake-up ladder (``StepFit.idle_wake``)."""
+    idle_repeats: int = 5
+
+    def prefill_points(self, max_model_len: int) -> list[tuple[int, int]]:
+        """(prompt tokens P, cached-prefix tokens asked C) with P + 2 ≤ max_model_len."""
+        points = []
+        for p in self.prompt_tokens:
+            if p + 2 > max_model_len:
+                continue
+            for f in self.cached_fractions:
+                points.append((p, int(p * f)))
+        return points
+
+    def decode_points(self, max_model_len: int) -> list[tuple[int, int]]:
+        """(batch B, context L) with L + decode_tokens ≤ max_model_len."""
+        return [
+            (b, c)
+            for c in self.decode_contexts
+            if c + self.decode_tokens <= max_model_len
+            for b in self.batch_sizes
+        ]
+
+    def count(self, max_model_len: int) -> int:
+        points = self.prefill_points(max_model_len) + self.decode_points(max_model_len)
+        return len(points) * self.repeats + len(self.idle_gaps_s)
+
+
+QUICK_PLAN = CalibrationPlan(
+    prompt_tokens=(64, 512, 1024),
+    cached_fractions=(0.0, 0.5),
+    batch_sizes=(1, 4, 8),
+    decode_contexts=(64, 768),
+    decode_tokens=32,
+    repeats=1,
+    idle_gaps_s=(0.0, 0.1, 1.0),
+    idle_repeats=3,
+)
+"""A smaller grid for CI (about a tenth of the default's calls)."""
+
+
+@dataclass
+class ModelCalibration:
+    model: str
+    samples: list[StepSample] = field(default_factory=list)
+    idle_ttft_s: dict[float, list[float]] = field(default_factory=dict)
+    """Idle seconds before a call → its admission-to-first-token times."""
+    switch_s: list[float] = field(default_factory=list)
+
+    def idle_wake(self) -> tuple[tuple[float, float], ...]:
+        """(idle s, extra s) points: median TTFT after that idle − the median at the shortest
+        idle, floored at 0 and made non-decreasing (a running maximum) so that noise cannot
+        make a longer sleep look cheaper."""
+        if not self.idle_ttft_s:
+            return ()
+        gaps = sorted(self.idle_ttft_s)
+        base = statistics.median(self.idle_ttft_s[gaps[0]])
+        points, high = [], 0.0
+        for gap in gaps:
+            high = max(high, statistics.median(self.idle_ttft_s[gap]) - base)
+            points.append((gap, high))
+        return tuple(points)
+
+
+@dataclass(frozen=True)
+class _Trace:
+    """One streamed call: (runtime time, tokens so far) per event, and its result."""
+
+    points: list[tuple[float, int]]
+    result: CallResult
+
+
+class Calibrator:
+    """Runs a ``CalibrationPlan`` against one runtime server."""
+
+    def __init__(self, runtime: HttpRuntime, plan: CalibrationPlan, tag: str = "calib") -> None:
+        self._rt = runtime
+        self._plan = plan
+        self._ids = itertools.count()
+        self._tag = tag
+
+    def _request(
+        self, model: str, session: str, index: int, prompt: int, output: int, stream: bool
+    ) -> CallRequest:
+        return CallRequest(
+            request_id=f"{self._tag}-{next(self._ids)}",
+            session_id=session,
+            model=model,
+            prompt_tokens=prompt,
+            max_output_tokens=output,
+            call_index=index,
+            stream=stream,
+        )
+
+    async def _call(self, request: CallRequest) -> _Trace:
+        points: list[tuple[float, int]] = []
+        tokens = 0
+        async for event in self._rt.generate(request):
+            if isinstance(event, FirstToken):
+                tokens = 1
+                points.append((event.t_s, tokens))
+            elif isinstance(event, TokenDelta):
+                tokens += event.tokens
+                points.append((event.t_s, tokens))
+            elif isinstance(event, Finished):
+                points.append((event.result.finished_s, event.result.output_tokens))
+                return _Trace(points, event.result)
+        raise RuntimeError(f"call {request.request_id} ended without a result")
+
+    def _session(self, model: str) -> str:
+        return f"{self._tag}-{model}-{next(self._ids)}"
+
+    async def warm_up(self, model: str) -> None:
+        """Two calls, so the first measured one finds the model active and compiled paths hot."""
+        for _ in range(2):
+            await self._call(self._request(model, self._session(model), 0, 64, 4, False))
+
+    async def prefill(self, model: str, prompt: int, cached: int) -> StepSample:
+        session = self._session(model)
+        index = 0
+        if cached > 0:
+            await self._call(self._request(model, session, 0, cached, 1, False))
+            index = 1
+        trace = await self._call(self._request(model, session, index, prompt, 1, False))
+        r = trace.result
+        hit = r.cached_tokens
+        n = r.prompt_tokens - hit
+        seconds = r.first_token_s - r.admitted_s
+        return StepSample("prefill", n, n * hit + n * n / 2, 1, seconds, intake=1)
+
+    async def decode(self, model: str, batch: int, context: int) -> StepSample:
+        k = self._plan.decode_tokens
+        traces = await asyncio.gather(
+            *(
+                self._call(self._request(model, self._session(model), 0, context, k, True))
+                for _ in range(batch)
+            )
+        )
+        start = max(t.result.first_token_s for t in traces)
+        end = min(t.result.finished_s for t in traces)
+        slopes: list[float] = []
+        contexts: list[float] = []
+        for trace in traces:
+            window = [(t, n) for t, n in trace.points if start <= t <= end]
+            if len(window) < 2 or window[-1][1] - window[0][1] < 2:
+                continue
+            (t0, n0), (t1, n1) = window[0], window[-1]
+            slopes.append((t1 - t0) / (n1 - n0))
+            contexts.append(trace.result.prompt_tokens + (n0 + n1) / 2)
+        if not slopes:
+            raise RuntimeError(
+                f"{model}: batch {batch} at context {context} never decoded together; "
+                "raise decode_tokens"
+            )
+        pairs = sum(contexts) / len(contexts) * batch
+        return StepSample("decode", batch, pairs, batch, statistics.fmean(slopes))
+
+    async def idle_ttft(self, model: str, idle_s: float) -> float:
+        """Admission → first token of a 64-token call sent ``idle_s`` after the engine's last
+        call finished (the sleep is the controlled idle time being measured)."""
+        await asyncio.sleep(idle_s)
+        trace = await self._call(self._request(model, self._session(model), 0, 64, 1, False))
+        return trace.result.first_token_s - trace.result.admitted_s
+
+    async def calibrate(self, model: str, max_model_len: int, tick: Tick) -> ModelCalibration:
+        out = ModelCalibration(model)
+        total = self._plan.count(max_model_len)
+        await self.warm_up(model)
+        for _ in range(self._plan.repeats):
+            for prompt, cached in self._plan.prefill_points(max_model_len):
+                out.samples.append(await self.prefill(model, prompt, cached))
+                tick(model, total)
+            for batch, context in self._plan.decode_points(max_model_len):
+                out.samples.append(await self.decode(model, batch, context))
+                tick(model, total)
+        for gap in self._plan.idle_gaps_s:
+            out.idle_ttft_s[gap] = [
+                await self.idle_ttft(model, gap) for _ in range(self._plan.idle_repeats)
+            ]
+            tick(model, total)
+        return out
+
+
+def switch_times(status: dict[str, Any], model: str) -> list[float]:
+    """``switch_s`` of ``model``'s slots in a runtime status document (its recent slots)."""
+    return [float(s["switch_s"]) for s in status.get("slots", []) if s.get("model") == model]
+
+
+def check_models(status: dict[str, Any], models: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """The runtime's engine info for ``models``; a clear error for one it does not host."""
+    engines: dict[str, dict[str, Any]] = status.get("engines", {})
+    missing = [m for m in models if m not in engines]
+    if missing:
+        hosted = ", ".join(sorted(engines)) or "none"
+        raise ValueError(f"the runtime does not host {', '.join(missing)} (it hosts: {hosted})")
+    return {m: engines[m] for m in models}
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """What ``run_calibration`` measured, fitted and learned about the engines."""
+
+    models: dict[str, ModelCalibration]
+    fits: dict[str, FitReport]
+    max_num_batched_tokens: int
+    block_tokens: int
+    switches_measurable: bool
+
+    def report(self) -> dict[str, Any]:
+        """A JSON-ready record: every sample with its fitted residual, and the coefficients."""
+        out: dict[str, Any] = {
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_tokens": self.block_tokens,
+            "switches_measurable": self.switches_measurable,
+            "models": {},
+        }
+        for name, cal in self.models.items():
+            fit = self.fits[name]
+            out["models"][name] = {
+                "fit": asdict(fit.fit),
+                "median_abs_rel_residual": fit.median_abs_rel_residual,
+                "max_abs_rel_residual": fit.max_abs_rel_residual,
+                "rms_rel_residual": fit.rms_rel_residual,
+                "switch_s": cal.switch_s,
+                "idle_ttft_s": {str(k): v for k, v in cal.idle_ttft_s.items()},
+                "samples": [
+                    {**asdict(s), "rel_residual": r}
+                    for s, r in zip(cal.samples, fit.rel_residuals, strict=True)
+                ],
+            }
+        return out
+
+
+async def run_calibration(
+    url: str, models: Sequence[str], plan: CalibrationPlan, tick: Tick
+) -> CalibrationRun:
+    """Measure ``models`` one after another on the runtime at ``url`` and fit each."""
+    runtime = HttpRuntime(url)
+    try:
+        await runtime.start()
+        info = check_models(await runtime.status_document(), models)
+        first = info[models[0]]
+        batched = first.get("max_num_batched_tokens") or plan_default_batched(first)
+        calibrator = Calibrator(runtime, plan)
+        measured: dict[str, ModelCalibration] = {}
+        for model in models:
+            cal = await calibrator.calibrate(model, int(info[model]["max_model_len"]), tick)
+            if info[model]["switches_cost"]:
+                cal.switch_s = switch_times(await runtime.status_document(), model)
+            measured[model] = cal
+    finally:
+        await runtime.close()
+    fits = {}
+    for m, cal in measured.items():
+        report = fit_steps(cal.samples)
+        fits[m] = replace(report, fit=replace(report.fit, idle_wake=cal.idle_wake()))
+    return CalibrationRun(
+        measured,
+        fits,
+        int(batched),
+        int(first["block_tokens"]),
+        any(bool(i["switches_cost"]) for i in info.values()),
+    )
+
+
+def plan_default_batched(info: dict[str, Any]) -> int:
+    """An engine that does not report its token budget: the max_model_len (one whole prompt
+    per step, vLLM's floor)."""
+    return int(info["max_model_len"])

@@ -1,0 +1,102 @@
+"""``talaria calibrate`` over real HTTP against a runtime whose engine's true step time is known:
+a simulated tiny-a timed by a given ``StepFit``. The calibration must find that fit again."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from talaria.cli import app
+from talaria.core.catalog import load_catalog
+from talaria.runtime.config import load_node_config
+from talaria.runtime.server import create_runtime_app
+from talaria.sim.fit import COEFFICIENTS
+from tests.integration.server import running_app
+
+TRUTH = {
+    "overhead_s": 8e-3,
+    "s_per_token": 2e-5,
+    "s_per_pair": 1e-8,
+    "s_per_seq": 4e-4,
+    "call_overhead_s": 4e-3,
+}
+NODE = """
+[node]
+name = "calib-node"
+policy = "talaria"
+quantum_s = 30
+server = "cpu-vllm"
+profile = "truth"
+
+[[model]]
+name = "tiny-a"
+engine = "sim"
+"""
+
+
+def _truth_profile(tmp: Path) -> Path:
+    body = "\n".join(f"{k} = {v}" for k, v in TRUTH.items())
+    path = tmp / "truth.toml"
+    path.write_text(
+        '[profile]\nname = "truth"\nmax_num_batched_tokens = 2048\nblock_tokens = 128\n'
+        f'[profile.fitted."tiny-a"]\n{body}\n'
+    )
+    return path
+
+
+def test_calibrating_a_simulated_engine_recovers_its_step_time(tmp_path: Path) -> None:
+    truth = _truth_profile(tmp_path)
+    node = tmp_path / "node.toml"
+    node.write_text(NODE)
+    runtime = create_runtime_app(load_node_config(node), [str(truth)])
+    out, report = tmp_path / "fitted.toml", tmp_path / "report.json"
+    with running_app(runtime) as url:
+        result = CliRunner().invoke(
+            app,
+            ["calibrate", "--runtime", url, "--model", "tiny-a", "--out", str(out),
+             "--report", str(report), "--quick", "--no-progress", "--name", "fitted"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    fitted = load_catalog([out]).profile("fitted")
+    assert fitted.block_tokens == 128 and fitted.max_num_batched_tokens == 2048
+    fit = fitted.fitted["tiny-a"]
+    # wall-clock timing on a shared machine: the big terms within 20%, every term non-negative
+    assert fit.overhead_s == pytest.approx(TRUTH["overhead_s"], rel=0.2)
+    assert fit.call_overhead_s == pytest.approx(TRUTH["call_overhead_s"], rel=0.5, abs=2e-3)
+    assert all(getattr(fit, c) >= 0 for c in COEFFICIENTS)
+    doc = json.loads(report.read_text())
+    samples = doc["models"]["tiny-a"]["samples"]
+    assert {s["kind"] for s in samples} == {"prefill", "decode"}
+    assert doc["models"]["tiny-a"]["median_abs_rel_residual"] < 0.1
+    assert doc["switches_measurable"] is True  # simulated engines move weights at a switch
+
+
+def _text(output: str) -> str:
+    """The CLI's output without the error box's borders and line breaks."""
+    return re.sub(r"[│╭╮╰╯─\s]+", " ", output)
+
+
+def test_an_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
+    node = tmp_path / "node.toml"
+    node.write_text(NODE)
+    runtime = create_runtime_app(load_node_config(node), [str(_truth_profile(tmp_path))])
+    with running_app(runtime) as url:
+        result = CliRunner().invoke(
+            app, ["calibrate", "--runtime", url, "--model", "nope", "--out", "x.toml"]
+        )
+    assert result.exit_code == 2
+    assert "does not host nope" in _text(result.output) and "tiny-a" in result.output
+
+
+def test_an_unreachable_runtime_is_a_clear_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app,
+        ["calibrate", "--runtime", "http://127.0.0.1:9", "--model", "tiny-a",
+         "--out", str(tmp_path / "x.toml")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "not reachable" in _text(result.output)

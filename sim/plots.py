@@ -175,3 +175,49 @@ def plot_sweep(rows: list[dict[str, Any]], path: str | Path) -> Path:
         axes[0].legend(fontsize=7, loc="best")
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_fidelity(doc: dict[str, Any], path: str | Path, title: str = "") -> Path:
+    """Predicted vs measured: call latency, TTFT (log–log, per call) and SCT (per session), with
+    the y = x line and a ±10% band. ``doc`` is ``talaria.sim.fidelity.compare``'s result."""
+    fig = Figure(figsize=(13, 4.4))
+    panels = (
+        ("call latency", doc["calls"], "latency_s"),
+        ("time to first token", doc["calls"], "ttft_s"),
+        ("session completion time", doc["sessions"], "sct_s"),
+    )
+    figures = doc["figures"]
+    notes = {
+        "latency_s": f"|err| median {figures['call_latency_median_rel_error']:.1%}, "
+        f"p95 {figures['call_latency_p95_rel_error']:.1%}",
+        "ttft_s": f"|err| median {figures['ttft_median_rel_error']:.1%}, "
+        f"p95 {figures['ttft_p95_rel_error']:.1%}",
+        "sct_s": f"p50 SCT err {figures['p50_sct_rel_error']:.1%}, "
+        f"p95 SCT err {figures['p95_sct_rel_error']:.1%}",
+    }
+    for i, (label, rows, key) in enumerate(panels):
+        ax = fig.add_subplot(1, 3, i + 1)
+        measured = [r[f"measured_{key}"] for r in rows]
+        predicted = [r[f"predicted_{key}"] for r in rows]
+        positive = [v for v in measured + predicted if v > 0]
+        lo, hi = min(positive) * 0.8, max(positive) * 1.25
+        for k, model in enumerate(sorted({r["model"] for r in rows})):
+            mine = [r for r in rows if r["model"] == model]
+            ax.scatter([r[f"measured_{key}"] for r in mine], [r[f"predicted_{key}"] for r in mine],
+                       s=14, alpha=0.75, color=f"C{k}", label=model, zorder=3)  # fmt: skip
+        ax.plot([lo, hi], [lo, hi], color="black", lw=1, zorder=2)
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.88",
+                        label="±10%", zorder=1)  # fmt: skip
+        if key != "sct_s":
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel(f"measured {label} (s)")
+        ax.set_ylabel(f"predicted {label} (s)")
+        ax.set_title(notes[key], fontsize=9)
+        ax.legend(fontsize=8, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)

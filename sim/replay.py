@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from talaria.core.catalog import Catalog
+from talaria.core.catalog import Catalog, EfficiencyProfile
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult
@@ -55,6 +55,21 @@ class NodeOutcome:
     reservations: dict[str, int]
 
 
+@dataclass(frozen=True)
+class Transport:
+    """Time a call spends between the agent's proxy and the node, each way (a remote node's
+    HTTP hop): the agent's call reaches the node ``forward_s`` after it is sent, and its answer
+    is back ``return_s`` after the node finishes. SCT includes both; ``CallResult`` times stay
+    the node's."""
+
+    forward_s: float = 0.0
+    return_s: float = 0.0
+
+    @classmethod
+    def of(cls, profile: EfficiencyProfile) -> Transport:
+        return cls(profile.transport_forward_s, profile.transport_return_s)
+
+
 @dataclass
 class ReplayOutcome:
     sessions: list[SessionOutcome]
@@ -65,6 +80,7 @@ class ReplayOutcome:
     """Routing reason → calls (``talaria.proxy.routing``: only-candidate, reserved, kv-hbm...)."""
     migrations: int = 0
     """Continuation calls routed to a different node than the session's previous call."""
+    transport: Transport = field(default_factory=Transport)
 
 
 build_node = build_sim_node
@@ -97,11 +113,16 @@ def replay(
     router: str = "talaria",
     routing: RoutingConfig | None = None,
     routing_seed: int = 0,
+    transport: Transport | None = None,
 ) -> ReplayOutcome:
     """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time, each call
-    routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``)."""
+    routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``) and
+    carried each way by ``transport`` (default: none)."""
+    hop = transport or Transport()
     return run_virtual(
-        _replay(sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed)
+        _replay(
+            sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed, hop
+        )
     )
 
 
@@ -115,6 +136,7 @@ async def _replay(
     router: str,
     routing: RoutingConfig | None,
     routing_seed: int,
+    transport: Transport,
 ) -> ReplayOutcome:
     import asyncio
 
@@ -133,7 +155,11 @@ async def _replay(
         start = clock.now()
         results: list[CallResult] = []
         for index, call in enumerate(session.calls):
+            if transport.forward_s > 0:
+                await clock.sleep(transport.forward_s)
             result = await proxy.call(_request(session, index))
+            if transport.return_s > 0:
+                await clock.sleep(transport.return_s)
             results.append(result)
             if on_call is not None:
                 on_call(result)
@@ -152,6 +178,7 @@ async def _replay(
         router=proxy.router,
         routing_reasons=dict(sorted(proxy.reasons.items())),
         migrations=proxy.migrations,
+        transport=transport,
     )
 
 

@@ -477,6 +477,7 @@ def calibrate(
             f"{fit.max_abs_rel_residual:.1%}",
         )
     _stdout().print(table)
+    console.print(f"HTTP hop of a call (median of {len(run.hops_s)}): {run.hop_s * 1e3:.2f} ms")
     if not run.switches_measurable:
         console.print(
             "switch and KV restore: not measured (the engines move nothing at a switch: "
@@ -494,6 +495,7 @@ def calibrate(
             max_num_batched_tokens=run.max_num_batched_tokens,
             block_tokens=run.block_tokens,
             source=f"runtime {runtime_url}, {plan.repeats} pass(es)",
+            hop_s=run.hop_s,
         )
     )
     console.print(f"wrote {out}")

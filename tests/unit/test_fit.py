@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -157,3 +158,44 @@ def test_the_measured_ladder_is_relative_floored_and_non_decreasing() -> None:
     flat = [x for point in cal.idle_wake() for x in point]
     assert flat == pytest.approx([0.0, 0.0, 0.1, 0.0, 0.3, 0.0065, 1.0, 0.0065])
     assert ModelCalibration("x").idle_wake() == ()
+
+
+def test_replay_uses_a_calibrated_profile_file_and_a_named_server(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from talaria.cli import app
+    from talaria.core.trace import write_trace
+    from talaria.sim.fidelity import FidelityWorkload, fidelity_workload
+
+    profile = tmp_path / "cpu.toml"
+    fits = {"tiny-a": fit_steps(_grid(TRUE)), "tiny-b": fit_steps(_grid(TRUE))}
+    text = profile_toml(
+        "cpu-cal", fits, max_num_batched_tokens=2048, block_tokens=128, source="t", hop_s=0.004
+    )
+    profile.write_text(text)
+    trace = tmp_path / "t.jsonl"
+    write_trace(trace, fidelity_workload(FidelityWorkload(sessions=2, calls=3), 0))
+    out = tmp_path / "r.json"
+    args = [
+        "replay",
+        "--trace",
+        str(trace),
+        "--server",
+        "cpu-vllm",
+        "--profile",
+        str(profile),
+        "--policies",
+        "talaria",
+        "--quantum-s",
+        "2",
+        "--json",
+        str(out),
+        "--no-progress",
+    ]
+    result = CliRunner().invoke(app, args)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["setup"]["server"] == "cpu-vllm" and doc["setup"]["profile"] == "cpu-cal"
+    assert doc["policies"]["talaria"]["calls_completed"] == 6
+    bad = CliRunner().invoke(app, [*args[:5], "--profile", "nope"])
+    assert bad.exit_code == 2 and "unknown efficiency profile" in bad.output

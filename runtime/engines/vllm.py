@@ -390,7 +390,7 @@ class VLLMEngine:
         made = self._factory()
         llm = await made if inspect.isawaitable(made) else made
         self._llm = llm
-        block = _block_size(llm)
+        block = _config_int(llm, "cache_config", "block_size")
         if block is not None and block != self._kv.block_tokens:
             self._kv = replace(self._kv, block_tokens=block)  # vLLM's choice (128 on CPU)
         if self._opt.sleep_mode:
@@ -451,7 +451,7 @@ class VLLMEngine:
             "vllm",
             self._opt.sleep_mode,
             self._kv.block_tokens,
-            _max_batched_tokens(self._llm),
+            _config_int(self._llm, "scheduler_config", "max_num_batched_tokens"),
             self._opt.max_model_len,
         )
 
@@ -814,19 +814,10 @@ async def _aclose(stream: AsyncIterator[Any]) -> None:
         await aclose()
 
 
-def _block_size(llm: Any) -> int | None:
-    try:
-        value = llm.vllm_config.cache_config.block_size
-    except AttributeError:
-        return None
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _max_batched_tokens(llm: Any) -> int | None:
-    try:
-        value = llm.vllm_config.scheduler_config.max_num_batched_tokens
-    except AttributeError:
-        return None
+def _config_int(llm: Any, section: str, name: str) -> int | None:
+    """``llm.vllm_config.<section>.<name>`` if it is a positive int (None for an engine without
+    that config, e.g. a test fake)."""
+    value = getattr(getattr(getattr(llm, "vllm_config", None), section, None), name, None)
     return value if isinstance(value, int) and value > 0 else None
 
 

@@ -16,6 +16,16 @@ class KvSource(StrEnum):
     RECOMPUTE = "recompute"  # prefix gone: prefilled again
 
 
+class CallRejected(ValueError):
+    """The engine refuses this call as asked: the caller's fault, not the runtime's (the proxy
+    answers 400 with ``code``, e.g. ``context_length_exceeded``), unlike a runtime fault."""
+
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.param = param
+
+
 @dataclass(frozen=True)
 class CallRequest:
     """One LLM call of a session.

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.reservations import plan_reservation
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import CallRejected, CallRequest, CallResult
 from talaria.proxy.errors import ApiError, bad_request, too_many_requests, unavailable
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import (
@@ -322,6 +322,8 @@ class Gateway:
         finished_at = datetime.now(UTC)
         if result is None:
             api_error = error if isinstance(error, ApiError) else None
+            if isinstance(error, CallRejected):
+                api_error = bad_request(str(error), param=error.param, code=error.code)
             message = f"runtime {runtime.name} failed the call: {error!r}"
             self._sink.submit(
                 _call_record(

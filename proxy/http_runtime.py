@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from talaria.core.types import CallRequest, KvSource
+from talaria.core.types import CallRejected, CallRequest, KvSource
 from talaria.core.wire import request_to_dict, result_from_dict
 from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
 from talaria.runtime.status import InstanceStatus
@@ -42,6 +42,8 @@ def event_from_dict(data: dict[str, Any]) -> GenerationEvent:
         return TokenDelta(data["t_s"], data["tokens"], data.get("text"))
     if kind == "finished":
         return Finished(result_from_dict(data["result"]))
+    if kind == "error" and isinstance(data.get("code"), str):
+        raise CallRejected(data["code"], str(data.get("message", "")), data.get("param"))
     raise RuntimeUnavailable(data.get("message", f"unexpected event {data!r}"))
 
 

@@ -31,7 +31,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
-from talaria.core.types import CallRequest
+from talaria.core.types import CallRejected, CallRequest
 from talaria.core.wire import WireError, request_from_dict, result_to_dict
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
@@ -175,6 +175,9 @@ async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes
                 return
     except UnknownModelError as exc:
         yield json.dumps({"type": "error", "message": str(exc)}).encode() + b"\n"
+    except CallRejected as exc:  # the caller's fault: the proxy answers 400 with the code
+        body = {"type": "error", "code": exc.code, "param": exc.param, "message": str(exc)}
+        yield json.dumps(body).encode() + b"\n"
     except Exception as exc:  # reported to the proxy, which fails this call only
         log.exception("call %s failed", call.request_id)
         yield json.dumps({"type": "error", "message": repr(exc)}).encode() + b"\n"

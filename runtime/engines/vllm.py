@@ -78,7 +78,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from talaria.core.clock import Clock
-from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.core.types import CallRejected, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import (
     Admission,
@@ -611,9 +611,11 @@ class VLLMEngine:
         self._prompts.pop(request.request_id, None)
         room = self._opt.max_model_len - len(ids)
         if room < 1:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens does not fit {self.model}'s "
-                f"max_model_len {self._opt.max_model_len}"
+            raise CallRejected(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self._opt.max_model_len} tokens. "
+                f"However, your prompt is {len(ids)} tokens ({self.model}).",
+                param="messages" if request.messages is not None else "prompt",
             )
         params = self._api.sampling_params(
             max_tokens=max(1, min(request.max_output_tokens, room)),

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from talaria.core.types import CallRequest
+from talaria.core.types import CallRejected, CallRequest
 from talaria.proxy.fake_runtime import InstantRuntime
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.engine import GenerationEvent, TokenDelta
@@ -35,6 +35,8 @@ class ScriptedRuntime(InstantRuntime):
     async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
         if self.mode == "fail-before":
             raise RuntimeError("engine crashed")
+        if self.mode == "reject":
+            raise CallRejected("context_length_exceeded", "prompt of 9000 tokens", "messages")
         async for event in super().generate(request):
             if self.mode == "fail-during" and isinstance(event, TokenDelta):
                 raise RuntimeError("engine crashed mid-call")
@@ -66,6 +68,23 @@ def test_runtime_failure_is_a_503_with_retry_after(tmp_path: Path) -> None:
             proxy.base_url + "/admin/sessions/f1", headers={"Authorization": f"Bearer {ADMIN}"}
         ).json()
         assert [c["status"] for c in detail["calls"]] == ["error"]  # the failure is recorded
+
+
+def test_a_call_the_engine_rejects_is_a_400_with_its_code(tmp_path: Path) -> None:
+    with running_proxy(_settings(tmp_path), runtimes=[ScriptedRuntime("reject")]) as proxy:
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                extra_headers={"X-Talaria-Session-Id": "r1"},
+            )
+        assert info.value.code == "context_length_exceeded"
+        assert info.value.param == "messages" and "9000 tokens" in info.value.message
+        detail = httpx.get(
+            proxy.base_url + "/admin/sessions/r1", headers={"Authorization": f"Bearer {ADMIN}"}
+        ).json()
+        assert [c["status"] for c in detail["calls"]] == ["error"]
 
 
 def test_failure_during_a_stream_is_an_sse_error_frame(tmp_path: Path) -> None:

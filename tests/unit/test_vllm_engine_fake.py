@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import pytest
 
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.core.types import CallRejected, CallRequest, CallResult, KvSource
 from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
 from talaria.runtime.engines.vllm import (
     PRIORITY_DEFAULT,
@@ -452,15 +452,16 @@ def test_estimates_follow_the_rate_model() -> None:
     virtual(body)
 
 
-def test_prompt_longer_than_the_model_fails_the_call() -> None:
+def test_prompt_longer_than_the_model_is_rejected_as_the_callers_fault() -> None:
     async def body(clock: LoopClock) -> None:
         engine, _ = make_engine("a", clock, sleep_mode=False)
         await engine.start()
         await engine.activate()
         admission = engine.try_admit(request("r1", prompt_tokens=4096), 0.0, False)
         assert admission is not None
-        with pytest.raises(ValueError, match="max_model_len"):
+        with pytest.raises(CallRejected, match="maximum context length is 2048") as info:
             [e async for e in engine.run(admission)]
+        assert info.value.code == "context_length_exceeded" and info.value.param == "prompt"
         assert engine.running == 0
 
     virtual(body)

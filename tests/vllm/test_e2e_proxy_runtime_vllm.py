@@ -161,3 +161,19 @@ def test_slots_alternate_and_sp_admits_continuations(proxy: RunningProxy, runtim
     changes = sum(1 for a, b in itertools.pairwise(models) if a != b)
     assert {"tiny-a", "tiny-b"} <= set(models) and changes >= 2
     assert sum(s["sp_admitted"] for s in slots) >= 1
+
+
+def test_a_prompt_longer_than_the_engine_takes_is_a_400(proxy: RunningProxy) -> None:
+    """The proxy's estimate (about 4 characters a token) lets 3,000 characters through; the
+    byte tokenizer counts 3,000+ tokens, over tiny-a's max_model_len of 2048: vLLM is never
+    asked, and the caller gets OpenAI's context_length_exceeded, not a 503."""
+    client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny-a",
+            messages=[{"role": "user", "content": "word " * 600}],
+            max_tokens=8,
+            extra_headers={"X-Talaria-Session-Id": "too-long"},
+        )
+    assert info.value.code == "context_length_exceeded"
+    assert "maximum context length is 2048" in info.value.message

@@ -1,0 +1,58 @@
+"""A call the engine rejects crosses the runtime's NDJSON stream as a coded error event and
+comes out of ``HttpRuntime`` as the same ``CallRejected``; any other failure stays a runtime
+fault (``RuntimeUnavailable``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from talaria.core.types import CallRejected, CallRequest
+from talaria.proxy.http_runtime import RuntimeUnavailable, event_from_dict
+from talaria.runtime.server import _events
+
+CALL = CallRequest(request_id="r", session_id="s", model="m", prompt_tokens=9, max_output_tokens=1)
+
+
+class FailingNode:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    async def stream(self, call: CallRequest) -> AsyncIterator[Any]:
+        raise self.exc
+        yield  # an async generator that fails before its first event
+
+
+def _lines(exc: Exception) -> list[dict[str, Any]]:
+    async def collect() -> list[bytes]:
+        return [line async for line in _events(FailingNode(exc), CALL)]  # type: ignore[arg-type]
+
+    return [json.loads(line) for line in asyncio.run(collect())]
+
+
+def test_a_rejected_call_keeps_its_code_and_param_across_the_wire() -> None:
+    [event] = _lines(CallRejected("context_length_exceeded", "too long", "messages"))
+    assert event == {
+        "type": "error",
+        "code": "context_length_exceeded",
+        "param": "messages",
+        "message": "too long",
+    }
+    with pytest.raises(CallRejected) as info:
+        event_from_dict(event)
+    assert (info.value.code, info.value.param, str(info.value)) == (
+        "context_length_exceeded",
+        "messages",
+        "too long",
+    )
+
+
+def test_any_other_failure_is_a_runtime_fault() -> None:
+    [event] = _lines(RuntimeError("engine crashed"))
+    assert event["type"] == "error" and "code" not in event
+    with pytest.raises(RuntimeUnavailable, match="engine crashed"):
+        event_from_dict(event)

@@ -9,7 +9,7 @@ call's events. Switch operations return the seconds they took, for the slot time
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -139,3 +139,9 @@ class Engine(Protocol):
     def snapshot(self) -> EngineSnapshot: ...
 
     def info(self) -> EngineInfo: ...
+
+    def session_kv(self) -> Mapping[str, tuple[int, KvSource]]:
+        """KV this engine holds outside the node's ``NodeMemory`` (a real engine's own pool),
+        by session: (tokens, ``HBM`` or ``HOST``). The simulated engine keeps its KV in
+        ``NodeMemory``, which the node reads directly: it returns nothing here."""
+        ...

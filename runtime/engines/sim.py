@@ -118,6 +118,10 @@ class SimEngine:
         return EngineSnapshot(self.model, self._active, self.running, staged, self.busy_s)
 
     # -- admission -------------------------------------------------------------------------
+    def session_kv(self) -> dict[str, tuple[int, KvSource]]:
+        """Nothing: this engine's KV lives in the node's ``NodeMemory``."""
+        return {}
+
     def info(self) -> EngineInfo:
         p = self._cost.profile
         return EngineInfo(

@@ -42,7 +42,8 @@ sleeps (``epoch``): cached tokens > 0 in the same epoch as the session's previou
 for a session's first call and ``RECOMPUTE`` afterwards.
 
 ``session_kv()`` is the engine's best-effort view of which sessions' KV it still holds (vLLM's
-KV is not in ``NodeMemory``, so the scheduler's status does not list it by itself).
+KV is not in ``NodeMemory``); the node's status lists those of its live sessions, so the
+proxy's KV-locality routing sees them.
 
 **Memory.** vLLM owns its KV memory (a block pool sized at start by
 ``gpu_memory_utilization``) and preempts when it runs out, so ``try_admit`` admits whenever the

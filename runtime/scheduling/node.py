@@ -22,7 +22,7 @@ from talaria.core.reservations import (
     ReservationTable,
     plan_reservation,
 )
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.engine import Admission, Engine, Finished, GenerationEvent
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.flags import SchedulerFlags
@@ -258,6 +258,20 @@ class NodeScheduler:
                 restore_s=0.0 if in_hbm else engine.kv_restore_s(entry.tokens),
                 recompute_s=engine.recompute_s(entry.tokens),
             )
+        for name, engine in self.engines.items():
+            # KV a real engine keeps in its own pool, for the sessions still live here
+            for session_id, (tokens, source) in engine.session_kv().items():
+                if session_id in sessions or session_id not in self._sessions:
+                    continue
+                in_hbm = source is KvSource.HBM
+                location = KvLocation.HBM if in_hbm else KvLocation.HOST
+                sessions[session_id] = SessionKvStatus(
+                    location=location.value,
+                    tokens=tokens,
+                    model=name,
+                    restore_s=0.0 if in_hbm else engine.kv_restore_s(tokens),
+                    recompute_s=engine.recompute_s(tokens),
+                )
         kv_room = (
             self.memory.hbm_capacity_bytes
             - sum(self.memory.weights.values())

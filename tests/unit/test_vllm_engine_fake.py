@@ -653,3 +653,23 @@ def test_kv_shape_from_config() -> None:
     replicated = KvShape.from_config({**cfg, "num_key_value_heads": 4}, tensor_parallel_size=8)
     assert replicated.bytes_per_token == 2 * 92 * 8 * 128 * 2  # one head per GPU, replicated
     assert shape.kv_bytes(1) == shape.kv_bytes(16) == 16 * shape.bytes_per_token
+
+
+def test_the_node_status_lists_the_sessions_whose_kv_a_vllm_engine_holds() -> None:
+    async def body(clock: LoopClock) -> None:
+        node, _, _ = await run_node(clock, TALARIA, sleep_mode=False)
+        sessions = node.status().sessions
+        assert {sid: s.model for sid, s in sessions.items()} == {
+            "sa1": "a",
+            "sa2": "a",
+            "sb1": "b",
+        }
+        for sid, entry in sessions.items():
+            engine = node.engines[entry.model]
+            tokens, source = engine.session_kv()[sid]
+            assert (entry.location, entry.tokens, entry.restore_s) == ("hbm", tokens, 0.0)
+            assert source is KvSource.HBM and tokens > 0
+        node.end_session("sa2")
+        assert set(node.status().sessions) == {"sa1", "sb1"}  # an ended session is not listed
+
+    virtual(body)

@@ -10,7 +10,9 @@ queue/prefill/decode split of every call) and prints, as medians over calls:
   the proxy's own work), against the hop the replay adds (the profile's transport);
 - node: predicted latency without the hop / the runtime's latency − 1 (the engine and
   scheduler model alone);
-- TTFT of calls that waited for no slot (both sides under 80 ms), measured and predicted.
+- TTFT of calls that waited for no slot (both sides under 80 ms), measured and predicted;
+- slot waits: calls whose TTFT is 80 ms or more on each side, how many agree, and the summed
+  waits.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ def main() -> None:
         )
     }
     decode, serving, node, ttft = [], [], [], []
+    waited = [(c["measured_ttft_s"] >= 0.08, c["predicted_ttft_s"] >= 0.08) for c in doc["calls"]]
+    wait_meas = sum(c["measured_ttft_s"] for c in doc["calls"] if c["measured_ttft_s"] >= 0.08)
+    wait_pred = sum(c["predicted_ttft_s"] for c in doc["calls"] if c["predicted_ttft_s"] >= 0.08)
     for c in doc["calls"]:
         queue_s, prefill_s, decode_s = rows[(c["session_id"], c["call_index"])]
         runtime_s = queue_s + prefill_s + decode_s
@@ -58,6 +63,12 @@ def main() -> None:
         f"TTFT without a slot wait ({len(ttft)} calls): measured "
         f"{st.median(m for m, _ in ttft) * 1e3:.1f} ms, predicted "
         f"{st.median(p for _, p in ttft) * 1e3:.1f} ms"
+    )
+    print(
+        f"slot waits: {sum(m for m, _ in waited)} calls measured, {sum(p for _, p in waited)} "
+        f"predicted, {sum(m == p for m, p in waited)}/{len(waited)} agree; summed "
+        f"{wait_meas:.1f} s measured, {wait_pred:.1f} s predicted "
+        f"({(wait_pred - wait_meas) / wait_meas:+.1%})"
     )
 
 

@@ -6,6 +6,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from talaria.core.calls import (
+    AUTO,
+    DEFAULT_SAMPLING,
+    ModelOutput,
+    OutputDelta,
+    Sampling,
+    ToolChoice,
+    ToolSpec,
+)
+
 
 class KvSource(StrEnum):
     """Where a call's reused prefix came from."""
@@ -28,12 +38,15 @@ class CallRejected(ValueError):
 
 @dataclass(frozen=True)
 class CallRequest:
-    """One LLM call of a session.
+    """One LLM call of a session: what the runtime schedules and the engine serves.
 
-    ``prompt_tokens`` is the whole prompt; the part shared with the session's earlier calls is
-    found by the runtime (prefix caching), not declared by the caller. ``max_output_tokens``
-    bounds generation; the simulated engine generates exactly that many (like ``ignore_eos``).
-    ``expected_tool_gap_s`` is the caller's hint of the tool time that follows this call.
+    ``prompt_tokens`` is the whole prompt (the proxy's estimate; an engine that tokenizes counts
+    again); the part shared with the session's earlier calls is found by the runtime (prefix
+    caching), not declared by the caller. ``max_output_tokens`` bounds generation.
+    ``output_tokens`` is the reply's length when it is known in advance (a replayed trace): the
+    simulated engine then generates exactly that many (like ``ignore_eos``); None lets the engine
+    decide, as a real model stops at its end of sequence. ``expected_tool_gap_s`` is the
+    caller's hint of the tool time that follows this call.
     """
 
     request_id: str
@@ -47,13 +60,25 @@ class CallRequest:
     stream: bool = False
     """The caller wants token deltas as they are generated (``TokenDelta`` events)."""
     shared_prefix_tokens: int | None = None
-    messages: tuple[dict[str, Any], ...] | None = None
-    """Chat messages, for engines that tokenize (the runtime renders them with the model's chat
-    template); the simulated engine only needs ``prompt_tokens``."""
-    prompt_text: str | None = None
-    """A plain-text prompt (completions), for engines that tokenize."""
     """Tokens of this prompt equal to the session's previous prompt + output. Replay knows it
     from the trace; ``None`` means append-only (the whole cached prefix matches)."""
+    messages: tuple[dict[str, Any], ...] | None = None
+    """Chat messages in OpenAI form (core/calls.py), for engines that render and tokenize; the
+    simulated engine reads them only to write its reply."""
+    prompt_text: str | None = None
+    """A plain-text prompt (completions), for engines that tokenize."""
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    sampling: Sampling = DEFAULT_SAMPLING
+    reasoning: bool = False
+    """The caller asked for the model's reasoning (thinking) where the model gives one."""
+    output_tokens: int | None = None
+
+    @property
+    def live(self) -> bool:
+        """A call with content (messages or a prompt), as opposed to a replayed trace entry
+        that has only token counts."""
+        return self.messages is not None or self.prompt_text is not None
 
 
 @dataclass(frozen=True)
@@ -73,8 +98,8 @@ class CallResult:
     restored_bytes: float
     recomputed_tokens: int
     sp_admitted: bool
-    output_text: str | None = None
-    """What a real engine generated (None from the simulated engine, whose text is synthetic)."""
+    output: ModelOutput | None = None
+    """What the engine generated; None for a replayed trace entry (no content)."""
 
     @property
     def latency_s(self) -> float:
@@ -83,3 +108,31 @@ class CallResult:
     @property
     def queue_s(self) -> float:
         return self.admitted_s - self.arrival_s
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    t_s: float
+    cached_tokens: int
+    kv_source: KvSource
+    delta: OutputDelta | None = None
+    """What the first token says (None for a replayed trace entry)."""
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """``tokens`` more output tokens exist at ``t_s`` (streaming calls only; the first token is
+    announced by ``FirstToken`` and not repeated here)."""
+
+    t_s: float
+    tokens: int
+    delta: OutputDelta | None = None
+    """What these tokens say (None for a replayed trace entry)."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    result: CallResult
+
+
+GenerationEvent = FirstToken | TokenDelta | Finished

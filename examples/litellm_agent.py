@@ -28,8 +28,12 @@ def litellm_complete(model: str, base_url: str, api_key: str) -> Complete:
     """A ``Complete`` over ``litellm.completion`` with the ``talaria/`` provider."""
     import litellm
 
-    def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
+    def complete(
+        messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, forced: str | None
+    ) -> Reply:
         extra: dict[str, Any] = {"tools": tools} if tools else {}
+        if forced is not None:
+            extra["tool_choice"] = {"type": "function", "function": {"name": forced}}
         reply = litellm.completion(
             model=f"talaria/{model}",
             messages=messages,

@@ -5,9 +5,9 @@ output back, for a bounded number of steps.
     python examples/swe_agent.py --base-url http://127.0.0.1:8000/v1
 
 The tools work in a temporary directory: ``write_file``, ``ls``, ``cat`` and ``run_python``
-(a tiny test). Talaria's simulated engine writes synthetic text and always calls the first
-tool it is offered, so the agent scripts its plan by offering the planned tool first, and runs
-it with the planned arguments unless the model gave usable ones. What matters is the rhythm —
+(a tiny test). The agent scripts its plan: each step names the planned tool in ``tool_choice``
+(so any model, Talaria's simulated engine included, calls it) and runs it with the planned
+arguments, then asks for a final answer without tools. What matters is the rhythm —
 call, tool, call with the same history plus a little more — and the session plumbing:
 ``talaria.sdk.OpenAI`` + ``session()`` put every call in one session, learn its tool gaps,
 hint the slow tool, and end the session on exit. Prints the session id, the steps and the
@@ -120,25 +120,14 @@ class Reply:
     text: str
 
 
-Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], Reply]
-"""(messages, tools or None) -> the model's reply."""
+Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, str | None], Reply]
+"""(messages, tools or None, the tool the model must call or None) -> the model's reply."""
 
 
 @dataclass
 class Outcome:
     steps: list[str] = field(default_factory=list)
     answer: str = ""
-
-
-def _arguments(raw: str, planned: dict[str, str]) -> dict[str, str]:
-    """The model's arguments when they name every planned parameter, else the plan's."""
-    try:
-        given = json.loads(raw or "{}")
-    except json.JSONDecodeError:
-        return planned
-    if isinstance(given, dict) and all(isinstance(given.get(k), str) for k in planned):
-        return {k: str(v) for k, v in given.items()}
-    return planned
 
 
 def run_agent(
@@ -155,29 +144,32 @@ def run_agent(
     ]
     for step in range(steps):
         planned_tool, planned_args = PLAN[step % len(PLAN)]
-        offered = [TOOLS[planned_tool]] + [t for n, t in TOOLS.items() if n != planned_tool]
-        reply = complete(messages, offered)
+        reply = complete(messages, list(TOOLS.values()), planned_tool)
         messages.append(reply.message)
         if not reply.tool_calls:
             outcome.answer = reply.text
             return outcome
         for call in reply.tool_calls:
-            args = _arguments(call.arguments, planned_args if call.name == planned_tool else {})
+            args = planned_args if call.name == planned_tool else {}
             if on_slow_tool is not None and call.name in SLOW_TOOLS:
                 on_slow_tool(call.name, SLOW_TOOLS[call.name])
             output = workspace.run(call.name, args)
             outcome.steps.append(call.name)
             print(f"  step {len(outcome.steps)}: {call.name} -> {output.splitlines()[0][:60]}")
             messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
-    outcome.answer = complete(messages, None).text
+    outcome.answer = complete(messages, None, None).text
     return outcome
 
 
 def openai_complete(client: Any, model: str) -> Complete:
     """A :data:`Complete` over an OpenAI-style client (``talaria.sdk.OpenAI``)."""
 
-    def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Reply:
+    def complete(
+        messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, forced: str | None
+    ) -> Reply:
         extra: dict[str, Any] = {"tools": tools} if tools else {}
+        if forced is not None:
+            extra["tool_choice"] = {"type": "function", "function": {"name": forced}}
         reply = client.chat.completions.create(
             model=model, messages=messages, max_tokens=256, **extra
         )

@@ -17,9 +17,10 @@ from starlette.exceptions import HTTPException
 
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
-from talaria.proxy.api import admin, openai
+from talaria.proxy.api import admin, anthropic, openai
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
+from talaria.proxy.dialects.anthropic import error_body as anthropic_error
 from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import Gateway
@@ -138,6 +139,7 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(openai.router)
+    app.include_router(anthropic.router)
     app.include_router(admin.router)
     _install_error_handlers(app)
 
@@ -155,26 +157,35 @@ def create_app(
     return app
 
 
+def _error_response(request: Request, error: ApiError) -> Response:
+    """The error in the envelope of the API the request addressed: Anthropic's on the Messages
+    routes, OpenAI's everywhere else."""
+    if request.url.path.startswith(anthropic.PREFIX):
+        status, body = anthropic_error(error)
+        return json_response(body, status, error.headers())
+    return json_response(error.body(), error.status, error.headers())
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(_: Request, exc: ApiError) -> Response:
-        return json_response(exc.body(), exc.status, exc.headers())
+    async def api_error(request: Request, exc: ApiError) -> Response:
+        return _error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> Response:
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         param = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
         error = ApiError(422, f"Invalid request: {param}: {first['msg']}", param=param or None)
-        return json_response(error.body(), 422)
+        return _error_response(request, error)
 
     @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
         error = ApiError(exc.status_code, str(exc.detail), type=kind)
-        return json_response(error.body(), exc.status_code)
+        return _error_response(request, error)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> Response:
+    async def unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error", exc_info=exc)
         error = ApiError(500, "Internal error; see the proxy's log.", type="server_error")
-        return json_response(error.body(), 500)
+        return _error_response(request, error)

@@ -16,15 +16,25 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 
+from talaria.core.calls import FinishReason, ModelOutput, OutputDelta
 from talaria.core.clock import Clock, LoopClock
-from talaria.core.types import CallRequest, CallResult, KvSource
-from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
-from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState
+from talaria.core.types import (
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
+from talaria.runtime.engines.sim_reply import words
 
 
 class InstantRuntime:
     """Every model of ``models`` always ACTIVE; every reply ``min(max_output_tokens,
-    output_tokens)`` tokens long, generated instantly.
+    output_tokens)`` placeholder words (one per token, as the simulated engine writes them),
+    generated instantly.
 
     Sessions it has served are remembered (least recently used forgotten beyond
     ``max_sessions``) so continuations report cached tokens; ``end_session`` and a call with
@@ -81,11 +91,13 @@ class InstantRuntime:
         self.calls += 1
         now = self._clock.now()
         tokens = max(1, min(request.max_output_tokens, self._output_tokens))
+        finish: FinishReason = "length" if tokens < self._output_tokens else "stop"
         source, cached = self._reuse(request)
-        yield FirstToken(now, cached, source)
-        if request.stream:
-            for _ in range(tokens - 1):
-                yield TokenDelta(self._clock.now(), 1)
+        stream = request.stream
+        yield FirstToken(now, cached, source, OutputDelta(words(0, 1)) if stream else None)
+        if stream:
+            for i in range(1, tokens):
+                yield TokenDelta(self._clock.now(), 1, OutputDelta(words(i, 1)))
         finished = self._clock.now()
         if request.session_final:
             self._sessions.pop(request.session_id, None)
@@ -111,6 +123,7 @@ class InstantRuntime:
                 restored_bytes=0.0,
                 recomputed_tokens=0,
                 sp_admitted=False,
+                output=ModelOutput(words(0, tokens), finish_reason=finish),
             )
         )
 

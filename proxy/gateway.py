@@ -1,11 +1,17 @@
-"""The gateway service: one LLM call from identified request to recorded result.
+"""The gateway service: one LLM call from a normalized, identified request to a recorded result.
 
-Per call: find or start the session's state; release its soft reservation (a hit if it came back
-to the reserved instance); route it (``proxy.routing``) over the status of the instances hosting
-its model; run it on that instance in a task of its own, so a client that disconnects never
-loses the call or its records; then learn its tool gap, take a new soft reservation when it ends
-in a tool call (or a gap hint), and hand session, call, decision and reservation records to the
-batched writer. Times in records: wall clock for ``*_at``, clock seconds for durations.
+Per call: find its session (``sessions.book``: by the client's id, or by the conversation it
+continues); release the session's soft reservation (a hit if it came back to the reserved
+instance); route it (``proxy.routing``) over the status of the instances hosting its model; run
+it on that instance in a task of its own, so a client that disconnects never loses the call or
+its records; then remember the reply as the session's conversation, learn its tool gap, take a
+new soft reservation when the reply is a tool call (or the client hinted a gap), and hand
+session, call, decision and reservation records to the batched writer. Sessions idle for
+``session_idle_timeout_s`` end. Times in records: wall clock for ``*_at``, clock seconds for
+durations.
+
+The gateway passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
+never writes output of its own.
 """
 
 from __future__ import annotations
@@ -19,9 +25,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol
 
+from talaria.core.calls import Call, ModelOutput
 from talaria.core.clock import Clock
 from talaria.core.reservations import plan_reservation
-from talaria.core.types import CallRejected, CallRequest, CallResult
+from talaria.core.status import InstanceStatus
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    TokenDelta,
+)
 from talaria.proxy.errors import ApiError, bad_request, too_many_requests, unavailable
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import (
@@ -34,20 +49,19 @@ from talaria.proxy.records import (
 )
 from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, route
 from talaria.proxy.runtime_client import RuntimeClient
-from talaria.proxy.sessions import (
-    Fingerprint,
-    Identity,
-    SessionState,
-    SessionTable,
-    message_fingerprint,
-    shared_prefix_tokens,
-)
-from talaria.proxy.synthetic import tool_call, words
-from talaria.runtime.engine import Finished, FirstToken, TokenDelta
-from talaria.runtime.status import InstanceStatus
+from talaria.proxy.sessions.book import Resolution, SessionBook, SessionState
+from talaria.proxy.sessions.conversation import Fingerprint, fingerprint, fingerprints
+from talaria.proxy.sessions.identity import Identity
 
-RESERVATION_SWEEP_S = 1.0
+SWEEP_S = 1.0
+"""How often expired reservations and idle sessions are looked for (clock seconds)."""
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+"""A session with no call for this long ends (clock seconds). Agents' tool gaps are seconds
+to minutes (FACTS.md §2: p99 3.6 min); TraceLab's human waits between requests have a median
+of 1.4 min, so an interactive session that pauses for longer starts a new session."""
 log = logging.getLogger("talaria.proxy.gateway")
+
+Api = Literal["chat", "completions", "messages", "responses"]
 
 
 class RecordSink(Protocol):
@@ -56,29 +70,31 @@ class RecordSink(Protocol):
 
 @dataclass(frozen=True)
 class PreparedCall:
-    """What the API layer extracted from a request."""
+    """What the API layer extracted from a request: the normalized call, who sent it, and
+    through which dialect."""
 
     request_id: str
-    model: str
-    identity: Identity
     tenant_id: str
-    prompt_tokens: int
-    fingerprints: list[Fingerprint]
+    identity: Identity
+    api: Api
+    call: Call
     max_tokens: int
-    stream: bool
-    tool_name: str | None = None
-    messages: tuple[dict[str, Any], ...] | None = None
-    prompt_text: str | None = None
+    """The output limit: the call's own, or the server's default."""
+
+    @property
+    def model(self) -> str:
+        return self.call.model
+
+    @property
+    def stream(self) -> bool:
+        return self.call.stream
 
 
 @dataclass(frozen=True)
 class CallOutcome:
     result: CallResult
     instance: str
-    finish_reason: str
-    text: str | None
-    """The synthetic reply text (None when the reply is a tool call)."""
-    tool_call: dict[str, Any] | None
+    output: ModelOutput
 
 
 EventKind = Literal["first", "delta", "done", "error"]
@@ -86,12 +102,18 @@ EventKind = Literal["first", "delta", "done", "error"]
 
 @dataclass
 class CallHandle:
-    """A running call: ``events`` receives ("first", FirstToken), ("delta", TokenDelta),
-    ("done", CallOutcome) or ("error", ApiError); ``task`` runs to the end regardless."""
+    """A running call: ``events`` receives ("first", OutputDelta | None), ("delta",
+    OutputDelta | None), ("done", CallOutcome) or ("error", ApiError); ``task`` runs to the
+    end regardless of who reads."""
 
     events: asyncio.Queue[tuple[EventKind, Any]]
     task: asyncio.Task[CallOutcome | None]
     instance: str
+    session_id: str
+    """The client's id of the session (its key for an implicit session)."""
+    session_key: str
+    how: str
+    """How the session was found: new, continued, retry or child."""
 
     async def outcome(self) -> CallOutcome:
         while True:
@@ -115,13 +137,14 @@ def _call_record(
     """The call's record: who and when, plus ``outcome`` (status, tokens, timings or error)."""
     return CallRecord(
         request_id=call.request_id,
-        session_id=state.session_id,
+        session_id=state.key,
         call_index=request.call_index,
         model=call.model,
         instance=runtime.name,
         arrived_at=arrived_at,
         finished_at=finished_at,
         stream=call.stream,
+        api=call.api,
         **outcome,
     )
 
@@ -139,6 +162,7 @@ class Gateway:
         routing_seed: int = 0,
         context_windows: dict[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
+        session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
     ) -> None:
         self.runtimes = list(runtimes)
         self._by_name = {r.name: r for r in self.runtimes}
@@ -150,8 +174,9 @@ class Gateway:
         self._rng = random.Random(routing_seed)
         self._windows = context_windows or {}
         self._max_inflight = max_inflight_per_tenant
+        self._idle_timeout_s = session_idle_timeout_s
         self._inflight: dict[str, int] = {}
-        self.sessions = SessionTable()
+        self.sessions = SessionBook()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -178,7 +203,7 @@ class Gateway:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_reservations())
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -189,32 +214,45 @@ class Gateway:
 
     # -- calls -------------------------------------------------------------------------------
     async def open_call(self, call: PreparedCall) -> CallHandle:
-        """Route the call and start it; raises ApiError before anything runs."""
+        """Find the session, route the call and start it; raises ApiError before anything
+        runs."""
+        prompt_tokens = call.call.prompt_tokens()
         window = self._windows.get(call.model)
-        if window is not None and call.prompt_tokens + call.max_tokens > window:
+        if window is not None and prompt_tokens + call.max_tokens > window:
             raise bad_request(
                 f"This model's maximum context length is {window} tokens; the request has "
-                f"{call.prompt_tokens} prompt tokens and asks for up to {call.max_tokens} more.",
+                f"about {prompt_tokens} prompt tokens and asks for up to {call.max_tokens} more.",
                 param="messages",
                 code="context_length_exceeded",
             )
         if self._inflight.get(call.tenant_id, 0) >= self._max_inflight:
             raise too_many_requests(self._max_inflight)
-        now_s, now_at = self._clock.now(), datetime.now(UTC)
-        state = self._session(call, now_at)
-        if state.last_finish_s is not None and state.inflight == 0:
-            state.gaps.observe(now_s - state.last_finish_s)
         statuses = await self._statuses(call.model)
         if not statuses:
             raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        messages = call.call.messages
+        prints = fingerprints(messages) if messages is not None else []
+        found = self.sessions.resolve(
+            tenant_id=call.tenant_id,
+            identity=call.identity,
+            model=call.model,
+            prints=prints,
+            now_s=now_s,
+            now_at=now_at,
+            match=messages is not None,
+        )
+        state = found.state
+        if state.last_finish_s is not None and state.inflight == 0:
+            state.gaps.observe(now_s - state.last_finish_s)
         reserved = self._live_reservation(state, now_s)
         try:
             decision = route(
                 self._router,
                 RouteRequest(
-                    session_id=state.session_id,
+                    session_id=state.key,
                     model=call.model,
-                    prompt_tokens=call.prompt_tokens,
+                    prompt_tokens=prompt_tokens,
                     last_instance=state.last_instance,
                     reserved_instance=reserved,
                 ),
@@ -226,12 +264,13 @@ class Gateway:
             raise unavailable(str(exc)) from exc
         self._settle_reservation(state, decision.instance, now_at)
         if state.last_instance is not None and state.last_instance != decision.instance:
-            await self._by_name[state.last_instance].session_moved(state.session_id)
+            await self._by_name[state.last_instance].session_moved(state.key)
         self.metrics.decisions.labels(self._router, decision.reason).inc()
+        self.metrics.sessions_found.labels(found.how).inc()
         self._sink.submit(
             DecisionRecord(
                 request_id=call.request_id,
-                session_id=state.session_id,
+                session_id=state.key,
                 router=self._router,
                 instance=decision.instance,
                 reason=decision.reason,
@@ -239,32 +278,41 @@ class Gateway:
                 created_at=now_at,
             )
         )
-        shared = shared_prefix_tokens(state.history, call.fingerprints) if state.history else 0
-        request = CallRequest(
-            request_id=call.request_id,
-            session_id=state.session_id,
-            model=call.model,
-            prompt_tokens=call.prompt_tokens,
-            max_output_tokens=call.max_tokens,
-            call_index=state.calls,
-            expected_tool_gap_s=call.identity.tool_gap_hint_s,
-            session_final=call.identity.final,
-            stream=call.stream,
-            shared_prefix_tokens=shared,
-            messages=call.messages,
-            prompt_text=call.prompt_text,
-        )
-        state.calls += 1
-        state.inflight += 1
+        request = self._runtime_request(call, found, prompt_tokens)
+        self.sessions.call_started(state, prints, now_s)
+        self.metrics.live_sessions.set(len(self.sessions))
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
         events: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue()
         runtime = self._by_name[decision.instance]
         task = asyncio.get_running_loop().create_task(
-            self._execute(call, state, request, runtime, events, now_at)
+            self._execute(call, state, prints, request, runtime, events, now_at)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return CallHandle(events, task, decision.instance)
+        return CallHandle(events, task, decision.instance, state.external_id, state.key, found.how)
+
+    def _runtime_request(
+        self, call: PreparedCall, found: Resolution, prompt_tokens: int
+    ) -> CallRequest:
+        c = call.call
+        return CallRequest(
+            request_id=call.request_id,
+            session_id=found.state.key,
+            model=call.model,
+            prompt_tokens=prompt_tokens,
+            max_output_tokens=call.max_tokens,
+            call_index=found.state.calls,
+            expected_tool_gap_s=call.identity.tool_gap_hint_s,
+            session_final=call.identity.final,
+            stream=call.stream,
+            shared_prefix_tokens=found.shared_tokens,
+            messages=c.messages,
+            prompt_text=c.prompt,
+            tools=c.tools,
+            tool_choice=c.tool_choice,
+            sampling=c.sampling,
+            reasoning=c.reasoning,
+        )
 
     async def _statuses(self, model: str | None) -> list[InstanceStatus]:
         """Status of every instance hosting ``model`` (all if None) that answers; an instance
@@ -279,26 +327,11 @@ class Gateway:
                 log.warning("runtime %s: status failed: %r", runtime.name, exc)
         return statuses
 
-    def _session(self, call: PreparedCall, now_at: datetime) -> SessionState:
-        state = self.sessions.get(call.identity.session_id)
-        if state is None or state.ended:
-            state = SessionState(
-                session_id=call.identity.session_id,
-                tenant_id=call.tenant_id,
-                model=call.model,
-                started_at=now_at,
-                parent_session_id=call.identity.parent_session_id,
-            )
-            state.started_s = self._clock.now()
-            self.sessions.put(state)
-            self.metrics.live_sessions.set(len(self.sessions))
-        state.model = call.model
-        return state
-
     async def _execute(
         self,
         call: PreparedCall,
         state: SessionState,
+        prints: list[Fingerprint],
         request: CallRequest,
         runtime: RuntimeClient,
         events: asyncio.Queue[tuple[EventKind, Any]],
@@ -308,10 +341,10 @@ class Gateway:
         error: Exception | None = None
         try:
             async for event in runtime.generate(request):
-                if isinstance(event, FirstToken | TokenDelta):
-                    events.put_nowait(
-                        ("first" if isinstance(event, FirstToken) else "delta", event)
-                    )
+                if isinstance(event, FirstToken):
+                    events.put_nowait(("first", event.delta))
+                elif isinstance(event, TokenDelta):
+                    events.put_nowait(("delta", event.delta))
                 elif isinstance(event, Finished):
                     result = event.result
         except Exception as exc:  # a runtime fault fails this call only
@@ -334,52 +367,37 @@ class Gateway:
                     arrived_at,
                     finished_at,
                     status="error",
-                    prompt_tokens=call.prompt_tokens,
+                    prompt_tokens=request.prompt_tokens,
                     error=message[:500],
                 )
             )
             self._write_session(state, finished_at)
             events.put_nowait(("error", api_error or unavailable(message)))
             return None
-        finish = self._finish_reason(call, result)
-        if call.tool_name is not None:
-            outcome = CallOutcome(
-                result, runtime.name, finish, None, tool_call(call.request_id, call.tool_name)
-            )
-        else:
-            text = result.output_text
-            if text is None:  # a simulated engine: synthetic words
-                text = words(0, result.output_tokens)
-            outcome = CallOutcome(result, runtime.name, finish, text, None)
-        self._finished(call, state, request, runtime, outcome, arrived_at, finished_at)
+        output = result.output or ModelOutput(finish_reason="stop")
+        outcome = CallOutcome(result, runtime.name, output)
+        self._finished(call, state, prints, request, runtime, outcome, arrived_at, finished_at)
         events.put_nowait(("done", outcome))
         return outcome
-
-    @staticmethod
-    def _finish_reason(call: PreparedCall, result: CallResult) -> str:
-        if call.tool_name is not None:
-            return "tool_calls"
-        return "length" if result.output_tokens >= call.max_tokens else "stop"
 
     def _finished(
         self,
         call: PreparedCall,
         state: SessionState,
+        prints: list[Fingerprint],
         request: CallRequest,
         runtime: RuntimeClient,
         outcome: CallOutcome,
         arrived_at: datetime,
         finished_at: datetime,
     ) -> None:
-        result = outcome.result
+        result, output = outcome.result, outcome.output
         state.last_finish_s = result.finished_s
         state.last_instance = runtime.name
-        reply = {
-            "role": "assistant",
-            "content": outcome.text,
-            "tool_calls": [outcome.tool_call] if outcome.tool_call else None,
-        }
-        state.history = [*call.fingerprints, message_fingerprint(reply)]
+        state.last_finish_reason = output.finish_reason
+        if call.call.messages is not None:
+            reply = fingerprint(output.as_message())
+            self.sessions.call_finished(state, prints, reply, self._clock.now())
         self.metrics.call_latency.labels(call.model).observe(result.latency_s)
         self.metrics.ttft.labels(call.model).observe(result.first_token_s - result.arrival_s)
         self.metrics.tokens(result.prompt_tokens, result.cached_tokens)
@@ -398,16 +416,17 @@ class Gateway:
                 prompt_tokens=result.prompt_tokens,
                 cached_tokens=result.cached_tokens,
                 output_tokens=result.output_tokens,
-                finish_reason=outcome.finish_reason,
+                finish_reason=output.finish_reason,
                 kv_source=result.kv_source.value,
                 tool_gap_hint_s=call.identity.tool_gap_hint_s,
             )
         )
-        if call.identity.final:
+        single = call.call.messages is None and not call.identity.explicit
+        if call.identity.final or single:
             self._end(state, "final", finished_at)
             return
         gap = call.identity.tool_gap_hint_s
-        if outcome.finish_reason == "tool_calls" or gap is not None:
+        if output.finish_reason == "tool_calls" or gap is not None:
             self._reserve(state, runtime.name, gap, finished_at)
         self._write_session(state, finished_at)
 
@@ -424,7 +443,7 @@ class Gateway:
         now_s = self._clock.now()
         expected = gap_s if gap_s is not None else state.gaps.expected_s()
         plan = plan_reservation(
-            session_id=state.session_id,
+            session_id=state.key,
             model=state.model,
             now_s=now_s,
             expected_gap_s=expected,
@@ -454,7 +473,7 @@ class Gateway:
         self._sink.submit(
             ReservationRecord(
                 reservation_id=state.reservation_id,
-                session_id=state.session_id,
+                session_id=state.key,
                 instance=state.reserved_instance,
                 held_bytes=0.0,
                 created_at=created_at,
@@ -485,51 +504,79 @@ class Gateway:
         self.metrics.reservations.labels("hit" if live == instance else "miss").inc()
         self._release(state, "returned", now_at)
 
-    async def _sweep_reservations(self) -> None:
+    async def _sweep(self) -> None:
         while True:
-            await self._clock.sleep(RESERVATION_SWEEP_S)
-            now_s, now_at = self._clock.now(), datetime.now(UTC)
-            for state in self.sessions.values():
-                expires = state.reservation_expires_s
-                if state.reservation_id is not None and expires is not None and now_s > expires:
-                    self.metrics.reservations.labels("expired").inc()
-                    self._release(state, "expired", now_at)
+            await self._clock.sleep(SWEEP_S)
+            await self.sweep_once()
+
+    async def sweep_once(self) -> None:
+        """Release expired reservations; end sessions idle beyond the timeout."""
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        for state in self.sessions:
+            expires = state.reservation_expires_s
+            if state.reservation_id is not None and expires is not None and now_s > expires:
+                self.metrics.reservations.labels("expired").inc()
+                self._release(state, "expired", now_at)
+        for state in self.sessions.idle(now_s, self._idle_timeout_s):
+            await self._end_on_runtime(state)
+            self._end(state, "idle", now_at)
 
     # -- hints and ends ----------------------------------------------------------------------
     async def hint(
         self, session_id: str, tenant_id: str, expected_s: float | None, tool: str | None
     ) -> bool:
-        """Record a tool-gap hint; reserve on the session's last instance. False: unknown."""
+        """Record a tool-gap hint; reserve on the session's last instance. False: no live
+        session of that id for this tenant."""
         now_at = datetime.now(UTC)
-        state = self.sessions.get(session_id)
-        if state is None or state.tenant_id != tenant_id or state.ended:
+        state = self.sessions.named(tenant_id, session_id)
+        if state is None or state.ended:
             return False
-        self._sink.submit(HintRecord(session_id, now_at, expected_s, tool))
+        self._sink.submit(HintRecord(state.key, now_at, expected_s, tool))
         if state.last_instance is not None and expected_s is not None:
-            await self._by_name[state.last_instance].hint(session_id, expected_s)
+            await self._by_name[state.last_instance].hint(state.key, expected_s)
             if state.inflight == 0:
                 self._reserve(state, state.last_instance, expected_s, now_at)
         return True
 
     async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
-        state = self.sessions.get(session_id)
-        if state is None or state.ended or (tenant_id is not None and state.tenant_id != tenant_id):
+        """End a live session and its children. ``tenant_id`` None (the admin): ``session_id``
+        is a key, or a client's id that only one tenant uses. False if there is no such live
+        session."""
+        if tenant_id is None:
+            state = self.sessions.get(session_id)
+            if state is None:
+                named = self.sessions.by_external_id(session_id)
+                if len(named) > 1:
+                    keys = ", ".join(s.key for s in named)
+                    raise ApiError(
+                        409,
+                        f"Several tenants have a live session {session_id!r}; end one by its "
+                        f"key ({keys}).",
+                        code="ambiguous_session",
+                    )
+                state = named[0] if named else None
+        else:
+            state = self.sessions.named(tenant_id, session_id)
+        if state is None or state.ended:
             return False
         now_at = datetime.now(UTC)
-        self._sink.submit(HintRecord(session_id, now_at, None, None, kind="end"))
-        if state.last_instance is not None:
-            await self._by_name[state.last_instance].end_session(session_id)
-        self._end(state, reason, now_at)
+        for child in [*self.sessions.children(state.key), state]:
+            self._sink.submit(HintRecord(child.key, now_at, None, None, kind="end"))
+            await self._end_on_runtime(child)
+            self._end(child, reason, now_at)
         return True
+
+    async def _end_on_runtime(self, state: SessionState) -> None:
+        if state.last_instance is not None:
+            await self._by_name[state.last_instance].end_session(state.key)
 
     def _end(self, state: SessionState, reason: str, now_at: datetime) -> None:
         if state.reservation_id is not None:
             self.metrics.reservations.labels("ended").inc()
             self._release(state, "ended", now_at)
-        state.ended = True
         self.metrics.sct.labels(state.model).observe(self._clock.now() - state.started_s)
+        self.sessions.forget(state)
         self._write_session(state, now_at, ended_reason=reason)
-        self.sessions.pop(state.session_id)
         self.metrics.live_sessions.set(len(self.sessions))
 
     def _write_session(
@@ -543,14 +590,16 @@ class Gateway:
             status = "active"
         self._sink.submit(
             SessionRecord(
-                session_id=state.session_id,
+                session_id=state.key,
                 tenant_id=state.tenant_id,
                 model=state.model,
                 started_at=state.started_at,
                 last_call_at=now_at,
-                parent_session_id=state.parent_session_id,
+                parent_session_id=state.parent_key,
                 state=status,
                 ended_at=now_at if ended_reason else None,
                 end_reason=ended_reason,
+                external_id=state.external_id,
+                identity_source=state.identity_source,
             )
         )

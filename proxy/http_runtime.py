@@ -16,35 +16,36 @@ from typing import Any
 
 import httpx
 
-from talaria.core.types import CallRejected, CallRequest, KvSource
-from talaria.core.wire import request_to_dict, result_from_dict
-from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
-from talaria.runtime.status import InstanceStatus
+from talaria.core.protocol import (
+    ErrorEvent,
+    ProtocolError,
+    event_from_dict,
+    request_to_dict,
+    status_from_dict,
+)
+from talaria.core.status import InstanceStatus
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    GenerationEvent,
+)
 
 log = logging.getLogger("talaria.proxy.http_runtime")
-
-
-_EXTRA_KEYS = ("model_names", "slots", "engines")
-"""Status keys beyond InstanceStatus's fields."""
 
 
 class RuntimeUnavailable(RuntimeError):
     """The runtime server could not be reached or refused the call."""
 
 
-def event_from_dict(data: dict[str, Any]) -> GenerationEvent:
-    kind = data.get("type")
-    if kind == "first":
-        return FirstToken(
-            data["t_s"], data["cached_tokens"], KvSource(data["kv_source"]), data.get("text")
-        )
-    if kind == "delta":
-        return TokenDelta(data["t_s"], data["tokens"], data.get("text"))
-    if kind == "finished":
-        return Finished(result_from_dict(data["result"]))
-    if kind == "error" and isinstance(data.get("code"), str):
-        raise CallRejected(data["code"], str(data.get("message", "")), data.get("param"))
-    raise RuntimeUnavailable(data.get("message", f"unexpected event {data!r}"))
+def decode_event(data: dict[str, Any]) -> GenerationEvent:
+    """A generation event, or raise: ``CallRejected`` for the caller's fault,
+    ``RuntimeUnavailable`` for the runtime's."""
+    event = event_from_dict(data)
+    if isinstance(event, ErrorEvent):
+        if event.code is not None:
+            raise CallRejected(event.code, event.message, event.param)
+        raise RuntimeUnavailable(event.message)
+    return event
 
 
 class HttpRuntime:
@@ -82,9 +83,10 @@ class HttpRuntime:
         data = response.json()
         self.name = data["instance"]
         self._models = tuple(data["model_names"])
-        self._status = InstanceStatus.from_dict(
-            {k: v for k, v in data.items() if k not in _EXTRA_KEYS}
-        )
+        try:
+            self._status = status_from_dict(data)
+        except ProtocolError as exc:
+            raise RuntimeUnavailable(f"runtime {self.url}: {exc}") from exc
         self._status_at = asyncio.get_running_loop().time()
 
     async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
@@ -99,7 +101,7 @@ class HttpRuntime:
                     )
                 async for line in response.aiter_lines():
                     if line.strip():
-                        yield event_from_dict(json.loads(line))
+                        yield decode_event(json.loads(line))
         except httpx.HTTPError as exc:
             raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
 
@@ -112,9 +114,7 @@ class HttpRuntime:
             except httpx.HTTPError as exc:
                 raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
             data = response.json()
-            self._status = InstanceStatus.from_dict(
-                {k: v for k, v in data.items() if k not in _EXTRA_KEYS}
-            )
+            self._status = status_from_dict(data)
             self._status_at = now
         return self._status
 

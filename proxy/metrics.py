@@ -47,6 +47,12 @@ class ProxyMetrics:
         self.kv_hit_ratio = Gauge(
             "talaria_kv_hit_ratio", "cached_tokens / prompt_tokens since start", registry=r
         )
+        self.sessions_found = Counter(
+            "talaria_session_calls",
+            "Calls by how their session was found: new, continued (its conversation extended a "
+            "live session's), retry, child (a new sub-session of a named session)",
+            ["how"], registry=r,
+        )  # fmt: skip
         self.live_sessions = Gauge("talaria_live_sessions", "Sessions in memory", registry=r)
         self.writer_pending = Gauge(
             "talaria_store_pending_records", "Records waiting for the batched writer", registry=r

@@ -21,6 +21,10 @@ class SessionRecord:
     state: str = "active"  # active | in_tool | ended
     ended_at: datetime | None = None
     end_reason: str | None = None  # client | final | admin | idle
+    external_id: str | None = None
+    """The client's id of the session (None: the same as ``session_id``, the key)."""
+    identity_source: str | None = None
+    """Where that id came from (proxy/sessions/identity.py), or "implicit"."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,7 @@ class CallRecord:
     stream: bool = False
     tool_gap_hint_s: float | None = None
     error: str | None = None
+    api: str | None = None  # chat | completions | messages | responses
 
 
 @dataclass(frozen=True)

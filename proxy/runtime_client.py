@@ -7,15 +7,12 @@ embedded default). An HTTP client for remote runtime servers comes with the runt
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Protocol
 
 from talaria.core.clock import Clock
-from talaria.core.types import CallRequest
-from talaria.proxy.synthetic import output_tokens_for
-from talaria.runtime.engine import GenerationEvent
+from talaria.core.status import InstanceStatus
+from talaria.core.types import CallRequest, GenerationEvent
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.status import InstanceStatus
 
 
 class RuntimeClient(Protocol):
@@ -45,9 +42,8 @@ class RuntimeClient(Protocol):
 class InProcessRuntime:
     """A node in this process, running simulated engines on ``clock`` (real or scaled time).
 
-    The simulated engine generates exactly ``max_output_tokens``; this client caps that at a
-    seeded synthetic reply length (``synthetic.output_tokens_for``), so an uncapped request
-    yields a realistic-length answer and a capped one may stop at its limit ("length").
+    The simulated engines write the replies (runtime/engines/sim_reply.py); this client only
+    passes calls and events through.
     ``status()`` is cached for ``status_ttl_s`` seconds of clock time.
     """
 
@@ -72,8 +68,7 @@ class InProcessRuntime:
         self._node.start()
 
     def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
-        tokens = output_tokens_for(request.request_id, request.max_output_tokens)
-        return self._node.stream(replace(request, max_output_tokens=tokens))
+        return self._node.stream(request)
 
     async def status(self) -> InstanceStatus:
         now = self._clock.now()

@@ -13,36 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from talaria.core.types import CallRequest, CallResult, KvSource
-
-
-@dataclass(frozen=True)
-class FirstToken:
-    t_s: float
-    cached_tokens: int
-    kv_source: KvSource
-    text: str | None = None
-    """The first token's text from engines that detokenize; None from the simulated engine
-    (the proxy then renders synthetic words)."""
-
-
-@dataclass(frozen=True)
-class TokenDelta:
-    """``tokens`` more output tokens exist at ``t_s`` (streaming calls only; the first token is
-    announced by ``FirstToken`` and not repeated here)."""
-
-    t_s: float
-    tokens: int
-    text: str | None = None
-    """These tokens' text from engines that detokenize; None from the simulated engine."""
-
-
-@dataclass(frozen=True)
-class Finished:
-    result: CallResult
-
-
-GenerationEvent = FirstToken | TokenDelta | Finished
+from talaria.core.types import CallRequest, GenerationEvent, KvSource
 
 
 @dataclass(frozen=True)

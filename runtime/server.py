@@ -2,12 +2,11 @@
 
 Endpoints (the proxy's ``HttpRuntime`` speaks them):
 
-- ``POST /v1/runtime/generate``: a CallRequest (core/wire.py) → NDJSON, one event per line:
-  ``{"type": "first", "t_s", "cached_tokens", "kv_source", "text"}``,
-  ``{"type": "delta", "t_s", "tokens", "text"}``, ``{"type": "finished", "result": {...}}``, or
-  ``{"type": "error", "message"}``;
-- ``GET /v1/runtime/status``: ``InstanceStatus.to_dict()`` plus ``model_names`` (in order) and
-  ``slots`` (the latest slots: model, start, switch seconds, end, close reason, admissions);
+- ``POST /v1/runtime/generate``: a call document → NDJSON, one event document per line
+  (core/protocol.py has both);
+- ``GET /v1/runtime/status``: the status document (core/protocol.py): ``InstanceStatus`` plus
+  ``model_names`` (in order), ``slots`` (the latest slots: model, start, switch seconds, end,
+  close reason, admissions) and per-model ``engines`` info;
 - ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
   ``.../moved``;
 - ``GET /healthz`` (liveness), ``GET /readyz`` (engines started, not draining).
@@ -31,10 +30,20 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
-from talaria.core.types import CallRejected, CallRequest
-from talaria.core.wire import WireError, request_from_dict, result_to_dict
+from talaria.core.protocol import (
+    ErrorEvent,
+    ProtocolError,
+    event_to_dict,
+    request_from_dict,
+    status_to_dict,
+)
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    Finished,
+    GenerationEvent,
+)
 from talaria.runtime.config import NodeConfig
-from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
 from talaria.runtime.factory import BuiltNode, build_node_from_config
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
@@ -53,20 +62,6 @@ class RuntimeState:
 
 def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status, media_type="application/json")
-
-
-def event_to_dict(event: GenerationEvent) -> dict[str, Any]:
-    if isinstance(event, FirstToken):
-        return {
-            "type": "first",
-            "t_s": event.t_s,
-            "cached_tokens": event.cached_tokens,
-            "kv_source": event.kv_source.value,
-            "text": event.text,
-        }
-    if isinstance(event, TokenDelta):
-        return {"type": "delta", "t_s": event.t_s, "tokens": event.tokens, "text": event.text}
-    return {"type": "finished", "result": result_to_dict(event.result)}
 
 
 def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = None) -> FastAPI:
@@ -124,12 +119,9 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         ]
         engines = {name: asdict(e.info()) for name, e in node.engines.items()}
         return _json(
-            {
-                **node.status().to_dict(),
-                "model_names": list(node.engines),
-                "slots": slots,
-                "engines": engines,
-            }
+            status_to_dict(
+                node.status(), model_names=list(node.engines), slots=slots, engines=engines
+            )
         )
 
     @app.post("/v1/runtime/generate")
@@ -139,7 +131,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             return _json({"error": "draining"}, 503)
         try:
             call = request_from_dict(await request.json())
-        except (WireError, json.JSONDecodeError) as exc:
+        except (ProtocolError, json.JSONDecodeError) as exc:
             return _json({"error": str(exc)}, 400)
         if call.model not in runtime.node.engines:
             return _json({"error": f"model {call.model!r} is not on this node"}, 404)
@@ -168,16 +160,18 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
 
 
 async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes]:
+    def line(event: GenerationEvent | ErrorEvent) -> bytes:
+        return json.dumps(event_to_dict(event)).encode() + b"\n"
+
     try:
         async for event in node.stream(call):
-            yield json.dumps(event_to_dict(event)).encode() + b"\n"
+            yield line(event)
             if isinstance(event, Finished):
                 return
     except UnknownModelError as exc:
-        yield json.dumps({"type": "error", "message": str(exc)}).encode() + b"\n"
+        yield line(ErrorEvent(str(exc)))
     except CallRejected as exc:  # the caller's fault: the proxy answers 400 with the code
-        body = {"type": "error", "code": exc.code, "param": exc.param, "message": str(exc)}
-        yield json.dumps(body).encode() + b"\n"
+        yield line(ErrorEvent(str(exc), exc.code, exc.param))
     except Exception as exc:  # reported to the proxy, which fails this call only
         log.exception("call %s failed", call.request_id)
-        yield json.dumps({"type": "error", "message": repr(exc)}).encode() + b"\n"
+        yield line(ErrorEvent(repr(exc)))

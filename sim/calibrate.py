@@ -36,9 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, TokenDelta
 from talaria.proxy.http_runtime import HttpRuntime
-from talaria.runtime.engine import Finished, FirstToken, TokenDelta
 from talaria.sim.fit import FitReport, StepSample, fit_steps
 
 Tick = Callable[[str, int], None]
@@ -147,6 +146,7 @@ class Calibrator:
             model=model,
             prompt_tokens=prompt,
             max_output_tokens=output,
+            output_tokens=output,
             call_index=index,
             stream=stream,
         )

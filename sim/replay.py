@@ -96,6 +96,7 @@ def _request(session: SessionTrace, index: int) -> CallRequest:
         model=session.model,
         prompt_tokens=call.prompt_tokens,
         max_output_tokens=call.output_tokens,
+        output_tokens=call.output_tokens,
         call_index=index,
         session_final=index == len(session.calls) - 1,
         shared_prefix_tokens=call.prompt_tokens - call.new_tokens,

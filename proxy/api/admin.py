@@ -80,8 +80,8 @@ async def get_session(session_id: str, request: Request) -> Response:
 
 
 def timeline(detail: SessionDetail) -> dict[str, Any]:
-    """The session, its calls in order (each with its routing decision) and the tool gaps
-    between them (with the hint that announced each, if any)."""
+    """The session, its calls in order (each with its routing decision), the tool gaps
+    between them (with the hint that announced each, if any) and its child sessions."""
     reasons = {d.request_id: d for d in detail.decisions}
     calls = []
     for call in detail.calls:
@@ -117,6 +117,7 @@ def timeline(detail: SessionDetail) -> dict[str, Any]:
         "tool_gaps": gaps,
         "reservations": [asdict(r) for r in detail.reservations],
         "hints": [asdict(h) for h in detail.hints],
+        "children": [asdict(c) for c in detail.children],
     }
 
 

@@ -5,7 +5,7 @@ argument where time matters), no global RNG (a seeded ``random.Random`` is an ar
 The simulator's cluster replay (sim/cluster.py) calls the same ``route`` the proxy will.
 
 Dependency rule: proxy code imports only ``talaria.core`` and itself, with one exception here:
-``talaria.runtime.status``, the plain-data snapshot that is the wire format of the runtime seam
+``talaria.core.status``, the plain-data snapshot that is the wire format of the runtime seam
 (``InstanceStatus.to_dict`` / ``from_dict``). Nothing else of ``talaria.runtime`` or any of
 ``talaria.sim`` is imported.
 

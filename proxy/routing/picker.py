@@ -18,9 +18,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from talaria.core.status import InstanceStatus
 from talaria.proxy.routing.scorers import SCORERS, RouteRequest
 from talaria.proxy.routing.settings import SCORER_NAMES, RoutingConfig
-from talaria.runtime.status import InstanceStatus
 
 TOTAL = "total"
 

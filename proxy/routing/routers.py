@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from talaria.core.reservations import GapEstimator, plan_reservation
+from talaria.core.status import InstanceStatus
 from talaria.proxy.routing.picker import RoutingDecision, pick_by_score, score_candidates
 from talaria.proxy.routing.scorers import NoInstanceError, RouteRequest
 from talaria.proxy.routing.settings import SCORER_NAMES, RoutingConfig
-from talaria.runtime.status import InstanceStatus
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Routing scorers: how good one instance is for one call, each a pure ``[0, 1]`` score.
 
 A scorer is ``(request, status, config) -> float`` over an ``InstanceStatus`` snapshot
-(runtime/status.py). It reads nothing else: no clock, no I/O, no randomness, so the same
+(core/status.py). It reads nothing else: no clock, no I/O, no randomness, so the same
 snapshot always gives the same score (the picker adds the weights and the tie-break).
 """
 
@@ -11,8 +11,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from talaria.core.status import InstanceStatus
 from talaria.proxy.routing.settings import RoutingConfig
-from talaria.runtime.status import InstanceStatus
 
 
 class NoInstanceError(LookupError):

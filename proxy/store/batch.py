@@ -84,6 +84,8 @@ def _apply_session(db: AsyncSession, rows: dict[str, SessionRow], rec: SessionRe
         row = SessionRow(
             session_id=rec.session_id,
             tenant_id=rec.tenant_id,
+            external_id=rec.external_id or rec.session_id,
+            identity_source=rec.identity_source,
             parent_session_id=rec.parent_session_id,
             model=rec.model,
             state=rec.state,
@@ -101,6 +103,10 @@ def _apply_session(db: AsyncSession, rows: dict[str, SessionRow], rec: SessionRe
         return
     row.tenant_id = rec.tenant_id
     row.model = rec.model
+    if rec.external_id is not None:
+        row.external_id = rec.external_id
+    if rec.identity_source is not None:
+        row.identity_source = rec.identity_source
     if rec.parent_session_id is not None:
         row.parent_session_id = rec.parent_session_id
     row.started_at = min(row.started_at, as_utc(rec.started_at))
@@ -136,6 +142,7 @@ def _call_fields(rec: CallRecord) -> dict[str, Any]:
         "stream": rec.stream,
         "tool_gap_hint_s": rec.tool_gap_hint_s,
         "error": rec.error,
+        "api": rec.api,
     }
 
 
@@ -144,6 +151,8 @@ def _placeholder_session(rec: CallRecord) -> SessionRow:
     return SessionRow(
         session_id=rec.session_id,
         tenant_id=UNKNOWN_TENANT,
+        external_id=rec.session_id,
+        identity_source=None,
         parent_session_id=None,
         model=rec.model,
         state="active",

@@ -93,12 +93,18 @@ class ApiKey(Base):
 
 
 class SessionRow(Base):
-    """One agent session, with counters summed over its calls."""
+    """One agent session, with counters summed over its calls. ``session_id`` is the proxy's
+    key (unique across tenants); ``external_id`` is what the client calls the session (the key
+    itself for an implicit session), unique per tenant among live sessions only: a client may
+    reuse an id after its session ended."""
 
     __tablename__ = "sessions"
+    __table_args__ = (Index("ix_sessions_tenant_id_external_id", "tenant_id", "external_id"),)
 
     session_id: Mapped[str] = mapped_column(String, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String, index=True)
+    external_id: Mapped[str] = mapped_column(String)
+    identity_source: Mapped[str | None] = mapped_column(String)
     parent_session_id: Mapped[str | None] = mapped_column(String, index=True)
     model: Mapped[str] = mapped_column(String)
     state: Mapped[str] = mapped_column(String)
@@ -138,6 +144,7 @@ class CallRow(Base):
     stream: Mapped[bool] = mapped_column(Boolean)
     tool_gap_hint_s: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
+    api: Mapped[str | None] = mapped_column(String)
 
 
 class DecisionRow(Base):
@@ -195,3 +202,21 @@ class InstanceRow(Base):
     models: Mapped[list[str]]
     last_seen_at: Mapped[datetime]
     status: Mapped[dict[str, Any]]
+
+
+class StoredResponse(Base):
+    """A response of the Responses API kept for ``previous_response_id`` and
+    ``GET /v1/responses/{id}``: the response object as returned, and the conversation it ends
+    (the input items, expanded through its predecessors, then its output items). Kept until
+    ``expires_at``; ``store: false`` keeps nothing."""
+
+    __tablename__ = "responses"
+
+    response_id: Mapped[str] = mapped_column(String, primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String, index=True)
+    session_id: Mapped[str] = mapped_column(String)
+    model: Mapped[str] = mapped_column(String)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+    response: Mapped[dict[str, Any]]
+    conversation: Mapped[list[Any]] = mapped_column(JSON)

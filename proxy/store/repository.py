@@ -71,12 +71,24 @@ class SqlStore:
     async def get_session(
         self, session_id: str, tenant_id: str | None = None
     ) -> SessionDetail | None:
-        """The session and everything recorded about it; None if there is no such session, or
-        it belongs to another tenant than ``tenant_id`` (when given)."""
+        """The session and everything recorded about it: ``session_id`` is the proxy's key, or
+        the client's id (its newest session without a parent then). None if there is no such
+        session, or it belongs to another tenant than ``tenant_id`` (when given)."""
         async with self._sessionmaker() as db:
             row = await db.get(SessionRow, session_id)
+            if row is None:  # the client's id: its newest session
+                query = select(SessionRow).where(SessionRow.external_id == session_id)
+                if tenant_id is not None:
+                    query = query.where(SessionRow.tenant_id == tenant_id)
+                query = query.order_by(  # its newest root, not one of its children
+                    SessionRow.parent_session_id.is_not(None),
+                    SessionRow.started_at.desc(),
+                    SessionRow.session_id.desc(),
+                )
+                row = await db.scalar(query.limit(1))
             if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
                 return None
+            session_id = row.session_id
             calls = await db.scalars(
                 select(CallRow)
                 .where(CallRow.session_id == session_id)
@@ -97,12 +109,18 @@ class SqlStore:
                 .where(HintRow.session_id == session_id)
                 .order_by(HintRow.at, HintRow.id)
             )
+            children = await db.scalars(
+                select(SessionRow)
+                .where(SessionRow.parent_session_id == session_id)
+                .order_by(SessionRow.started_at, SessionRow.session_id)
+            )
             return SessionDetail(
                 session=session_view(row),
                 calls=tuple(call_view(c) for c in calls),
                 decisions=tuple(decision_view(d) for d in decisions),
                 reservations=tuple(reservation_view(r) for r in reservations),
                 hints=tuple(hint_view(h) for h in hints),
+                children=tuple(session_view(c) for c in children),
             )
 
     async def list_sessions(

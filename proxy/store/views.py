@@ -37,7 +37,11 @@ class SessionSummary:
     """A session's row: identity, state, times and counters summed over its calls."""
 
     session_id: str
+    """The proxy's key of the session."""
     tenant_id: str
+    external_id: str
+    """What the client calls it (the key, for an implicit session)."""
+    identity_source: str | None
     parent_session_id: str | None
     model: str
     state: str
@@ -60,6 +64,8 @@ class SessionDetail:
     decisions: tuple[DecisionRecord, ...]
     reservations: tuple[ReservationRecord, ...]
     hints: tuple[HintRecord, ...]
+    children: tuple[SessionSummary, ...] = ()
+    """Sessions whose parent this is (sub-agents, side conversations)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ def session_view(row: SessionRow) -> SessionSummary:
     return SessionSummary(
         session_id=row.session_id,
         tenant_id=row.tenant_id,
+        external_id=row.external_id,
+        identity_source=row.identity_source,
         parent_session_id=row.parent_session_id,
         model=row.model,
         state=row.state,
@@ -150,6 +158,7 @@ def call_view(row: CallRow) -> CallRecord:
         stream=row.stream,
         tool_gap_hint_s=row.tool_gap_hint_s,
         error=row.error,
+        api=row.api,
     )
 
 

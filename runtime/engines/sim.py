@@ -8,6 +8,10 @@ token. When every running sequence is decoding, the engine jumps ahead to the fi
 one sleep (the steps are summed exactly), and is interrupted at the next step boundary if a new
 sequence becomes ready meanwhile.
 
+Output: a replayed trace entry generates exactly its recorded ``output_tokens``; a live call
+gets a reply written by ``sim_reply.plan_reply`` (text, a harmless tool call, reasoning) whose
+length is the number of tokens generated, handed out by ``ReplyStream`` as decoding advances.
+
 Prefix reuse per session: prefix in HBM is skipped; in host DRAM it is restored over PCIe
 (priority over weight staging) before the sequence runs; gone, it is prefilled again. Memory is
 committed at admission for prompt + max output tokens; idle KV is evicted LRU to make room
@@ -23,19 +27,21 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from talaria.core.calls import OutputDelta
 from talaria.core.catalog import ModelSpec
 from talaria.core.clock import Clock
-from talaria.core.types import CallRequest, CallResult, KvSource
-from talaria.runtime.costmodel import CostModel, PrefillChunk
-from talaria.runtime.engine import (
-    Admission,
-    EngineInfo,
-    EngineSnapshot,
+from talaria.core.types import (
+    CallRequest,
+    CallResult,
     Finished,
     FirstToken,
     GenerationEvent,
+    KvSource,
     TokenDelta,
 )
+from talaria.runtime.costmodel import CostModel, PrefillChunk
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink, SessionKv
 
 STAGING_CHUNKS = 16
@@ -60,6 +66,8 @@ class _Seq:
     first: asyncio.Future[float] = field(default_factory=lambda: _loop().create_future())
     done: asyncio.Future[CallResult] = field(default_factory=lambda: _loop().create_future())
     deltas: asyncio.Queue[TokenDelta] | None = None
+    reply: ReplyStream | None = None
+    first_delta: OutputDelta | None = None
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -76,8 +84,10 @@ class SimEngine:
         clock: Clock,
         node: str,
         host_kv: bool,
+        replies: ReplyPolicy = DEFAULT_REPLIES,
     ) -> None:
         self.model = model.name
+        self._replies = replies
         self._spec = model
         self._cost = cost
         self._memory = memory
@@ -239,14 +249,23 @@ class SimEngine:
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
         idle = 0.0 if self._seqs else now - self._idle_since
         shared = request.shared_prefix_tokens or 0
+        reply: ReplyStream | None = None
+        if request.output_tokens is not None:
+            output_tokens = request.output_tokens
+        elif request.live:
+            reply = ReplyStream(*plan_reply(request, self._replies))
+            output_tokens = reply.tokens
+        else:
+            output_tokens = request.max_output_tokens
         seq = _Seq(
             admission,
             prefill_left=request.prompt_tokens - cached,
             context=cached,
-            output_left=request.max_output_tokens,
+            output_left=output_tokens,
             restored_bytes=self._cost.kv_bytes(cached) if source is KvSource.HOST else 0.0,
             recomputed_tokens=shared if source is KvSource.RECOMPUTE else 0,
             deltas=asyncio.Queue() if request.stream else None,
+            reply=reply,
         )
         self._seqs.append(seq)
         self._by_id[request.request_id] = seq
@@ -278,7 +297,7 @@ class SimEngine:
     async def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
         seq = self._by_id[admission.request.request_id]
         first_s = await seq.first
-        yield FirstToken(first_s, admission.cached_tokens, admission.kv_source)
+        yield FirstToken(first_s, admission.cached_tokens, admission.kv_source, seq.first_delta)
         if seq.deltas is not None:
             while not seq.done.done() or not seq.deltas.empty():
                 if not seq.deltas.empty():
@@ -359,13 +378,19 @@ class SimEngine:
             self._emit(seq, done_steps, now)
 
     def _emit(self, seq: _Seq, tokens: int, now: float) -> None:
+        streaming = seq.deltas is not None and seq.reply is not None
         if seq.first_token_s is None:
             seq.first_token_s = now
+            if streaming:
+                assert seq.reply is not None
+                seq.first_delta = seq.reply.take(1)
             seq.first.set_result(now)
             if tokens > 1 and seq.deltas is not None:
-                seq.deltas.put_nowait(TokenDelta(now, tokens - 1))
+                delta = seq.reply.take(tokens - 1) if streaming and seq.reply else None
+                seq.deltas.put_nowait(TokenDelta(now, tokens - 1, delta))
         elif seq.deltas is not None:
-            seq.deltas.put_nowait(TokenDelta(now, tokens))
+            delta = seq.reply.take(tokens) if streaming and seq.reply else None
+            seq.deltas.put_nowait(TokenDelta(now, tokens, delta))
         seq.context += tokens if seq.output_done else tokens - 1
         seq.output_done += tokens
         seq.output_left -= tokens
@@ -403,6 +428,7 @@ class SimEngine:
                     restored_bytes=seq.restored_bytes,
                     recomputed_tokens=seq.recomputed_tokens,
                     sp_admitted=seq.admission.sp_admitted,
+                    output=seq.reply.output if seq.reply is not None else None,
                 )
             )
 

@@ -78,18 +78,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from talaria.core.calls import FinishReason, ModelOutput, OutputDelta
 from talaria.core.clock import Clock
-from talaria.core.types import CallRejected, CallRequest, CallResult, KvSource
-from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engine import (
-    Admission,
-    EngineInfo,
-    EngineSnapshot,
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
     Finished,
     FirstToken,
     GenerationEvent,
+    KvSource,
     TokenDelta,
 )
+from talaria.runtime.costmodel import CostModel
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
 from talaria.runtime.tokenizer import (
     BOS_ID,
     BYTE_OFFSET,
@@ -618,9 +620,10 @@ class VLLMEngine:
                 f"However, your prompt is {len(ids)} tokens ({self.model}).",
                 param="messages" if request.messages is not None else "prompt",
             )
+        known = request.output_tokens  # a replayed reply: exactly that many tokens
         params = self._api.sampling_params(
-            max_tokens=max(1, min(request.max_output_tokens, room)),
-            ignore_eos=self._opt.ignore_eos,
+            max_tokens=max(1, min(known or request.max_output_tokens, room)),
+            ignore_eos=self._opt.ignore_eos or known is not None,
             **dict(self._opt.sampling),
         )
         priority = PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT
@@ -631,6 +634,7 @@ class VLLMEngine:
         first_s: float | None = None
         source = admission.kv_source
         finished = False
+        finish_reason: FinishReason = "stop"
         self._begin_busy()
         stream = llm.generate(
             self._api.tokens_prompt(ids), params, request_id=request_id, priority=priority
@@ -643,6 +647,8 @@ class VLLMEngine:
                 outputs = getattr(out, "outputs", None) or ()
                 new = [int(t) for t in outputs[0].token_ids] if outputs else []
                 finished = bool(getattr(out, "finished", False))
+                if finished and outputs and getattr(outputs[0], "finish_reason", None) == "length":
+                    finish_reason = "length"
                 if not new and not finished:
                     continue
                 now = self._clock.now()
@@ -655,13 +661,13 @@ class VLLMEngine:
                     rest = new[1:]
                     if finished and not rest:
                         text += decoder.finish()
-                    yield FirstToken(now, cached, source, text)
+                    yield FirstToken(now, cached, source, OutputDelta(text=text))
                 if rest or (finished and first_s is not None):
                     text = decoder.push(rest) if rest else ""
                     if finished:
                         text += decoder.finish()
                     if request.stream and (rest or text):
-                        yield TokenDelta(now, len(rest), text)
+                        yield TokenDelta(now, len(rest), OutputDelta(text=text))
             # (no break at ``finished``: vLLM's stream then ends by itself, nothing to abort)
         finally:
             self._end_busy()
@@ -696,7 +702,7 @@ class VLLMEngine:
                 restored_bytes=restored,
                 recomputed_tokens=recomputed,
                 sp_admitted=admission.sp_admitted,
-                output_text=decoder.text,
+                output=ModelOutput(text=decoder.text, finish_reason=finish_reason),
             )
         )
 

@@ -22,13 +22,13 @@ from talaria.core.reservations import (
     ReservationTable,
     plan_reservation,
 )
-from talaria.core.types import CallRequest, CallResult, KvSource
-from talaria.runtime.engine import Admission, Engine, Finished, GenerationEvent
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
+from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent, KvSource
+from talaria.runtime.engine import Admission, Engine
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink
 from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
-from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 
 async def _next_event(
@@ -226,7 +226,7 @@ class NodeScheduler:
         return {m: len(q) for m, q in self._waiting.items()}
 
     def status(self) -> InstanceStatus:
-        """The snapshot routing reads (runtime/status.py)."""
+        """The snapshot routing reads (core/status.py)."""
         now = self._clock.now()
         waiting = self.waiting_counts()
         models = {

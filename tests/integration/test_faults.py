@@ -12,10 +12,9 @@ import httpx
 import openai
 import pytest
 
-from talaria.core.types import CallRejected, CallRequest
+from talaria.core.types import CallRejected, CallRequest, GenerationEvent, TokenDelta
 from talaria.proxy.fake_runtime import InstantRuntime
 from talaria.proxy.settings import ProxySettings
-from talaria.runtime.engine import GenerationEvent, TokenDelta
 from tests.integration.server import running_proxy
 
 ADMIN = "adm"

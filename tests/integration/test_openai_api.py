@@ -22,7 +22,14 @@ MODEL = "glm-4.5-fp8"
 TOOLS = [
     {
         "type": "function",
-        "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}},
+        "function": {
+            "name": "bash",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
     }
 ]
 
@@ -129,7 +136,8 @@ def test_tool_calls_pass_through_streaming_and_not(client: openai.OpenAI) -> Non
     )
     call = reply.choices[0].message.tool_calls[0]
     assert reply.choices[0].finish_reason == "tool_calls"
-    assert call.function.name == "bash" and json.loads(call.function.arguments)
+    assert call.function.name == "bash"
+    assert json.loads(call.function.arguments) == {"command": "ls"}  # schema-valid, harmless
     stream = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "list the files"}],
@@ -216,12 +224,60 @@ def test_alternative_session_identities(
     assert [c["call_index"] for c in detail["calls"]] == [0, 1]
 
 
-def test_call_without_session_is_its_own_ended_session(
+def _converse(client: openai.OpenAI, task: str, steps: int) -> list[httpx.Headers]:
+    """A conversation with no session header: each call sends the history plus the reply."""
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "You are a coding agent. " * 40},
+        {"role": "user", "content": task},
+    ]
+    headers = []
+    for step in range(steps):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, tools=TOOLS
+        )
+        headers.append(raw.headers)
+        message = raw.parse().choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        messages.append(
+            {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"out {step}"}
+        )
+    return headers
+
+
+def test_a_plain_client_gets_one_session_per_conversation(
     client: openai.OpenAI, proxy: RunningProxy
 ) -> None:
-    raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "one-off"}]
-    )
+    first = _converse(client, "fix the failing test", 3)
+    second = _converse(client, "add a feature", 3)
+    ids = {h["x-talaria-session-id"] for h in first}, {h["x-talaria-session-id"] for h in second}
+    assert len(ids[0]) == 1 and len(ids[1]) == 1 and ids[0] != ids[1]
+    for headers in (first, second):
+        detail = _admin(proxy, f"/admin/sessions/{headers[0]['x-talaria-session-id']}").json()
+        assert detail["session"]["identity_source"] == "implicit"
+        assert detail["session"]["state"] == "in_tool"  # its reply was a tool call
+        assert [c["call_index"] for c in detail["calls"]] == [0, 1, 2]
+        assert [c["cached_tokens"] > 0 for c in detail["calls"]] == [False, True, True]
+        assert all(c["api"] == "chat" for c in detail["calls"])
+
+
+def test_a_rewritten_history_starts_a_new_session(client: openai.OpenAI) -> None:
+    task = [{"role": "user", "content": "refactor the parser " * 20}]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=task)
+    reply = raw.parse().choices[0].message.model_dump(exclude_none=True)
+    follow = [*task, reply, {"role": "user", "content": "go on"}]
+    same = client.chat.completions.with_raw_response.create(model=MODEL, messages=follow)
+    rewritten = [{"role": "user", "content": "refactor the lexer " * 20}, reply, follow[-1]]
+    other = client.chat.completions.with_raw_response.create(model=MODEL, messages=rewritten)
+    sid = raw.headers["x-talaria-session-id"]
+    assert same.headers["x-talaria-session-id"] == sid
+    assert other.headers["x-talaria-session-id"] != sid
+    assert other.parse().usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_text_completion_without_session_is_its_own_ended_session(
+    client: openai.OpenAI, proxy: RunningProxy
+) -> None:
+    raw = client.completions.with_raw_response.create(model=MODEL, prompt="one-off", max_tokens=8)
     sid = raw.headers["x-talaria-session-id"]
     detail = _admin(proxy, f"/admin/sessions/{sid}").json()
     assert detail["session"]["state"] == "ended" and len(detail["calls"]) == 1
@@ -262,7 +318,7 @@ def test_session_timeline_hints_reservations_and_end(
     # at 500× a 2.5 s hint expires within milliseconds: each reservation is released somehow
     assert all(r["released_at"] for r in detail["reservations"])
     listed = _admin(proxy, f"/admin/sessions?model={MODEL}&state=ended&limit=200").json()
-    assert sid in [s["session_id"] for s in listed["data"]]
+    assert sid in [s["external_id"] for s in listed["data"]]
     again = httpx.post(f"{proxy.v1}/sessions/{sid}/hints", json={"expected_s": 1})
     assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
 
@@ -304,7 +360,7 @@ def test_session_paging(client: openai.OpenAI, proxy: RunningProxy) -> None:
     while True:
         query = "?model=qwen3-coder-480b-a35b-fp8&limit=2" + (f"&cursor={cursor}" if cursor else "")
         page = _admin(proxy, "/admin/sessions" + query).json()
-        seen += [s["session_id"] for s in page["data"]]
+        seen += [s["external_id"] for s in page["data"]]
         cursor = page["next_cursor"]
         if cursor is None:
             break

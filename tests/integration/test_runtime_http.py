@@ -15,8 +15,8 @@ import httpx
 import openai
 import pytest
 
+from talaria.core.protocol import request_to_dict
 from talaria.core.types import CallRequest
-from talaria.core.wire import request_to_dict
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app

@@ -51,12 +51,14 @@ def test_live_run_exports_a_replayable_trace(tmp_path: Path) -> None:
                 messages.append({"role": "assistant", "content": reply.choices[0].message.content})
                 messages.append({"role": "user", "content": f"tool output {step} " * 10})
         # admin reads flush the batched writer first: every call is in the store after this
+        keys = []  # the trace names sessions by the proxy's keys
         for sid in SESSIONS:
             detail = httpx.get(
                 f"{proxy.base_url}/admin/sessions/{sid}",
                 headers={"Authorization": f"Bearer {ADMIN}"},
             )
             assert len(detail.json()["calls"]) == 3
+            keys.append(detail.json()["session"]["session_id"])
         runner = CliRunner()
         out = tmp_path / "live.jsonl"
         exported = runner.invoke(
@@ -66,7 +68,7 @@ def test_live_run_exports_a_replayable_trace(tmp_path: Path) -> None:
         assert "exported 2 sessions, 6 calls" in exported.stderr
 
     sessions = read_trace(out)
-    assert sorted(s.session_id for s in sessions) == sorted(SESSIONS)
+    assert sorted(s.session_id for s in sessions) == sorted(keys)
     for session in sessions:
         assert session.model == MODEL and session.num_calls == 3
         first, *later = session.calls

@@ -9,6 +9,7 @@ import random
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 from talaria.proxy.routing import (
     ROUTER_NAMES,
     SCORERS,
@@ -18,7 +19,6 @@ from talaria.proxy.routing import (
     route,
 )
 from talaria.proxy.routing.picker import score_candidates
-from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 CONFIG = RoutingConfig()
 MODELS = ("m", "n")

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 from talaria.proxy.routing import (
     ROUTER_NAMES,
     NoInstanceError,
@@ -24,7 +25,6 @@ from talaria.proxy.routing import (
     model_residency,
     route,
 )
-from talaria.runtime.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 CONFIG = RoutingConfig()
 REQ = RouteRequest(session_id="s", model="m", prompt_tokens=1000)

@@ -23,7 +23,14 @@ MODEL = "glm-4.5-fp8"
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
-        "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}},
+        "function": {
+            "name": "bash",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
     }
 ]
 Admin = Callable[[str], dict[str, Any]]

@@ -54,7 +54,7 @@ def test_provider_agent_is_one_session(
         chunks = list(litellm.completion(messages=messages, tools=TOOLS, stream=True, **kwargs))
         calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
         assert calls[0].function.name == "bash" and calls[0].id
-        assert "".join(tc.function.arguments or "" for tc in calls) == '{"simulated": true}'
+        assert "".join(tc.function.arguments or "" for tc in calls) == '{"command": "ls"}'
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         messages.append(
             {

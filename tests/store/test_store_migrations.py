@@ -4,13 +4,14 @@ models' schema; the ``talaria db`` commands; default locations."""
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 from typer.testing import CliRunner
 
@@ -29,6 +30,7 @@ TABLES = {
     "reservations",
     "hints",
     "runtime_instances",
+    "responses",
 }
 
 
@@ -51,13 +53,41 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0001"
+    assert await migrate.current_async(db_url) == migrate.head() == "0002"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
     assert await _tables(db_url) == set()
     await migrate.upgrade_async(db_url)
     assert await _tables(db_url) == TABLES
+
+
+@pytest.mark.asyncio
+async def test_0002_keeps_existing_sessions_under_their_client_ids(db_url: str) -> None:
+    """Before 0002 a session's key was the client's id: the upgrade copies it to external_id,
+    and the downgrade drops the new columns and table."""
+    await migrate.upgrade_async(db_url, "0001")
+    engine = make_engine(db_url)
+    insert = text(
+        "INSERT INTO sessions (session_id, tenant_id, model, state, started_at, last_call_at,"
+        " calls, prompt_tokens, cached_tokens, output_tokens)"
+        " VALUES ('task-7', 't', 'm', 'ended', :at, :at, 1, 10, 0, 5)"
+    )
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert, {"at": datetime(2026, 11, 1, tzinfo=UTC)})
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT session_id, external_id FROM sessions"))).one()
+        assert tuple(row) == ("task-7", "task-7")
+        await asyncio.to_thread(migrate.downgrade, db_url, "0001")
+        async with engine.connect() as conn:
+            names = await conn.run_sync(
+                lambda c: [col["name"] for col in inspect(c).get_columns("sessions")]
+            )
+        assert "external_id" not in names and "responses" not in await _tables(db_url)
+    finally:
+        await engine.dispose()
 
 
 @pytest.mark.asyncio
@@ -83,9 +113,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0001" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0002" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0001" in out and "head: 0001" in out
+    assert "current: 0002" in out and "head: 0002" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -95,7 +125,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0001"
+    assert migrate.current(url) == "0002"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -106,7 +136,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0001"
+    assert migrate.current(url) == "0002"
 
 
 def test_default_sqlite_url_honours_data_dir(

@@ -9,12 +9,18 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from talaria.core.types import CallRequest, KvSource
+from talaria.core.status import ModelState
+from talaria.core.types import (
+    CallRequest,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
 from talaria.proxy.app import create_app
 from talaria.proxy.fake_runtime import InstantRuntime
 from talaria.proxy.settings import ProxySettings
-from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
-from talaria.runtime.status import ModelState
 
 MODEL = "bench-model"
 KEY = "test-key"

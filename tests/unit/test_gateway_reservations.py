@@ -6,6 +6,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
@@ -13,7 +14,7 @@ from talaria.proxy.gateway import Gateway, PreparedCall
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import Record, ReservationRecord, SessionRecord
 from talaria.proxy.runtime_client import InProcessRuntime
-from talaria.proxy.sessions import Identity, message_fingerprint
+from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import SchedulerConfig
@@ -32,18 +33,29 @@ class ListSink:
         return [r for r in self.records if isinstance(r, ReservationRecord)]
 
 
+BASH = ToolSpec("bash", "run a command", {"type": "object", "properties": {}})
+
+
 def _call(n: int, sid: str = "s1", tool: bool = True, gap_s: float | None = None) -> PreparedCall:
-    content = "step " * (50 + n)
+    """Call ``n`` of a conversation: the task, then ``n`` earlier steps (a tool call and its
+    result) — so each call continues the one before."""
+    messages: list[dict[str, object]] = [{"role": "user", "content": "fix the bug " * 50}]
+    for k in range(n):
+        call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+        messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"output {k}"})
     return PreparedCall(
         request_id=f"r{n}",
-        model=MODEL,
-        identity=Identity(sid, True, None, gap_s, False),
         tenant_id="t",
-        prompt_tokens=60 + n,
-        fingerprints=[message_fingerprint({"role": "user", "content": content})],
+        identity=Identity(sid, "talaria", None, gap_s, False),
+        api="chat",
+        call=Call(
+            model=MODEL,
+            messages=tuple(messages),
+            tools=(BASH,) if tool else (),
+            tool_choice=ToolChoice("required") if tool else ToolChoice("auto"),
+        ),
         max_tokens=64,
-        stream=False,
-        tool_name="bash" if tool else None,
     )
 
 
@@ -80,7 +92,7 @@ def _metric(text: str, outcome: str) -> float:
 def test_a_session_that_returns_in_time_hits_its_reservation() -> None:
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
         outcome = await (await gateway.open_call(_call(0))).outcome()
-        assert outcome.finish_reason == "tool_calls"
+        assert outcome.output.finish_reason == "tool_calls"
         await clock.sleep(1.0)
         handle = await gateway.open_call(_call(1))
         assert handle.instance == "n0"

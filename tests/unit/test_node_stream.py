@@ -7,8 +7,7 @@ import asyncio
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import ReleaseReason
-from talaria.core.types import CallRequest
-from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+from talaria.core.types import CallRequest, Finished, FirstToken, TokenDelta
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.replay import NodeSetup, build_node

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from talaria.core.types import CallRejected, CallRequest
-from talaria.proxy.http_runtime import RuntimeUnavailable, event_from_dict
+from talaria.proxy.http_runtime import RuntimeUnavailable, decode_event
 from talaria.runtime.server import _events
 
 CALL = CallRequest(request_id="r", session_id="s", model="m", prompt_tokens=9, max_output_tokens=1)
@@ -43,7 +43,7 @@ def test_a_rejected_call_keeps_its_code_and_param_across_the_wire() -> None:
         "message": "too long",
     }
     with pytest.raises(CallRejected) as info:
-        event_from_dict(event)
+        decode_event(event)
     assert (info.value.code, info.value.param, str(info.value)) == (
         "context_length_exceeded",
         "messages",
@@ -55,4 +55,4 @@ def test_any_other_failure_is_a_runtime_fault() -> None:
     [event] = _lines(RuntimeError("engine crashed"))
     assert event["type"] == "error" and "code" not in event
     with pytest.raises(RuntimeUnavailable, match="engine crashed"):
-        event_from_dict(event)
+        decode_event(event)

@@ -18,8 +18,16 @@ from typing import Any, TypeVar
 import pytest
 
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.core.types import CallRejected, CallRequest, CallResult, KvSource
-from talaria.runtime.engine import Finished, FirstToken, GenerationEvent, TokenDelta
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
 from talaria.runtime.engines.vllm import (
     PRIORITY_DEFAULT,
     PRIORITY_SP,
@@ -346,16 +354,16 @@ def test_cached_tokens_and_text_flow_into_events_and_results() -> None:
         prompt_ids = tok.encode_chat([SYSTEM, USER])
         assert isinstance(events[0], FirstToken)
         assert events[0].cached_tokens == 0 and events[0].kv_source is KvSource.NEW
-        assert events[0].text == "o"
+        assert events[0].delta.text == "o"
         deltas = [e for e in events if isinstance(e, TokenDelta)]
         assert sum(d.tokens for d in deltas) == 11
-        assert events[0].text + "".join(d.text for d in deltas) == result.output_text
-        assert result.output_text == (REPLY * 2)[:12]
+        assert events[0].delta.text + "".join(d.delta.text for d in deltas) == result.output.text
+        assert result.output.text == (REPLY * 2)[:12]
         assert result.prompt_tokens == len(prompt_ids) != first.prompt_tokens
         assert result.first_token_s < result.finished_s
 
         # The continuation: prompt + output + a tool result. Its prefix is cached.
-        reply = {"role": "assistant", "content": result.output_text}
+        reply = {"role": "assistant", "content": result.output.text}
         tool = {"role": "tool", "content": "1 failed"}
         second = request("r2", messages=(SYSTEM, USER, reply, tool), call_index=1)
         admission = engine.try_admit(second, 0.0, False)
@@ -382,7 +390,7 @@ def test_after_a_switch_kv_is_recomputed_or_restored_from_host() -> None:
         _, first = await serve(engine, request("r1", messages=(SYSTEM, USER)))
         await engine.deactivate(keep_kv_on_host=True, keep_host_weight_copy=False)
         await engine.activate()
-        reply = {"role": "assistant", "content": first.output_text}
+        reply = {"role": "assistant", "content": first.output.text}
         second = request("r2", messages=(SYSTEM, USER, reply, USER), call_index=1)
         _, result = await serve(engine, second)
         return result
@@ -493,7 +501,7 @@ def test_cpu_path_is_a_gate() -> None:
         assert await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=False) == 0.0
         assert not engine.start_staging() and engine.switch_in_s() == 0.0
         assert await engine.activate() == 0.0
-        reply = {"role": "assistant", "content": first.output_text}
+        reply = {"role": "assistant", "content": first.output.text}
         _, second = await serve(
             engine, request("r2", messages=(SYSTEM, USER, reply, USER), call_index=1)
         )
@@ -528,7 +536,7 @@ async def agent(
         result = await node.submit(req)
         results.append(result)
         messages += [
-            {"role": "assistant", "content": result.output_text},
+            {"role": "assistant", "content": result.output.text},
             {"role": "tool", "content": f"tool output {i}"},
         ]
         await asyncio.sleep(gap_s)
@@ -582,7 +590,7 @@ def test_scheduler_alternates_slots_and_sp_sets_priority(sleep_mode: bool) -> No
     priorities = {g[1].split("#")[0]: g[2] for f in fakes.values() for g in gens(f)}
     for r in results:
         assert priorities[r.request_id] == (PRIORITY_SP if r.sp_admitted else PRIORITY_DEFAULT)
-    assert all(r.output_text == (REPLY * 8)[: r.output_tokens] for r in results)
+    assert all(r.output.text == (REPLY * 8)[: r.output_tokens] for r in results)
     assert sum(s.sp_admitted for s in node.slots) == len(sp)
     hits = [r for r in results if r.cached_tokens > 0]
     assert hits, "continuations reused their prefix"

@@ -22,8 +22,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from talaria.core.clock import LoopClock
-from talaria.core.types import CallRequest, CallResult, KvSource
-from talaria.runtime.engine import Finished, FirstToken, TokenDelta
+from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
 from talaria.runtime.engines.vllm import (
     PRIORITY_DEFAULT,
     PRIORITY_SP,
@@ -151,7 +150,7 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
         events = [e async for e in engine.run(admission)]
         result = events[-1].result
         history += [
-            {"role": "assistant", "content": result.output_text},
+            {"role": "assistant", "content": result.output.text},
             {"role": "tool", "content": "1 failed, 3 passed"},
         ]
         second = call("real-2", "real", history, index=1)
@@ -168,7 +167,10 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
     assert all(isinstance(d, TokenDelta) for d in deltas)
     assert result.output_tokens == 16 == 1 + sum(d.tokens for d in deltas)
     assert result.prompt_tokens == len(prompt_ids) > 128  # over one CPU KV block
-    assert result.output_text and head.text + "".join(d.text for d in deltas) == result.output_text
+    assert (
+        result.output.text
+        and head.delta.text + "".join(d.delta.text for d in deltas) == result.output.text
+    )
     assert result.first_token_s <= result.finished_s
 
     first_token, finished = more
@@ -200,7 +202,7 @@ async def agent(
         result = await sched.submit(req)
         results.append(result)
         messages += [
-            {"role": "assistant", "content": result.output_text},
+            {"role": "assistant", "content": result.output.text},
             {"role": "tool", "content": f"tool output {i}"},
         ]
         await asyncio.sleep(gap_s)
@@ -257,4 +259,4 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     continuations = [r for r in results if not r.request_id.endswith("-0")]
     assert all(r.cached_tokens > 0 and r.kv_source is KvSource.HBM for r in continuations)
     wanted = {"long": 400, "short": 8, "other": 16}
-    assert all(r.output_tokens == wanted[r.session_id] and r.output_text for r in results)
+    assert all(r.output_tokens == wanted[r.session_id] and r.output.text for r in results)

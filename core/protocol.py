@@ -1,0 +1,252 @@
+"""The proxy ↔ runtime protocol, defined once: JSON documents for a call, its events, and a
+node's status, with their encoders and decoders side by side. Both ends import this module and
+nothing of each other.
+
+Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
+
+- **call** (``POST /v1/runtime/generate`` body): ``CallRequest``'s fields, with ``tools`` as
+  ``[{name, description, parameters}]``, ``tool_choice`` as ``{mode, name}`` and ``sampling``
+  as ``Sampling``'s fields (``stop`` a list);
+- **events** (the NDJSON reply, one per line): ``{"type": "first", "t_s", "cached_tokens",
+  "kv_source", "delta"}``, ``{"type": "delta", "t_s", "tokens", "delta"}``,
+  ``{"type": "finished", "result"}`` or ``{"type": "error", "message", "code"?, "param"?}``;
+  a delta is ``{"text", "reasoning", "tool_calls": [{index, id, name, arguments}]}`` (empty
+  members omitted) and a result holds ``output`` ``{text, reasoning, tool_calls: [{id, name,
+  arguments}], finish_reason}``;
+- **status** (``GET /v1/runtime/status``): ``InstanceStatus``'s fields plus the node's
+  ``model_names``, recent ``slots`` and per-model ``engines`` info.
+
+A peer speaking another version is refused with a clear error (``ProtocolError``) rather than
+misread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from talaria.core.calls import (
+    ModelOutput,
+    OutputDelta,
+    Sampling,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+)
+from talaria.core.status import InstanceStatus
+from talaria.core.types import (
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
+
+PROTOCOL_VERSION = 2
+"""1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
+sampling) and structured output deltas."""
+
+_REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
+_RESULT_FIELDS = {f.name for f in fields(CallResult)}
+_SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
+STATUS_EXTRA_KEYS = ("v", "model_names", "slots", "engines")
+"""Status document keys beyond ``InstanceStatus``'s fields."""
+
+
+class ProtocolError(ValueError):
+    """A document on the seam is malformed, or speaks another protocol version."""
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    """The runtime failed the call: a runtime fault, or (with ``code``) the caller's fault."""
+
+    message: str
+    code: str | None = None
+    param: str | None = None
+
+
+def _check_version(data: Mapping[str, Any], what: str) -> None:
+    version = data.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{what} speaks protocol version {version!r}; this side speaks {PROTOCOL_VERSION}"
+        )
+
+
+# -- calls ----------------------------------------------------------------------------------
+
+
+def request_to_dict(request: CallRequest) -> dict[str, Any]:
+    data: dict[str, Any] = {f.name: getattr(request, f.name) for f in fields(CallRequest)}
+    data["v"] = PROTOCOL_VERSION
+    if request.messages is not None:
+        data["messages"] = list(request.messages)
+    data["tools"] = [
+        {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+        for t in request.tools
+    ]
+    data["tool_choice"] = {"mode": request.tool_choice.mode, "name": request.tool_choice.name}
+    sampling = asdict(request.sampling)
+    sampling["stop"] = list(request.sampling.stop)
+    data["sampling"] = sampling
+    return data
+
+
+def request_from_dict(data: Any) -> CallRequest:
+    if not isinstance(data, dict):
+        raise ProtocolError("a call request must be a JSON object")
+    _check_version(data, "the call")
+    body = {k: v for k, v in data.items() if k != "v"}
+    unknown = set(body) - _REQUEST_FIELDS
+    if unknown:
+        raise ProtocolError(f"unknown call request fields: {sorted(unknown)}")
+    try:
+        if body.get("messages") is not None:
+            body["messages"] = tuple(body["messages"])
+        body["tools"] = tuple(ToolSpec(**t) for t in body.get("tools") or ())
+        body["tool_choice"] = ToolChoice(**(body.get("tool_choice") or {}))
+        sampling = dict(body.get("sampling") or {})
+        if set(sampling) - _SAMPLING_FIELDS:
+            raise ProtocolError(
+                f"unknown sampling fields: {sorted(set(sampling) - _SAMPLING_FIELDS)}"
+            )
+        sampling["stop"] = tuple(sampling.get("stop") or ())
+        body["sampling"] = Sampling(**sampling)
+        request = CallRequest(**body)
+    except TypeError as exc:
+        raise ProtocolError(f"bad call request: {exc}") from exc
+    if request.prompt_tokens < 1 or request.max_output_tokens < 1:
+        raise ProtocolError("prompt_tokens and max_output_tokens must be positive")
+    return request
+
+
+# -- outputs and results --------------------------------------------------------------------
+
+
+def delta_to_dict(delta: OutputDelta) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    if delta.text:
+        data["text"] = delta.text
+    if delta.reasoning:
+        data["reasoning"] = delta.reasoning
+    if delta.tool_calls:
+        data["tool_calls"] = [asdict(c) for c in delta.tool_calls]
+    return data
+
+
+def delta_from_dict(data: Mapping[str, Any]) -> OutputDelta:
+    return OutputDelta(
+        text=data.get("text", ""),
+        reasoning=data.get("reasoning", ""),
+        tool_calls=tuple(ToolCallDelta(**c) for c in data.get("tool_calls", ())),
+    )
+
+
+def output_to_dict(output: ModelOutput) -> dict[str, Any]:
+    return {
+        "text": output.text,
+        "reasoning": output.reasoning,
+        "tool_calls": [asdict(c) for c in output.tool_calls],
+        "finish_reason": output.finish_reason,
+    }
+
+
+def output_from_dict(data: Mapping[str, Any]) -> ModelOutput:
+    return ModelOutput(
+        text=data.get("text", ""),
+        reasoning=data.get("reasoning", ""),
+        tool_calls=tuple(ToolCall(**c) for c in data.get("tool_calls", ())),
+        finish_reason=data.get("finish_reason", "stop"),
+    )
+
+
+def result_to_dict(result: CallResult) -> dict[str, Any]:
+    data = {f.name: getattr(result, f.name) for f in fields(CallResult)}
+    data["kv_source"] = result.kv_source.value
+    data["output"] = None if result.output is None else output_to_dict(result.output)
+    return data
+
+
+def result_from_dict(data: Mapping[str, Any]) -> CallResult:
+    known = {k: v for k, v in data.items() if k in _RESULT_FIELDS}
+    known["kv_source"] = KvSource(known["kv_source"])
+    output = known.get("output")
+    known["output"] = None if output is None else output_from_dict(output)
+    return CallResult(**known)
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+def event_to_dict(event: GenerationEvent | ErrorEvent) -> dict[str, Any]:
+    if isinstance(event, FirstToken):
+        return {
+            "type": "first",
+            "t_s": event.t_s,
+            "cached_tokens": event.cached_tokens,
+            "kv_source": event.kv_source.value,
+            "delta": None if event.delta is None else delta_to_dict(event.delta),
+        }
+    if isinstance(event, TokenDelta):
+        return {
+            "type": "delta",
+            "t_s": event.t_s,
+            "tokens": event.tokens,
+            "delta": None if event.delta is None else delta_to_dict(event.delta),
+        }
+    if isinstance(event, Finished):
+        return {"type": "finished", "result": result_to_dict(event.result)}
+    data: dict[str, Any] = {"type": "error", "message": event.message}
+    if event.code is not None:
+        data["code"] = event.code
+        data["param"] = event.param
+    return data
+
+
+def event_from_dict(data: Mapping[str, Any]) -> GenerationEvent | ErrorEvent:
+    kind = data.get("type")
+    try:
+        if kind == "first":
+            delta = data.get("delta")
+            return FirstToken(
+                data["t_s"],
+                data["cached_tokens"],
+                KvSource(data["kv_source"]),
+                None if delta is None else delta_from_dict(delta),
+            )
+        if kind == "delta":
+            delta = data.get("delta")
+            return TokenDelta(
+                data["t_s"], data["tokens"], None if delta is None else delta_from_dict(delta)
+            )
+        if kind == "finished":
+            return Finished(result_from_dict(data["result"]))
+        if kind == "error":
+            code = data.get("code")
+            return ErrorEvent(
+                str(data.get("message", "")),
+                code if isinstance(code, str) else None,
+                data.get("param") if isinstance(code, str) else None,
+            )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"bad {kind} event: {exc!r}") from exc
+    raise ProtocolError(f"unexpected event {dict(data)!r}")
+
+
+# -- node status ----------------------------------------------------------------------------
+
+
+def status_to_dict(status: InstanceStatus, **extra: Any) -> dict[str, Any]:
+    """The status document: ``status`` plus the node's extras (``model_names``, ``slots``,
+    ``engines``)."""
+    return {**status.to_dict(), **extra, "v": PROTOCOL_VERSION}
+
+
+def status_from_dict(data: Mapping[str, Any]) -> InstanceStatus:
+    _check_version(data, "the runtime")
+    return InstanceStatus.from_dict({k: v for k, v in data.items() if k not in STATUS_EXTRA_KEYS})

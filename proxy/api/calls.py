@@ -1,0 +1,68 @@
+"""What every LLM route does before and after its dialect: authenticate, read the body, check the
+model, identify the session, open the call, and the headers every reply carries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import Request
+
+from talaria.core.calls import Call
+from talaria.proxy.api.context import ProxyContext, context, read_json
+from talaria.proxy.errors import ApiError, unknown_model
+from talaria.proxy.gateway import Api, CallHandle, PreparedCall
+from talaria.proxy.sessions.identity import Identity, IdentityError, identify
+
+
+async def tenant_of(ctx: ProxyContext, request: Request) -> str:
+    """The caller's tenant: the key comes as ``Authorization: Bearer`` or ``x-api-key``
+    (Anthropic's clients send the latter)."""
+    client = request.client.host if request.client else None
+    authorization = request.headers.get("authorization")
+    if not authorization and request.headers.get("x-api-key"):
+        authorization = f"Bearer {request.headers['x-api-key']}"
+    return await ctx.auth.tenant(authorization, client)
+
+
+async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
+    """(context, tenant, JSON body): authentication first, so a stranger's body is not read."""
+    ctx = context(request)
+    tenant = await tenant_of(ctx, request)
+    return ctx, tenant, await read_json(request, ctx.settings.max_request_bytes)
+
+
+def identity_of(request: Request, body: Any) -> Identity:
+    try:
+        return identify(request.headers, body if isinstance(body, dict) else {})
+    except IdentityError as exc:
+        raise ApiError(400, str(exc), param=exc.field, code="invalid_session") from exc
+
+
+def check_model(ctx: ProxyContext, model: str) -> None:
+    if model not in ctx.gateway.models():
+        raise unknown_model(model, ctx.gateway.models())
+
+
+async def open_call(
+    request: Request, ctx: ProxyContext, tenant: str, api: Api, call: Call, body: Any
+) -> tuple[CallHandle, dict[str, str]]:
+    """Start the call; returns its handle and the headers of the reply."""
+    check_model(ctx, call.model)
+    prepared = PreparedCall(
+        request_id=request.state.request_id,
+        tenant_id=tenant,
+        identity=identity_of(request, body),
+        api=api,
+        call=call,
+        max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
+    )
+    handle = await ctx.gateway.open_call(prepared)
+    headers = {
+        "x-talaria-session-id": handle.session_id,
+        "x-talaria-session-key": handle.session_key,
+        "x-talaria-instance": handle.instance,
+    }
+    return handle, headers
+
+
+SSE_HEADERS = {"cache-control": "no-cache"}

@@ -1,0 +1,290 @@
+"""The live sessions and the index that finds them: one place for a session's identity, its
+conversation, its family and its end.
+
+A session is keyed internally by ``key`` (``ses_<24 hex>``); the store, the runtime and the
+routing only ever see that key, so equal client ids of two tenants are two sessions whose KV and
+records never meet. The client's own id is ``external_id`` (for an implicit session, its key).
+
+``resolve`` picks the session of a call:
+
+1. **Explicit id** (tenant, id): the live session of that id, if the call continues its
+   conversation or that of one of its children; a call that continues none opens a *child*
+   (parent = that session: a sub-agent, a side question); with no live session of that id, a
+   new one.
+2. **Implicit**: the live implicit session of the same tenant and model whose conversation the
+   call continues (a session its client named is only continued under that name); else a new
+   one.
+
+"Continues" (see conversation.py for the chain values ``h_i`` of a call's messages): each live
+session indexes ``h`` of its last prompt and of its last prompt + the reply it got. For ``i``
+from the call's length down: a *history* match at ``i`` (and more messages follow) is a
+continuation; a *prompt* match at ``i`` is a retry when nothing follows, or a continuation
+whose reply the agent rewrote when the next message is the assistant's. The longest match wins
+(a history match before a prompt match at the same ``i``). Cost: at most two dictionary
+lookups per message of the call, whatever the number of sessions.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from talaria.core.reservations import GapEstimator
+from talaria.proxy.sessions.conversation import Fingerprint, chain, tokens_of
+from talaria.proxy.sessions.identity import Identity
+
+Kind = Literal["prompt", "history"]
+IndexKey = tuple[str, str, Kind, bytes]
+"""(tenant, model, kind, chain value)."""
+How = Literal["new", "continued", "retry", "child"]
+
+
+def new_key() -> str:
+    return f"ses_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class SessionState:
+    key: str
+    tenant_id: str
+    external_id: str
+    identity_source: str
+    model: str
+    started_at: datetime
+    started_s: float
+    """Clock time of the first call (for SCT)."""
+    parent_key: str | None = None
+    """The parent's key (a child, or a session whose client named a live parent), else the
+    parent id the client gave."""
+    root_key: str = ""
+    """The session whose client id this family shares (itself for a root)."""
+    calls: int = 0
+    inflight: int = 0
+    last_activity_s: float = 0.0
+    last_finish_s: float | None = None
+    last_instance: str | None = None
+    last_finish_reason: str | None = None
+    gaps: GapEstimator = field(default_factory=GapEstimator)
+    history: list[Fingerprint] = field(default_factory=list)
+    """The last prompt + the reply it got (what a continuation starts with)."""
+    prompt: list[Fingerprint] = field(default_factory=list)
+    """The last prompt sent (a retry repeats it)."""
+    indexed: dict[Kind, IndexKey] = field(default_factory=dict)
+    reservation_id: str | None = None
+    reserved_instance: str | None = None
+    reservation_expires_s: float | None = None
+    reservation_times: tuple[datetime, datetime, datetime] | None = None
+    """(created, expected return, expires) wall times of the live reservation."""
+    ended: bool = False
+
+    @property
+    def is_root(self) -> bool:
+        return self.root_key == self.key
+
+    @property
+    def session_id(self) -> str:
+        """The key (what the runtime and the store call this session)."""
+        return self.key
+
+
+@dataclass(frozen=True)
+class Resolution:
+    state: SessionState
+    how: How
+    shared_tokens: int
+    """Estimated tokens of this call's prompt that the session's KV already holds."""
+
+
+class SessionBook:
+    """Live sessions by key, the roots by (tenant, client id), the children of each root, and
+    the conversation index. Least recently used sessions are forgotten beyond ``capacity``
+    (their records stay in the store)."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._capacity = capacity
+        self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._roots: dict[tuple[str, str], str] = {}
+        self._children: dict[str, set[str]] = {}
+        self._index: dict[IndexKey, list[str]] = {}
+
+    # -- lookups --------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __iter__(self) -> Iterator[SessionState]:
+        return iter(list(self._sessions.values()))
+
+    def get(self, key: str) -> SessionState | None:
+        return self._sessions.get(key)
+
+    def named(self, tenant_id: str, external_id: str) -> SessionState | None:
+        """The live session the tenant calls ``external_id`` (a root), else one whose key it
+        is (an implicit session or a child, named by the key the proxy sent back)."""
+        key = self._roots.get((tenant_id, external_id), external_id)
+        state = self._sessions.get(key)
+        return state if state is not None and state.tenant_id == tenant_id else None
+
+    def by_external_id(self, external_id: str) -> list[SessionState]:
+        """Live root sessions of any tenant that the client calls ``external_id`` (a scan: for
+        the admin API, not the call path)."""
+        return [s for s in self._sessions.values() if s.external_id == external_id and s.is_root]
+
+    def children(self, key: str) -> list[SessionState]:
+        return [
+            self._sessions[k] for k in sorted(self._children.get(key, ())) if k in self._sessions
+        ]
+
+    # -- resolving a call -----------------------------------------------------------------
+    def resolve(
+        self,
+        *,
+        tenant_id: str,
+        identity: Identity,
+        model: str,
+        prints: Sequence[Fingerprint],
+        now_s: float,
+        now_at: datetime,
+        match: bool = True,
+    ) -> Resolution:
+        """The session of this call (created if need be); ``match=False`` skips conversation
+        matching (a prompt that is not a conversation, e.g. a text completion)."""
+        root: SessionState | None = None
+        if identity.session_id is not None:
+            root = self.named(tenant_id, identity.session_id)
+            if root is not None and root.root_key != root.key:
+                root = None  # the client named a child by its key: treat as a new root
+        if not match and root is not None:  # nothing to match: the named session it is
+            self._touch(root, now_s)
+            return Resolution(root, "continued", 0)
+        if match and (root is not None or identity.session_id is None):
+            family = None if root is None else {root.key, *self._children.get(root.key, ())}
+            found = self._match(tenant_id, model, prints, family)
+            if found is not None:
+                self._touch(found.state, now_s)
+                return found
+        parent_key = None
+        if root is not None:
+            parent_key = root.key
+        elif identity.parent_session_id is not None:  # the parent's key, else its id as given
+            parent = self.named(tenant_id, identity.parent_session_id)
+            parent_key = parent.key if parent is not None else identity.parent_session_id
+        key = new_key()
+        explicit = identity.session_id is not None
+        state = SessionState(
+            key=key,
+            tenant_id=tenant_id,
+            external_id=identity.session_id if explicit else key,  # type: ignore[arg-type]
+            identity_source=identity.source,
+            model=model,
+            started_at=now_at,
+            started_s=now_s,
+            parent_key=parent_key,
+            root_key=root.key if root is not None else key,
+            last_activity_s=now_s,
+        )
+        self._sessions[key] = state
+        if root is not None:
+            self._children.setdefault(root.key, set()).add(key)
+        elif explicit:
+            self._roots[(tenant_id, state.external_id)] = key
+        self._evict()
+        return Resolution(state, "child" if root is not None else "new", 0)
+
+    def _match(
+        self,
+        tenant_id: str,
+        model: str,
+        prints: Sequence[Fingerprint],
+        family: set[str] | None,
+    ) -> Resolution | None:
+        values = chain(prints)
+        n = len(prints)
+        for i in range(n, 0, -1):
+            kinds: list[Kind] = ["history", "prompt"] if i < n else ["prompt"]
+            for kind in kinds:
+                if kind == "prompt" and i < n and prints[i].role != "assistant":
+                    continue
+                for key in self._index.get((tenant_id, model, kind, values[i - 1]), ()):
+                    if family is not None and key not in family:
+                        continue
+                    state = self._sessions.get(key)
+                    if state is None or state.ended:
+                        continue
+                    if family is None and state.identity_source != "implicit":
+                        continue  # a named session is only ever continued under its name
+                    how: How = "retry" if i == n else "continued"
+                    return Resolution(state, how, tokens_of(prints[:i]))
+        return None
+
+    # -- a session's conversation ---------------------------------------------------------
+    def call_started(
+        self, state: SessionState, prints: Sequence[Fingerprint], now_s: float
+    ) -> None:
+        """A call with this prompt was sent: index it (a retry or a parallel call finds it)."""
+        state.prompt = list(prints)
+        state.calls += 1
+        state.inflight += 1
+        self._touch(state, now_s)
+        if prints:
+            self._reindex(state, "prompt", chain(prints)[-1])
+
+    def call_finished(
+        self, state: SessionState, prompt: Sequence[Fingerprint], reply: Fingerprint, now_s: float
+    ) -> None:
+        """The call got ``reply``: prompt + reply is the conversation to continue."""
+        state.history = [*prompt, reply]
+        state.last_activity_s = now_s
+        self._reindex(state, "history", chain(state.history)[-1])
+
+    def _reindex(self, state: SessionState, kind: Kind, value: bytes) -> None:
+        self._unindex(state, kind)
+        key: IndexKey = (state.tenant_id, state.model, kind, value)
+        self._index.setdefault(key, []).append(state.key)
+        state.indexed[kind] = key
+
+    def _unindex(self, state: SessionState, kind: Kind) -> None:
+        old = state.indexed.pop(kind, None)
+        if old is None:
+            return
+        keys = self._index.get(old)
+        if keys is not None:
+            if state.key in keys:
+                keys.remove(state.key)
+            if not keys:
+                del self._index[old]
+
+    def _touch(self, state: SessionState, now_s: float) -> None:
+        state.last_activity_s = now_s
+        self._sessions.move_to_end(state.key)
+
+    # -- ends -----------------------------------------------------------------------------
+    def forget(self, state: SessionState) -> None:
+        """Remove an ended session from every map."""
+        state.ended = True
+        self._sessions.pop(state.key, None)
+        for kind in ("prompt", "history"):
+            self._unindex(state, kind)
+        if self._roots.get((state.tenant_id, state.external_id)) == state.key:
+            del self._roots[(state.tenant_id, state.external_id)]
+        self._children.pop(state.key, None)
+        if state.root_key != state.key:
+            siblings = self._children.get(state.root_key)
+            if siblings is not None:
+                siblings.discard(state.key)
+
+    def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
+        """Sessions with no call in flight and none for ``timeout_s``."""
+        return [
+            s
+            for s in self._sessions.values()
+            if s.inflight == 0 and now_s - s.last_activity_s > timeout_s
+        ]
+
+    def _evict(self) -> None:
+        while len(self._sessions) > self._capacity:
+            _, oldest = next(iter(self._sessions.items()))
+            self.forget(oldest)

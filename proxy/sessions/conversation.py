@@ -1,0 +1,78 @@
+"""A conversation as a chain of message fingerprints, so that a call can find the conversation
+it continues with a few dictionary lookups.
+
+Fingerprint of a message (``fingerprint``): a digest of its role (``developer`` counts as
+``system``), its text with surrounding whitespace stripped, and its tool calls as (name,
+canonical JSON arguments: parsed and dumped with sorted keys). Left out on purpose, because
+agents change them when they send a reply back: tool-call ids, reasoning / thinking, cache
+hints and content-block boundaries. Plus the message's estimated tokens (for prefix reuse).
+
+Chain (``chain``): ``h_0 = ∅``, ``h_i = blake2b(h_{i−1} ‖ digest_i)``; ``h_i`` identifies the
+first ``i`` messages, so a call whose first ``k`` messages equal a known conversation has that
+conversation's value at position ``k``, and a change to any earlier message changes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from talaria.core.calls import content_text, message_tokens
+
+DIGEST_BYTES = 16
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    digest: bytes
+    tokens: int
+    role: str
+
+
+def canonical_arguments(arguments: Any) -> Any:
+    """Tool-call arguments in a form that ignores whitespace and key order."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return arguments.strip()
+    return json.loads(json.dumps(arguments, sort_keys=True))
+
+
+def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
+    role = str(message.get("role", ""))
+    role = "system" if role == "developer" else role
+    calls = []
+    for call in message.get("tool_calls") or ():
+        if isinstance(call, Mapping):
+            function = call.get("function")
+            function = function if isinstance(function, Mapping) else {}
+            calls.append([function.get("name"), canonical_arguments(function.get("arguments"))])
+    canonical = json.dumps(
+        [role, content_text(message.get("content")).strip(), calls],
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    digest = hashlib.blake2b(canonical.encode(), digest_size=DIGEST_BYTES).digest()
+    return Fingerprint(digest, message_tokens(message), role)
+
+
+def fingerprints(messages: Sequence[Mapping[str, Any]]) -> list[Fingerprint]:
+    return [fingerprint(m) for m in messages]
+
+
+def chain(prints: Sequence[Fingerprint]) -> list[bytes]:
+    """``[h_1, …, h_n]`` (see the module docstring)."""
+    out: list[bytes] = []
+    value = b""
+    for p in prints:
+        value = hashlib.blake2b(value + p.digest, digest_size=DIGEST_BYTES).digest()
+        out.append(value)
+    return out
+
+
+def tokens_of(prints: Sequence[Fingerprint]) -> int:
+    return sum(p.tokens for p in prints)

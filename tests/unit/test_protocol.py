@@ -1,0 +1,193 @@
+"""The proxy ↔ runtime protocol: every document survives encoding to JSON text and back, and a
+peer speaking another version is refused."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from talaria.core.calls import (
+    ModelOutput,
+    OutputDelta,
+    Sampling,
+    ToolCall,
+    ToolCallDelta,
+    ToolChoice,
+    ToolSpec,
+)
+from talaria.core.protocol import (
+    PROTOCOL_VERSION,
+    ErrorEvent,
+    ProtocolError,
+    event_from_dict,
+    event_to_dict,
+    request_from_dict,
+    request_to_dict,
+    status_from_dict,
+    status_to_dict,
+)
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
+from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
+
+
+def _wire(data: dict[str, Any]) -> dict[str, Any]:
+    """Through JSON text, as on the socket."""
+    decoded: dict[str, Any] = json.loads(json.dumps(data))
+    return decoded
+
+
+FULL_REQUEST = CallRequest(
+    request_id="r1",
+    session_id="ses_1",
+    model="glm-4.5-fp8",
+    prompt_tokens=120,
+    max_output_tokens=64,
+    call_index=3,
+    expected_tool_gap_s=2.5,
+    session_final=True,
+    stream=True,
+    shared_prefix_tokens=100,
+    messages=(
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+    ),
+    tools=(ToolSpec("ls", "list files", {"type": "object", "properties": {}}),),
+    tool_choice=ToolChoice("named", "ls"),
+    sampling=Sampling(
+        temperature=0.0,
+        top_p=0.9,
+        top_k=40,
+        seed=7,
+        stop=("\n\n", "END"),
+        presence_penalty=0.1,
+        frequency_penalty=-0.1,
+        logprobs=True,
+        top_logprobs=3,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+    ),
+    reasoning=True,
+    output_tokens=17,
+)
+
+
+def test_a_full_request_round_trips() -> None:
+    assert request_from_dict(_wire(request_to_dict(FULL_REQUEST))) == FULL_REQUEST
+
+
+def test_a_minimal_request_round_trips() -> None:
+    minimal = CallRequest("r", "s", "m", prompt_tokens=1, max_output_tokens=1)
+    assert request_from_dict(_wire(request_to_dict(minimal))) == minimal
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"v": 1}, "protocol version 1"),
+        ({"v": None}, "protocol version None"),
+        ({"surprise": 1}, "unknown call request fields"),
+        ({"prompt_tokens": 0}, "must be positive"),
+        ({"sampling": {"temperature": 1, "warmth": 2}}, "unknown sampling fields"),
+        ({"tools": [{"name": "x", "colour": "red"}]}, "bad call request"),
+    ],
+)
+def test_bad_requests_are_refused(change: dict[str, Any], message: str) -> None:
+    data = {**request_to_dict(FULL_REQUEST), **change}
+    with pytest.raises(ProtocolError, match=message):
+        request_from_dict(data)
+
+
+OUTPUT = ModelOutput(
+    "done", "thinking", (ToolCall("c1", "ls", '{"path": "."}'),), finish_reason="tool_calls"
+)
+RESULT = CallResult(
+    request_id="r1",
+    session_id="ses_1",
+    model="m",
+    node="n0",
+    prompt_tokens=10,
+    cached_tokens=8,
+    output_tokens=4,
+    arrival_s=1.0,
+    admitted_s=1.5,
+    first_token_s=2.0,
+    finished_s=3.0,
+    kv_source=KvSource.HOST,
+    restored_bytes=1e6,
+    recomputed_tokens=0,
+    sp_admitted=True,
+    output=OUTPUT,
+)
+DELTA = OutputDelta("a", "b", (ToolCallDelta(0, "c1", "ls", '{"pa'), ToolCallDelta(1, None, None)))
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        FirstToken(2.0, 8, KvSource.HBM, DELTA),
+        FirstToken(2.0, 0, KvSource.NEW, None),
+        TokenDelta(2.5, 3, DELTA),
+        TokenDelta(2.5, 3, None),
+        Finished(RESULT),
+        Finished(CallResult(**{**RESULT.__dict__, "output": None})),
+        ErrorEvent("engine crashed"),
+        ErrorEvent("too long", "context_length_exceeded", "messages"),
+    ],
+)
+def test_every_event_round_trips(event: Any) -> None:
+    assert event_from_dict(_wire(event_to_dict(event))) == event
+
+
+def test_unknown_or_broken_events_are_refused() -> None:
+    with pytest.raises(ProtocolError, match="unexpected event"):
+        event_from_dict({"type": "gossip"})
+    with pytest.raises(ProtocolError, match="bad first event"):
+        event_from_dict({"type": "first", "t_s": 1.0})
+
+
+def test_status_round_trips_with_its_extras_and_version() -> None:
+    status = InstanceStatus(
+        instance="n0",
+        at_s=12.0,
+        active_model="a",
+        models={"a": ModelResidency("a", ModelState.ACTIVE, 0.0, 0.5, 1.0)},
+        sessions={"ses_1": SessionKvStatus("hbm", 100, "a", 0.0, 0.2)},
+        reserved={"ses_1": 1e9},
+        waiting_calls=2,
+        waiting_prompt_tokens=300,
+        running_calls=1,
+        kv_utilization=0.25,
+    )
+    document = _wire(status_to_dict(status, model_names=["a"], slots=[], engines={}))
+    assert document["v"] == PROTOCOL_VERSION and document["model_names"] == ["a"]
+    assert status_from_dict(document) == status
+    with pytest.raises(ProtocolError, match="protocol version"):
+        status_from_dict({**document, "v": PROTOCOL_VERSION + 1})
+
+
+_text = st.text(max_size=20)
+
+
+@given(
+    st.builds(
+        ModelOutput,
+        _text,
+        _text,
+        st.lists(st.builds(ToolCall, _text, _text, _text), max_size=3).map(tuple),
+        st.sampled_from(["stop", "length", "tool_calls"]),
+    )
+)
+def test_any_output_round_trips(output: ModelOutput) -> None:
+    event = Finished(CallResult(**{**RESULT.__dict__, "output": output}))
+    assert event_from_dict(_wire(event_to_dict(event))) == event

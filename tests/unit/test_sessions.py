@@ -1,0 +1,253 @@
+"""Finding sessions without the client's help: identity from headers and bodies, conversation
+fingerprints that survive what agents do to a reply, and the book that matches calls to the
+sessions they continue (per tenant and model, children for named sessions)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from talaria.proxy.sessions.book import SessionBook
+from talaria.proxy.sessions.conversation import fingerprint, fingerprints
+from talaria.proxy.sessions.identity import Identity, IdentityError, identify
+
+UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "expected"),
+    [
+        ({"x-talaria-session-id": "a", "x-claude-code-session-id": "b"}, {}, ("a", "talaria")),
+        ({"x-claude-code-session-id": UUID, "session-id": "c"}, {}, (UUID, "claude-code")),
+        (
+            {},
+            {"metadata": {"user_id": json.dumps({"device_id": "d", "session_id": UUID})}},
+            (UUID, "claude-code"),
+        ),
+        (
+            {},
+            {"metadata": {"user_id": f"user_ab12_account_{UUID}_session_{UUID}"}},
+            (UUID, "claude-code"),
+        ),
+        ({"session-id": "s1", "thread-id": "t1"}, {"prompt_cache_key": "k"}, ("s1", "codex")),
+        ({"thread-id": "t1"}, {}, ("t1", "codex")),
+        ({"x-session-id": "x"}, {"prompt_cache_key": "k"}, ("k", "prompt_cache_key")),
+        ({"x-session-id": "x", "x-litellm-session-id": "y"}, {}, ("x", "x-session-id")),
+        ({"x-litellm-session-id": "y"}, {"litellm_session_id": "z"}, ("y", "x-litellm-session-id")),
+        ({}, {"litellm_session_id": "z"}, ("z", "litellm_session_id")),
+        ({}, {"metadata": {"user_id": "not-claude"}}, (None, "implicit")),
+        ({}, {}, (None, "implicit")),
+    ],
+)
+def test_identity_sources_in_order(
+    headers: dict[str, str], body: dict[str, Any], expected: tuple[str | None, str]
+) -> None:
+    found = identify(headers, body)
+    assert (found.session_id, found.source) == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "field"),
+    [
+        ({"x-talaria-session-id": "x" * 201}, {}, "X-Talaria-Session-Id"),
+        ({}, {"prompt_cache_key": "bad\nid"}, "prompt_cache_key"),
+        ({}, {"prompt_cache_key": "emoji 🙂"}, "prompt_cache_key"),
+        ({}, {"litellm_session_id": "nul\x00"}, "litellm_session_id"),
+        ({}, {"prompt_cache_key": "rtl\u202e"}, "prompt_cache_key"),
+        ({"x-talaria-parent-session-id": "p" * 300}, {}, "X-Talaria-Parent-Session-Id"),
+        ({"x-talaria-tool-gap-ms": "inf"}, {}, "X-Talaria-Tool-Gap-Ms"),
+        ({"x-talaria-tool-gap-ms": "nan"}, {}, "X-Talaria-Tool-Gap-Ms"),
+        ({"x-talaria-tool-gap-ms": "1e308"}, {}, "X-Talaria-Tool-Gap-Ms"),
+        ({"x-talaria-tool-gap-ms": "-5"}, {}, "X-Talaria-Tool-Gap-Ms"),
+        ({"x-talaria-tool-gap-ms": "soon"}, {}, "X-Talaria-Tool-Gap-Ms"),
+    ],
+)
+def test_malformed_ids_and_hints_name_their_field(
+    headers: dict[str, str], body: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(IdentityError) as info:
+        identify(headers, body)
+    assert info.value.field == field
+
+
+def _call(name: str, args: Any, call_id: str = "c1") -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def test_fingerprints_ignore_what_agents_change_in_a_reply() -> None:
+    ours = {
+        "role": "assistant",
+        "content": "Listing.",
+        "tool_calls": [_call("ls", '{"path": ".", "all": true}')],
+        "reasoning_content": "I should look first.",
+    }
+    echoed = {  # re-serialized arguments, other id, text as parts, thinking dropped
+        "role": "assistant",
+        "content": [{"type": "text", "text": "Listing.\n"}],
+        "tool_calls": [_call("ls", {"all": True, "path": "."}, call_id="toolu_9")],
+    }
+    assert fingerprint(ours).digest == fingerprint(echoed).digest
+    assert fingerprint({"role": "developer", "content": "x"}).digest == (
+        fingerprint({"role": "system", "content": "x"}).digest
+    )
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"role": "user", "content": "Listing."},
+        {"role": "assistant", "content": "Listing!"},
+        {"role": "assistant", "content": "Listing.", "tool_calls": [_call("cat", "{}")]},
+        {"role": "assistant", "content": "Listing.", "tool_calls": [_call("ls", '{"p": 1}')]},
+    ],
+)
+def test_fingerprints_see_what_matters(other: dict[str, Any]) -> None:
+    base = {"role": "assistant", "content": "Listing.", "tool_calls": [_call("ls", "{}")]}
+    assert fingerprint(base).digest != fingerprint(other).digest
+
+
+NOW = datetime(2026, 11, 30, tzinfo=UTC)
+IMPLICIT = Identity(None, "implicit")
+
+
+class Agent:
+    """A conversation against the book: each step sends the history, then appends the reply
+    the proxy 'gave' and a tool result."""
+
+    def __init__(self, book: SessionBook, task: str, tenant: str = "t", model: str = "m") -> None:
+        self.book, self.tenant, self.model = book, tenant, model
+        self.messages: list[dict[str, Any]] = [
+            {"role": "system", "content": "You are an agent."},
+            {"role": "user", "content": task},
+        ]
+        self.steps = 0
+
+    def step(self, identity: Identity = IMPLICIT, reply_text: str | None = None) -> Any:
+        prints = fingerprints(self.messages)
+        found = self.book.resolve(
+            tenant_id=self.tenant,
+            identity=identity,
+            model=self.model,
+            prints=prints,
+            now_s=float(self.steps),
+            now_at=NOW,
+        )
+        self.book.call_started(found.state, prints, float(self.steps))
+        reply = {
+            "role": "assistant",
+            "content": f"step {self.steps} of {self.messages[1]['content']}",
+            "tool_calls": [_call("ls", "{}", f"c{self.steps}")],
+        }
+        self.book.call_finished(found.state, prints, fingerprint(reply), float(self.steps))
+        found.state.inflight -= 1
+        if reply_text is not None:  # the agent rewrote our reply before sending it back
+            reply = {**reply, "content": reply_text}
+        self.messages += [
+            reply,
+            {"role": "tool", "tool_call_id": f"c{self.steps}", "content": "ok"},
+        ]
+        self.steps += 1
+        return found
+
+
+def test_an_implicit_conversation_is_one_session_with_growing_reuse() -> None:
+    book = SessionBook()
+    agent = Agent(book, "fix the bug")
+    found = [agent.step() for _ in range(4)]
+    assert [f.how for f in found] == ["new", "continued", "continued", "continued"]
+    assert len({f.state.key for f in found}) == 1
+    shared = [f.shared_tokens for f in found]
+    assert shared[0] == 0 and shared[1:] == sorted(shared[1:]) and shared[1] > 0
+
+
+def test_two_agents_with_the_same_start_stay_apart() -> None:
+    book = SessionBook()
+    a, b = Agent(book, "same task"), Agent(book, "same task")
+    first_a, first_b = a.step(), b.step()  # identical first calls: b retries a's prompt...
+    assert first_b.how == "retry" and first_b.state is first_a.state
+    # ...but once the replies differ, each continues its own history (the longest match)
+    b.messages[2]["content"] = "a different reply"
+    b.messages[2]["tool_calls"] = [_call("cat", "{}", "cX")]
+    assert a.step().state is first_a.state
+    assert b.step().how == "new"
+
+
+def test_a_reply_the_agent_rewrote_still_continues() -> None:
+    book = SessionBook()
+    agent = Agent(book, "task")
+    first = agent.step(reply_text="(the agent kept only a summary of the reply)")
+    assert agent.step().state is first.state
+
+
+def test_a_rewritten_history_never_joins() -> None:
+    book = SessionBook()
+    agent = Agent(book, "task")
+    first = agent.step()
+    agent.step()
+    agent.messages[1]["content"] = "task, edited"
+    assert agent.step().state is not first.state
+
+
+def test_sessions_are_per_tenant_and_model() -> None:
+    book = SessionBook()
+    a = Agent(book, "task", tenant="A")
+    b = Agent(book, "task", tenant="B")
+    c = Agent(book, "task", model="other")
+    keys = {a.step().state.key, b.step().state.key, c.step().state.key}
+    assert len(keys) == 3
+    named = Identity("task-1", "talaria")
+    ka = Agent(book, "x", tenant="A").step(named).state
+    kb = Agent(book, "x", tenant="B").step(named).state
+    assert ka is not kb and ka.external_id == kb.external_id == "task-1"
+    assert book.named("A", "task-1") is ka and book.named("B", "task-1") is kb
+    assert book.named("B", ka.key) is None  # no tenant reaches another's session by key
+
+
+def test_a_named_session_opens_children_for_other_conversations() -> None:
+    book = SessionBook()
+    named = Identity(UUID, "claude-code")
+    main, sub = Agent(book, "the task"), Agent(book, "explore the repo")
+    root = main.step(named).state
+    child = sub.step(named)
+    assert child.how == "child" and child.state.parent_key == root.key
+    assert sub.step(named).state is child.state  # the sub-agent continues its own
+    assert main.step(named).state is root  # and the parent its own
+    assert [s.key for s in book.children(root.key)] == [child.state.key]
+    assert Agent(book, "implicit").step().state.parent_key is None
+
+
+def test_forgotten_sessions_leave_no_trace_in_the_index() -> None:
+    book = SessionBook()
+    agent = Agent(book, "task")
+    first = agent.step()
+    book.forget(first.state)
+    assert agent.step().how == "new" and len(book) == 1
+
+
+def test_idle_sessions() -> None:
+    book = SessionBook()
+    state = Agent(book, "task").step().state
+    assert book.idle(now_s=100.0, timeout_s=600.0) == []
+    assert book.idle(now_s=700.0, timeout_s=600.0) == [state]
+    state.inflight = 1
+    assert book.idle(now_s=700.0, timeout_s=600.0) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=40))
+def test_interleaved_conversations_never_mix(order: list[int]) -> None:
+    """Five implicit agents with distinct tasks, stepping in any order: each conversation is
+    one session, and no session holds two conversations."""
+    book = SessionBook()
+    agents = [Agent(book, f"task {i}") for i in range(5)]
+    seen: dict[int, set[str]] = {}
+    for i in order:
+        seen.setdefault(i, set()).add(agents[i].step().state.key)
+    assert all(len(keys) == 1 for keys in seen.values())
+    owners = [next(iter(keys)) for keys in seen.values()]
+    assert len(owners) == len(set(owners))

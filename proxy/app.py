@@ -3,6 +3,7 @@ batched writer, the runtime clients and the gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.proxy.api import admin, anthropic, openai
+from talaria.proxy.api import responses as responses_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
@@ -27,6 +29,7 @@ from talaria.proxy.gateway import Gateway
 from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
+from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
@@ -63,6 +66,19 @@ class RequestIdMiddleware:
             await send(message)
 
         await self.app(scope, receive, send_with_id)
+
+
+PURGE_INTERVAL_S = 600.0
+"""How often expired stored responses are deleted (wall seconds)."""
+
+
+async def _purge_responses(responses: ResponseStore) -> None:
+    while True:
+        await asyncio.sleep(PURGE_INTERVAL_S)
+        try:
+            await responses.purge()
+        except Exception as exc:  # the store may be down; try again next time
+            log.warning("purging stored responses failed: %r", exc)
 
 
 def create_app(
@@ -110,8 +126,13 @@ def create_app(
             routing_seed=cfg.routing_seed,
             context_windows=windows,
             max_inflight_per_tenant=cfg.max_inflight_per_tenant,
+            session_idle_timeout_s=cfg.session_idle_timeout_s,
         )
         gateway.start()
+        responses = ResponseStore(
+            writer, store, enabled=cfg.store_responses, ttl_s=cfg.responses_ttl_s
+        )
+        purger = asyncio.get_running_loop().create_task(_purge_responses(responses))
         auth = Authenticator(cfg.api_keys, store, await store.count_api_keys(active_only=True))
         if auth.open:
             log.warning("no API keys configured: serving local callers with any key")
@@ -120,10 +141,12 @@ def create_app(
             address = getattr(client, "url", None)
             record = InstanceRecord(client.name, client.kind, address, list(client.models), now)
             writer.submit(record)
-        app.state.talaria = ProxyContext(cfg, gateway, store, writer, metrics, auth)
+        app.state.talaria = ProxyContext(cfg, gateway, store, writer, metrics, auth, responses)
         try:
             yield
         finally:
+            purger.cancel()
+            await asyncio.gather(purger, return_exceptions=True)
             await gateway.close()
             for client in clients:
                 await client.close()
@@ -140,6 +163,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
+    app.include_router(responses_api.router)
     app.include_router(admin.router)
     _install_error_handlers(app)
 

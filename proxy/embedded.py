@@ -7,6 +7,7 @@ from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.proxy.runtime_client import InProcessRuntime
 from talaria.proxy.settings import ProxySettings
+from talaria.runtime.engines.sim_reply import ReplyPolicy
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import SchedulerConfig
@@ -18,9 +19,10 @@ def build_embedded(
     flags = policy_flags(settings.policy)
     config = SchedulerConfig(quantum_s=settings.quantum_s)
     setup = NodeSetup(settings.server, settings.profile, tuple(settings.models))
+    replies = ReplyPolicy(tool_calls_before_answer=settings.sim_tool_calls)
     return [
         InProcessRuntime(
-            build_sim_node(f"node{i}", setup, catalog, flags, config, clock),
+            build_sim_node(f"node{i}", setup, catalog, flags, config, clock, replies),
             clock,
             settings.status_ttl_s,
         )

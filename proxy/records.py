@@ -97,6 +97,28 @@ class InstanceRecord:
     status: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ResponseRecord:
+    """A stored response of the Responses API (upserted by id)."""
+
+    response_id: str
+    tenant_id: str
+    session_id: str
+    model: str
+    created_at: datetime
+    expires_at: datetime
+    response: dict[str, Any]
+    """The response object as the client got it."""
+    input_items: list[Any]
+    """Its input items, expanded through ``previous_response_id`` (each with an ``id``)."""
+
+
 Record = (
-    SessionRecord | CallRecord | DecisionRecord | ReservationRecord | HintRecord | InstanceRecord
+    SessionRecord
+    | CallRecord
+    | DecisionRecord
+    | ReservationRecord
+    | HintRecord
+    | InstanceRecord
+    | ResponseRecord
 )

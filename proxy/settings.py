@@ -51,6 +51,17 @@ class ProxySettings(BaseSettings):
     max_inflight_per_tenant: int = Field(512, gt=0)
     max_output_tokens: int = Field(4096, gt=0, description="Cap when a request sets none")
     status_ttl_s: float = Field(0.05, ge=0)
+    # sessions and stored responses
+    session_idle_timeout_s: float = Field(
+        600.0, gt=0, description="A session with no call for this long ends (clock seconds)"
+    )
+    sim_tool_calls: int = Field(
+        3, ge=0, description="Simulated engines answer after this many tool calls of a conversation"
+    )
+    store_responses: bool = Field(
+        True, description="Keep Responses API objects for previous_response_id (false: never)"
+    )
+    responses_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="How long they are kept")
     writer_flush_interval_s: float = Field(0.05, gt=0)
 
     @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")

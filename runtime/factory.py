@@ -14,6 +14,7 @@ from talaria.runtime.config import NodeConfig
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
+from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
 from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
@@ -46,8 +47,10 @@ def build_sim_node(
     flags: SchedulerFlags,
     config: SchedulerConfig,
     clock: Clock,
+    replies: ReplyPolicy = DEFAULT_REPLIES,
 ) -> NodeScheduler:
-    """A node of ``SimEngine``s sharing one ``NodeMemory`` and one ``PcieLink``."""
+    """A node of ``SimEngine``s sharing one ``NodeMemory`` and one ``PcieLink``; ``replies``:
+    what the engines answer live calls (runtime/engines/sim_reply.py)."""
     server = catalog.server(setup.server)
     profile = catalog.profile(setup.profile)
     specs = [catalog.model(m) for m in setup.models]
@@ -55,7 +58,14 @@ def build_sim_node(
     pcie = PcieLink(clock)
     engines: dict[str, Engine] = {
         spec.name: SimEngine(
-            spec, CostModel(spec, server, profile), memory, pcie, clock, name, flags.host_kv
+            spec,
+            CostModel(spec, server, profile),
+            memory,
+            pcie,
+            clock,
+            name,
+            flags.host_kv,
+            replies,
         )
         for spec in specs
     }

@@ -41,7 +41,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("response", sa.JSON(), nullable=False),
-        sa.Column("conversation", sa.JSON(), nullable=False),
+        sa.Column("input_items", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("response_id", name="pk_responses"),
     )
     op.create_index("ix_responses_tenant_id", "responses", ["tenant_id"])

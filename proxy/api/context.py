@@ -14,6 +14,7 @@ from talaria.proxy.auth import Authenticator
 from talaria.proxy.errors import ApiError, bad_request
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.writer import BatchWriter
@@ -27,6 +28,7 @@ class ProxyContext:
     writer: BatchWriter
     metrics: ProxyMetrics
     auth: Authenticator
+    responses: ResponseStore
 
 
 def context(request: Request) -> ProxyContext:

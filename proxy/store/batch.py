@@ -22,6 +22,7 @@ Rules (the writer may retry a batch, so applying one twice must give the same ro
 - ``ReservationRecord``: upserted by ``reservation_id``; release fields are set when given and
   never cleared by a later record without them.
 - ``InstanceRecord``: upserted by name, every field replaced.
+- ``ResponseRecord``: upserted by ``response_id``, every field replaced.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from talaria.proxy.records import (
     InstanceRecord,
     Record,
     ReservationRecord,
+    ResponseRecord,
     SessionRecord,
 )
 from talaria.proxy.store.models import (
@@ -51,6 +53,7 @@ from talaria.proxy.store.models import (
     InstanceRow,
     ReservationRow,
     SessionRow,
+    StoredResponse,
     as_utc,
 )
 
@@ -217,6 +220,21 @@ def _apply_reservation(
         row.release_reason = rec.release_reason
 
 
+def _apply_response(db: AsyncSession, rows: dict[str, StoredResponse], rec: ResponseRecord) -> None:
+    row = rows.get(rec.response_id)
+    if row is None:
+        row = StoredResponse(response_id=rec.response_id)
+        db.add(row)
+        rows[rec.response_id] = row
+    row.tenant_id = rec.tenant_id
+    row.session_id = rec.session_id
+    row.model = rec.model
+    row.created_at = as_utc(rec.created_at)
+    row.expires_at = as_utc(rec.expires_at)
+    row.response = dict(rec.response)
+    row.input_items = list(rec.input_items)
+
+
 def _apply_instance(db: AsyncSession, rows: dict[str, InstanceRow], rec: InstanceRecord) -> None:
     row = rows.get(rec.name)
     if row is None:
@@ -257,6 +275,12 @@ async def apply_batch(db: AsyncSession, records: Sequence[Record]) -> None:
         InstanceRow.name,
         (r.name for r in records if isinstance(r, InstanceRecord)),
     )
+    responses = await _load(
+        db,
+        StoredResponse,
+        StoredResponse.response_id,
+        (r.response_id for r in records if isinstance(r, ResponseRecord)),
+    )
     new_calls: list[CallRow] = []
     # Append-only rows nothing reads back by id: one bulk INSERT each per batch (an ORM add per
     # row made the writer fall behind the request rate under sustained load).
@@ -293,6 +317,8 @@ async def apply_batch(db: AsyncSession, records: Sequence[Record]) -> None:
             _apply_reservation(db, reservations, rec)
         elif isinstance(rec, InstanceRecord):
             _apply_instance(db, instances, rec)
+        elif isinstance(rec, ResponseRecord):
+            _apply_response(db, responses, rec)
         else:  # pragma: no cover - guarded by the Record union
             raise TypeError(f"not a store record: {type(rec).__name__}")
     # The unit of work orders tables by relationships, not foreign keys, and the models

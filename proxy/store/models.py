@@ -206,9 +206,9 @@ class InstanceRow(Base):
 
 class StoredResponse(Base):
     """A response of the Responses API kept for ``previous_response_id`` and
-    ``GET /v1/responses/{id}``: the response object as returned, and the conversation it ends
-    (the input items, expanded through its predecessors, then its output items). Kept until
-    ``expires_at``; ``store: false`` keeps nothing."""
+    ``GET /v1/responses/{id}``: the response object as returned, and its input items expanded
+    through its predecessors (so a continuation reads one row). Kept until ``expires_at``;
+    ``store: false`` keeps nothing."""
 
     __tablename__ = "responses"
 
@@ -219,4 +219,4 @@ class StoredResponse(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime] = mapped_column(index=True)
     response: Mapped[dict[str, Any]]
-    conversation: Mapped[list[Any]] = mapped_column(JSON)
+    input_items: Mapped[list[Any]] = mapped_column(JSON)

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -26,6 +26,7 @@ from talaria.proxy.store.models import (
     InstanceRow,
     ReservationRow,
     SessionRow,
+    StoredResponse,
     Tenant,
     as_utc,
 )
@@ -33,6 +34,7 @@ from talaria.proxy.store.views import (
     ApiKeyInfo,
     SessionDetail,
     SessionPage,
+    StoredResponseView,
     call_view,
     decision_view,
     decode_cursor,
@@ -178,6 +180,34 @@ class SqlStore:
         async with self._sessionmaker() as db:
             rows = await db.scalars(select(InstanceRow).order_by(InstanceRow.name))
             return [instance_view(r) for r in rows]
+
+    # -- stored responses (Responses API) -------------------------------------------------
+
+    async def get_response(
+        self, tenant_id: str, response_id: str, now: datetime
+    ) -> StoredResponseView | None:
+        """The tenant's stored response, unless it expired (or belongs to another tenant)."""
+        async with self._sessionmaker() as db:
+            row = await db.get(StoredResponse, response_id)
+            if row is None or row.tenant_id != tenant_id or row.expires_at <= as_utc(now):
+                return None
+            return StoredResponseView(row.response_id, dict(row.response), list(row.input_items))
+
+    async def delete_response(self, tenant_id: str, response_id: str) -> bool:
+        async with self._sessionmaker() as db, db.begin():
+            row = await db.get(StoredResponse, response_id)
+            if row is None or row.tenant_id != tenant_id:
+                return False
+            await db.delete(row)
+            return True
+
+    async def purge_responses(self, now: datetime) -> int:
+        """Delete every stored response that expired by ``now``; returns how many."""
+        async with self._sessionmaker() as db, db.begin():
+            result = await db.execute(
+                delete(StoredResponse).where(StoredResponse.expires_at <= as_utc(now))
+            )
+            return int(getattr(result, "rowcount", 0) or 0)
 
     # -- tenants and API keys -------------------------------------------------------------
 

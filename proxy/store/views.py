@@ -12,6 +12,7 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from talaria.proxy.records import (
     CallRecord,
@@ -74,6 +75,13 @@ class SessionPage:
 
     items: tuple[SessionSummary, ...]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class StoredResponseView:
+    response_id: str
+    response: dict[str, Any]
+    input_items: list[Any]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,115 @@
+"""OpenAI Responses routes: ``POST /v1/responses``, and for stored responses
+``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
+``DELETE /v1/responses/{id}`` (per tenant; proxy/responses_store.py says what is kept)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
+from talaria.proxy.api.context import context, json_response
+from talaria.proxy.dialects.responses import (
+    final_response,
+    parse_request,
+    response_stream,
+    to_call,
+)
+from talaria.proxy.errors import ApiError
+from talaria.proxy.gateway import CallOutcome
+from talaria.proxy.store.views import StoredResponseView
+
+router = APIRouter()
+
+
+def _not_found(response_id: str, param: str | None = None) -> ApiError:
+    return ApiError(
+        404,
+        f"Response with id '{response_id}' not found.",
+        param=param,
+        code="response_not_found",
+    )
+
+
+@router.post("/v1/responses")
+async def create(request: Request) -> Response:
+    ctx, tenant, raw = await read_body(request)
+    request_id = request.state.request_id
+    parsed = parse_request(raw, request_id)
+    history: list[Any] = []
+    previous_id = parsed.body.previous_response_id
+    if previous_id is not None:
+        previous = await ctx.responses.load(tenant, previous_id)
+        if previous is None:
+            raise _not_found(previous_id, "previous_response_id")
+        history = [*previous.input_items, *previous.response.get("output", [])]
+    call = to_call(parsed, history)
+    handle, headers = await open_call(request, ctx, tenant, "responses", call, raw)
+    stored = parsed.body.store and ctx.responses.enabled
+    created = time.time()
+    if stored:  # kept once the call completes, whether or not the client stays to read it
+
+        def save(task: asyncio.Task[CallOutcome | None]) -> None:
+            if task.cancelled() or task.exception() is not None or task.result() is None:
+                return
+            outcome = task.result()
+            assert outcome is not None
+            ctx.responses.save(
+                tenant_id=tenant,
+                session_id=handle.session_key,
+                response=final_response(parsed, outcome, request_id, created, True),
+                input_items=[*history, *parsed.items],
+            )
+
+        handle.task.add_done_callback(save)
+    if call.stream:
+        return StreamingResponse(
+            response_stream(handle, parsed, request_id, created, stored),
+            media_type="text/event-stream",
+            headers={**headers, **SSE_HEADERS},
+        )
+    outcome = await handle.outcome()
+    return json_response(
+        final_response(parsed, outcome, request_id, created, stored), headers=headers
+    )
+
+
+async def _stored(request: Request, response_id: str) -> StoredResponseView:
+    ctx = context(request)
+    tenant = await tenant_of(ctx, request)
+    found = await ctx.responses.load(tenant, response_id)
+    if found is None:
+        raise _not_found(response_id)
+    return found
+
+
+@router.get("/v1/responses/{response_id}")
+async def get(response_id: str, request: Request) -> Response:
+    return json_response((await _stored(request, response_id)).response)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def input_items(response_id: str, request: Request, order: str = "desc") -> Response:
+    items = list((await _stored(request, response_id)).input_items)
+    if order == "desc":
+        items.reverse()
+    elif order != "asc":
+        raise ApiError(400, 'order must be "asc" or "desc".', param="order")
+    first = items[0]["id"] if items else None
+    last = items[-1]["id"] if items else None
+    return json_response(
+        {"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": False}
+    )
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete(response_id: str, request: Request) -> Response:
+    ctx = context(request)
+    tenant = await tenant_of(ctx, request)
+    if not await ctx.responses.delete(tenant, response_id):
+        raise _not_found(response_id)
+    return json_response({"id": response_id, "object": "response", "deleted": True})

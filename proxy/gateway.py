@@ -49,8 +49,13 @@ from talaria.proxy.records import (
 )
 from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, route
 from talaria.proxy.runtime_client import RuntimeClient
-from talaria.proxy.sessions.book import Resolution, SessionBook, SessionState
-from talaria.proxy.sessions.conversation import Fingerprint, fingerprint, fingerprints
+from talaria.proxy.sessions.book import SessionBook, SessionState
+from talaria.proxy.sessions.conversation import (
+    Fingerprint,
+    fingerprint,
+    fingerprints,
+    tools_fingerprint,
+)
 from talaria.proxy.sessions.identity import Identity
 
 SWEEP_S = 1.0
@@ -243,6 +248,11 @@ class Gateway:
             match=messages is not None,
         )
         state = found.state
+        tools = tools_fingerprint(call.call.tools)
+        shared = found.shared_tokens
+        if shared and state.tools == tools.digest:  # the tools render ahead of the messages
+            shared += tools.tokens
+        state.tools = tools.digest
         if state.last_finish_s is not None and state.inflight == 0:
             state.gaps.observe(now_s - state.last_finish_s)
         reserved = self._live_reservation(state, now_s)
@@ -278,7 +288,7 @@ class Gateway:
                 created_at=now_at,
             )
         )
-        request = self._runtime_request(call, found, prompt_tokens)
+        request = self._runtime_request(call, state, shared, prompt_tokens)
         self.sessions.call_started(state, prints, now_s)
         self.metrics.live_sessions.set(len(self.sessions))
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
@@ -292,20 +302,20 @@ class Gateway:
         return CallHandle(events, task, decision.instance, state.external_id, state.key, found.how)
 
     def _runtime_request(
-        self, call: PreparedCall, found: Resolution, prompt_tokens: int
+        self, call: PreparedCall, state: SessionState, shared_tokens: int, prompt_tokens: int
     ) -> CallRequest:
         c = call.call
         return CallRequest(
             request_id=call.request_id,
-            session_id=found.state.key,
+            session_id=state.key,
             model=call.model,
             prompt_tokens=prompt_tokens,
             max_output_tokens=call.max_tokens,
-            call_index=found.state.calls,
+            call_index=state.calls,
             expected_tool_gap_s=call.identity.tool_gap_hint_s,
             session_final=call.identity.final,
             stream=call.stream,
-            shared_prefix_tokens=found.shared_tokens,
+            shared_prefix_tokens=shared_tokens,
             messages=c.messages,
             prompt_text=c.prompt,
             tools=c.tools,

@@ -3,6 +3,8 @@
 # separate venv with the CPU build of vLLM (scripts/vllm-venv.sh) runs the tests marked `vllm`
 # (tiny random-weight models; proxy → runtime server → vLLM). TALARIA_SKIP_VLLM=1 skips that
 # stage (quick local runs); CI runs it.
+# The agent CLI tests install pinned Claude Code, Codex and Qwen Code from npm (scripts/agents.sh,
+# cached in .agents/).
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -31,6 +33,18 @@ print(s.getsockname()[1])')
         exit 1
     else
         echo "test.sh: could not start PostgreSQL; its tests will be skipped" >&2
+    fi
+fi
+
+# The coding-agent CLIs (Claude Code, Codex, Qwen Code) from npm, for tests/e2e/test_agent_clis.py
+if [ -z "${TALARIA_AGENT_BIN:-}" ]; then
+    if AGENT_BIN=$(bash scripts/agents.sh); then
+        export TALARIA_AGENT_BIN="$AGENT_BIN"
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not install the agent CLIs from npm (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not install the agent CLIs; their tests will be skipped" >&2
     fi
 fi
 

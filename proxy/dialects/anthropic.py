@@ -3,7 +3,8 @@
 
 Request → ``Call`` (the same conversion vLLM's Anthropic front end makes into OpenAI form):
 
-- ``system`` (a string or text blocks, joined by newlines) → a system message;
+- ``system`` (a string or text blocks, joined by newlines) → a system message, and so is a
+  ``system`` message among the ``messages`` (Claude Code sends its environment notes so);
 - user text (and image) blocks → a user message; each ``tool_result`` block → a ``tool``
   message (``tool_call_id`` = its ``tool_use_id``; an ``is_error`` result is prefixed so);
 - assistant ``text`` → content, ``tool_use`` → ``tool_calls`` (``input`` dumped to JSON),
@@ -75,7 +76,8 @@ class Block(BaseModel):
 class MessageIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
+    """``system`` mid-conversation: Claude Code sends its environment notes so."""
     content: str | list[Block]
 
 
@@ -208,6 +210,8 @@ def messages_of(system: str | list[Block] | None, messages: list[MessageIn]) -> 
         where = f"messages.{i}"
         if isinstance(m.content, str):
             out.append({"role": m.role, "content": m.content})
+        elif m.role == "system":
+            out.append({"role": "system", "content": _text_of(m.content)})
         elif m.role == "user":
             out.extend(_user(m.content, where))
         else:

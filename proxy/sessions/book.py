@@ -73,6 +73,8 @@ class SessionState:
     """The last prompt + the reply it got (what a continuation starts with)."""
     prompt: list[Fingerprint] = field(default_factory=list)
     """The last prompt sent (a retry repeats it)."""
+    tools: bytes = b""
+    """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
     indexed: dict[Kind, IndexKey] = field(default_factory=dict)
     reservation_id: str | None = None
     reserved_instance: str | None = None

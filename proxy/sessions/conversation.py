@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from talaria.core.calls import content_text, message_tokens
+from talaria.core.calls import ToolSpec, content_text, message_tokens, tools_tokens
 
 DIGEST_BYTES = 16
 
@@ -58,6 +58,15 @@ def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
     )
     digest = hashlib.blake2b(canonical.encode(), digest_size=DIGEST_BYTES).digest()
     return Fingerprint(digest, message_tokens(message), role)
+
+
+def tools_fingerprint(tools: Sequence[ToolSpec]) -> Fingerprint:
+    """The tool definitions as one fingerprint: chat templates render them ahead of the
+    messages, so they belong to a reused prefix when they did not change (they take no part in
+    finding the session: an agent may change its tools mid-conversation)."""
+    canonical = json.dumps([t.to_openai() for t in tools], sort_keys=True, separators=(",", ":"))
+    digest = hashlib.blake2b(canonical.encode(), digest_size=DIGEST_BYTES).digest()
+    return Fingerprint(digest, tools_tokens(tools), "tools")
 
 
 def fingerprints(messages: Sequence[Mapping[str, Any]]) -> list[Fingerprint]:

@@ -53,11 +53,38 @@ def running_app(app: Any) -> Iterator[str]:
         thread.join(timeout=30)
 
 
+class StatusLog:
+    """ASGI middleware that notes (method, path, status) of every HTTP response."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.seen: list[tuple[str, str, int]] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def noting(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                self.seen.append((scope["method"], scope["path"], message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, noting)
+
+
 @contextmanager
 def running_proxy(
-    settings: ProxySettings, runtimes: Sequence[RuntimeClient] | None = None
+    settings: ProxySettings,
+    runtimes: Sequence[RuntimeClient] | None = None,
+    statuses: StatusLog | None = None,
 ) -> Iterator[RunningProxy]:
-    app = create_app(settings, runtimes=runtimes)
+    """The proxy on a free loopback port; with ``statuses``, every response's status is noted
+    there (pass ``StatusLog(None)``: its app is set here)."""
+    app: Any = create_app(settings, runtimes=runtimes)
+    if statuses is not None:
+        statuses.app = app
+        app = statuses
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = _Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)

@@ -3,21 +3,19 @@ streams (one connection per concurrent worker), so the client spends little CPU 
 the servers' costs dominate.
 
 A request is pre-encoded bytes; a reply is read whole (``content-length`` or chunked), its
-latency timed from the first byte written to the last byte read. ``check`` judges each reply
-cheaply during measurement; ``validate`` parses a reply fully (used on the warm-up).
+latency timed from the first byte written to the last byte read. Each API's judge and full check
+of a reply are in apis.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import resource
 import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 
 class HttpError(Exception):
@@ -83,52 +81,6 @@ def encode_post(host: str, port: int, path: str, body: bytes, headers: dict[str,
     lines += [f"{k}: {v}" for k, v in headers.items()]
     lines.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def check(stream: bool) -> Callable[[int, bytes], str | None]:
-    """A cheap judge of a reply: None if it looks right, else what is wrong."""
-
-    def judge(status: int, body: bytes) -> str | None:
-        if status != 200:
-            return f"HTTP {status}: {body[:300]!r}"
-        if stream:
-            if not body.rstrip().endswith(b"data: [DONE]"):
-                return f"stream not ended by [DONE]: {body[-200:]!r}"
-            if b'"error"' in body:
-                return f"error event in stream: {body[:300]!r}"
-        elif b'"choices"' not in body:
-            return f"no choices: {body[:300]!r}"
-        return None
-
-    return judge
-
-
-def validate(stream: bool, body: bytes, tokens: int) -> dict[str, Any]:
-    """Parse a reply fully; raise HttpError unless it is a chat completion of ``tokens`` tokens
-    (non-streaming) or an SSE stream with ``tokens`` content events and ``[DONE]``."""
-    if not stream:
-        reply = json.loads(body)
-        content = reply["choices"][0]["message"]["content"]
-        usage = reply.get("usage") or {}
-        if not content or usage.get("completion_tokens") != tokens:
-            raise HttpError(f"unexpected completion: {reply}")
-        return {"events": 1, "content_events": 1, "completion_tokens": tokens}
-    events = [e for e in body.replace(b"\r\n", b"\n").split(b"\n\n") if e.strip()]
-    if events[-1].strip() != b"data: [DONE]":
-        raise HttpError(f"stream not ended by [DONE]: {events[-1]!r}")
-    content_events = 0
-    for event in events[:-1]:
-        if not event.startswith(b"data: "):
-            raise HttpError(f"not an SSE data event: {event!r}")
-        chunk = json.loads(event[6:])
-        if "error" in chunk:
-            raise HttpError(f"error event: {chunk}")
-        for choice in chunk.get("choices") or []:
-            if (choice.get("delta") or {}).get("content"):
-                content_events += 1
-    if content_events != tokens:
-        raise HttpError(f"{content_events} content events, expected {tokens}")
-    return {"events": len(events), "content_events": content_events}
 
 
 @dataclass

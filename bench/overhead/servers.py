@@ -3,10 +3,13 @@
     python bench/overhead/servers.py direct  --port P [--access-log]
     python bench/overhead/servers.py talaria --port P --db PATH [--output-tokens 12] [--access-log]
 
-``direct``: a minimal OpenAI-compatible server (Starlette + uvicorn, one worker) answering
-``POST /v1/chat/completions`` at once with what the proxy's ``InstantRuntime`` would answer: a
-chat completion of ``REPLY_TOKENS`` words, or, with ``"stream": true``, SSE: a role chunk,
-``REPLY_TOKENS`` content chunks, a finish chunk and ``[DONE]``.
+``direct``: a minimal server (Starlette + uvicorn, one worker) answering at once with what the
+proxy's ``InstantRuntime`` would answer, ``REPLY_TOKENS`` words, in each API's shape:
+``POST /v1/chat/completions`` (a chat completion, or SSE: a role chunk, one content chunk per
+word, a finish chunk and ``[DONE]``), ``POST /v1/messages`` (a message, or SSE: message_start,
+ping, one text block with one ``text_delta`` per word, message_delta, message_stop) and
+``POST /v1/responses`` (a response, or SSE: created, in_progress, one message item with one
+``output_text.delta`` per word, completed).
 
 ``talaria``: the Talaria proxy (``create_app``) with one ``InstantRuntime`` hosting
 ``bench-model``, persistence on (SQLite at ``--db``, the batched writer records every call).
@@ -100,12 +103,96 @@ def direct_app(tokens: int = REPLY_TOKENS) -> Any:
             media_type="application/json",
         )
 
+    def event(name: str, data: dict[str, Any]) -> bytes:
+        body = json.dumps({"type": name, **data}, separators=(",", ":")).encode()
+        return b"event: " + name.encode() + b"\ndata: " + body + b"\n\n"
+
+    def pieces() -> list[str]:
+        return [_word(i) if i == 0 else " " + _word(i) for i in range(tokens)]
+
+    async def message_events(message: dict[str, Any]) -> AsyncIterator[bytes]:
+        yield event("message_start", {"message": {**message, "content": []}})
+        yield event("ping", {})
+        yield event(
+            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+        )
+        for piece in pieces():
+            delta = {"type": "text_delta", "text": piece}
+            yield event("content_block_delta", {"index": 0, "delta": delta})
+        yield event("content_block_stop", {"index": 0})
+        delta = {"stop_reason": "end_turn", "stop_sequence": None}
+        yield event("message_delta", {"delta": delta, "usage": {"output_tokens": tokens}})
+        yield event("message_stop", {})
+
+    async def messages(request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        message = {
+            "id": f"msg_{uuid.uuid4().hex}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", MODEL),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": max(1, len(raw) // 4), "output_tokens": tokens},
+        }
+        if body.get("stream"):
+            return StreamingResponse(message_events(message), media_type="text/event-stream")
+        return Response(json.dumps(message, separators=(",", ":")), media_type="application/json")
+
+    async def response_events(response: dict[str, Any]) -> AsyncIterator[bytes]:
+        n = iter(range(10**9))
+        start = {**response, "status": "in_progress", "output": []}
+        yield event("response.created", {"response": start, "sequence_number": next(n)})
+        yield event("response.in_progress", {"response": start, "sequence_number": next(n)})
+        item = response["output"][0]
+        where = {"item_id": item["id"], "output_index": 0}
+        opened = {**item, "status": "in_progress", "content": []}
+        yield event(
+            "response.output_item.added",
+            {"output_index": 0, "item": opened, "sequence_number": next(n)},
+        )
+        for piece in pieces():
+            delta = {**where, "content_index": 0, "delta": piece, "logprobs": []}
+            yield event("response.output_text.delta", {**delta, "sequence_number": next(n)})
+        yield event(
+            "response.output_item.done",
+            {"output_index": 0, "item": item, "sequence_number": next(n)},
+        )
+        yield event("response.completed", {"response": response, "sequence_number": next(n)})
+
+    async def responses(request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        rid = uuid.uuid4().hex
+        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        prompt = max(1, len(raw) // 4)
+        response = {
+            "id": f"resp_{rid}",
+            "object": "response",
+            "created_at": time.time(),
+            "status": "completed",
+            "model": body.get("model", MODEL),
+            "output": [
+                {"type": "message", "id": f"msg_{rid}", "role": "assistant",
+                 "status": "completed", "content": [part]}
+            ],
+            "usage": {"input_tokens": prompt, "output_tokens": tokens,
+                      "total_tokens": prompt + tokens},
+        }  # fmt: skip
+        if body.get("stream"):
+            return StreamingResponse(response_events(response), media_type="text/event-stream")
+        return Response(json.dumps(response, separators=(",", ":")), media_type="application/json")
+
     async def health(_: Request) -> Response:
         return JSONResponse({"ok": True})
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/chat/completions", chat, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/health", health),
     ]
     return Starlette(routes=routes)

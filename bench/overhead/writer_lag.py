@@ -22,12 +22,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import proxy_overhead as po
-from overhead.client import check, run_batch
+from overhead.apis import APIS
+from overhead.client import run_batch
 
 
 async def probe(port: int, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
-    workload = po.Workload(800, 4)
-    await run_batch(po.HOST, port, workload.batch(port, stream, 200), 8, check(stream))
+    workload = po.Workload(800, 4, APIS["chat"])
+    judge = APIS["chat"].judge(stream)
+    await run_batch(po.HOST, port, workload.batch(port, stream, 200), 8, judge)
     while (await po.writer_backlog(port)) not in (0, None):
         await asyncio.sleep(0.1)
     sent = 0
@@ -37,7 +39,7 @@ async def probe(port: int, seconds: float, concurrency: int, stream: bool) -> di
         started = time.monotonic()
         while time.monotonic() - started < seconds:
             batch = workload.batch(port, stream, 200)
-            result = await run_batch(po.HOST, port, batch, concurrency, check(stream))
+            result = await run_batch(po.HOST, port, batch, concurrency, judge)
             if result.errors:
                 raise RuntimeError(result.first_error)
             sent += len(batch)

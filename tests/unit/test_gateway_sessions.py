@@ -1,4 +1,5 @@
-"""Proxy-level soft reservations through the real Gateway, on the virtual clock."""
+"""Sessions through the real Gateway, on the virtual clock: soft reservations, idle ends,
+children, and tenants that never share a session or its cached prefix."""
 
 from __future__ import annotations
 
@@ -36,18 +37,25 @@ class ListSink:
 BASH = ToolSpec("bash", "run a command", {"type": "object", "properties": {}})
 
 
-def _call(n: int, sid: str = "s1", tool: bool = True, gap_s: float | None = None) -> PreparedCall:
+def _call(
+    n: int,
+    sid: str | None = "s1",
+    tool: bool = True,
+    gap_s: float | None = None,
+    tenant: str = "t",
+    task: str = "fix the bug ",
+) -> PreparedCall:
     """Call ``n`` of a conversation: the task, then ``n`` earlier steps (a tool call and its
     result) — so each call continues the one before."""
-    messages: list[dict[str, object]] = [{"role": "user", "content": "fix the bug " * 50}]
+    messages: list[dict[str, object]] = [{"role": "user", "content": task * 50}]
     for k in range(n):
         call = {"id": f"c{k}", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
         messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         messages.append({"role": "tool", "tool_call_id": f"c{k}", "content": f"output {k}"})
     return PreparedCall(
-        request_id=f"r{n}",
-        tenant_id="t",
-        identity=Identity(sid, "talaria", None, gap_s, False),
+        request_id=f"r{n}-{tenant}-{sid}-{task[:8]}",
+        tenant_id=tenant,
+        identity=Identity(sid, "talaria" if sid else "implicit", None, gap_s, False),
         api="chat",
         call=Call(
             model=MODEL,
@@ -59,7 +67,9 @@ def _call(n: int, sid: str = "s1", tool: bool = True, gap_s: float | None = None
     )
 
 
-def _run(scenario: Callable[[Gateway, LoopClock], Awaitable[None]]) -> tuple[ListSink, str]:
+def _run(
+    scenario: Callable[[Gateway, LoopClock], Awaitable[None]], idle_timeout_s: float = 600.0
+) -> tuple[ListSink, str]:
     sink = ListSink()
     metrics = ProxyMetrics()
 
@@ -71,7 +81,7 @@ def _run(scenario: Callable[[Gateway, LoopClock], Awaitable[None]]) -> tuple[Lis
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], sink, metrics, clock)
+        gateway = Gateway([runtime], sink, metrics, clock, session_idle_timeout_s=idle_timeout_s)
         gateway.start()
         try:
             await scenario(gateway, clock)
@@ -157,3 +167,48 @@ def test_learned_gap_sets_the_next_expected_return() -> None:
     assert (second.expected_return_at - second.created_at).total_seconds() == pytest.approx(
         learned, abs=1e-3
     )
+
+
+def test_idle_sessions_end_by_themselves() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0, sid=None))).outcome()
+        await clock.sleep(10.0)
+        assert len(gateway.sessions) == 1  # 10 s idle: still live
+        await clock.sleep(25.0)
+        assert len(gateway.sessions) == 0  # past the 30 s timeout: ended
+
+    sink, metrics = _run(scenario, idle_timeout_s=30.0)
+    ended = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
+    assert [r.end_reason for r in ended] == ["idle"]
+    assert [r.release_reason for r in sink.reservations()] == [None, "expired"]
+
+
+def test_ending_a_session_ends_its_children() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0))).outcome()
+        child = await gateway.open_call(_call(0, task="search the code "))  # same id, new talk
+        assert child.how == "child"
+        await child.outcome()
+        assert await gateway.end_session("s1", "client", "t")
+        assert len(gateway.sessions) == 0
+
+    sink, _ = _run(scenario)
+    ended = {r.session_id: r for r in sink.records if isinstance(r, SessionRecord) and r.ended_at}
+    assert len(ended) == 2 and {r.end_reason for r in ended.values()} == {"client"}
+    children = [r for r in ended.values() if r.parent_session_id is not None]
+    assert len(children) == 1 and children[0].parent_session_id in ended
+
+
+def test_tenants_never_share_a_session_or_its_prefix() -> None:
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        first = await (await gateway.open_call(_call(0, tenant="A"))).outcome()
+        again = await (await gateway.open_call(_call(1, tenant="A"))).outcome()
+        other = await gateway.open_call(_call(1, tenant="B"))  # B replays A's conversation
+        stranger = await other.outcome()
+        assert first.result.session_id == again.result.session_id
+        assert stranger.result.session_id != first.result.session_id
+        assert again.result.cached_tokens > 0 and stranger.result.cached_tokens == 0
+        assert not await gateway.end_session("s1", "client", "C")  # no such session for C
+        assert gateway.sessions.named("B", first.result.session_id) is None
+
+    _run(scenario)

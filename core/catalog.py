@@ -179,7 +179,7 @@ class StepFit:
 
 @dataclass(frozen=True)
 class EfficiencyProfile:
-    """Achieved fractions of peak and fixed overheads (FACTS.md §4, est.), plus, per model,
+    """Achieved fractions of peak and fixed overheads (docs/sources.md §4, est.), plus, per model,
     step times fitted on a real engine by ``talaria calibrate`` (``fitted``: model name →
     ``StepFit``; a model without one uses the roofline)."""
 

@@ -3,7 +3,7 @@ tool gap keeps its KV and some admission budget on the node
 it last ran on, until it returns, ends, or the reservation expires.
 
 Expected gap = the caller's hint if given, else the session's learned mean gap
-``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: FACTS.md §2 tool-gap mean
+``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: docs/sources.md §2 tool-gap mean
 ≈ 3.2 s, weight 1 observation; est.). A reservation is taken only if the session is expected back
 before the slot's deadline (there is no point holding a slot it will miss), and expires at
 ``now + max(slack_factor × gap, gap + min_slack_s)``.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 DEFAULT_GAP_PRIOR_S = 3.2
-"""FACTS.md §2: the fitted tool-gap mixture has mean ≈ 3.2 s."""
+"""docs/sources.md §2: the fitted tool-gap mixture has mean ≈ 3.2 s."""
 
 
 class ReleaseReason(StrEnum):

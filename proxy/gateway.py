@@ -62,7 +62,7 @@ SWEEP_S = 1.0
 """How often expired reservations and idle sessions are looked for (clock seconds)."""
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 """A session with no call for this long ends (clock seconds). Agents' tool gaps are seconds
-to minutes (FACTS.md §2: p99 3.6 min); TraceLab's human waits between requests have a median
+to minutes (docs/sources.md §2: p99 3.6 min); TraceLab's human waits between requests have a median
 of 1.4 min, so an interactive session that pauses for longer starts a new session."""
 log = logging.getLogger("talaria.proxy.gateway")
 

@@ -1,6 +1,6 @@
 """Roofline cost model of one model served with TP over one multi-GPU server.
 
-Source of every formula: FACTS.md §4 "Cost-model shape" (est.). One engine iteration
+Source of every formula: docs/sources.md §4 "Cost-model shape" (est.). One engine iteration
 (continuous batching with chunked prefill) costs a fixed overhead plus the larger of its compute
 time and its HBM-traffic time; transfers are bytes over the per-GPU link rate times the GPUs.
 Byte counts are physical bytes summed over the node's GPUs (``kv_bytes_per_token_tp8``).
@@ -37,7 +37,7 @@ def _attended(tokens: int, context: int, window: int) -> float:
 
 
 class CostModel:
-    """Step, request and transfer times of ``model`` on ``server`` (FACTS.md §4, est.)."""
+    """Step, request and transfer times of ``model`` on ``server`` (docs/sources.md §4, est.)."""
 
     def __init__(self, model: ModelSpec, server: ServerSpec, profile: EfficiencyProfile) -> None:
         if profile.max_num_batched_tokens <= 0 or profile.block_tokens <= 0:
@@ -124,7 +124,7 @@ class CostModel:
         total + Σ (tokens·context + tokens²/2), d_att = head_dim, or kv_lora_rank + rope_dim for
         MLA. memory_s = (weights_touched(n) + kv_bytes_per_token_tp8·(decode context total +
         Σ (context + tokens)) + seqs·kv_fixed_bytes_per_seq_tp8) / (η_m·gpus·HBM B/s).
-        Source: FACTS.md §4 "Cost-model shape" (est.)."""
+        Source: docs/sources.md §4 "Cost-model shape" (est.)."""
         chunks = [c for c in prefill if c.tokens > 0]
         n = sum(c.tokens for c in chunks) + decode_seqs
         if n <= 0:
@@ -139,7 +139,7 @@ class CostModel:
 
     def decode_step_time_s(self, batch: int, total_context_tokens: int) -> float:
         """Fast path of step_time_s([], total_context_tokens, batch), with the per-batch terms
-        (linear compute, weights touched, fixed KV) cached. Source: FACTS.md §4 (est.)."""
+        (linear compute, weights touched, fixed KV) cached. Source: docs/sources.md §4 (est.)."""
         if batch <= 0:
             return 0.0
         if self.fit is not None:
@@ -155,7 +155,7 @@ class CostModel:
     # whole-request estimates
     def prefill_time_s(self, new_tokens: int, cached_tokens: int) -> float:
         """new_tokens prefilled alone, in chunks of max_num_batched_tokens: Σ step_time_s(
-        [PrefillChunk(chunk, cached_tokens + done)], 0, 0); 0 new tokens → 0. FACTS.md §4."""
+        [PrefillChunk(chunk, cached_tokens + done)], 0, 0); 0 new tokens → 0. docs/sources.md §4."""
         size = self.profile.max_num_batched_tokens
         total, done = 0.0, 0
         while done < new_tokens:
@@ -166,7 +166,7 @@ class CostModel:
 
     def decode_time_s(self, output_tokens: int, context_tokens: int, batch: int = 1) -> float:
         """Σ_{i < output_tokens} decode_step_time_s(batch, batch × (context_tokens + i)): one
-        sequence's decode among ``batch`` sequences of the same context. FACTS.md §4 (est.)."""
+        sequence's decode among ``batch`` sequences of the same context. docs/sources.md §4 (est.)."""
         step = self.decode_step_time_s
         return sum(step(batch, batch * (context_tokens + i)) for i in range(output_tokens))
 
@@ -185,7 +185,7 @@ class CostModel:
     # transfers
     def kv_transfer_time_s(self, nbytes: float) -> float:
         """Host↔HBM KV over PCIe: nbytes / (gpus × pcie_pinned_bytes_per_s_per_gpu).
-        FACTS.md §4: 13.2 GB at 8 × 50 GB/s ≈ 33 ms."""
+        docs/sources.md §4: 13.2 GB at 8 × 50 GB/s ≈ 33 ms."""
         return nbytes / (self.server.gpus * self.server.pcie_pinned_bytes_per_s_per_gpu)
 
     def weight_wake_time_s(self) -> float:
@@ -206,7 +206,7 @@ class CostModel:
 
     def d2d_switch_time_s(self) -> float:
         """Staged weights copied into place on the device: 2 (read + write) × weight_bytes /
-        gpus / (hbm_bytes_per_s_per_gpu × memory_efficiency). FACTS.md §4 (est.)."""
+        gpus / (hbm_bytes_per_s_per_gpu × memory_efficiency). docs/sources.md §4 (est.)."""
         s = self.server
         eff_bw = s.hbm_bytes_per_s_per_gpu * self.profile.memory_efficiency
         return 2.0 * self.model.weight_bytes / s.gpus / eff_bw

@@ -1,4 +1,4 @@
-"""Seeded generator of SWE-bench-style agent sessions (FACTS.md §2, "Fitted distributions").
+"""Seeded generator of SWE-bench-style agent sessions (docs/sources.md §2, "Fitted distributions").
 
 Every draw comes from one ``random.Random(seed)`` in a fixed order, and each draw consumes the
 same randomness whatever the parameters, so e.g. sweeping ``mean_interarrival_s`` rescales the
@@ -31,38 +31,38 @@ from talaria.core.trace import SessionTrace, TraceCall
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    """What to generate; distribution defaults are FACTS.md §2's fitted values (est.)."""
+    """What to generate; distribution defaults are docs/sources.md §2's fitted values (est.)."""
 
     sessions: int
     models: tuple[str, ...]
-    total_calls: int | None = None  # paper preset: 960 calls over 30 sessions (FACTS §1)
+    total_calls: int | None = None  # paper preset: 960 calls over 30 sessions (docs/sources.md §1)
     # Model popularity: weight of model j = 1 / (j + 1)^zipf_s. Assumption: the paper's abstract
     # speaks of popularity-skewed model catalogs; the Zipf shape and s = 1 are ours.
     zipf_s: float = 1.0
     # Poisson arrivals. Assumption: the paper does not state its arrival pattern; sweeps vary
     # this. 0 means every session starts at t = 0.
     mean_interarrival_s: float = 10.0
-    # Calls per session: lognormal median 28, sigma 0.5 (mean ~32 = 960/30, FACTS §1-2),
-    # clamped to [1, 250] (FACTS §2 cap).
+    # Calls per session: lognormal median 28, sigma 0.5 (mean ~32 = 960/30, docs/sources.md §1-2),
+    # clamped to [1, 250] (docs/sources.md §2 cap).
     calls_median: float = 28.0
     calls_sigma: float = 0.5
     calls_max: int = 250
-    # Initial context C0: median 6000 tokens (FACTS §2: ~6k, SWE-agent style 1.5-7k); the
+    # Initial context C0: median 6000 tokens (docs/sources.md §2: ~6k, SWE-agent style 1.5-7k); the
     # spread sigma 0.3 is an assumption.
     c0_median: float = 6000.0
     c0_sigma: float = 0.3
     # Tokens appended per call (tool output + action): lognormal median 550, sigma 1.1
-    # (mean ~1,000; FACTS §2 from modal-labs / nilenso growth of ~740-1,100 per call).
+    # (mean ~1,000; docs/sources.md §2 from modal-labs / nilenso growth of ~740-1,100 per call).
     append_median: float = 550.0
     append_sigma: float = 1.1
-    # Output tokens per call: lognormal median 150, sigma 0.9 (mean ~225; FACTS §2, nilenso
+    # Output tokens per call: lognormal median 150, sigma 0.9 (mean ~225; docs/sources.md §2, nilenso
     # ~110-230 visible); reasoning models median 400, sigma 1.0 (TraceLab ~520 mean).
     output_median: float = 150.0
     output_sigma: float = 0.9
     reasoning_output_median: float = 400.0
     reasoning_output_sigma: float = 1.0
     # Tool gap: 96% lognormal(0.4 s, 1.3) + 4% lognormal(35 s, 1.0): median ~0.42 s, mean
-    # ~3.2 s, ~4% over 10 s (FACTS §2, nilenso report and TraceLab).
+    # ~3.2 s, ~4% over 10 s (docs/sources.md §2, nilenso report and TraceLab).
     gap_long_fraction: float = 0.04
     gap_short_median_s: float = 0.4
     gap_short_sigma: float = 1.3
@@ -87,7 +87,7 @@ PAPER_WORKLOAD = WorkloadSpec(
     models=("glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"),
     total_calls=960,
 )
-"""FACTS §1: 30 SWE-Bench sessions, 960 calls, three models over 100B parameters."""
+"""docs/sources.md §1: 30 SWE-Bench sessions, 960 calls, three models over 100B parameters."""
 
 
 def _lognormal(rng: random.Random, median: float, sigma: float) -> float:

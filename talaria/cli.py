@@ -274,7 +274,7 @@ def trace_generate(
     sessions: Annotated[int | None, typer.Option(help="Override the session count.")] = None,
     catalog_dirs: CatalogOpt = None,
 ) -> None:
-    """Generate SWE-bench-like sessions (FACTS.md §2 distributions) as a replayable trace."""
+    """Generate SWE-bench-like sessions (docs/sources.md §2 distributions) as a replayable trace."""
     from talaria.sim.presets import get_preset
 
     catalog = _catalog(catalog_dirs)
@@ -557,13 +557,17 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve the OpenAI-compatible proxy (embedded simulated runtime, or --runtime URLs).
+    """Serve the proxy (embedded simulated runtime, or --runtime URLs).
 
-    Any OpenAI client works against it: base_url http://HOST:PORT/v1. Sessions are identified
-    by the X-Talaria-Session-Id header (or x-session-id, x-litellm-session-id, body
-    litellm_session_id / prompt_cache_key). Settings also come from TALARIA_* environment
-    variables (TALARIA_API_KEYS, TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, ...). The simulated
-    engines time every call with the cost model; their text is synthetic.
+    It speaks OpenAI chat completions and Responses (base_url http://HOST:PORT/v1) and
+    Anthropic Messages (base URL http://HOST:PORT): Claude Code, Codex, Qwen Code and any
+    OpenAI or Anthropic client work unchanged (docs/agents.md). Sessions are found by the
+    client's own id (X-Talaria-Session-Id, Claude Code's and Codex's session headers,
+    prompt_cache_key, ...) or, without one, by the conversation each call continues.
+    Settings also come from TALARIA_* environment variables (TALARIA_API_KEYS,
+    TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, TALARIA_SESSION_IDLE_TIMEOUT_S, ...). The
+    simulated engines time every call with the cost model; their replies are simulated
+    (a harmless offered tool, then a [simulated] answer).
     """
     import uvicorn
 
@@ -595,7 +599,7 @@ def serve(
         console.print(
             f"talaria proxy on http://{host}:{port}/v1 — models {', '.join(settings.models)} "
             f"on {settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
-            "replies are synthetic text from the simulated engine"
+            "replies are simulated (docs/agents.md)"
         )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
 

@@ -11,7 +11,7 @@ live call's reply (a replayed trace entry has no content and gets none):
   forces a call.
 - **Then a final answer**, so a headless agent run ends by itself: placeholder words starting
   with ``[simulated]``, as many as a seeded reply length (lognormal, median 150 tokens, sigma
-  0.9: FACTS.md §2's visible output per call of SWE-agent-style agents), capped by the call's
+  0.9: docs/sources.md §2's visible output per call of SWE-agent-style agents), capped by the call's
   output limit (``finish_reason`` ``length`` when the cap cuts it). With ``response_format``
   asking for JSON, the answer is a schema-valid JSON document instead. Stop sequences cut the
   text as a real engine's would.
@@ -45,7 +45,7 @@ from talaria.runtime.engines.schema_instance import instance, name_words
 
 OUTPUT_MEDIAN_TOKENS = 150.0
 OUTPUT_SIGMA = 0.9
-"""Reply length: lognormal median 150, sigma 0.9 (FACTS.md §2, visible output per call of
+"""Reply length: lognormal median 150, sigma 0.9 (docs/sources.md §2, visible output per call of
 SWE-agent-style agents), seeded by the request id."""
 
 DEFAULT_TOOL_CALLS_BEFORE_ANSWER = 3

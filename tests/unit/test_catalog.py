@@ -36,7 +36,7 @@ SHIPPED_MODELS = [
 ]
 PAPER_TRIO = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
-# FACTS.md §3: KV bytes per token (logical, physical at TP=8) and fixed bytes per sequence.
+# docs/sources.md §3: KV bytes per token (logical, physical at TP=8) and fixed bytes per sequence.
 FACTS_KV = {
     "glm-4.5-fp8": (376_832, 376_832, 0),
     "qwen3-235b-a22b-bf16": (192_512, 385_024, 0),
@@ -259,7 +259,7 @@ def test_h200x8_server() -> None:
 
 def test_sleep_mode_rates_follow_blog_arithmetic() -> None:
     server = load_catalog().server("h200x8")
-    per_gpu = 235e9 / 4  # Qwen3-235B-A22B-FP8 weights over TP=4 (FACTS.md §4)
+    per_gpu = 235e9 / 4  # Qwen3-235B-A22B-FP8 weights over TP=4 (docs/sources.md §4)
     wake_s = (5.3 + 5.7) / 2
     sleep_s = (5.8 + 6.0) / 2
     assert math.isclose(server.weight_wake_bytes_per_s_per_gpu, per_gpu / wake_s, rel_tol=1e-3)

@@ -1,4 +1,4 @@
-"""Cost model (runtime/costmodel.py) against hand-computed roofline numbers (FACTS.md §4).
+"""Cost model (runtime/costmodel.py) against hand-computed roofline numbers (docs/sources.md §4).
 
 Specs are built by hand (not from the shipped TOML) so the arithmetic below is self-contained.
 Default profile: η_c = 0.3, η_m = 0.7, t_fixed = 5 ms, 8192-token chunks, 16-token blocks.

@@ -3,10 +3,10 @@ tool gap keeps its KV and some admission budget on the node
 it last ran on, until it returns, ends, or the reservation expires.
 
 Expected gap = the caller's hint if given, else the session's learned mean gap
-``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: docs/sources.md §2 tool-gap mean
-≈ 3.2 s, weight 1 observation; est.). A reservation is taken only if the session is expected back
-before the slot's deadline (there is no point holding a slot it will miss), and expires at
-``now + max(slack_factor × gap, gap + min_slack_s)``.
+``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: the tool-gap mean
+≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A reservation is taken only if the
+session is expected back before the slot's deadline (there is no point holding a slot it will
+miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)``.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ class CostModel:
 
     def decode_time_s(self, output_tokens: int, context_tokens: int, batch: int = 1) -> float:
         """Σ_{i < output_tokens} decode_step_time_s(batch, batch × (context_tokens + i)): one
-        sequence's decode among ``batch`` sequences of the same context. docs/sources.md §4 (est.)."""
+        sequence's decode among ``batch`` sequences of the same context. docs/sources.md §4
+        (est.)."""
         step = self.decode_step_time_s
         return sum(step(batch, batch * (context_tokens + i)) for i in range(output_tokens))
 

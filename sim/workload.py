@@ -55,8 +55,8 @@ class WorkloadSpec:
     # (mean ~1,000; docs/sources.md §2 from modal-labs / nilenso growth of ~740-1,100 per call).
     append_median: float = 550.0
     append_sigma: float = 1.1
-    # Output tokens per call: lognormal median 150, sigma 0.9 (mean ~225; docs/sources.md §2, nilenso
-    # ~110-230 visible); reasoning models median 400, sigma 1.0 (TraceLab ~520 mean).
+    # Output tokens per call: lognormal median 150, sigma 0.9 (mean ~225; docs/sources.md §2,
+    # nilenso ~110-230 visible); reasoning models median 400, sigma 1.0 (TraceLab ~520 mean).
     output_median: float = 150.0
     output_sigma: float = 0.9
     reasoning_output_median: float = 400.0

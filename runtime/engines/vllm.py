@@ -14,7 +14,8 @@ memory at start: start engines one at a time, awaiting each ``start``).
   ``sleep(level=1)``: weights are copied to pinned host memory, the KV cache is discarded.
   Level 1 always keeps the host copy, so ``keep_host_weight_copy`` changes nothing here.
 - ``activate``: ``wake_up()`` — weights *and* ``kv_cache`` (waking only the weights leaves
-  vLLM paused: the pitfall of docs/sources.md §5). After staging, only ``wake_up(tags=["kv_cache"])``.
+  vLLM paused: the pitfall of docs/sources.md §5). After staging, only
+  ``wake_up(tags=["kv_cache"])``.
 - ``start_staging``: if the weights fit in the free device memory now (``free_device_bytes``
   ≥ ``weight_bytes_per_device``), ``wake_up(tags=["weights"])`` in the background; vLLM stays
   paused until ``kv_cache`` is woken too. ``cancel_staging`` puts the weights back to sleep.
@@ -888,7 +889,8 @@ def vllm_engine_args(
     """``AsyncEngineArgs`` fields for one engine: always our own tokenization
     (``skip_tokenizer_init``), prefix caching and priority scheduling; random weights
     (``load_format="dummy"``) for a directory holding only ``config.json``; sleep mode on the
-    GPU path, eager mode on the CPU path (docs/sources.md §6). ``engine_args`` override any of them."""
+    GPU path, eager mode on the CPU path (docs/sources.md §6). ``engine_args`` override any of
+    them."""
     args: dict[str, Any] = {
         "model": str(model_dir),
         "skip_tokenizer_init": True,

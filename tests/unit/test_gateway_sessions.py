@@ -177,7 +177,7 @@ def test_idle_sessions_end_by_themselves() -> None:
         await clock.sleep(25.0)
         assert len(gateway.sessions) == 0  # past the 30 s timeout: ended
 
-    sink, metrics = _run(scenario, idle_timeout_s=30.0)
+    sink, _ = _run(scenario, idle_timeout_s=30.0)
     ended = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
     assert [r.end_reason for r in ended] == ["idle"]
     assert [r.release_reason for r in sink.reservations()] == [None, "expired"]

@@ -168,7 +168,9 @@ def test_statistics_of_the_draws() -> None:
     assert min(outputs) >= 1
     assert 0.3 <= statistics.median(gaps) <= 0.55
     assert 0.025 <= sum(g > 10 for g in gaps) / N <= 0.06
-    assert 2.5 <= statistics.mean(gaps) <= 4.0  # docs/sources.md §2: mean ~3.2 s (mean ~3.4-4.6 s observed)
+    assert (
+        2.5 <= statistics.mean(gaps) <= 4.0
+    )  # docs/sources.md §2: mean ~3.2 s (mean ~3.4-4.6 s observed)
     assert statistics.median(calls) == pytest.approx(28, rel=0.1)
     assert min(calls) >= 1 and max(calls) <= 250
     shares = [models.count(j) / N for j in range(3)]

@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from talaria.core.calls import content_text
+
 PAD_ID = 0
 BOS_ID = 1
 EOS_ID = 2
@@ -75,24 +77,6 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
-def _content_text(content: Any) -> str:
-    """A message's content as text: a string, or the text parts of an OpenAI content list."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping):
-                text = part.get("text")
-                parts.append(text if isinstance(text, str) else "")
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return str(content)
-
-
 def _tool_call_json(call: Mapping[str, Any]) -> str:
     """One OpenAI tool call as compact JSON: ``{"id", "name", "arguments"}``."""
     function = call.get("function")
@@ -108,7 +92,7 @@ def render_message(message: Mapping[str, Any]) -> str:
         role = "system"
     if role == "function":
         role = "tool"
-    text = _content_text(message.get("content"))
+    text = content_text(message.get("content"))
     if role == "assistant":
         calls = message.get("tool_calls") or ()
         text += "".join(f"<|tool_call|>{_tool_call_json(c)}\n" for c in calls)

@@ -80,7 +80,7 @@ class ParsedResponses:
 
 
 def parse_request(raw: Any, request_id: str) -> ParsedResponses:
-    body = parse(ResponsesRequest, raw)
+    body = parse(ResponsesRequest, raw, status=400)
     if isinstance(body.input, str):
         items: list[dict[str, Any]] = [
             {

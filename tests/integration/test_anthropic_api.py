@@ -259,3 +259,18 @@ def test_keys_by_x_api_key_or_bearer(tmp_path: Path) -> None:
 def test_models_list_in_anthropics_shape(client: anthropic.Anthropic) -> None:
     ids = [m.id for m in client.models.list()]
     assert MODEL in ids
+
+
+def test_a_bad_session_id_in_metadata_is_refused(proxy: RunningProxy) -> None:
+    user_id = json.dumps({"device_id": "d", "session_id": "evil\r\nx-injected: 1"})
+    body = {
+        "model": MODEL,
+        "max_tokens": 5,
+        "metadata": {"user_id": user_id},
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    reply = httpx.post(proxy.base_url + "/v1/messages", json=body, headers={"x-api-key": "k"})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+    assert "metadata.user_id" in reply.json()["error"]["message"]
+    assert "x-injected" not in reply.headers

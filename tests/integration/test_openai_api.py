@@ -491,3 +491,15 @@ def test_proxy_on_postgresql() -> None:
         detail = _admin(proxy, f"/admin/sessions/{sid}").json()
         assert [c["call_index"] for c in detail["calls"]] == [0, 1]
         assert detail["session"]["calls"] == 2
+
+
+@pytest.mark.parametrize("bad", ["line\r\nbreak", "emoji 🙂", "nul\x00", "rtl\u202e", "x" * 201])
+def test_a_session_id_from_the_body_is_validated_like_a_header(
+    proxy: RunningProxy, bad: str
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "prompt_cache_key": bad}
+    reply = httpx.post(proxy.v1 + "/chat/completions", json=body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["code"] == "invalid_session" and error["param"] == "prompt_cache_key"
+    assert "x-talaria-session-id" not in reply.headers

@@ -177,7 +177,7 @@ def test_delete_and_unknown_ids(client: openai.OpenAI) -> None:
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [
-        ({"model": MODEL}, 422, "input"),
+        ({"model": MODEL}, 400, "input"),
         ({"model": MODEL, "input": [{"type": "function_call", "name": "x"}]}, 400, "input.0"),
         ({"model": MODEL, "input": [{"type": "item_reference", "id": "i"}]}, 400, "input.0"),
         ({"model": MODEL, "input": "x", "tool_choice": {"type": "function", "name": "ghost"}},

@@ -51,9 +51,9 @@ from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, 
 from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.sessions.book import SessionBook, SessionState
 from talaria.proxy.sessions.conversation import (
-    Fingerprint,
+    EMPTY,
+    Conversation,
     fingerprint,
-    fingerprints,
     tools_fingerprint,
 )
 from talaria.proxy.sessions.identity import Identity
@@ -237,12 +237,12 @@ class Gateway:
             raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         messages = call.call.messages
-        prints = fingerprints(messages) if messages is not None else []
+        conversation = Conversation.of(messages) if messages is not None else EMPTY
         found = self.sessions.resolve(
             tenant_id=call.tenant_id,
             identity=call.identity,
             model=call.model,
-            prints=prints,
+            conversation=conversation,
             now_s=now_s,
             now_at=now_at,
             match=messages is not None,
@@ -289,13 +289,13 @@ class Gateway:
             )
         )
         request = self._runtime_request(call, state, shared, prompt_tokens)
-        self.sessions.call_started(state, prints, now_s)
+        self.sessions.call_started(state, conversation, now_s)
         self.metrics.live_sessions.set(len(self.sessions))
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
         events: asyncio.Queue[tuple[EventKind, Any]] = asyncio.Queue()
         runtime = self._by_name[decision.instance]
         task = asyncio.get_running_loop().create_task(
-            self._execute(call, state, prints, request, runtime, events, now_at)
+            self._execute(call, state, conversation, request, runtime, events, now_at)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -341,7 +341,7 @@ class Gateway:
         self,
         call: PreparedCall,
         state: SessionState,
-        prints: list[Fingerprint],
+        conversation: Conversation,
         request: CallRequest,
         runtime: RuntimeClient,
         events: asyncio.Queue[tuple[EventKind, Any]],
@@ -386,7 +386,9 @@ class Gateway:
             return None
         output = result.output or ModelOutput(finish_reason="stop")
         outcome = CallOutcome(result, runtime.name, output)
-        self._finished(call, state, prints, request, runtime, outcome, arrived_at, finished_at)
+        self._finished(
+            call, state, conversation, request, runtime, outcome, arrived_at, finished_at
+        )
         events.put_nowait(("done", outcome))
         return outcome
 
@@ -394,7 +396,7 @@ class Gateway:
         self,
         call: PreparedCall,
         state: SessionState,
-        prints: list[Fingerprint],
+        conversation: Conversation,
         request: CallRequest,
         runtime: RuntimeClient,
         outcome: CallOutcome,
@@ -407,7 +409,7 @@ class Gateway:
         state.last_finish_reason = output.finish_reason
         if call.call.messages is not None:
             reply = fingerprint(output.as_message())
-            self.sessions.call_finished(state, prints, reply, self._clock.now())
+            self.sessions.call_finished(state, conversation, reply, self._clock.now())
         self.metrics.call_latency.labels(call.model).observe(result.latency_s)
         self.metrics.ttft.labels(call.model).observe(result.first_token_s - result.arrival_s)
         self.metrics.tokens(result.prompt_tokens, result.cached_tokens)

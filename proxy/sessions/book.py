@@ -28,13 +28,13 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
 from talaria.core.reservations import GapEstimator
-from talaria.proxy.sessions.conversation import Fingerprint, chain, tokens_of
+from talaria.proxy.sessions.conversation import Conversation, Fingerprint, extend
 from talaria.proxy.sessions.identity import Identity
 
 Kind = Literal["prompt", "history"]
@@ -69,13 +69,12 @@ class SessionState:
     last_instance: str | None = None
     last_finish_reason: str | None = None
     gaps: GapEstimator = field(default_factory=GapEstimator)
-    history: list[Fingerprint] = field(default_factory=list)
-    """The last prompt + the reply it got (what a continuation starts with)."""
-    prompt: list[Fingerprint] = field(default_factory=list)
-    """The last prompt sent (a retry repeats it)."""
     tools: bytes = b""
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
     indexed: dict[Kind, IndexKey] = field(default_factory=dict)
+    """The index entries of the session: the chain value of its last prompt ("prompt": a retry
+    repeats it) and of its last prompt + the reply it got ("history": a continuation starts
+    with it)."""
     reservation_id: str | None = None
     reserved_instance: str | None = None
     reservation_expires_s: float | None = None
@@ -147,7 +146,7 @@ class SessionBook:
         tenant_id: str,
         identity: Identity,
         model: str,
-        prints: Sequence[Fingerprint],
+        conversation: Conversation,
         now_s: float,
         now_at: datetime,
         match: bool = True,
@@ -164,7 +163,7 @@ class SessionBook:
             return Resolution(root, "continued", 0)
         if match and (root is not None or identity.session_id is None):
             family = None if root is None else {root.key, *self._children.get(root.key, ())}
-            found = self._match(tenant_id, model, prints, family)
+            found = self._match(tenant_id, model, conversation, family)
             if found is not None:
                 self._touch(found.state, now_s)
                 return found
@@ -200,10 +199,10 @@ class SessionBook:
         self,
         tenant_id: str,
         model: str,
-        prints: Sequence[Fingerprint],
+        conversation: Conversation,
         family: set[str] | None,
     ) -> Resolution | None:
-        values = chain(prints)
+        values, prints = conversation.hashes, conversation.prints
         n = len(prints)
         for i in range(n, 0, -1):
             kinds: list[Kind] = ["history", "prompt"] if i < n else ["prompt"]
@@ -219,28 +218,24 @@ class SessionBook:
                     if family is None and state.identity_source != "implicit":
                         continue  # a named session is only ever continued under its name
                     how: How = "retry" if i == n else "continued"
-                    return Resolution(state, how, tokens_of(prints[:i]))
+                    return Resolution(state, how, conversation.tokens[i])
         return None
 
     # -- a session's conversation ---------------------------------------------------------
-    def call_started(
-        self, state: SessionState, prints: Sequence[Fingerprint], now_s: float
-    ) -> None:
+    def call_started(self, state: SessionState, prompt: Conversation, now_s: float) -> None:
         """A call with this prompt was sent: index it (a retry or a parallel call finds it)."""
-        state.prompt = list(prints)
         state.calls += 1
         state.inflight += 1
         self._touch(state, now_s)
-        if prints:
-            self._reindex(state, "prompt", chain(prints)[-1])
+        if prompt.last is not None:
+            self._reindex(state, "prompt", prompt.last)
 
     def call_finished(
-        self, state: SessionState, prompt: Sequence[Fingerprint], reply: Fingerprint, now_s: float
+        self, state: SessionState, prompt: Conversation, reply: Fingerprint, now_s: float
     ) -> None:
         """The call got ``reply``: prompt + reply is the conversation to continue."""
-        state.history = [*prompt, reply]
         state.last_activity_s = now_s
-        self._reindex(state, "history", chain(state.history)[-1])
+        self._reindex(state, "history", extend(prompt.last or b"", reply))
 
     def _reindex(self, state: SessionState, kind: Kind, value: bytes) -> None:
         self._unindex(state, kind)

@@ -78,10 +78,42 @@ def chain(prints: Sequence[Fingerprint]) -> list[bytes]:
     out: list[bytes] = []
     value = b""
     for p in prints:
-        value = hashlib.blake2b(value + p.digest, digest_size=DIGEST_BYTES).digest()
+        value = extend(value, p)
         out.append(value)
     return out
 
 
-def tokens_of(prints: Sequence[Fingerprint]) -> int:
-    return sum(p.tokens for p in prints)
+def extend(value: bytes, p: Fingerprint) -> bytes:
+    """The chain value one message further: ``h_{i+1}`` from ``h_i``."""
+    return hashlib.blake2b(value + p.digest, digest_size=DIGEST_BYTES).digest()
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A call's messages as fingerprints, their chain values and the running token sums,
+    computed once per call."""
+
+    prints: tuple[Fingerprint, ...]
+    hashes: tuple[bytes, ...]
+    """``h_1 … h_n``."""
+    tokens: tuple[int, ...]
+    """``tokens[i]``: estimated tokens of the first ``i`` messages (``tokens[0] = 0``)."""
+
+    @classmethod
+    def of(cls, messages: Sequence[Mapping[str, Any]]) -> Conversation:
+        prints = tuple(fingerprint(m) for m in messages)
+        totals = [0]
+        for p in prints:
+            totals.append(totals[-1] + p.tokens)
+        return cls(prints, tuple(chain(prints)), tuple(totals))
+
+    def __len__(self) -> int:
+        return len(self.prints)
+
+    @property
+    def last(self) -> bytes | None:
+        """The chain value of the whole conversation (None when empty)."""
+        return self.hashes[-1] if self.hashes else None
+
+
+EMPTY = Conversation((), (), (0,))

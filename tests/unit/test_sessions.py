@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from talaria.proxy.sessions.book import SessionBook
-from talaria.proxy.sessions.conversation import fingerprint, fingerprints
+from talaria.proxy.sessions.conversation import Conversation, chain, fingerprint, fingerprints
 from talaria.proxy.sessions.identity import Identity, IdentityError, identify
 
 UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
@@ -128,12 +128,12 @@ class Agent:
         self.steps = 0
 
     def step(self, identity: Identity = IMPLICIT, reply_text: str | None = None) -> Any:
-        prints = fingerprints(self.messages)
+        prints = Conversation.of(self.messages)
         found = self.book.resolve(
             tenant_id=self.tenant,
             identity=identity,
             model=self.model,
-            prints=prints,
+            conversation=prints,
             now_s=float(self.steps),
             now_at=NOW,
         )
@@ -251,3 +251,12 @@ def test_interleaved_conversations_never_mix(order: list[int]) -> None:
     assert all(len(keys) == 1 for keys in seen.values())
     owners = [next(iter(keys)) for keys in seen.values()]
     assert len(owners) == len(set(owners))
+
+
+def test_a_conversation_computes_its_chain_and_token_sums_once() -> None:
+    messages = [{"role": "user", "content": "a" * 40}, {"role": "assistant", "content": "b"}]
+    conversation = Conversation.of(messages)
+    prints = fingerprints(messages)
+    assert list(conversation.hashes) == chain(prints)
+    assert conversation.tokens == (0, prints[0].tokens, prints[0].tokens + prints[1].tokens)
+    assert conversation.last == chain(prints)[-1] and len(conversation) == 2

@@ -12,12 +12,19 @@ PACKAGES=(
     "@openai/codex@0.169.0"
     "@qwen-code/qwen-code@0.24.4"
 )
+# npm trusts only its own CA list; where TLS goes through a local CA (as on these machines),
+# the system bundle has it.
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then
+    export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 STAMP="$DIR/.installed"
 WANT="${PACKAGES[*]}"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     mkdir -p "$DIR"
     [ -f "$DIR/package.json" ] || echo '{"name": "talaria-test-agents", "private": true}' >"$DIR/package.json"
-    npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error "${PACKAGES[@]}" >&2
+    # bounded: npm retries a failing fetch for a long time before it gives up
+    timeout 900 npm install --prefix "$DIR" --no-audit --no-fund --loglevel=error \
+        --fetch-retries=2 --fetch-timeout=120000 "${PACKAGES[@]}" >&2
     echo "$WANT" >"$STAMP"
 fi
 BIN=$(cd "$DIR/node_modules/.bin" && pwd)

@@ -41,12 +41,17 @@ class ToolSpec:
     name: str
     description: str = ""
     parameters: Mapping[str, Any] = field(default_factory=dict)
+    strict: bool | None = None
+    """OpenAI's strict function calling: the arguments must follow ``parameters`` (an engine
+    with structured outputs enforces it)."""
 
     def to_openai(self) -> dict[str, Any]:
         """The tool as an OpenAI chat ``tools`` entry (what chat templates render)."""
         function: dict[str, Any] = {"name": self.name, "parameters": dict(self.parameters)}
         if self.description:
             function["description"] = self.description
+        if self.strict is not None:
+            function["strict"] = self.strict
         return {"type": "function", "function": function}
 
 
@@ -94,7 +99,17 @@ class Call:
     sampling: Sampling = DEFAULT_SAMPLING
     max_output_tokens: int | None = None
     stream: bool = False
-    reasoning: bool = False
+    reasoning_effort: str | None = None
+    """None: the model's default; ``"none"``: no reasoning; else how much (``low``,
+    ``medium``, ``high``, ...), as OpenAI's ``reasoning_effort``."""
+    parallel_tool_calls: bool | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+    """Extra chat-template variables (vLLM's ``chat_template_kwargs``, e.g.
+    ``{"enable_thinking": false}``)."""
+
+    @property
+    def wants_reasoning(self) -> bool:
+        return self.reasoning_effort not in (None, "none")
 
     def prompt_tokens(self) -> int:
         """The proxy's estimate of the rendered prompt (messages or text, plus tools)."""
@@ -111,6 +126,16 @@ class ToolCall:
     name: str
     arguments: str
     """The arguments as JSON text, exactly as the model wrote them."""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability, and the most likely alternatives (``top``:
+    (token, logprob) pairs) when they were asked for."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -131,10 +156,11 @@ class OutputDelta:
     text: str = ""
     reasoning: str = ""
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.text or self.reasoning or self.tool_calls)
+        return not (self.text or self.reasoning or self.tool_calls or self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -145,6 +171,8 @@ class ModelOutput:
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: FinishReason = "stop"
+    logprobs: tuple[TokenLogprob, ...] = ()
+    """Of the generated tokens, when the caller asked for them."""
 
     def as_message(self) -> Message:
         """The reply as the assistant message a client appends to its conversation."""
@@ -172,6 +200,8 @@ class ModelOutput:
             out.append(OutputDelta(text=self.text))
         for i, c in enumerate(self.tool_calls):
             out.append(OutputDelta(tool_calls=(ToolCallDelta(i, c.id, c.name, c.arguments),)))
+        if self.logprobs:
+            out.append(OutputDelta(logprobs=self.logprobs))
         return out
 
 
@@ -183,10 +213,12 @@ class OutputAccumulator:
         self._reasoning: list[str] = []
         self._calls: dict[int, list[str]] = {}
         self._heads: dict[int, tuple[str, str]] = {}
+        self._logprobs: list[TokenLogprob] = []
 
     def add(self, delta: OutputDelta) -> None:
         self._text.append(delta.text)
         self._reasoning.append(delta.reasoning)
+        self._logprobs.extend(delta.logprobs)
         for part in delta.tool_calls:
             if part.id is not None and part.name is not None:
                 self._heads[part.index] = (part.id, part.name)

@@ -10,9 +10,10 @@ Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
 - **events** (the NDJSON reply, one per line): ``{"type": "first", "t_s", "cached_tokens",
   "kv_source", "delta"}``, ``{"type": "delta", "t_s", "tokens", "delta"}``,
   ``{"type": "finished", "result"}`` or ``{"type": "error", "message", "code"?, "param"?}``;
-  a delta is ``{"text", "reasoning", "tool_calls": [{index, id, name, arguments}]}`` (empty
-  members omitted) and a result holds ``output`` ``{text, reasoning, tool_calls: [{id, name,
-  arguments}], finish_reason}``;
+  a delta is ``{"text", "reasoning", "tool_calls": [{index, id, name, arguments}],
+  "logprobs": [[token, logprob, [[token, logprob], ...]], ...]}`` (empty members omitted) and
+  a result holds ``output`` ``{text, reasoning, tool_calls: [{id, name, arguments}],
+  finish_reason, logprobs}``;
 - **status** (``GET /v1/runtime/status``): ``InstanceStatus``'s fields plus the node's
   ``model_names``, recent ``slots`` and per-model ``engines`` info.
 
@@ -30,6 +31,7 @@ from talaria.core.calls import (
     ModelOutput,
     OutputDelta,
     Sampling,
+    TokenLogprob,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
@@ -46,9 +48,10 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
-sampling) and structured output deltas."""
+sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
+calls, strict tools, logprobs."""
 
 _REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
 _RESULT_FIELDS = {f.name for f in fields(CallResult)}
@@ -87,9 +90,16 @@ def request_to_dict(request: CallRequest) -> dict[str, Any]:
     if request.messages is not None:
         data["messages"] = list(request.messages)
     data["tools"] = [
-        {"name": t.name, "description": t.description, "parameters": dict(t.parameters)}
+        {
+            "name": t.name,
+            "description": t.description,
+            "parameters": dict(t.parameters),
+            "strict": t.strict,
+        }
         for t in request.tools
     ]
+    if request.template_kwargs is not None:
+        data["template_kwargs"] = dict(request.template_kwargs)
     data["tool_choice"] = {"mode": request.tool_choice.mode, "name": request.tool_choice.name}
     sampling = asdict(request.sampling)
     sampling["stop"] = list(request.sampling.stop)
@@ -128,6 +138,17 @@ def request_from_dict(data: Any) -> CallRequest:
 # -- outputs and results --------------------------------------------------------------------
 
 
+def _logprobs_to_list(logprobs: tuple[TokenLogprob, ...]) -> list[list[Any]]:
+    return [[p.token, p.logprob, [list(t) for t in p.top]] for p in logprobs]
+
+
+def _logprobs_from_list(data: Any) -> tuple[TokenLogprob, ...]:
+    return tuple(
+        TokenLogprob(token, logprob, tuple((t, lp) for t, lp in top))
+        for token, logprob, top in data or ()
+    )
+
+
 def delta_to_dict(delta: OutputDelta) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if delta.text:
@@ -136,6 +157,8 @@ def delta_to_dict(delta: OutputDelta) -> dict[str, Any]:
         data["reasoning"] = delta.reasoning
     if delta.tool_calls:
         data["tool_calls"] = [asdict(c) for c in delta.tool_calls]
+    if delta.logprobs:
+        data["logprobs"] = _logprobs_to_list(delta.logprobs)
     return data
 
 
@@ -144,6 +167,7 @@ def delta_from_dict(data: Mapping[str, Any]) -> OutputDelta:
         text=data.get("text", ""),
         reasoning=data.get("reasoning", ""),
         tool_calls=tuple(ToolCallDelta(**c) for c in data.get("tool_calls", ())),
+        logprobs=_logprobs_from_list(data.get("logprobs")),
     )
 
 
@@ -153,6 +177,7 @@ def output_to_dict(output: ModelOutput) -> dict[str, Any]:
         "reasoning": output.reasoning,
         "tool_calls": [asdict(c) for c in output.tool_calls],
         "finish_reason": output.finish_reason,
+        "logprobs": _logprobs_to_list(output.logprobs),
     }
 
 
@@ -162,6 +187,7 @@ def output_from_dict(data: Mapping[str, Any]) -> ModelOutput:
         reasoning=data.get("reasoning", ""),
         tool_calls=tuple(ToolCall(**c) for c in data.get("tool_calls", ())),
         finish_reason=data.get("finish_reason", "stop"),
+        logprobs=_logprobs_from_list(data.get("logprobs")),
     )
 
 

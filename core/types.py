@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -70,8 +71,11 @@ class CallRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = AUTO
     sampling: Sampling = DEFAULT_SAMPLING
-    reasoning: bool = False
-    """The caller asked for the model's reasoning (thinking) where the model gives one."""
+    reasoning_effort: str | None = None
+    """None: the model's default; ``"none"``: no reasoning (thinking off); else how much."""
+    parallel_tool_calls: bool | None = None
+    template_kwargs: Mapping[str, Any] | None = None
+    """Extra chat-template variables (``chat_template_kwargs``)."""
     output_tokens: int | None = None
 
     @property

@@ -321,7 +321,9 @@ class Gateway:
             tools=c.tools,
             tool_choice=c.tool_choice,
             sampling=c.sampling,
-            reasoning=c.reasoning,
+            reasoning_effort=c.reasoning_effort,
+            parallel_tool_calls=c.parallel_tool_calls,
+            template_kwargs=c.template_kwargs,
         )
 
     async def _statuses(self, model: str | None) -> list[InstanceStatus]:

@@ -243,12 +243,21 @@ def _tool_choice(value: dict[str, Any] | None, tools: tuple[ToolSpec, ...]) -> T
     raise invalid('tool_choice.type must be "auto", "any", "tool" or "none".', "tool_choice")
 
 
+def _effort(thinking: dict[str, Any] | None) -> str | None:
+    """``thinking`` as a reasoning effort: disabled → none; enabled or adaptive → medium (its
+    ``budget_tokens`` has no equivalent in the chat template); absent → the model's default."""
+    kind = (thinking or {}).get("type")
+    if kind == "disabled":
+        return "none"
+    return "medium" if kind in ("enabled", "adaptive") else None
+
+
 def parse_messages(raw: Any) -> Call:
     body = parse(MessagesRequest, raw, status=400)
     if not body.messages:
         raise invalid("messages: at least one message is required.", "messages")
     tools = tools_of(body.tools)
-    thinking = (body.thinking or {}).get("type")
+    parallel = (body.tool_choice or {}).get("disable_parallel_tool_use")
     return Call(
         model=body.model,
         messages=messages_of(body.system, body.messages),
@@ -262,7 +271,8 @@ def parse_messages(raw: Any) -> Call:
         ),
         max_output_tokens=body.max_tokens,
         stream=body.stream,
-        reasoning=thinking in ("enabled", "adaptive"),
+        reasoning_effort=_effort(body.thinking),
+        parallel_tool_calls=None if parallel is None else not parallel,
     )
 
 

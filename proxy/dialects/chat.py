@@ -4,7 +4,8 @@ Request → ``Call``: messages as given (``developer`` read as ``system``, text-
 lists joined into a string, tool-call arguments given as objects dumped to JSON), function
 tools, ``tool_choice``, sampling (``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``,
 penalties, ``logprobs``, ``top_logprobs``, ``response_format``), ``max_completion_tokens`` or
-``max_tokens``, ``reasoning_effort`` (asks for reasoning). Output → ``chat.completion`` or SSE
+``max_tokens``, ``reasoning_effort``, ``parallel_tool_calls``, vLLM's ``chat_template_kwargs``.
+Output → ``chat.completion`` (with ``logprobs`` when asked) or SSE
 ``chat.completion.chunk``s: the first carries the role, then ``content``,
 ``reasoning_content`` and ``tool_calls`` deltas as the engine produced them, a last chunk with
 ``finish_reason``, a usage chunk with ``stream_options.include_usage``, then ``[DONE]``.
@@ -18,7 +19,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from talaria.core.calls import Call, Message, ModelOutput, OutputDelta, Sampling, ToolSpec
+from talaria.core.calls import (
+    Call,
+    Message,
+    ModelOutput,
+    OutputDelta,
+    Sampling,
+    TokenLogprob,
+    ToolSpec,
+)
 from talaria.proxy.dialects.common import (
     function_tool,
     invalid,
@@ -109,6 +118,8 @@ class ChatCompletionRequest(OpenAICommon):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 def _content(content: str | list[dict[str, Any]] | None) -> Any:
@@ -184,7 +195,9 @@ def parse_chat(raw: Any) -> Call:
         ),
         max_output_tokens=body.max_completion_tokens or body.max_tokens,
         stream=body.stream,
-        reasoning=body.reasoning_effort not in (None, "none"),
+        reasoning_effort=body.reasoning_effort,
+        parallel_tool_calls=body.parallel_tool_calls,
+        template_kwargs=body.chat_template_kwargs,
     )
 
 
@@ -210,6 +223,26 @@ def _message(output: ModelOutput) -> dict[str, Any]:
     return message
 
 
+def logprobs_doc(logprobs: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+    """OpenAI's ``logprobs`` of a choice: ``{"content": [{token, logprob, bytes,
+    top_logprobs}]}``; None when there are none."""
+    if not logprobs:
+        return None
+    return {
+        "content": [
+            {
+                "token": p.token,
+                "logprob": p.logprob,
+                "bytes": list(p.token.encode()),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in p.top
+                ],
+            }
+            for p in logprobs
+        ]
+    }
+
+
 def chat_completion(
     outcome: CallOutcome, request_id: str, model: str, created: int
 ) -> dict[str, Any]:
@@ -223,7 +256,7 @@ def chat_completion(
                 "index": 0,
                 "message": _message(outcome.output),
                 "finish_reason": outcome.output.finish_reason,
-                "logprobs": None,
+                "logprobs": logprobs_doc(outcome.output.logprobs),
             }
         ],
         "usage": usage(outcome),
@@ -263,14 +296,14 @@ async def chat_stream(
         "model": model,
     }
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         return sse({**base, "choices": [choice]})
 
     yield chunk({"role": "assistant", "content": ""})
     async for event in output_events(handle):
         if isinstance(event, OutputDelta):
-            yield chunk(_delta(event))
+            yield chunk(_delta(event), logprobs=logprobs_doc(event.logprobs))
         elif isinstance(event, CallOutcome):
             yield chunk({}, event.output.finish_reason)
             if with_usage:

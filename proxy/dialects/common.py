@@ -79,7 +79,10 @@ def function_tool(entry: Mapping[str, Any], param: str) -> ToolSpec | None:
     if not isinstance(parameters, Mapping):
         raise invalid("`parameters` must be a JSON schema object.", param)
     description = function.get("description") or ""
-    return ToolSpec(name, str(description), dict(parameters))
+    strict = function.get("strict")
+    return ToolSpec(
+        name, str(description), dict(parameters), strict if isinstance(strict, bool) else None
+    )
 
 
 def openai_tool_choice(value: Any, tools: tuple[ToolSpec, ...], param: str) -> ToolChoice:

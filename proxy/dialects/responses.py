@@ -12,8 +12,8 @@ Request → ``Call``:
   (its ``instructions`` are not carried over, as OpenAI documents).
 - function ``tools`` (built-in ones such as web search are left out; Codex's ``namespace``
   groups are opened), ``tool_choice``, ``temperature``, ``top_p``, ``top_logprobs``,
-  ``max_output_tokens``, ``text.format`` (``json_schema`` / ``json_object``), ``reasoning``
-  (asks for reasoning unless its effort is ``none``).
+  ``max_output_tokens``, ``text.format`` (``json_schema`` / ``json_object``),
+  ``reasoning.effort``, ``parallel_tool_calls``.
 
 Output: ``reasoning`` (its text as ``reasoning_text`` content), ``message`` (``output_text``)
 and ``function_call`` items, ``status`` ``completed`` or ``incomplete`` (``max_output_tokens``),
@@ -227,7 +227,8 @@ def to_call(parsed: ParsedResponses, history: list[dict[str, Any]]) -> Call:
         ),
         max_output_tokens=body.max_output_tokens,
         stream=body.stream,
-        reasoning=body.reasoning is not None and effort != "none",
+        reasoning_effort=effort if isinstance(effort, str) else None,
+        parallel_tool_calls=body.parallel_tool_calls,
     )
 
 

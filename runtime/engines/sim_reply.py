@@ -15,7 +15,8 @@ live call's reply (a replayed trace entry has no content and gets none):
   output limit (``finish_reason`` ``length`` when the cap cuts it). With ``response_format``
   asking for JSON, the answer is a schema-valid JSON document instead. Stop sequences cut the
   text as a real engine's would.
-- **Reasoning**, when the caller asked for it: one short sentence, also marked.
+- **Reasoning**, when the caller asked for some (a reasoning effort other than ``none``): one
+  short sentence, also marked.
 
 ``ReplyStream`` hands the reply out token by token, in proportion to the engine's progress, so
 streamed text and tool-call arguments arrive as the simulated decode advances.
@@ -166,7 +167,7 @@ def plan_reply(request: CallRequest, policy: ReplyPolicy) -> tuple[ModelOutput, 
     limit = request.max_output_tokens
     reasoning = ""
     tool = _chosen_tool(request, policy)
-    if request.reasoning:
+    if request.reasoning_effort not in (None, "none"):
         action = f"call {tool.name}" if tool else "answer"
         reasoning = f"[simulated reasoning] The conversation so far asks me to {action}."
     reasoning_tokens = estimate_tokens(reasoning)

@@ -138,7 +138,7 @@ def test_anthropic_request_normalized() -> None:
         {"role": "user", "content": "and?"},
     )
     assert [t.name for t in call.tools] == ["ls"]  # the server tool is left out
-    assert call.tool_choice == ToolChoice("required") and call.reasoning
+    assert call.tool_choice == ToolChoice("required") and call.reasoning_effort == "medium"
     assert call.sampling.stop == ("END",) and call.sampling.top_k == 5
 
 

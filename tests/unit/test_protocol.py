@@ -14,6 +14,7 @@ from talaria.core.calls import (
     ModelOutput,
     OutputDelta,
     Sampling,
+    TokenLogprob,
     ToolCall,
     ToolCallDelta,
     ToolChoice,
@@ -63,7 +64,7 @@ FULL_REQUEST = CallRequest(
         },
         {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
     ),
-    tools=(ToolSpec("ls", "list files", {"type": "object", "properties": {}}),),
+    tools=(ToolSpec("ls", "list files", {"type": "object", "properties": {}}, strict=True),),
     tool_choice=ToolChoice("named", "ls"),
     sampling=Sampling(
         temperature=0.0,
@@ -77,7 +78,9 @@ FULL_REQUEST = CallRequest(
         top_logprobs=3,
         response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
     ),
-    reasoning=True,
+    reasoning_effort="high",
+    parallel_tool_calls=False,
+    template_kwargs={"enable_thinking": False},
     output_tokens=17,
 )
 
@@ -109,7 +112,11 @@ def test_bad_requests_are_refused(change: dict[str, Any], message: str) -> None:
 
 
 OUTPUT = ModelOutput(
-    "done", "thinking", (ToolCall("c1", "ls", '{"path": "."}'),), finish_reason="tool_calls"
+    "done",
+    "thinking",
+    (ToolCall("c1", "ls", '{"path": "."}'),),
+    finish_reason="tool_calls",
+    logprobs=(TokenLogprob("do", -0.1, (("do", -0.1), ("go", -2.5))), TokenLogprob("ne", -0.3)),
 )
 RESULT = CallResult(
     request_id="r1",
@@ -129,7 +136,12 @@ RESULT = CallResult(
     sp_admitted=True,
     output=OUTPUT,
 )
-DELTA = OutputDelta("a", "b", (ToolCallDelta(0, "c1", "ls", '{"pa'), ToolCallDelta(1, None, None)))
+DELTA = OutputDelta(
+    "a",
+    "b",
+    (ToolCallDelta(0, "c1", "ls", '{"pa'), ToolCallDelta(1, None, None)),
+    (TokenLogprob("a", -0.5, (("a", -0.5),)),),
+)
 
 
 @pytest.mark.parametrize(

@@ -147,7 +147,7 @@ def test_tool_choice_none_required_and_named() -> None:
 
 def test_reasoning_json_stop_and_length() -> None:
     policy = ReplyPolicy()
-    thought, _ = plan_reply(_request(0, reasoning=True), policy)
+    thought, _ = plan_reply(_request(0, reasoning_effort="medium"), policy)
     assert thought.reasoning.startswith("[simulated reasoning]")
     schema = {
         "type": "object",

@@ -230,7 +230,13 @@ class OutputAccumulator:
             for i in sorted(self._calls)
             if i in self._heads
         )
-        return ModelOutput("".join(self._text), "".join(self._reasoning), calls, finish_reason)
+        return ModelOutput(
+            "".join(self._text),
+            "".join(self._reasoning),
+            calls,
+            finish_reason,
+            tuple(self._logprobs),
+        )
 
 
 # -- token estimates ------------------------------------------------------------------------

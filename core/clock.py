@@ -66,7 +66,9 @@ class LoopClock:
 
 class _VirtualSelector(selectors.DefaultSelector):
     """Polls real file descriptors without blocking, then advances virtual time by the timeout
-    the loop would have slept."""
+    the loop would have slept. While work handed to a thread (``run_in_executor``,
+    ``asyncio.to_thread``) is pending, it waits for that work in real time first: a thread's
+    work takes no virtual time."""
 
     def __init__(self, loop: VirtualTimeLoop) -> None:
         super().__init__()
@@ -74,8 +76,10 @@ class _VirtualSelector(selectors.DefaultSelector):
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready: list[tuple[selectors.SelectorKey, int]] = super().select(0)
-        if ready:
+        if ready or timeout == 0:
             return ready
+        if self._loop.thread_jobs:
+            return super().select(None)  # the job's completion wakes the loop's self-pipe
         if timeout is None:
             raise VirtualTimeDeadlock(
                 "virtual loop has nothing ready and no timer pending: every task is waiting "
@@ -95,8 +99,22 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def __init__(self) -> None:
         self._virtual_now_s = 0.0
+        self.thread_jobs = 0
+        """Work handed to a thread and not yet finished."""
         super().__init__(selector=_VirtualSelector(self))
         self._clock_resolution = 1e-9
+
+    def run_in_executor(  # type: ignore[override]
+        self, executor: Any, func: Any, *args: Any
+    ) -> asyncio.Future[Any]:
+        future = super().run_in_executor(executor, func, *args)
+        self.thread_jobs += 1
+
+        def done(_: asyncio.Future[Any]) -> None:
+            self.thread_jobs -= 1
+
+        future.add_done_callback(done)
+        return future
 
     def time(self) -> float:
         return self._virtual_now_s

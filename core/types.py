@@ -76,6 +76,9 @@ class CallRequest:
     parallel_tool_calls: bool | None = None
     template_kwargs: Mapping[str, Any] | None = None
     """Extra chat-template variables (``chat_template_kwargs``)."""
+    cache_salt: str | None = None
+    """Prefix-cache isolation key: calls with different salts never share cached KV (vLLM's
+    ``cache_salt``; the proxy sets one per tenant)."""
     output_tokens: int | None = None
 
     @property

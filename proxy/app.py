@@ -138,8 +138,9 @@ def create_app(
             log.warning("no API keys configured: serving local callers with any key")
         now = datetime.now(UTC)
         for client in clients:
-            address = getattr(client, "url", None)
-            record = InstanceRecord(client.name, client.kind, address, list(client.models), now)
+            record = InstanceRecord(
+                client.name, client.kind, client.address, list(client.models), now
+            )
             writer.submit(record)
         app.state.talaria = ProxyContext(cfg, gateway, store, writer, metrics, auth, responses)
         try:

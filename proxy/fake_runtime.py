@@ -42,6 +42,7 @@ class InstantRuntime:
     """
 
     kind = "instant"
+    address: str | None = None
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ never writes output of its own.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import uuid
@@ -67,6 +68,11 @@ of 1.4 min, so an interactive session that pauses for longer starts a new sessio
 log = logging.getLogger("talaria.proxy.gateway")
 
 Api = Literal["chat", "completions", "messages", "responses"]
+
+
+def tenant_salt(tenant_id: str) -> str:
+    """The tenant's prefix-cache salt: a digest, so the runtime never learns tenant ids."""
+    return hashlib.blake2b(tenant_id.encode(), digest_size=12).hexdigest()
 
 
 class RecordSink(Protocol):
@@ -324,6 +330,7 @@ class Gateway:
             reasoning_effort=c.reasoning_effort,
             parallel_tool_calls=c.parallel_tool_calls,
             template_kwargs=c.template_kwargs,
+            cache_salt=tenant_salt(call.tenant_id),
         )
 
     async def _statuses(self, model: str | None) -> list[InstanceStatus]:
@@ -440,7 +447,7 @@ class Gateway:
             self._end(state, "final", finished_at)
             return
         gap = call.identity.tool_gap_hint_s
-        if output.finish_reason == "tool_calls" or gap is not None:
+        if output.tool_calls or output.finish_reason == "tool_calls" or gap is not None:
             self._reserve(state, runtime.name, gap, finished_at)
         self._write_session(state, finished_at)
 

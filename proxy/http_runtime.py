@@ -53,6 +53,7 @@ class HttpRuntime:
 
     def __init__(self, url: str, *, status_ttl_s: float = 0.05, timeout_s: float = 600.0) -> None:
         self.url = url.rstrip("/")
+        self.address: str | None = self.url
         self.name = self.url
         self._ttl_s = status_ttl_s
         self._client = httpx.AsyncClient(

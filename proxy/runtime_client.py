@@ -18,6 +18,8 @@ from talaria.runtime.scheduling.node import NodeScheduler
 class RuntimeClient(Protocol):
     name: str
     kind: str
+    address: str | None
+    """Where the runtime is reached (a URL), or None for one in this process."""
 
     @property
     def models(self) -> tuple[str, ...]: ...
@@ -48,6 +50,7 @@ class InProcessRuntime:
     """
 
     kind = "in-process"
+    address: str | None = None
 
     def __init__(self, node: NodeScheduler, clock: Clock, status_ttl_s: float = 0.05) -> None:
         self.name = node.name

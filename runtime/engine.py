@@ -56,6 +56,15 @@ class EngineInfo:
 class Engine(Protocol):
     model: str
 
+    async def start(self) -> None:
+        """Bring the engine up (a real engine loads its model; start a node's engines one at
+        a time). Idempotent."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Release what ``start`` took, without blocking the event loop."""
+        ...
+
     @property
     def active(self) -> bool: ...
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
-from talaria.runtime.config import NodeConfig
+from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
@@ -89,6 +90,30 @@ def _calibrated_cost(config: NodeConfig, catalog: Catalog, model: str) -> CostMo
     return CostModel(catalog.model(model), catalog.server(config.server), profile)
 
 
+def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) -> dict[str, Any]:
+    """The catalog's tool-call and reasoning parsers and chat template for a vLLM-served
+    model it knows (the node config's own options win). A catalog template is a file of vLLM's
+    ``examples/`` that the node's directory must hold (docs/deploy-h200.md)."""
+    spec = catalog.models.get(model.name)
+    if spec is None:
+        return {}
+    out: dict[str, Any] = {}
+    if spec.tool_parser is not None:
+        out["tool_parser"] = spec.tool_parser
+    if spec.reasoning_parser is not None:
+        out["reasoning_parser"] = spec.reasoning_parser
+    if spec.chat_template is not None and "chat_template" not in model.options:
+        path = config.base_dir / spec.chat_template
+        if not path.is_file():
+            raise NodeConfigError(
+                f"model {model.name}: its tools need vLLM's chat template "
+                f"{spec.chat_template} (from vLLM's examples/) next to the node config, or a "
+                "chat_template option"
+            )
+        out["chat_template"] = str(path)
+    return out
+
+
 def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
     """Simulated engines from the catalog and vLLM engines from model directories, one node.
 
@@ -119,7 +144,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
                 clock,
                 config.name,
                 cost=_calibrated_cost(config, catalog, model.name),
-                **model.options,
+                **{**_serving_defaults(config, catalog, model), **model.options},
             )
     scheduler = NodeScheduler(
         config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),

@@ -70,10 +70,8 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         clock = LoopClock(config.time_scale)
         built: BuiltNode = build_node_from_config(config, load_catalog(catalog_paths or []), clock)
         for name, engine in built.engines.items():  # one at a time (vLLM's memory check)
-            start = getattr(engine, "start", None)
-            if start is not None:
-                log.info("starting engine %s", name)
-                await start()
+            log.info("starting engine %s", name)
+            await engine.start()
         built.node.start()
         state = RuntimeState(config, built.node, ready=True)
         app.state.runtime = state
@@ -83,9 +81,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             state.ready = False
             await built.node.stop()
             for engine in built.engines.values():
-                shutdown = getattr(engine, "shutdown", None)
-                if shutdown is not None:
-                    await shutdown()
+                await engine.shutdown()
 
     app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
 

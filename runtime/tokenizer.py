@@ -69,9 +69,15 @@ class Tokenizer(Protocol):
         """Token ids of a plain-text prompt, with the model's beginning-of-sequence token."""
         ...
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
         """Token ids of ``messages`` rendered with the chat template, ending with the
-        generation prompt."""
+        generation prompt (with ``tools`` and ``template_kwargs`` where the template takes
+        them)."""
         ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -118,7 +124,13 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [BOS_ID, *(BYTE_OFFSET + b for b in text.encode("utf-8"))]
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        """The byte template renders messages only."""
         return self.encode(render_chat(messages))
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
@@ -157,14 +169,29 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=True))
 
-    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         text = self._tok.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+            [dict(m) for m in messages],
+            tools=[dict(t) for t in tools] if tools else None,
+            tokenize=False,
+            add_generation_prompt=True,
+            **dict(template_kwargs or {}),
         )
         return str(text)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return list(self._tok.encode(self.render_chat(messages), add_special_tokens=False))
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> list[int]:
+        text = self.render_chat(messages, tools, template_kwargs)
+        return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=True))

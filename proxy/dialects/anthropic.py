@@ -329,6 +329,14 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {"_value": value}
 
 
+def stop_reason(output: ModelOutput) -> str:
+    """``tool_use`` whenever the reply calls a tool (an engine reports a forced call as a
+    plain stop, as OpenAI does), else the finish reason's counterpart."""
+    if output.tool_calls and output.finish_reason != "length":
+        return "tool_use"
+    return STOP_REASONS[output.finish_reason]
+
+
 def message(outcome: CallOutcome, request_id: str, model: str) -> dict[str, Any]:
     return {
         "id": f"msg_{request_id}",
@@ -336,7 +344,7 @@ def message(outcome: CallOutcome, request_id: str, model: str) -> dict[str, Any]
         "role": "assistant",
         "model": model,
         "content": content_blocks(outcome.output),
-        "stop_reason": STOP_REASONS[outcome.output.finish_reason],
+        "stop_reason": stop_reason(outcome.output),
         "stop_sequence": None,
         "usage": usage(outcome),
     }
@@ -423,7 +431,7 @@ async def message_stream(
                     yield frame
             for frame in blocks.close():
                 yield frame
-            delta = {"stop_reason": STOP_REASONS[event.output.finish_reason], "stop_sequence": None}
+            delta = {"stop_reason": stop_reason(event.output), "stop_sequence": None}
             data = {"type": "message_delta", "delta": delta, "usage": usage(event)}
             yield sse(data, "message_delta")
             yield sse({"type": "message_stop"}, "message_stop")

@@ -109,6 +109,13 @@ class SimEngine:
         self._idle_since = -math.inf
         """When the engine last ran out of work (−inf: never ran)."""
 
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Nothing to load: the simulated engine is its cost model."""
+
+    async def shutdown(self) -> None:
+        """Nothing to release."""
+
     # -- state -----------------------------------------------------------------------------
     @property
     def active(self) -> bool:

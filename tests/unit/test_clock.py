@@ -87,3 +87,17 @@ def test_virtual_loop_starts_at_zero() -> None:
         assert loop.time() == 0.0
     finally:
         loop.close()
+
+
+def test_work_in_a_thread_takes_no_virtual_time() -> None:
+    """``asyncio.to_thread`` work is waited for in real time; the virtual clock then goes on
+    from where it was (no deadlock while the thread runs, no time skipped for it)."""
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        await asyncio.to_thread(time.sleep, 0.05)
+        after_thread = loop.time()
+        await asyncio.sleep(5.0)
+        return after_thread, loop.time()
+
+    assert run_virtual(main()) == (0.0, 5.0)

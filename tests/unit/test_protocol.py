@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from talaria.core.calls import (
     ModelOutput,
+    OutputAccumulator,
     OutputDelta,
     Sampling,
     TokenLogprob,
@@ -203,3 +204,10 @@ _text = st.text(max_size=20)
 def test_any_output_round_trips(output: ModelOutput) -> None:
     event = Finished(CallResult(**{**RESULT.__dict__, "output": output}))
     assert event_from_dict(_wire(event_to_dict(event))) == event
+
+
+def test_an_accumulator_folds_deltas_back_into_the_output() -> None:
+    folded = OutputAccumulator()
+    for delta in OUTPUT.deltas():
+        folded.add(delta)
+    assert folded.output(OUTPUT.finish_reason) == OUTPUT

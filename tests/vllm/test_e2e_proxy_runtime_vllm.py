@@ -5,15 +5,7 @@ random-weight Llamas). Prefix-cache hits come from vLLM; slots alternate; SP adm
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
-from pathlib import Path
-from typing import IO
 
 import httpx
 import openai
@@ -21,6 +13,7 @@ import pytest
 
 from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
+from tests.vllm.runtime_process import running_runtime
 
 pytestmark = pytest.mark.vllm
 
@@ -44,52 +37,13 @@ max_model_len = 2048
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def runtime_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("vllm-node")
     config = tmp / "node.toml"
     config.write_text(NODE)
-    port = _free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    talaria = Path(sys.executable).parent / "talaria"
-    proc = subprocess.Popen(
-        [str(talaria), "runtime", "--config", str(config), "--port", str(port)],
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert proc.stderr is not None
-    seen: list[str] = []
-    started = threading.Event()
-
-    def drain(stream: IO[str]) -> None:
-        # Keep reading the runtime's log for its whole life: vLLM logs a lot, and a full pipe
-        # would block the process. The startup line tells when it is serving.
-        for line in stream:
-            seen.append(line)
-            if "Application startup complete" in line:
-                started.set()
-        started.set()  # the process ended (the assertion below reports it)
-
-    threading.Thread(target=drain, args=(proc.stderr,), daemon=True).start()
-    started.wait(timeout=600)  # engines start one at a time (~20 s each)
-    if proc.poll() is not None or not any("Application startup complete" in s for s in seen):
-        proc.kill()
-        raise RuntimeError("runtime did not start:\n" + "".join(seen[-40:]))
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with running_runtime(config) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,88 @@
+"""The boundary with vLLM: the part of ``AsyncLLM`` the engine uses, and the builders of
+vLLM's request objects (imported on first use, so this package imports without vLLM; tests
+pass fakes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+PRIORITY_SP = 0
+"""vLLM priority of an SP-admitted call (lower runs first under ``scheduling_policy="priority"``):
+it was admitted on a time budget that ends at the slot deadline."""
+PRIORITY_DEFAULT = 1
+
+
+class AsyncLLMLike(Protocol):
+    """The part of ``vllm.v1.engine.async_llm.AsyncLLM`` the engine uses."""
+
+    def generate(
+        self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
+    ) -> AsyncIterator[Any]: ...
+
+    async def sleep(self, level: int = 1) -> None: ...
+
+    async def wake_up(self, tags: list[str] | None = None) -> Any: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class VllmApi(Protocol):
+    """Builds vLLM's request objects (a fake in tests)."""
+
+    def tokens_prompt(self, ids: list[int]) -> Any: ...
+
+    def sampling_params(self, *, max_tokens: int, ignore_eos: bool, **extra: Any) -> Any: ...
+
+
+class RealVllmApi:
+    """``TokensPrompt`` and ``SamplingParams`` from vLLM (imported on first use). Outputs come
+    as deltas (``RequestOutputKind.DELTA``) and are not detokenized by vLLM
+    (``detokenize=False``): the engine decodes with its own tokenizer."""
+
+    def tokens_prompt(self, ids: list[int]) -> Any:
+        from vllm.inputs import TokensPrompt
+
+        return TokensPrompt(prompt_token_ids=ids)
+
+    def sampling_params(self, *, max_tokens: int, ignore_eos: bool, **extra: Any) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            **extra,
+        )
+
+
+def sleep_mode_available() -> bool:
+    """Whether vLLM's current platform has sleep mode (CUDA / ROCm / XPU); False without vLLM
+    and on the CPU backend."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return bool(current_platform.is_sleep_mode_available())
+
+
+def config_int(llm: Any, section: str, name: str) -> int | None:
+    """``llm.vllm_config.<section>.<name>`` if it is a positive int (None for an engine without
+    that config, e.g. a test fake)."""
+    value = getattr(getattr(getattr(llm, "vllm_config", None), section, None), name, None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
+async def aclose(stream: AsyncIterator[Any]) -> None:
+    """Close vLLM's output stream early (vLLM aborts the request when it is closed)."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        await close()
+
+
+def no_shutdown(*args: Any, **kwargs: Any) -> None:
+    """Stands in for ``shutdown`` on an ``AsyncLLM`` already shut down."""

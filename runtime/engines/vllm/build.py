@@ -1,0 +1,227 @@
+"""Building a ``VLLMEngine``: the engine arguments, the model's config and weight size, and the
+tiny random-weight test models shipped with the package."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from talaria.core.clock import Clock
+from talaria.runtime.costmodel import CostModel
+from talaria.runtime.engines.vllm.adapter import AsyncLLMLike, sleep_mode_available
+from talaria.runtime.engines.vllm.engine import (
+    ChatOptions,
+    RateModel,
+    VLLMEngine,
+    VLLMEngineOptions,
+)
+from talaria.runtime.engines.vllm.kv import KvShape
+from talaria.runtime.tokenizer import (
+    TEXT_IDS,
+    ByteTokenizer,
+    Tokenizer,
+    has_tokenizer_files,
+    load_tokenizer,
+)
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _read_config(model_dir: str | Path) -> dict[str, Any]:
+    """The model's ``config.json``: from a local directory, else from the Hugging Face cache
+    (``huggingface_hub``, which honours ``HF_HUB_OFFLINE``)."""
+    path = Path(model_dir)
+    if path.is_dir():
+        data: dict[str, Any] = json.loads((path / "config.json").read_text())
+        return data
+    from huggingface_hub import hf_hub_download
+
+    return dict(json.loads(Path(hf_hub_download(str(model_dir), "config.json")).read_text()))
+
+
+def has_weights(model_dir: str | Path) -> bool:
+    path = Path(model_dir)
+    if not path.is_dir():
+        return True  # a repo id: vLLM downloads or finds the weights
+    return any(p.name.endswith(WEIGHT_SUFFIXES) for p in path.iterdir())
+
+
+def weight_bytes_from_index(model_dir: str | Path) -> float | None:
+    """Total weight bytes from ``model.safetensors.index.json`` (``metadata.total_size``)."""
+    index = Path(model_dir) / "model.safetensors.index.json"
+    if not index.is_file():
+        return None
+    size = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+    return float(size) if isinstance(size, int | float) else None
+
+
+def nvml_free_bytes(devices: Sequence[int]) -> Callable[[], float]:
+    """A probe of the smallest free memory over ``devices`` (NVML indices), via ``pynvml``
+    (``nvidia-ml-py``, a vLLM dependency on CUDA). Unverified here (no GPU on the dev machine)."""
+
+    def probe() -> float:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            free = [
+                float(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free)
+                for i in devices
+            ]
+        finally:
+            pynvml.nvmlShutdown()
+        return min(free) if free else 0.0
+
+    return probe
+
+
+def vllm_engine_args(
+    model_dir: str | Path,
+    *,
+    sleep_mode: bool,
+    max_model_len: int,
+    served_name: str | None = None,
+    **engine_args: Any,
+) -> dict[str, Any]:
+    """``AsyncEngineArgs`` fields for one engine: prefix caching and priority scheduling;
+    vLLM's own tokenizer for a model that has one (its chat calls go through vLLM's serving
+    layer, served as ``served_name``), else our own tokenization (``skip_tokenizer_init``: the
+    tiny test models' byte tokenizer); random weights (``load_format="dummy"``) for a directory
+    holding only ``config.json``; sleep mode on the GPU path, eager mode on the CPU path
+    (docs/sources.md §6). ``engine_args`` override any of them."""
+    own_tokenizer = Path(model_dir).is_dir() and not has_tokenizer_files(model_dir)
+    args: dict[str, Any] = {
+        "model": str(model_dir),
+        "skip_tokenizer_init": own_tokenizer,
+        "enable_prefix_caching": True,
+        "scheduling_policy": "priority",
+        "max_model_len": max_model_len,
+    }
+    if not own_tokenizer and served_name is not None:
+        args["served_model_name"] = [served_name]
+    if not has_weights(model_dir):
+        args["load_format"] = "dummy"
+    if sleep_mode:
+        args["enable_sleep_mode"] = True
+    else:
+        args["enforce_eager"] = True
+    args.update(engine_args)
+    return args
+
+
+def build_vllm_engine(
+    model_dir: str | Path,
+    name: str,
+    clock: Clock,
+    node: str,
+    *,
+    sleep_mode: bool | None = None,
+    max_model_len: int = 2048,
+    rates: RateModel | Mapping[str, float] | None = None,
+    ignore_eos: bool | None = None,
+    tokenizer: Tokenizer | None = None,
+    host_kv_survives_sleep: bool | None = None,
+    weight_bytes_per_device: float | None = None,
+    free_device_bytes: Callable[[], float] | None = None,
+    sampling: Mapping[str, Any] | None = None,
+    cost: CostModel | None = None,
+    tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    tool_strict_level: str = "auto",
+    chat_template: str | None = None,
+    **engine_args: Any,
+) -> VLLMEngine:
+    """A ``VLLMEngine`` for ``model_dir`` (not started: ``await engine.start()``, one engine at
+    a time). ``sleep_mode=None`` asks vLLM's platform (GPU: sleep mode; CPU: the gate).
+    ``rates`` may be a mapping of ``RateModel`` fields (a node TOML's ``rates = {...}``).
+    ``engine_args`` go to ``AsyncEngineArgs`` (``tensor_parallel_size``,
+    ``gpu_memory_utilization``, ``kv_offloading_size``, ``kv_offloading_backend``, ...).
+    With the byte tokenizer (the tiny models) the output is restricted to ``TEXT_IDS`` unless
+    ``sampling`` sets ``allowed_token_ids``. A model with a Hugging Face tokenizer serves
+    chat calls through vLLM's serving layer, with ``tool_parser``, ``reasoning_parser``,
+    ``tool_strict_level`` and ``chat_template`` as ``vllm serve`` takes them.
+
+    On the CPU path ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB of KV cache per engine) if
+    unset. Offline use of a local directory wants ``HF_HUB_OFFLINE=1`` (set by the caller).
+    """
+    gpu = sleep_mode_available() if sleep_mode is None else sleep_mode
+    if not gpu:
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    tp = int(engine_args.get("tensor_parallel_size", 1))
+    args = vllm_engine_args(
+        model_dir, sleep_mode=gpu, max_model_len=max_model_len, served_name=name, **engine_args
+    )
+    config = _read_config(model_dir)
+    shape = KvShape.from_config(
+        config,
+        block_tokens=int(args.get("block_size") or 16),
+        tensor_parallel_size=tp,
+        kv_cache_dtype=str(args.get("kv_cache_dtype", "auto")),
+    )
+    dummy = args.get("load_format") == "dummy"
+    if weight_bytes_per_device is None and gpu:
+        total = weight_bytes_from_index(model_dir) if Path(model_dir).is_dir() else None
+        weight_bytes_per_device = total / tp if total is not None else None
+    if free_device_bytes is None and gpu:
+        free_device_bytes = nvml_free_bytes(range(tp))
+    if host_kv_survives_sleep is None:
+        host_kv_survives_sleep = args.get("kv_offloading_backend") == "lmcache"
+    tokenizer = tokenizer or load_tokenizer(model_dir)
+    sampling = dict(sampling or {})
+    if isinstance(tokenizer, ByteTokenizer):
+        # random weights: keep the output printable, so that it round-trips (tokenizer.py)
+        sampling.setdefault("allowed_token_ids", list(TEXT_IDS))
+    chat = None
+    if not isinstance(tokenizer, ByteTokenizer):
+        chat = ChatOptions(
+            str(model_dir), tool_parser, reasoning_parser, tool_strict_level, chat_template
+        )
+    options = VLLMEngineOptions(
+        sleep_mode=gpu,
+        max_model_len=max_model_len,
+        ignore_eos=dummy if ignore_eos is None else ignore_eos,
+        rates=rates if isinstance(rates, RateModel) else RateModel(**(rates or {})),
+        host_kv_survives_sleep=host_kv_survives_sleep,
+        weight_bytes_per_device=weight_bytes_per_device,
+        free_device_bytes=free_device_bytes,
+        sampling=sampling,
+        cost=cost,
+        chat=chat,
+    )
+
+    def make() -> AsyncLLMLike:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        llm: AsyncLLMLike = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        return llm
+
+    async def factory() -> AsyncLLMLike:
+        # from_engine_args blocks while the EngineCore process starts: keep the loop free.
+        return await asyncio.to_thread(make)
+
+    return VLLMEngine(
+        name,
+        factory,
+        clock,
+        node,
+        kv_shape=shape,
+        tokenizer=tokenizer,
+        options=options,
+    )
+
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+"""The tiny random-weight test models shipped with the package (``tiny-llama-a``, ``-b``)."""
+
+
+def tiny_model_dir(name: str) -> Path:
+    """The directory of a shipped tiny model, e.g. ``tiny_model_dir("tiny-llama-a")``."""
+    path = MODELS_DIR / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"no tiny model {name!r} in {MODELS_DIR}")
+    return path

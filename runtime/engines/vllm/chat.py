@@ -1,0 +1,258 @@
+"""A chat call rendered, sampled and parsed by vLLM's own OpenAI serving layer.
+
+``OpenAIServingChat`` is what ``vllm serve`` runs behind ``/v1/chat/completions``. Per model
+family it renders the prompt with the model's chat template (tools and template kwargs
+included), converts the sampling parameters (``ChatCompletionRequest.to_sampling_params``),
+constrains the output with structured outputs (``response_format``; the tool-call envelope for
+a ``required`` or named ``tool_choice``, and a tool's arguments when the tool is ``strict`` or
+the engine's ``tool_strict_level`` is ``parameter``), generates, and parses tool calls and
+reasoning out of the model's text with the tool-call and reasoning parsers the node config
+names, streaming deltas. The engine builds one over its own ``AsyncLLM`` (``VllmChat.build``),
+turns each ``CallRequest`` into vLLM's ``ChatCompletionRequest`` (``to_vllm_request``) and reads
+the server-sent chunks back as ``ChatEvent``s. Nothing here parses model text.
+
+Calls always stream inside (so the first token's time is known, and KV bookkeeping sees the
+token ids vLLM returns with ``return_token_ids``); a caller that did not ask for a stream gets
+the deltas folded, which is what a streaming client of ``vllm serve`` would get.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from talaria.core.calls import OutputDelta, TokenLogprob, ToolCallDelta
+from talaria.core.types import CallRejected, CallRequest
+
+
+@dataclass(frozen=True)
+class ChatChunk:
+    """What one streamed chunk carries."""
+
+    delta: OutputDelta
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None
+
+
+@dataclass
+class ChatTotals:
+    """What the stream says about the whole call."""
+
+    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+def tool_choice_doc(call: CallRequest) -> Any:
+    choice = call.tool_choice
+    if choice.mode == "named":
+        return {"type": "function", "function": {"name": choice.name}}
+    return choice.mode
+
+
+def to_vllm_request(
+    call: CallRequest, *, model: str, request_id: str, priority: int, max_tokens: int
+) -> dict[str, Any]:
+    """The body of vLLM's ``ChatCompletionRequest`` for ``call`` (streamed, with usage and
+    token ids; the caller's sampling parameters only where given, so vLLM's defaults and the
+    model's generation config apply to the rest)."""
+    s = call.sampling
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [dict(m) for m in call.messages or ()],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_completion_tokens": max_tokens,
+        "priority": priority,
+        "request_id": request_id,
+        "return_token_ids": True,
+    }
+    if call.tools:
+        body["tools"] = [t.to_openai() for t in call.tools]
+        body["tool_choice"] = tool_choice_doc(call)
+        if call.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = call.parallel_tool_calls
+    optional = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "seed": s.seed,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+        "top_logprobs": s.top_logprobs,
+        "response_format": dict(s.response_format) if s.response_format else None,
+        "reasoning_effort": call.reasoning_effort,
+        "chat_template_kwargs": dict(call.template_kwargs) if call.template_kwargs else None,
+        "cache_salt": call.cache_salt,
+    }
+    body.update({k: v for k, v in optional.items() if v is not None})
+    if s.stop:
+        body["stop"] = list(s.stop)
+    if s.logprobs:
+        body["logprobs"] = True
+    return body
+
+
+def _logprobs(doc: Any) -> tuple[TokenLogprob, ...]:
+    content = (doc or {}).get("content") or ()
+    return tuple(
+        TokenLogprob(
+            str(entry.get("token", "")),
+            float(entry.get("logprob", 0.0)),
+            tuple(
+                (str(t.get("token", "")), float(t.get("logprob", 0.0)))
+                for t in entry.get("top_logprobs") or ()
+            ),
+        )
+        for entry in content
+    )
+
+
+def parse_chunk(data: Mapping[str, Any], totals: ChatTotals) -> ChatChunk | None:
+    """One chunk of vLLM's stream: its delta (content, ``reasoning``, tool-call fragments,
+    logprobs) and token ids; the first chunk's ``prompt_token_ids`` and the last one's usage go
+    to ``totals``. An error chunk raises (``CallRejected`` for a 4xx)."""
+    error = data.get("error") if "error" in data else None
+    if error is not None or data.get("object") == "error":
+        raise _error(error if isinstance(error, Mapping) else data)
+    prompt_ids = data.get("prompt_token_ids")
+    if prompt_ids:
+        totals.prompt_token_ids = [int(i) for i in prompt_ids]
+    usage = data.get("usage")
+    choices = data.get("choices") or ()
+    if usage and not choices:
+        totals.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        totals.completion_tokens = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        totals.cached_tokens = int(details.get("cached_tokens") or 0)
+    if not choices:
+        return None
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    calls = tuple(
+        ToolCallDelta(
+            int(part.get("index", 0)),
+            part.get("id"),
+            (part.get("function") or {}).get("name"),
+            (part.get("function") or {}).get("arguments") or "",
+        )
+        for part in delta.get("tool_calls") or ()
+    )
+    reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+    out = OutputDelta(
+        delta.get("content") or "", reasoning, calls, _logprobs(choice.get("logprobs"))
+    )
+    ids = tuple(int(i) for i in choice.get("token_ids") or ())
+    return ChatChunk(out, ids, choice.get("finish_reason"))
+
+
+def _error(error: Mapping[str, Any]) -> Exception:
+    message = str(error.get("message", "vLLM failed the call"))
+    code = error.get("code")
+    if isinstance(code, int) and 400 <= code < 500:
+        param = error.get("param")
+        return CallRejected("invalid_value", message, param if isinstance(param, str) else None)
+    return RuntimeError(f"vLLM: {message}")
+
+
+class VllmChat:
+    """vLLM's chat serving layer over one engine (see the module docstring)."""
+
+    def __init__(self, serving: Any, model: str) -> None:
+        self._serving = serving
+        self.model = model
+
+    @classmethod
+    async def build(
+        cls,
+        llm: Any,
+        model: str,
+        model_path: str,
+        *,
+        tool_parser: str | None,
+        reasoning_parser: str | None,
+        tool_strict_level: str = "auto",
+        chat_template: str | None = None,
+    ) -> VllmChat:
+        """The serving objects ``vllm serve`` builds (``init_app_state``), for this engine:
+        auto tool choice on with ``tool_parser``, ``reasoning_parser``, cached-token details
+        and usage in every stream."""
+        from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+        from vllm.entrypoints.openai.models.protocol import BaseModelPath
+        from vllm.entrypoints.openai.models.serving import OpenAIServingModels
+        from vllm.renderers.chat_utils import load_chat_template
+        from vllm.renderers.online_renderer import OnlineRenderer
+
+        template = load_chat_template(chat_template)
+        models = OpenAIServingModels(
+            engine_client=llm, base_model_paths=[BaseModelPath(name=model, model_path=model_path)]
+        )
+        await models.init_static_loras()
+        common: dict[str, Any] = {
+            "chat_template": template,
+            "chat_template_content_format": "auto",
+            "trust_request_chat_template": False,
+            "enable_auto_tools": tool_parser is not None,
+            "tool_parser": tool_parser,
+            "tool_strict_level": tool_strict_level,
+            "reasoning_parser": reasoning_parser or "",
+            "default_chat_template_kwargs": None,
+        }
+        renderer = OnlineRenderer(
+            model_config=llm.model_config,
+            renderer=llm.renderer,
+            request_logger=None,
+            trust_request_mm_kwargs=False,
+            exclude_tools_when_tool_choice_none=False,
+            log_error_stack=False,
+            **common,
+        )
+        serving = OpenAIServingChat(
+            llm,
+            models,
+            "assistant",
+            online_renderer=renderer,
+            request_logger=None,
+            enable_prompt_tokens_details=True,
+            enable_force_include_usage=True,
+            **{k: v for k, v in common.items() if k != "default_chat_template_kwargs"},
+        )
+        return cls(serving, model)
+
+    def request(self, body: Mapping[str, Any]) -> Any:
+        """vLLM's ``ChatCompletionRequest``; its validation failures are the caller's fault."""
+        from pydantic import ValidationError
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return ChatCompletionRequest.model_validate(dict(body))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            message = str(first.get("msg", exc)).removeprefix("Value error, ")
+            raise CallRejected("invalid_value", message, param) from exc
+        except VLLMClientError as exc:  # vLLM's own validators raise VLLMValidationError
+            param = getattr(exc, "parameter", None)
+            raise CallRejected(
+                "invalid_value", str(exc), param if isinstance(param, str) else None
+            ) from exc
+
+    async def stream(self, request: Any, totals: ChatTotals) -> AsyncIterator[ChatChunk]:
+        """The call's chunks as vLLM's serving layer streams them."""
+        result = await self._serving.create_chat_completion(request, None)
+        if not hasattr(result, "__aiter__"):
+            error = json.loads(result.model_dump_json()).get("error", {})
+            raise _error(error)
+        async for line in result:
+            if not line.startswith("data: "):
+                continue
+            payload = line[len("data: ") :].strip()
+            if payload == "[DONE]":
+                break
+            chunk = parse_chunk(json.loads(payload), totals)
+            if chunk is not None:
+                yield chunk

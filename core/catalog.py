@@ -59,13 +59,14 @@ class ModelSpec:
     attention_window_tokens: int = 0
     attention_window_layer_fraction: float = 0.0
     reasoning: bool = False
-    tool_parser: str | None = None
-    """vLLM's ``--tool-call-parser`` for this model (a node serving it on vLLM uses it)."""
-    reasoning_parser: str | None = None
-    """vLLM's ``--reasoning-parser`` (None: the model gives no separate reasoning)."""
-    chat_template: str | None = None
+    tool_parser: str = ""
+    """vLLM's ``--tool-call-parser`` for this model (a node serving it on vLLM uses it; ""
+    for none)."""
+    reasoning_parser: str = ""
+    """vLLM's ``--reasoning-parser`` ("": the model gives no separate reasoning)."""
+    chat_template: str = ""
     """A chat template vLLM needs instead of the checkpoint's own, for tools (a file name
-    from vLLM's ``examples/``, as its tool-calling docs name it)."""
+    from vLLM's ``examples/``, as its tool-calling docs name it; "": the checkpoint's)."""
 
     @property
     def is_moe(self) -> bool:

@@ -98,11 +98,11 @@ def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) 
     if spec is None:
         return {}
     out: dict[str, Any] = {}
-    if spec.tool_parser is not None:
+    if spec.tool_parser:
         out["tool_parser"] = spec.tool_parser
-    if spec.reasoning_parser is not None:
+    if spec.reasoning_parser:
         out["reasoning_parser"] = spec.reasoning_parser
-    if spec.chat_template is not None and "chat_template" not in model.options:
+    if spec.chat_template and "chat_template" not in model.options:
         path = config.base_dir / spec.chat_template
         if not path.is_file():
             raise NodeConfigError(

@@ -384,3 +384,25 @@ def test_malformed_file_raises_with_path(
         load_catalog([tmp_path])
     assert str(path) in str(info.value)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "tool_parser", "reasoning_parser"),
+    [
+        ("glm-4.5-fp8", "glm45", "glm45"),
+        ("qwen3-235b-a22b-bf16", "hermes", "qwen3"),
+        ("qwen3-coder-480b-a35b-fp8", "qwen3_coder", ""),
+        ("gpt-oss-120b", "openai", "openai_gptoss"),
+        ("deepseek-v3-fp8", "deepseek_v3", ""),
+        ("llama-4-scout-bf16", "llama4_pythonic", ""),
+        ("tiny-a", "", ""),
+        ("tiny-b", "", ""),
+    ],
+)
+def test_each_shipped_model_names_its_vllm_parsers(
+    name: str, tool_parser: str, reasoning_parser: str
+) -> None:
+    """Each model family has its own tool-call and reasoning format (the vLLM stage checks
+    that the pinned vLLM registers these names)."""
+    model = _model(name)
+    assert (model.tool_parser, model.reasoning_parser) == (tool_parser, reasoning_parser)

@@ -214,5 +214,5 @@ def test_every_shipped_model_names_parsers_the_pinned_vllm_has() -> None:
     tools = set(ToolParserManager.list_registered())
     reasoning = set(ReasoningParserManager.list_registered())
     for spec in load_catalog().models.values():
-        assert spec.tool_parser is None or spec.tool_parser in tools, spec.name
-        assert spec.reasoning_parser is None or spec.reasoning_parser in reasoning, spec.name
+        assert not spec.tool_parser or spec.tool_parser in tools, spec.name
+        assert not spec.reasoning_parser or spec.reasoning_parser in reasoning, spec.name

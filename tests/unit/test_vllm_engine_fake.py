@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from talaria.core.calls import DEFAULT_SAMPLING, Sampling
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import (
     CallRejected,
@@ -176,6 +177,8 @@ def request(
     max_out: int = 12,
     stream: bool = False,
     prompt_tokens: int = 100,
+    prompt_text: str | None = None,
+    sampling: Sampling = DEFAULT_SAMPLING,
 ) -> CallRequest:
     return CallRequest(
         request_id=rid,
@@ -186,6 +189,8 @@ def request(
         call_index=call_index,
         stream=stream,
         messages=messages,
+        prompt_text=prompt_text,
+        sampling=sampling,
     )
 
 
@@ -339,6 +344,25 @@ def test_sp_admitted_calls_get_priority_zero() -> None:
         assert params == {"max_tokens": 12, "ignore_eos": True, "temperature": 0.0}
         request_ids = [g[1] for g in gens(llm)]
         assert request_ids[0].startswith("r1#") and len(set(request_ids)) == 2
+
+    virtual(body)
+
+
+def test_a_token_call_takes_the_callers_sampling_but_not_stop_strings() -> None:
+    async def body(clock: LoopClock) -> None:
+        engine, llm = make_engine("a", clock, sleep_mode=False)
+        await engine.start()
+        await engine.activate()
+        sampling = Sampling(temperature=0.7, top_p=0.9, seed=5, stop=("x",), logprobs=True)
+        await serve(engine, request("r1", prompt_text="hello", sampling=sampling), sp=False)
+        params = gens(llm)[0][3]
+        assert params == {
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "seed": 5,
+        }
 
     virtual(body)
 

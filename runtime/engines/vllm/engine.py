@@ -55,6 +55,21 @@ def _context_error(exc: CallRejected) -> CallRejected:
     return exc
 
 
+def _token_sampling(request: CallRequest) -> dict[str, Any]:
+    """The caller's sampling parameters that apply to a call sent as token ids (no stop strings
+    or logprobs there: the engine decodes itself; chat calls get every parameter)."""
+    s = request.sampling
+    given = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "seed": s.seed,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
 PROMPT_MEMO = 256
 """Tokenized prompts kept between ``estimate_service_s`` / ``try_admit`` and ``run``."""
 
@@ -389,7 +404,7 @@ class VLLMEngine:
         params = self._api.sampling_params(
             max_tokens=max(1, min(known or request.max_output_tokens, room)),
             ignore_eos=self._opt.ignore_eos or known is not None,
-            **dict(self._opt.sampling),
+            **{**self._opt.sampling, **_token_sampling(request)},
         )
         priority = PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT
         request_id = f"{request.request_id}#{next(self._ids)}"

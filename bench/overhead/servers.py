@@ -200,8 +200,8 @@ def direct_app(tokens: int = REPLY_TOKENS) -> Any:
 
 def talaria_app(db: str, output_tokens: int) -> Any:
     from talaria.proxy.app import create_app
-    from talaria.proxy.fake_runtime import InstantRuntime
     from talaria.proxy.settings import ProxySettings
+    from talaria.runtime.instant import InstantRuntime
 
     settings = ProxySettings(database_url=f"sqlite+aiosqlite:///{db}")
     runtime = InstantRuntime(models=(MODEL,), output_tokens=output_tokens)

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from talaria.core.types import CallRejected, CallRequest, GenerationEvent, TokenDelta
-from talaria.proxy.fake_runtime import InstantRuntime
 from talaria.proxy.settings import ProxySettings
+from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import running_proxy
 
 ADMIN = "adm"

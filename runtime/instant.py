@@ -1,4 +1,5 @@
-"""``InstantRuntime``: a ``RuntimeClient`` that answers every call at once.
+"""``InstantRuntime``: a runtime that answers every call at once (the proxy's ``RuntimeClient``
+seam, structurally), writing the simulated engine's placeholder words.
 
 No engine, no scheduler, no sleeping: ``generate`` yields ``FirstToken``, then (for streaming
 calls) one ``TokenDelta`` per further token, then ``Finished``, all at the loop clock's "now". It

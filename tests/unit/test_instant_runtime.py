@@ -19,8 +19,8 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.proxy.app import create_app
-from talaria.proxy.fake_runtime import InstantRuntime
 from talaria.proxy.settings import ProxySettings
+from talaria.runtime.instant import InstantRuntime
 
 MODEL = "bench-model"
 KEY = "test-key"

@@ -125,6 +125,10 @@ def test_response_format_gives_schema_valid_json(client: openai.OpenAI) -> None:
 
 
 def test_seed_stop_and_logprobs(client: openai.OpenAI) -> None:
+    greedy = {"temperature": 0, "seed": 3, "max_tokens": 8, "extra_body": NO_THINKING}
+    assert _ask(client, **greedy).choices[0].message.content == (
+        _ask(client, **greedy).choices[0].message.content
+    )
     fixed = {"temperature": 0.9, "seed": 11, "max_tokens": 12, "extra_body": NO_THINKING}
     first = _ask(client, **fixed).choices[0].message.content
     again = _ask(client, **fixed).choices[0].message.content

@@ -124,9 +124,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
 
 def run_virtual(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion on a fresh ``VirtualTimeLoop`` and close it."""
+    """Run ``main`` to completion on a fresh ``VirtualTimeLoop`` and close it; tasks still
+    pending then (``main`` failed) are cancelled first, as ``asyncio.run`` does."""
     loop = VirtualTimeLoop()
     try:
         return loop.run_until_complete(main)
     finally:
-        loop.close()
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        finally:
+            loop.close()

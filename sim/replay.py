@@ -168,10 +168,16 @@ async def _replay(
                 await clock.sleep(call.tool_gap_s)
         return SessionOutcome(session.session_id, session.model, start, clock.now(), results)
 
-    outcomes = await asyncio.gather(*(agent(s) for s in sessions))
-    makespan = clock.now()
-    for node in nodes:
-        await node.stop()
+    agents = [asyncio.ensure_future(agent(s)) for s in sessions]
+    try:
+        outcomes = await asyncio.gather(*agents)
+        makespan = clock.now()
+    finally:  # after a failure, stop the other agents and the nodes before it propagates
+        for task in agents:
+            task.cancel()
+        await asyncio.gather(*agents, return_exceptions=True)
+        for node in nodes:
+            await node.stop()
     return ReplayOutcome(
         list(outcomes),
         [_node_outcome(n) for n in nodes],

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,13 +20,20 @@ from rich.table import Table
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.trace import SessionTrace, TraceError, read_trace, write_trace
 from talaria.core.types import CallResult
+from talaria.proxy.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
+if TYPE_CHECKING:
+    from talaria.proxy.settings import ProxySettings
+
+# Help texts are rich markup: a literal "[" is written "\\[" (else "[profile]" vanishes).
 app = typer.Typer(
     help="Talaria: session-aware serving of tool-using agents on shared GPU nodes.",
     no_args_is_help=True,
     add_completion=False,
+    # Subcommands (trace, db, keys, ...) inherit the help option names from this context.
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 trace_app = typer.Typer(help="Make and inspect replay traces (JSONL, one call per line).")
 app.add_typer(trace_app, name="trace")
@@ -32,6 +43,38 @@ CatalogOpt = Annotated[
     list[Path] | None,
     typer.Option("--catalog", help="Extra directory or TOML file of models/servers/profiles."),
 ]
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    try:
+        number = dist_version("talaria")
+    except PackageNotFoundError:  # pragma: no cover - only when run from an uninstalled tree
+        from talaria import __version__ as number
+    typer.echo(f"talaria {number}")
+    raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version and exit.",
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
+def _fail(message: str) -> typer.Exit:
+    """Print ``message`` as one plain line on stderr; raise the result to exit with status 1."""
+    console.print(message, markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(1)
 
 
 def _catalog(extra: list[Path] | None) -> Catalog:
@@ -60,6 +103,36 @@ def _profile_name(path: Path) -> str:
     except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
         raise typer.BadParameter(f"{path}: no [profile] with a name ({exc})") from exc
     return str(name)
+
+
+def _check_fits(catalog: Catalog, server: str, models: Sequence[str]) -> None:
+    """Refuse a model whose weights alone exceed a node's usable HBM: its replay cannot start
+    (the node's memory accounting raises ``CapacityError`` at the first switch to it)."""
+    usable = catalog.server(server).usable_hbm_bytes
+    for name in models:
+        weights = catalog.model(name).weight_bytes
+        if weights > usable:
+            raise _fail(
+                f"model {name!r} does not fit server {server!r}: its weights take "
+                f"{weights / 1e9:,.3g} GB, a node's usable HBM is {usable / 1e9:,.3g} GB"
+            )
+
+
+def _check_sweep(param: str, values: list[float]) -> None:
+    """The sweep values that no replay accepts: a quantum or a session count that is not > 0."""
+    if param == "quantum_s":
+        bad = [v for v in values if not (math.isfinite(v) and v > 0)]
+        rule = "> 0"
+    elif param == "sessions":
+        bad = [v for v in values if not (v.is_integer() and v >= 1)]
+        rule = "whole numbers >= 1"
+    else:
+        return
+    if bad:
+        raise typer.BadParameter(
+            f"{param} values must be {rule}, got {', '.join(f'{v:g}' for v in bad)}",
+            param_hint="'--sweep'",
+        )
 
 
 def _stdout() -> Console:
@@ -108,16 +181,19 @@ def replay(
         ),
     ] = None,
     quantum_s: Annotated[
-        float | None, typer.Option(help="Slot quantum in seconds (default: the preset's).")
+        float | None,
+        typer.Option(help="Slot quantum in seconds, > 0 (default: the preset's)."),
     ] = None,
     sessions: Annotated[
-        int | None, typer.Option(help="Override the preset's session count (calls scale).")
+        int | None,
+        typer.Option(min=1, help="Override the preset's session count (calls scale)."),
     ] = None,
     nodes: Annotated[
         int | None,
         typer.Option(
+            min=1,
             help="Nodes that each host every model (default 1; presets with their own "
-            "node layout, like 'cluster', ignore it)."
+            "node layout, like 'cluster', ignore it).",
         ),
     ] = None,
     json_out: Annotated[
@@ -137,8 +213,9 @@ def replay(
     sweep_seeds: Annotated[
         int,
         typer.Option(
+            min=1,
             help="Workload seeds per sweep point (seed, seed+1, ...); rows report "
-            "the median over them."
+            "the median over them.",
         ),
     ] = 3,
     server: Annotated[
@@ -149,7 +226,7 @@ def replay(
         str | None,
         typer.Option(
             help="Efficiency profile: a catalog name, or a TOML file such as `talaria "
-            "calibrate` writes (its [profile] is used; default: the preset's)."
+            "calibrate` writes (its \\[profile] is used; default: the preset's)."
         ),
     ] = None,
     catalog_dirs: CatalogOpt = None,
@@ -161,12 +238,16 @@ def replay(
     the ratio to the oracle bound (each session alone, model resident) and the 'dedicated'
     reference (one node per model, never switched).
     """
+    from talaria.runtime.scheduling.node import CallTooLargeError
+    from talaria.runtime.scheduling.resources import CapacityError
     from talaria.sim.experiment import run_experiment
     from talaria.sim.policies import resolve_policy
     from talaria.sim.presets import get_preset
     from talaria.sim.report import experiment_table, routing_table, sweep_table
     from talaria.sim.sweep import parse_sweep, run_sweep
 
+    if quantum_s is not None and not (math.isfinite(quantum_s) and quantum_s > 0):
+        raise typer.BadParameter(f"must be > 0, got {quantum_s:g}", param_hint="'--quantum-s'")
     profile_file = Path(profile) if profile and profile.endswith(".toml") else None
     catalog = _catalog([*(catalog_dirs or []), *([profile_file] if profile_file else [])])
     try:
@@ -183,6 +264,8 @@ def replay(
         sweeps = [parse_sweep(s) for s in sweep or []]
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    for param, values in sweeps:
+        _check_sweep(param, values)
     if quantum_s is not None:
         chosen = replace(chosen, quantum_s=quantum_s)
     if sessions is not None:
@@ -206,33 +289,38 @@ def replay(
     runs = len(names) + 1
     try:
         setup = chosen.experiment_setup(nodes)
+        _check_fits(catalog, setup.server, setup.models)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     started = time.perf_counter()
-    with _progress() as bar:
-        task = bar.add_task("replay", total=calls * runs, visible=progress)
+    rows: list[dict[str, Any]] = []
+    try:
+        with _progress() as bar:
+            task = bar.add_task("replay", total=calls * runs, visible=progress)
 
-        def tick(_: CallResult) -> None:
-            bar.advance(task)
+            def tick(_: CallResult) -> None:
+                bar.advance(task)
 
-        doc: dict[str, Any] = run_experiment(session_list, catalog, setup, names, tick)
-        doc.update(
-            preset=chosen.name,
-            seed=seed if trace is None else None,
-            trace=str(trace) if trace else None,
-        )
-        rows: list[dict[str, Any]] = []
-        if sweeps:
-            points = sum(len(v) for _, v in sweeps) * sweep_seeds
-            sweep_task = bar.add_task("sweep", total=None, visible=progress)
-            bar.update(sweep_task, description=f"sweep ({points} replays of 3 layouts)")
+            doc: dict[str, Any] = run_experiment(session_list, catalog, setup, names, tick)
+            doc.update(
+                preset=chosen.name,
+                seed=seed if trace is None else None,
+                trace=str(trace) if trace else None,
+            )
+            if sweeps:
+                points = sum(len(v) for _, v in sweeps) * sweep_seeds
+                sweep_task = bar.add_task("sweep", total=None, visible=progress)
+                bar.update(sweep_task, description=f"sweep ({points} replays of 3 layouts)")
 
-            def sweep_tick(_: CallResult) -> None:
-                bar.advance(sweep_task)
+                def sweep_tick(_: CallResult) -> None:
+                    bar.advance(sweep_task)
 
-            seeds = range(seed, seed + sweep_seeds)
-            rows = run_sweep(chosen, catalog, sweeps, _generate, seeds, sweep_tick)
-            doc["sweep"] = rows
+                seeds = range(seed, seed + sweep_seeds)
+                rows = run_sweep(chosen, catalog, sweeps, _generate, seeds, sweep_tick)
+                doc["sweep"] = rows
+    except (CapacityError, CallTooLargeError) as exc:
+        # A call's KV cache (a huge prompt in a trace) needs more memory than a node has.
+        raise _fail(f"the workload does not fit server {setup.server!r}: {exc}") from None
     out = _stdout()
     out.print(experiment_table(doc))
     routing = routing_table(doc)
@@ -271,10 +359,13 @@ def trace_generate(
     out: Annotated[Path, typer.Option(help="Where to write the JSONL trace.")],
     preset: Annotated[str, typer.Option(help="Workload preset.")] = "paper",
     seed: Annotated[int, typer.Option(help="Generator seed.")] = 0,
-    sessions: Annotated[int | None, typer.Option(help="Override the session count.")] = None,
+    sessions: Annotated[int | None, typer.Option(min=1, help="Override the session count.")] = None,
     catalog_dirs: CatalogOpt = None,
 ) -> None:
-    """Generate SWE-bench-like sessions (docs/sources.md §2 distributions) as a replayable trace."""
+    """Generate SWE-bench-like sessions (docs/sources.md §2 distributions) as a replayable trace.
+
+    The generator and the file format: docs/trace-format.md.
+    """
     from talaria.sim.presets import get_preset
 
     catalog = _catalog(catalog_dirs)
@@ -541,7 +632,8 @@ def serve(
         str | None, typer.Option(help="Scheduler flags of the embedded nodes (as in replay).")
     ] = None,
     router: Annotated[
-        str | None, typer.Option(help="talaria, load-only, sticky or kv-aware.")
+        str | None,
+        typer.Option(help=f"Router of the calls: {', '.join(ROUTER_NAMES)} (default: talaria)."),
     ] = None,
     database_url: Annotated[
         str | None,
@@ -567,7 +659,7 @@ def serve(
     Settings also come from TALARIA_* environment variables (TALARIA_API_KEYS,
     TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, TALARIA_SESSION_IDLE_TIMEOUT_S, ...). The
     simulated engines time every call with the cost model; their replies are simulated
-    (a harmless offered tool, then a [simulated] answer).
+    (a harmless offered tool, then a \\[simulated] answer).
     """
     import uvicorn
 
@@ -593,15 +685,43 @@ def serve(
             policy_flags(settings.policy)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    # Refuse here what would otherwise fail every call (a 500) or the app's start (a traceback).
+    try:
+        get_router(settings.router)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--router'") from exc
     if settings.runtimes:
         console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
     else:
+        _check_embedded(settings)
         console.print(
             f"talaria proxy on http://{host}:{port}/v1 — models {', '.join(settings.models)} "
             f"on {settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
             "replies are simulated (docs/agents.md)"
         )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+def _check_embedded(settings: ProxySettings) -> None:
+    """The embedded node's models, server and profile must be in the catalog it will load."""
+    try:
+        cat = load_catalog(settings.catalog_path)
+    except CatalogError as exc:
+        raise typer.BadParameter(f"cannot load the model catalog: {exc}") from exc
+    if not settings.models:
+        raise typer.BadParameter("no models for the embedded node", param_hint="'--models'")
+    unknown = [m for m in settings.models if m not in cat.models]
+    if unknown:
+        raise typer.BadParameter(
+            f"unknown model(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(sorted(cat.models))}",
+            param_hint="'--models'",
+        )
+    try:
+        cat.server(settings.server)
+        cat.profile(settings.profile)
+    except CatalogError as exc:
+        raise typer.BadParameter(str(exc)) from exc
 
 
 @app.command("runtime")

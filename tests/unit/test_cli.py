@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from talaria.cli import app
@@ -121,3 +126,218 @@ def test_catalog_lists_shipped_models() -> None:
     result = runner.invoke(app, ["catalog"])
     assert result.exit_code == 0
     assert "glm-4.5-fp8" in result.output and "h200x8" in result.output
+
+
+# -- review findings: input validation, one-line errors, help texts -------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+_BOX = re.compile(r"[│╭╮╰╯─┃━]")
+
+
+def _flat(text: str) -> str:
+    """The output with rich's panel borders dropped and every run of whitespace one space, so
+    that a message wrapped inside an error panel reads as one line again."""
+    return " ".join(_BOX.sub(" ", text).split())
+
+
+def _last_line(text: str) -> str:
+    return [line for line in text.splitlines() if line.strip()][-1]
+
+
+def _no_uvicorn(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Make ``uvicorn.run`` record its call instead of serving; clear the proxy's env settings."""
+    import uvicorn
+
+    for name in ("ROUTER", "MODELS", "RUNTIMES", "CATALOG_PATH", "SERVER", "PROFILE"):
+        monkeypatch.delenv(f"TALARIA_{name}", raising=False)
+    started: list[dict[str, Any]] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
+    return started
+
+
+def test_serve_refuses_an_unknown_router_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from talaria.proxy.routing.routers import ROUTER_NAMES
+
+    started = _no_uvicorn(monkeypatch)
+    result = runner.invoke(app, ["serve", "--router", "nope"])
+    assert result.exit_code == 2, result.output
+    assert not started
+    text = _flat(result.output)
+    assert "Invalid value for '--router': unknown router 'nope'; choose from:" in text
+    assert f"choose from: {', '.join(ROUTER_NAMES)}" in text
+    assert "Traceback" not in result.output
+    help_text = _flat(runner.invoke(app, ["serve", "--help"]).output)
+    assert all(name in help_text for name in ROUTER_NAMES)
+
+
+def test_serve_refuses_unknown_models_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _no_uvicorn(monkeypatch)
+    result = runner.invoke(app, ["serve", "--models", "bogus-model,tiny-a,other"])
+    assert result.exit_code == 2, result.output
+    assert not started
+    text = _flat(result.output)
+    assert "Invalid value for '--models': unknown model(s) 'bogus-model', 'other'; known:" in text
+    assert "glm-4.5-fp8" in text and "tiny-a" in text
+    assert "Traceback" not in result.output
+    empty = runner.invoke(app, ["serve", "--models", ""])
+    assert empty.exit_code == 2 and "no models for the embedded node" in _flat(empty.output)
+    # Runtime servers bring their own models: --models is not checked against the catalog then.
+    remote = runner.invoke(app, ["serve", "--runtime", "http://127.0.0.1:9", "--router", "sticky"])
+    assert remote.exit_code == 0, remote.output
+    assert len(started) == 1
+
+
+def test_serve_finds_models_in_the_settings_catalog_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    started = _no_uvicorn(monkeypatch)
+    shipped = (REPO / "core/data/models/tiny-a.toml").read_text()
+    (tmp_path / "mine.toml").write_text(shipped.replace('name = "tiny-a"', 'name = "my-model"'))
+    unknown = runner.invoke(app, ["serve", "--models", "my-model"])
+    assert unknown.exit_code == 2 and "unknown model(s) 'my-model'" in _flat(unknown.output)
+    monkeypatch.setenv("TALARIA_CATALOG_PATH", str(tmp_path))
+    result = runner.invoke(app, ["serve", "--models", "my-model,tiny-a", "--port", "8123"])
+    assert result.exit_code == 0, result.output
+    assert started == [{"host": "127.0.0.1", "port": 8123, "log_level": "info"}]
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["--sessions", "0"], "'--sessions'"),
+        (["--sessions", "-3"], "'--sessions'"),
+        (["--sweep", "sessions=4,0"], "'--sweep': sessions values must be whole numbers >= 1"),
+        (["--sweep", "sessions=2.5"], "'--sweep': sessions values must be whole numbers >= 1"),
+        (["--quantum-s", "-1"], "'--quantum-s': must be > 0, got -1"),
+        (["--quantum-s", "0"], "'--quantum-s': must be > 0, got 0"),
+        (["--quantum-s", "nan"], "'--quantum-s': must be > 0, got nan"),
+        (["--sweep", "quantum_s=30,-1"], "'--sweep': quantum_s values must be > 0, got -1"),
+        (["--nodes", "0"], "'--nodes'"),
+        (["--sweep-seeds", "0"], "'--sweep-seeds'"),
+    ],
+)
+def test_replay_rejects_non_positive_counts_and_quanta(args: list[str], hint: str) -> None:
+    result = runner.invoke(app, ["replay", "--preset", "small", "--no-progress", *args])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {hint}" in _flat(result.output)
+    assert "Traceback" not in result.output
+
+
+def test_trace_generate_rejects_a_non_positive_session_count(tmp_path: Path) -> None:
+    out = tmp_path / "t.jsonl"
+    result = runner.invoke(app, ["trace", "generate", "--sessions", "0", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--sessions'" in _flat(result.output)
+    assert not out.exists()
+
+
+def _one_call_trace(path: Path, model: str, prompt_tokens: int) -> Path:
+    call = {
+        "session_id": "s0",
+        "call_index": 0,
+        "model": model,
+        "arrival_offset_s": 0.0,
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": prompt_tokens,
+        "output_tokens": 10,
+        "tool_gap_s": None,
+    }
+    path.write_text(json.dumps(call) + "\n")
+    return path
+
+
+def test_replay_of_a_model_too_big_for_the_server_ends_with_one_line(tmp_path: Path) -> None:
+    # glm-4.5-fp8's 355 GB of weights on the 2.15 GB CPU host: the node's memory accounting
+    # would raise CapacityError at the first switch (and the replay deadlock on it).
+    trace = _one_call_trace(tmp_path / "t.jsonl", "glm-4.5-fp8", 100)
+    args = ["replay", "--trace", str(trace), "--server", "cpu-vllm", "--policies", "talaria"]
+    result = runner.invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert _last_line(result.output) == (
+        "model 'glm-4.5-fp8' does not fit server 'cpu-vllm': its weights take 355 GB, "
+        "a node's usable HBM is 2.15 GB"
+    )
+    assert "Traceback" not in result.output and "Error" not in result.output
+
+
+def test_replay_of_a_prompt_too_big_for_the_node_ends_with_one_line(tmp_path: Path) -> None:
+    trace = _one_call_trace(tmp_path / "t.jsonl", "glm-4.5-fp8", 2_000_000)
+    result = runner.invoke(app, ["replay", "--trace", str(trace), "--policies", "talaria"])
+    assert result.exit_code == 1, result.output
+    last = _last_line(result.output)
+    assert last.startswith("the workload does not fit server 'h200x8': call needs ")
+    assert last.endswith("B of KV; node node0 cannot hold it")
+    assert "Traceback" not in result.output and "Task was destroyed" not in result.output
+
+
+def test_replay_ending_in_capacity_error_ends_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import talaria.sim.experiment
+    from talaria.runtime.scheduling.resources import CapacityError
+
+    def overflow(*_: object, **__: object) -> dict[str, Any]:
+        raise CapacityError("HBM over capacity: 2e+12 > 1.015e+12")
+
+    monkeypatch.setattr(talaria.sim.experiment, "run_experiment", overflow)
+    result = runner.invoke(app, ["replay", "--preset", "small", "--no-progress"])
+    assert result.exit_code == 1, result.output
+    assert _last_line(result.output) == (
+        "the workload does not fit server 'h200x8': HBM over capacity: 2e+12 > 1.015e+12"
+    )
+    assert "Traceback" not in result.output
+
+
+def test_version_and_short_help_option() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.output == f"talaria {version('talaria')}\n"
+    for args in (
+        ["-h"],
+        ["replay", "-h"],
+        ["serve", "-h"],
+        ["trace", "-h"],
+        ["trace", "generate", "-h"],
+    ):
+        short, long = runner.invoke(app, args), runner.invoke(app, [*args[:-1], "--help"])
+        assert short.exit_code == 0, (args, short.output)
+        assert short.output == long.output and "Usage: " in short.output
+
+
+def _commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    """Every command under ``command`` (typer's click objects), with its argument path."""
+    found = [(path, command)]
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        found += _commands(sub, (*path, name))
+    return found
+
+
+def _help_sources(command: Any) -> str:
+    """The help texts of a command and of its options, as written in the code."""
+    return " ".join([command.help or ""] + [getattr(p, "help", None) or "" for p in command.params])
+
+
+def test_help_shows_square_brackets_literally() -> None:
+    root = typer.main.get_command(app)
+    replay_help = _flat(runner.invoke(app, ["replay", "--help"]).output)
+    assert "(its [profile] is used;" in replay_help
+    assert "then a [simulated] answer" in _flat(runner.invoke(app, ["serve", "--help"]).output)
+    commands = _commands(root)
+    assert {("replay",), ("serve",), ("trace", "generate"), ("keys", "create")} < {
+        path for path, _ in commands
+    }
+    for path, command in commands:
+        shown = _flat(runner.invoke(app, [*path, "--help"]).output)
+        for term in re.findall(r"\[([^\]\[]+)\]", _help_sources(command)):
+            assert f"[{term}]" in shown, (path, term)
+
+
+def test_help_cites_only_files_in_the_repository() -> None:
+    generate = _flat(runner.invoke(app, ["trace", "generate", "--help"]).output)
+    assert "docs/sources.md §2" in generate and "docs/trace-format.md" in generate
+    root = typer.main.get_command(app)
+    for path, _ in _commands(root):
+        shown = runner.invoke(app, [*path, "--help"]).output
+        assert "FACTS" not in shown and "../shared" not in shown, path
+        for cited in re.findall(r"(?:docs|examples)/[\w./-]+\.(?:md|toml)", shown):
+            assert (REPO / cited).is_file(), (path, cited)

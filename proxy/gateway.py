@@ -7,8 +7,12 @@ it on that instance in a task of its own, so a client that disconnects never los
 its records; then remember the reply as the session's conversation, learn its tool gap, take a
 new soft reservation when the reply is a tool call (or the client hinted a gap), and hand
 session, call, decision and reservation records to the batched writer. Sessions idle for
-``session_idle_timeout_s`` end. Times in records: wall clock for ``*_at``, clock seconds for
-durations.
+``session_idle_timeout_s`` end.
+
+Time: the gateway schedules on its ``Clock`` (clock seconds: wall seconds × ``time_scale``
+under a scaled clock). Everything it shows — records, metrics, ``/v1/models`` — is in wall
+seconds, and clients' hints are wall seconds: it converts at that boundary (``_wall_s``,
+``_clock_s``).
 
 The gateway passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
 never writes output of its own.
@@ -17,14 +21,15 @@ never writes output of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from talaria.core.calls import Call, ModelOutput
 from talaria.core.clock import Clock
@@ -61,8 +66,19 @@ from talaria.proxy.sessions.identity import Identity
 
 SWEEP_S = 1.0
 """How often expired reservations and idle sessions are looked for (clock seconds)."""
+STORE_RETRY_S = 2.0
+"""Retry-After of a call refused because the store cannot take its records: its write queue
+is full, or (with durable acknowledgement) its writes are failing."""
+SHUTDOWN = "The server is shutting down; retry the call."
+NOT_COMMITTED = (
+    "The call ran, but the session store has not committed its records in time (they are "
+    "kept, and written when the store recovers); retry the call."
+)
+SHUTDOWN_BEFORE_COMMIT = (
+    "The server is shutting down before this call's records were committed; retry the call."
+)
 DEFAULT_IDLE_TIMEOUT_S = 600.0
-"""A session with no call for this long ends (clock seconds). Agents' tool gaps are seconds
+"""A session with no call for this long ends (wall seconds). Agents' tool gaps are seconds
 to minutes (docs/sources.md §2: p99 3.6 min); TraceLab's human waits between requests have a median
 of 1.4 min, so an interactive session that pauses for longer starts a new session."""
 log = logging.getLogger("talaria.proxy.gateway")
@@ -76,7 +92,25 @@ def tenant_salt(tenant_id: str) -> str:
 
 
 class RecordSink(Protocol):
-    def submit(self, record: Record) -> None: ...
+    """Where records go (``BatchWriter``)."""
+
+    def submit(self, record: Record) -> int:
+        """Queue a record; returns its sequence number."""
+        ...
+
+    async def committed(self, seq: int) -> None:
+        """Return once record ``seq`` and all before it are committed."""
+        ...
+
+    @property
+    def full(self) -> bool:
+        """Whether the queue is at its bound (new calls are refused)."""
+        ...
+
+    @property
+    def failing_since(self) -> float | None:
+        """Since when writes fail (None: they succeed)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -91,6 +125,9 @@ class PreparedCall:
     call: Call
     max_tokens: int
     """The output limit: the call's own, or the server's default."""
+    extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
+    """Records the API adds to the call's own when it succeeds (the Responses API's stored
+    response), committed with them."""
 
     @property
     def model(self) -> str:
@@ -174,6 +211,9 @@ class Gateway:
         context_windows: dict[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
         session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        durable: bool = True,
+        commit_timeout_s: float = 30.0,
+        time_scale: float = 1.0,
     ) -> None:
         self.runtimes = list(runtimes)
         self._by_name = {r.name: r for r in self.runtimes}
@@ -185,7 +225,12 @@ class Gateway:
         self._rng = random.Random(routing_seed)
         self._windows = context_windows or {}
         self._max_inflight = max_inflight_per_tenant
-        self._idle_timeout_s = session_idle_timeout_s
+        self._time_scale = time_scale
+        self._idle_timeout_s = session_idle_timeout_s * time_scale  # clock seconds
+        self._durable = durable
+        self._commit_timeout_s = commit_timeout_s
+        self._last_seq = 0
+        self._closing = False
         self._inflight: dict[str, int] = {}
         self.sessions = SessionBook()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -207,7 +252,7 @@ class Gateway:
                     {
                         "instance": status.instance,
                         "state": res.state.value,
-                        "next_slot_in_s": round(res.next_slot_in_s, 3),
+                        "next_slot_in_s": round(self._wall_s(res.next_slot_in_s), 3),
                     }
                 )
         return out
@@ -216,12 +261,54 @@ class Gateway:
     def start(self) -> None:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
-    async def close(self) -> None:
+    @property
+    def inflight(self) -> int:
+        """Calls running now."""
+        return len(self._tasks)
+
+    def refuse_new_calls(self) -> None:
+        """From now on every new call gets 503 (the proxy is shutting down)."""
+        self._closing = True
+
+    def abort_calls(self) -> int:
+        """Stop every running call: each client gets a 503 ("shutting down"), each call an
+        error record (unless it had finished and only waited for its commit). Returns how many
+        were running."""
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
+
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Refuse new calls; let running ones finish for at most ``timeout_s`` (None: as
+        long as they take), then abort the rest."""
+        self._closing = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            running = list(self._tasks)
+            _, late = await asyncio.wait(running, timeout=timeout_s)
+            if late:
+                log.warning("aborting %d calls still running at shutdown", len(late))
+                for task in late:
+                    task.cancel()
+                await asyncio.gather(*late, return_exceptions=True)
+
+    def _wall_s(self, clock_s: float) -> float:
+        """Wall seconds of a duration in clock seconds."""
+        return clock_s / self._time_scale
+
+    @overload
+    def _clock_s(self, wall_s: float) -> float: ...
+    @overload
+    def _clock_s(self, wall_s: None) -> None: ...
+    def _clock_s(self, wall_s: float | None) -> float | None:
+        """Clock seconds of a duration a client gave in wall seconds."""
+        return None if wall_s is None else wall_s * self._time_scale
+
+    def _submit(self, record: Record) -> int:
+        self._last_seq = self._sink.submit(record)
+        return self._last_seq
 
     # -- calls -------------------------------------------------------------------------------
     async def open_call(self, call: PreparedCall) -> CallHandle:
@@ -235,6 +322,13 @@ class Gateway:
                 f"about {prompt_tokens} prompt tokens and asks for up to {call.max_tokens} more.",
                 param="messages",
                 code="context_length_exceeded",
+            )
+        if self._closing:
+            raise unavailable("The server is shutting down; retry the call.")
+        if self._sink.full or (self._durable and self._sink.failing_since is not None):
+            raise unavailable(
+                "The session store cannot take this call's records now; retry shortly.",
+                retry_after_s=STORE_RETRY_S,
             )
         if self._inflight.get(call.tenant_id, 0) >= self._max_inflight:
             raise too_many_requests(self._max_inflight)
@@ -283,7 +377,7 @@ class Gateway:
             await self._by_name[state.last_instance].session_moved(state.key)
         self.metrics.decisions.labels(self._router, decision.reason).inc()
         self.metrics.sessions_found.labels(found.how).inc()
-        self._sink.submit(
+        self._submit(
             DecisionRecord(
                 request_id=call.request_id,
                 session_id=state.key,
@@ -318,7 +412,7 @@ class Gateway:
             prompt_tokens=prompt_tokens,
             max_output_tokens=call.max_tokens,
             call_index=state.calls,
-            expected_tool_gap_s=call.identity.tool_gap_hint_s,
+            expected_tool_gap_s=self._clock_s(call.identity.tool_gap_hint_s),
             session_final=call.identity.final,
             stream=call.stream,
             shared_prefix_tokens=shared_tokens,
@@ -332,6 +426,10 @@ class Gateway:
             template_kwargs=c.template_kwargs,
             cache_salt=tenant_salt(call.tenant_id),
         )
+
+    async def reachable_instances(self) -> list[str]:
+        """The instances whose status answers now."""
+        return [status.instance for status in await self._statuses(None)]
 
     async def _statuses(self, model: str | None) -> list[InstanceStatus]:
         """Status of every instance hosting ``model`` (all if None) that answers; an instance
@@ -356,50 +454,102 @@ class Gateway:
         events: asyncio.Queue[tuple[EventKind, Any]],
         arrived_at: datetime,
     ) -> CallOutcome | None:
-        result: CallResult | None = None
-        error: Exception | None = None
+        """Run the call; record its outcome; with durable acknowledgement, wait for the
+        records' commit; only then tell the client it is done. Cancelled (shutdown): the client
+        gets a 503 and the call an error record."""
         try:
-            async for event in runtime.generate(request):
+            result = await self._generate(runtime, request, events)
+        except asyncio.CancelledError:
+            self._record_failure(call, state, request, runtime, arrived_at, SHUTDOWN, events)
+            raise
+        except Exception as exc:  # a runtime fault fails this call only
+            self._record_failure(call, state, request, runtime, arrived_at, exc, events)
+            return None
+        finally:
+            state.inflight -= 1
+            self._inflight[call.tenant_id] -= 1
+        output = result.output or ModelOutput(finish_reason="stop")
+        outcome = CallOutcome(result, runtime.name, output)
+        seq: int | None = None
+        try:
+            seq = self._finished(
+                call, state, conversation, request, runtime, outcome, arrived_at, datetime.now(UTC)
+            )
+        except Exception:  # bookkeeping must never cost the client its answer
+            log.exception("call %s: recording its outcome failed", call.request_id)
+        if self._durable and seq is not None:
+            try:
+                await asyncio.wait_for(self._sink.committed(seq), self._commit_timeout_s)
+            except asyncio.CancelledError:
+                events.put_nowait(("error", unavailable(SHUTDOWN_BEFORE_COMMIT)))
+                raise
+            except TimeoutError:
+                log.error("call %s: its records were not committed in time", call.request_id)
+                events.put_nowait(("error", unavailable(NOT_COMMITTED)))
+                return outcome
+        events.put_nowait(("done", outcome))
+        return outcome
+
+    async def _generate(
+        self,
+        runtime: RuntimeClient,
+        request: CallRequest,
+        events: asyncio.Queue[tuple[EventKind, Any]],
+    ) -> CallResult:
+        """Pass the runtime's events on; the call's result (``RuntimeError`` if the runtime
+        ended without one). The runtime's stream is read to its end, and closed when the
+        call is cancelled."""
+        result: CallResult | None = None
+        async with contextlib.aclosing(runtime.generate(request)) as stream:
+            async for event in stream:
                 if isinstance(event, FirstToken):
                     events.put_nowait(("first", event.delta))
                 elif isinstance(event, TokenDelta):
                     events.put_nowait(("delta", event.delta))
                 elif isinstance(event, Finished):
                     result = event.result
-        except Exception as exc:  # a runtime fault fails this call only
-            error = exc
-        finally:
-            state.inflight -= 1
-            self._inflight[call.tenant_id] -= 1
-        finished_at = datetime.now(UTC)
         if result is None:
-            api_error = error if isinstance(error, ApiError) else None
+            raise RuntimeError("the runtime ended the call without a result")
+        return result
+
+    def _record_failure(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        arrived_at: datetime,
+        error: BaseException | str,
+        events: asyncio.Queue[tuple[EventKind, Any]],
+    ) -> None:
+        """The call failed: an error record, then the error to the client (whatever happens to
+        the record)."""
+        if isinstance(error, str):
+            api_error, message = unavailable(error), error
+        else:
+            message = f"runtime {runtime.name} failed the call: {error!r}"
+            api_error = error if isinstance(error, ApiError) else unavailable(message)
             if isinstance(error, CallRejected):
                 api_error = bad_request(str(error), param=error.param, code=error.code)
-            message = f"runtime {runtime.name} failed the call: {error!r}"
-            self._sink.submit(
+        try:
+            self._submit(
                 _call_record(
                     call,
                     state,
                     request,
                     runtime,
                     arrived_at,
-                    finished_at,
+                    datetime.now(UTC),
                     status="error",
                     prompt_tokens=request.prompt_tokens,
                     error=message[:500],
                 )
             )
-            self._write_session(state, finished_at)
-            events.put_nowait(("error", api_error or unavailable(message)))
-            return None
-        output = result.output or ModelOutput(finish_reason="stop")
-        outcome = CallOutcome(result, runtime.name, output)
-        self._finished(
-            call, state, conversation, request, runtime, outcome, arrived_at, finished_at
-        )
-        events.put_nowait(("done", outcome))
-        return outcome
+            self._write_session(state, datetime.now(UTC))
+        except Exception:
+            log.exception("call %s: recording its failure failed", call.request_id)
+        finally:
+            events.put_nowait(("error", api_error))
 
     def _finished(
         self,
@@ -411,7 +561,8 @@ class Gateway:
         outcome: CallOutcome,
         arrived_at: datetime,
         finished_at: datetime,
-    ) -> None:
+    ) -> int:
+        """Record a finished call; returns the sequence number of its last record."""
         result, output = outcome.result, outcome.output
         state.last_finish_s = result.finished_s
         state.last_instance = runtime.name
@@ -419,10 +570,11 @@ class Gateway:
         if call.call.messages is not None:
             reply = fingerprint(output.as_message())
             self.sessions.call_finished(state, conversation, reply, self._clock.now())
-        self.metrics.call_latency.labels(call.model).observe(result.latency_s)
-        self.metrics.ttft.labels(call.model).observe(result.first_token_s - result.arrival_s)
+        wall = self._wall_s
+        self.metrics.call_latency.labels(call.model).observe(wall(result.latency_s))
+        self.metrics.ttft.labels(call.model).observe(wall(result.first_token_s - result.arrival_s))
         self.metrics.tokens(result.prompt_tokens, result.cached_tokens)
-        self._sink.submit(
+        self._submit(
             _call_record(
                 call,
                 state,
@@ -431,9 +583,9 @@ class Gateway:
                 arrived_at,
                 finished_at,
                 status="ok",
-                queue_s=result.queue_s,
-                prefill_s=result.first_token_s - result.admitted_s,
-                decode_s=result.finished_s - result.first_token_s,
+                queue_s=wall(result.queue_s),
+                prefill_s=wall(result.first_token_s - result.admitted_s),
+                decode_s=wall(result.finished_s - result.first_token_s),
                 prompt_tokens=result.prompt_tokens,
                 cached_tokens=result.cached_tokens,
                 output_tokens=result.output_tokens,
@@ -442,14 +594,18 @@ class Gateway:
                 tool_gap_hint_s=call.identity.tool_gap_hint_s,
             )
         )
+        if call.extra_records is not None:
+            for record in call.extra_records(outcome):
+                self._submit(record)
         single = call.call.messages is None and not call.identity.explicit
         if call.identity.final or single:
             self._end(state, "final", finished_at)
-            return
-        gap = call.identity.tool_gap_hint_s
+            return self._last_seq
+        gap = self._clock_s(call.identity.tool_gap_hint_s)
         if output.tool_calls or output.finish_reason == "tool_calls" or gap is not None:
             self._reserve(state, runtime.name, gap, finished_at)
         self._write_session(state, finished_at)
+        return self._last_seq
 
     # -- reservations ------------------------------------------------------------------------
     def _live_reservation(self, state: SessionState, now_s: float) -> str | None:
@@ -479,8 +635,8 @@ class Gateway:
         state.reservation_expires_s = plan.expires_s
         state.reservation_times = (
             now_at,
-            now_at + timedelta(seconds=expected),
-            now_at + timedelta(seconds=plan.expires_s - now_s),
+            now_at + timedelta(seconds=self._wall_s(expected)),
+            now_at + timedelta(seconds=self._wall_s(plan.expires_s - now_s)),
         )
         self.metrics.reservations.labels("taken").inc()
         self._write_reservation(state, None, None)
@@ -491,7 +647,7 @@ class Gateway:
         assert state.reservation_id is not None and state.reserved_instance is not None
         assert state.reservation_times is not None
         created_at, expected_at, expires_at = state.reservation_times
-        self._sink.submit(
+        self._submit(
             ReservationRecord(
                 reservation_id=state.reservation_id,
                 session_id=state.key,
@@ -552,11 +708,12 @@ class Gateway:
         state = self.sessions.named(tenant_id, session_id)
         if state is None or state.ended:
             return False
-        self._sink.submit(HintRecord(state.key, now_at, expected_s, tool))
-        if state.last_instance is not None and expected_s is not None:
-            await self._by_name[state.last_instance].hint(state.key, expected_s)
+        self._submit(HintRecord(state.key, now_at, expected_s, tool))
+        expected = self._clock_s(expected_s)
+        if state.last_instance is not None and expected is not None:
+            await self._by_name[state.last_instance].hint(state.key, expected)
             if state.inflight == 0:
-                self._reserve(state, state.last_instance, expected_s, now_at)
+                self._reserve(state, state.last_instance, expected, now_at)
         return True
 
     async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
@@ -582,7 +739,7 @@ class Gateway:
             return False
         now_at = datetime.now(UTC)
         for child in [*self.sessions.children(state.key), state]:
-            self._sink.submit(HintRecord(child.key, now_at, None, None, kind="end"))
+            self._submit(HintRecord(child.key, now_at, None, None, kind="end"))
             await self._end_on_runtime(child)
             self._end(child, reason, now_at)
         return True
@@ -595,7 +752,9 @@ class Gateway:
         if state.reservation_id is not None:
             self.metrics.reservations.labels("ended").inc()
             self._release(state, "ended", now_at)
-        self.metrics.sct.labels(state.model).observe(self._clock.now() - state.started_s)
+        self.metrics.sct.labels(state.model).observe(
+            self._wall_s(self._clock.now() - state.started_s)
+        )
         self.sessions.forget(state)
         self._write_session(state, now_at, ended_reason=reason)
         self.metrics.live_sessions.set(len(self.sessions))
@@ -609,7 +768,7 @@ class Gateway:
             status = "in_tool"
         else:
             status = "active"
-        self._sink.submit(
+        self._submit(
             SessionRecord(
                 session_id=state.key,
                 tenant_id=state.tenant_id,

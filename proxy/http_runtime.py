@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -90,7 +90,7 @@ class HttpRuntime:
             raise RuntimeUnavailable(f"runtime {self.url}: {exc}") from exc
         self._status_at = asyncio.get_running_loop().time()
 
-    async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+    async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         try:
             async with self._client.stream(
                 "POST", "/v1/runtime/generate", json=request_to_dict(request)

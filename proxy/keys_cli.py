@@ -8,26 +8,36 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from talaria.proxy.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
 
 T = TypeVar("T")
 
+CLOSED_FOR_GOOD = (
+    "Revoked and deleted keys still count as keys: a proxy whose keys are all revoked or deleted "
+    "serves nobody until a key is created, or it is restarted with --allow-open."
+)
 keys_app = typer.Typer(
-    help="API keys in the session store (the proxy then requires one on every call).",
+    help="API keys in the session store (the proxy then requires one on every call; it notices "
+    f"a new key within {MODE_TTL_S:g} s). " + CLOSED_FOR_GOOD,
     no_args_is_help=True,
 )
 UrlOpt = Annotated[
     str | None,
     typer.Option("--url", help="Database URL (default: $TALARIA_DATABASE_URL or local SQLite)."),
 ]
+KeyIdArg = Annotated[str, typer.Argument(help="Key id from 'keys list'.")]
 
 
-def _with_store(url: str | None, action: Callable[[SqlStore], Awaitable[T]]) -> T:
+def _with_store(
+    url: str | None, action: Callable[[SqlStore], Awaitable[T]], *, migrate: bool = True
+) -> T:
     async def main() -> T:
         target = url or default_url()
-        await upgrade_async(target)
+        if migrate:
+            await upgrade_async(target)
         engine = make_engine(target)
         try:
             return await action(SqlStore(make_sessionmaker(engine)))
@@ -35,6 +45,12 @@ def _with_store(url: str | None, action: Callable[[SqlStore], Awaitable[T]]) -> 
             await engine.dispose()
 
     return asyncio.run(main())
+
+
+def keys_ever_created(url: str | None, *, migrate: bool = True) -> int:
+    """How many keys the store at ``url`` ever had (revoked and deleted ones included); the
+    store is migrated first (as every ``keys`` command does) unless ``migrate`` is false."""
+    return _with_store(url, lambda store: store.count_api_keys(), migrate=migrate)
 
 
 @keys_app.command()
@@ -52,22 +68,40 @@ def create(
 
 
 @keys_app.command("list")
-def list_keys(url: UrlOpt = None) -> None:
-    """List keys: id, tenant, prefix, created, revoked."""
-    for info in _with_store(url, lambda store: store.list_api_keys()):
+def list_keys(
+    url: UrlOpt = None,
+    all_keys: Annotated[
+        bool, typer.Option("--all", help="Show deleted keys too (marked 'deleted').")
+    ] = False,
+) -> None:
+    """List keys: id, tenant name, prefix, created, revoked (deleted keys only with --all)."""
+    infos = _with_store(url, lambda store: store.list_api_keys(include_deleted=all_keys))
+    for info in infos:
         revoked = info.revoked_at.isoformat() if info.revoked_at else "-"
+        deleted = "  deleted" if info.deleted else ""
         typer.echo(
-            f"{info.id}  tenant={info.tenant_id}  {info.prefix}…  "
-            f"created={info.created_at.isoformat()}  revoked={revoked}"
+            f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  "
+            f"created={info.created_at.isoformat()}  revoked={revoked}{deleted}"
         )
 
 
-@keys_app.command()
-def revoke(
-    key_id: Annotated[str, typer.Argument(help="Key id from 'keys list'.")], url: UrlOpt = None
-) -> None:
-    """Revoke a key (the proxy stops accepting it within 30 s)."""
+@keys_app.command(
+    help=f"Revoke a key (the proxy stops accepting it within 30 s). {CLOSED_FOR_GOOD}"
+)
+def revoke(key_id: KeyIdArg, url: UrlOpt = None) -> None:
     if not _with_store(url, lambda store: store.revoke_api_key(key_id)):
         typer.echo(f"no active key {key_id}", err=True)
         raise typer.Exit(1)
     typer.echo(f"revoked {key_id}")
+
+
+@keys_app.command(
+    help="Delete a key (revoked, and hidden from 'keys list'; the proxy stops accepting it "
+    "within 30 s). Its row stays as a tombstone without the key's hash, so the store still "
+    f"knows a key existed. {CLOSED_FOR_GOOD}"
+)
+def delete(key_id: KeyIdArg, url: UrlOpt = None) -> None:
+    if not _with_store(url, lambda store: store.delete_api_key(key_id)):
+        typer.echo(f"no key {key_id} (or it is deleted already)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"deleted {key_id}")

@@ -13,7 +13,8 @@ class ProxyMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "talaria_requests", "API requests by endpoint and status", ["endpoint", "status"],
+            "talaria_requests", "HTTP responses by route (path template) and status",
+            ["route", "status"],
             registry=r,
         )  # fmt: skip
         self.call_latency = Histogram(

@@ -7,9 +7,9 @@ through its predecessors, so that a continuation reads one row. Nothing is kept 
 with ``store: false`` (what Codex sends), nor for any request when
 ``TALARIA_STORE_RESPONSES=false``.
 
-Writes go through the batched writer like every other record; the most recent responses are
-also kept in memory (``cache_size``), so a client that continues at once never waits for the
-writer, and a lookup that misses the cache flushes the writer before it reads.
+The record is committed with the call's own records (the gateway submits it); the most recent
+responses are also kept in memory (``cache_size``), so a client that continues at once never
+waits for the writer, and a lookup that misses the cache flushes the writer before it reads.
 """
 
 from __future__ import annotations
@@ -44,14 +44,16 @@ class ResponseStore:
         self._cache: OrderedDict[str, tuple[ResponseRecord, bool]] = OrderedDict()
         """id → (record, deleted)."""
 
-    def save(
+    def prepare(
         self,
         *,
         tenant_id: str,
         session_id: str,
         response: dict[str, Any],
         input_items: list[Any],
-    ) -> None:
+    ) -> ResponseRecord:
+        """The record that keeps ``response`` (the gateway commits it with the call's own
+        records); remembered in memory at once."""
         now = datetime.now(UTC)
         record = ResponseRecord(
             response_id=str(response["id"]),
@@ -64,7 +66,7 @@ class ResponseStore:
             input_items=input_items,
         )
         self._remember(record, deleted=False)
-        self._writer.submit(record)
+        return record
 
     async def load(self, tenant_id: str, response_id: str) -> StoredResponseView | None:
         now = datetime.now(UTC)

@@ -6,7 +6,7 @@ embedded default). An HTTP client for remote runtime servers comes with the runt
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from talaria.core.clock import Clock
@@ -26,7 +26,7 @@ class RuntimeClient(Protocol):
 
     async def start(self) -> None: ...
 
-    def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]: ...
+    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]: ...
 
     async def status(self) -> InstanceStatus: ...
 
@@ -70,7 +70,7 @@ class InProcessRuntime:
     async def start(self) -> None:
         self._node.start()
 
-    def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         return self._node.stream(request)
 
     async def status(self) -> InstanceStatus:

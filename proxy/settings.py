@@ -5,7 +5,7 @@ Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``) are c
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -30,30 +30,50 @@ class ProxySettings(BaseSettings):
         default_factory=list, description="Accepted API keys (besides keys in the store)"
     )
     admin_token: str | None = Field(None, description="Bearer token of /admin; unset = off")
+    allow_open: bool = Field(
+        False,
+        description="With no usable API key, serve every caller (remote ones too) without a "
+        "key; otherwise only loopback callers are served until a key exists",
+    )
+    metrics_token: str | None = Field(
+        None,
+        description="Bearer token of /metrics; unset = /metrics is open (aggregate counters only)",
+    )
     runtimes: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="URLs of runtime servers; when empty, an embedded simulated runtime",
     )
     # embedded runtime (simulated engines)
-    models: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(PAPER_MODELS))
-    catalog_path: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    nodes: int = Field(1, ge=1)
-    server: str = "h200x8"
-    profile: str = "default"
+    models: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(PAPER_MODELS),
+        description="Models of the embedded node (catalog names)",
+    )
+    catalog_path: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Extra catalog folders or TOML files"
+    )
+    nodes: int = Field(1, ge=1, description="Embedded nodes, each hosting every model")
+    server: str = Field("h200x8", description="Server of the embedded nodes (catalog name)")
+    profile: str = Field("default", description="Efficiency profile of the simulated engines")
     policy: str = Field("talaria", description="Scheduler flags of the embedded nodes")
-    quantum_s: float = Field(60.0, gt=0)
+    quantum_s: float = Field(60.0, gt=0, description="Slot quantum of the embedded nodes (s)")
     time_scale: float = Field(1.0, gt=0, description="Simulated seconds per real second")
     # routing
-    router: str = "talaria"
-    routing_seed: int = 0
+    router: str = Field("talaria", description="talaria, load-only, sticky or kv-aware")
+    routing_seed: int = Field(0, description="Seed of the routers' tie-breaks")
     # limits
-    max_request_bytes: int = Field(8 * 1024 * 1024, gt=0)
-    max_inflight_per_tenant: int = Field(512, gt=0)
+    max_request_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Larger request bodies get 413"
+    )
+    max_inflight_per_tenant: int = Field(
+        512, gt=0, description="Calls one tenant may have running; more get 429"
+    )
     max_output_tokens: int = Field(4096, gt=0, description="Cap when a request sets none")
-    status_ttl_s: float = Field(0.05, ge=0)
+    status_ttl_s: float = Field(
+        0.05, ge=0, description="How long a runtime's status is reused for routing (s)"
+    )
     # sessions and stored responses
     session_idle_timeout_s: float = Field(
-        600.0, gt=0, description="A session with no call for this long ends (clock seconds)"
+        600.0, gt=0, description="A session with no call for this long ends (wall seconds)"
     )
     sim_tool_calls: int = Field(
         3, ge=0, description="Simulated engines answer after this many tool calls of a conversation"
@@ -62,7 +82,41 @@ class ProxySettings(BaseSettings):
         True, description="Keep Responses API objects for previous_response_id (false: never)"
     )
     responses_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="How long they are kept")
-    writer_flush_interval_s: float = Field(0.05, gt=0)
+    # the session store: durability and faults (docs/operations.md)
+    durability: Literal["commit", "async"] = Field(
+        "commit",
+        description="commit: a call's response completes only after its records are "
+        "committed (group commit); async: records are written in the background (a crash "
+        "can lose the last ~writer_flush_interval_s of them)",
+    )
+    commit_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="With durability=commit, how long a finished call waits for "
+        "its records' commit before its client gets 503 (the records stay queued)",
+    )
+    writer_flush_interval_s: float = Field(
+        0.05, gt=0, description="How long the writer gathers records when nobody waits (s)"
+    )
+    writer_max_pending: int = Field(
+        50_000, ge=1, description="Queued records beyond which new calls get 503"
+    )
+    drain_timeout_s: float = Field(
+        30.0, gt=0, description="At shutdown, the longest wait for calls and records (s)"
+    )
+    admin_read_timeout_s: float = Field(
+        5.0, gt=0, description="Admin reads that take longer get 503 (s)"
+    )
+    dead_letter_path: str | None = Field(
+        None,
+        description="JSON-lines file of records the database would not take; "
+        "default: dead-letters.jsonl next to the SQLite file, or in the data dir",
+    )
+    freeze_gc: bool = Field(
+        False,
+        description="gc.freeze() after start-up (talaria serve sets it): the "
+        "objects of start-up leave the collector's scans, which otherwise stall the loop",
+    )
 
     @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")
     @classmethod

@@ -15,7 +15,7 @@ whole ``block_tokens`` blocks, and never the last prompt token.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 
 from talaria.core.calls import FinishReason, ModelOutput, OutputDelta
 from talaria.core.clock import Clock, LoopClock
@@ -86,10 +86,10 @@ class InstantRuntime:
     async def start(self) -> None:
         return None
 
-    def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         return self._generate(request)
 
-    async def _generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+    async def _generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         self.calls += 1
         now = self._clock.now()
         tokens = max(1, min(request.max_output_tokens, self._output_tokens))

@@ -647,6 +647,23 @@ def serve(
             "proxy runs an embedded simulated runtime.",
         ),
     ] = None,
+    allow_open: Annotated[
+        bool,
+        typer.Option(
+            "--allow-open",
+            help="While no API key is usable, serve every caller without a key (remote ones "
+            "too); without it only loopback callers are, and a non-loopback --host with no "
+            "key at all is refused.",
+        ),
+    ] = False,
+    durability: Annotated[
+        str | None,
+        typer.Option(
+            help="commit (default): a call's response completes once its records are "
+            "committed; async: records are written in the background, faster, and a crash "
+            "loses the last moments of them (docs/operations.md).",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the proxy (embedded simulated runtime, or --runtime URLs).
@@ -659,12 +676,16 @@ def serve(
     Settings also come from TALARIA_* environment variables (TALARIA_API_KEYS,
     TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, TALARIA_SESSION_IDLE_TIMEOUT_S, ...). The
     simulated engines time every call with the cost model; their replies are simulated
-    (a harmless offered tool, then a \\[simulated] answer).
+    (a harmless offered tool, then a \\[simulated] answer). SIGTERM drains within
+    TALARIA_DRAIN_TIMEOUT_S (30 s); every setting and failure mode: docs/operations.md.
     """
-    import uvicorn
+    import os
 
+    from talaria.proxy import serve as serving
     from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.store.db import default_url
+    from talaria.proxy.store.service import location
 
     overrides: dict[str, Any] = {
         key: value
@@ -676,9 +697,13 @@ def serve(
             "router": router,
             "database_url": database_url,
             "runtimes": runtime or None,
+            "allow_open": allow_open or None,
+            "durability": durability,
         }.items()
         if value is not None
     }
+    if "TALARIA_FREEZE_GC" not in os.environ:
+        overrides["freeze_gc"] = True  # see create_app's freeze_startup_objects
     try:
         settings = ProxySettings(**overrides)
         if settings.policy:
@@ -690,6 +715,8 @@ def serve(
         get_router(settings.router)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--router'") from exc
+    if not _is_loopback(host) and not settings.api_keys and not settings.allow_open:
+        _refuse_without_keys(settings)
     if settings.runtimes:
         console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
     else:
@@ -699,7 +726,47 @@ def serve(
             f"on {settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
             "replies are simulated (docs/agents.md)"
         )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+    store = location(settings.database_url or default_url())
+    console.print(f"session store: {store} (durability: {settings.durability})")
+    serving.serve(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level=log_level,
+        drain_timeout_s=settings.drain_timeout_s,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    import ipaddress
+
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse_without_keys(settings: ProxySettings) -> None:
+    """A non-loopback address with no key ever (store or TALARIA_API_KEYS): refuse to start."""
+    from talaria.proxy.keys_cli import keys_ever_created
+
+    try:
+        keys = keys_ever_created(settings.database_url, migrate=settings.auto_migrate)
+    except Exception as exc:
+        raise typer.BadParameter(
+            f"cannot read API keys from the store: {exc}", param_hint="'--host'"
+        ) from exc
+    if keys == 0:
+        raise typer.BadParameter(
+            "no API keys: remote callers would all be refused; create one with "
+            "'talaria keys create' (or set TALARIA_API_KEYS), or pass --allow-open to serve "
+            "everyone without a key",
+            param_hint="'--host'",
+        )
 
 
 def _check_embedded(settings: ProxySettings) -> None:
@@ -771,7 +838,7 @@ def _register_db() -> None:
     from talaria.proxy.keys_cli import keys_app
 
     app.add_typer(db_app, name="db", help="Database schema: upgrade, downgrade, current.")
-    app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke.")
+    app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke, delete.")
 
 
 _register_db()

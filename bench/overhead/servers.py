@@ -198,12 +198,15 @@ def direct_app(tokens: int = REPLY_TOKENS) -> Any:
     return Starlette(routes=routes)
 
 
-def talaria_app(db: str, output_tokens: int) -> Any:
+def talaria_app(db: str, output_tokens: int, durability: str = "commit") -> Any:
     from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
     from talaria.runtime.instant import InstantRuntime
 
-    settings = ProxySettings(database_url=f"sqlite+aiosqlite:///{db}")
+    # as `talaria serve` runs it: the start-up objects frozen out of the collector's scans
+    settings = ProxySettings(
+        database_url=f"sqlite+aiosqlite:///{db}", durability=durability, freeze_gc=True
+    )
     runtime = InstantRuntime(models=(MODEL,), output_tokens=output_tokens)
     return create_app(settings, runtimes=[runtime])
 
@@ -214,6 +217,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--db", help="SQLite file of the talaria proxy")
     parser.add_argument("--output-tokens", type=int, default=REPLY_TOKENS)
+    parser.add_argument(
+        "--durability",
+        choices=("commit", "async"),
+        default="async",
+        help="talaria: answer after the call's records are committed (default), or at once",
+    )
     parser.add_argument("--access-log", action="store_true")
     parser.add_argument(
         "--switch-interval",
@@ -230,7 +239,7 @@ def main() -> None:
     else:
         if not args.db:
             parser.error("talaria needs --db")
-        app = talaria_app(args.db, args.output_tokens)
+        app = talaria_app(args.db, args.output_tokens, args.durability)
     # `talaria serve` runs uvicorn.run(app, host, port, log_level): the same here, the access
     # log (uvicorn's default at "info") optional.
     log_level = "info" if args.access_log else "warning"

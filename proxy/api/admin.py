@@ -1,23 +1,53 @@
 """Admin API under /admin: bearer ``TALARIA_ADMIN_TOKEN``; without a token it is off (404).
 
-Reads flush the batched writer first, so what a caller just did is visible.
+Reads flush the batched writer first, so what a caller just did is visible. A read (flush
+included) that takes longer than ``admin_read_timeout_s``, or that the store fails, is a 503
+with ``Retry-After``: the admin API never hangs on a store that is down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from talaria.proxy.api.context import ProxyContext, context, json_response
-from talaria.proxy.errors import ApiError
+from talaria.proxy.errors import ApiError, unavailable
+from talaria.proxy.store.repository import SESSION_STATES
 from talaria.proxy.store.views import SessionDetail
 
 router = APIRouter(prefix="/admin")
+log = logging.getLogger("talaria.proxy.admin")
+T = TypeVar("T")
+
+
+async def _read(ctx: ProxyContext, read: Callable[[], Awaitable[T]]) -> T:
+    """Flush the writer, then ``read()``, within the admin read timeout; 503 otherwise."""
+
+    async def flushed_read() -> T:
+        await ctx.writer.flush()
+        return await read()
+
+    timeout_s = ctx.settings.admin_read_timeout_s
+    try:
+        return await asyncio.wait_for(flushed_read(), timeout_s)
+    except TimeoutError:
+        raise unavailable(
+            f"The session store did not answer within {timeout_s:g} s; retry later.",
+            retry_after_s=timeout_s,
+        ) from None
+    except (ApiError, ValueError):
+        raise
+    except Exception as exc:
+        log.warning("admin read failed: %r", exc)
+        raise unavailable(f"The session store failed: {exc.__class__.__name__}.") from exc
 
 
 def _admin(request: Request) -> ProxyContext:
@@ -53,16 +83,23 @@ async def list_sessions(
     limit: int = 50,
 ) -> Response:
     ctx = _admin(request)
-    await ctx.writer.flush()
+    after, before = _time(started_after, "started_after"), _time(started_before, "started_before")
+    if state is not None and state not in SESSION_STATES:
+        raise ApiError(
+            400, f"state must be one of {', '.join(SESSION_STATES)}, got {state!r}", param="state"
+        )
     try:
-        page = await ctx.store.list_sessions(
-            state=state,
-            model=model,
-            tenant_id=tenant,
-            started_after=_time(started_after, "started_after"),
-            started_before=_time(started_before, "started_before"),
-            cursor=cursor,
-            limit=limit,
+        page = await _read(
+            ctx,
+            lambda: ctx.store.list_sessions(
+                state=state,
+                model=model,
+                tenant_id=tenant,
+                started_after=after,
+                started_before=before,
+                cursor=cursor,
+                limit=limit,
+            ),
         )
     except ValueError as exc:
         raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
@@ -72,8 +109,7 @@ async def list_sessions(
 @router.get("/sessions/{session_id}")
 async def get_session(session_id: str, request: Request) -> Response:
     ctx = _admin(request)
-    await ctx.writer.flush()
-    detail = await ctx.store.get_session(session_id)
+    detail = await _read(ctx, lambda: ctx.store.get_session(session_id))
     if detail is None:
         raise ApiError(404, f"No session {session_id!r}.", code="session_not_found")
     return json_response(timeline(detail))
@@ -123,11 +159,37 @@ def timeline(detail: SessionDetail) -> dict[str, Any]:
 
 @router.post("/sessions/{session_id}/end")
 async def end_session(session_id: str, request: Request) -> Response:
+    """End a session: a live one (its reservation and KV released on its instance), else a
+    stored one that is still open (one a stopped proxy left)."""
     ctx = _admin(request)
-    ended = await ctx.gateway.end_session(session_id, "admin", None)
+    if await ctx.gateway.end_session(session_id, "admin", None):
+        return json_response({"session_id": session_id, "ended": True, "live": True})
+    try:
+        ended = await _read(
+            ctx, lambda: ctx.store.end_session(session_id, "admin", datetime.now(UTC))
+        )
+    except ValueError as exc:
+        raise ApiError(409, f"{exc}; end one by its key.", code="ambiguous_session") from exc
     if not ended:
-        raise ApiError(404, f"No live session {session_id!r}.", code="session_not_found")
-    return json_response({"session_id": session_id, "ended": True})
+        raise ApiError(404, f"No open session {session_id!r}.", code="session_not_found")
+    return json_response({"session_id": session_id, "ended": True, "live": False})
+
+
+@router.get("/dead-letters")
+async def dead_letters(request: Request, limit: int = 100) -> Response:
+    """Records the database refused for their content, newest first (and where the file of
+    those that could not even be kept in the database is)."""
+    ctx = _admin(request)
+    if not 1 <= limit <= 1000:
+        raise ApiError(400, "limit must be between 1 and 1000", param="limit")
+    letters = await _read(ctx, lambda: ctx.store.list_dead_letters(limit))
+    return json_response(
+        {
+            "data": [asdict(d) for d in letters],
+            "file": str(ctx.stored.dead_letters.path),
+            "quarantined_since_start": ctx.writer.quarantined,
+        }
+    )
 
 
 @router.get("/instances")

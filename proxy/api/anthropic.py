@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.api.calls import SSE_HEADERS, check_model, open_call, read_body
 from talaria.proxy.api.context import json_response
+from talaria.proxy.api.schemas import COUNT_TOKENS, MESSAGES, request_body
 from talaria.proxy.dialects.anthropic import (
     message,
     message_stream,
@@ -20,7 +21,7 @@ router = APIRouter()
 PREFIX = "/v1/messages"
 
 
-@router.post(PREFIX)
+@router.post(PREFIX, openapi_extra=request_body(MESSAGES))
 async def messages(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     call = parse_messages(raw)
@@ -36,7 +37,7 @@ async def messages(request: Request) -> Response:
     return json_response(message(outcome, request_id, call.model), headers=headers)
 
 
-@router.post(PREFIX + "/count_tokens")
+@router.post(PREFIX + "/count_tokens", openapi_extra=request_body(COUNT_TOKENS))
 async def count_tokens(request: Request) -> Response:
     """The proxy's estimate of the rendered prompt (about 4 bytes of text per token, plus the
     tools and each message's role markers); the engine's tokenizer is not consulted."""

@@ -3,6 +3,7 @@ model, identify the session, open the call, and the headers every reply carries.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -10,7 +11,8 @@ from fastapi import Request
 from talaria.core.calls import Call
 from talaria.proxy.api.context import ProxyContext, context, read_json
 from talaria.proxy.errors import ApiError, unknown_model
-from talaria.proxy.gateway import Api, CallHandle, PreparedCall
+from talaria.proxy.gateway import Api, CallHandle, CallOutcome, PreparedCall
+from talaria.proxy.records import Record
 from talaria.proxy.sessions.identity import Identity, IdentityError, identify
 
 
@@ -44,9 +46,16 @@ def check_model(ctx: ProxyContext, model: str) -> None:
 
 
 async def open_call(
-    request: Request, ctx: ProxyContext, tenant: str, api: Api, call: Call, body: Any
+    request: Request,
+    ctx: ProxyContext,
+    tenant: str,
+    api: Api,
+    call: Call,
+    body: Any,
+    extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None,
 ) -> tuple[CallHandle, dict[str, str]]:
-    """Start the call; returns its handle and the headers of the reply."""
+    """Start the call; returns its handle and the headers of the reply. ``extra_records``:
+    what the API stores with the call's records when it succeeds."""
     check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
@@ -55,6 +64,7 @@ async def open_call(
         api=api,
         call=call,
         max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
+        extra_records=extra_records,
     )
     handle = await ctx.gateway.open_call(prepared)
     headers = {

@@ -16,7 +16,9 @@ from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.settings import ProxySettings
+from talaria.proxy.shutdown import Shutdown
 from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.service import StoreService
 from talaria.proxy.store.writer import BatchWriter
 
 
@@ -29,6 +31,8 @@ class ProxyContext:
     metrics: ProxyMetrics
     auth: Authenticator
     responses: ResponseStore
+    stored: StoreService
+    shutdown: Shutdown
 
 
 def context(request: Request) -> ProxyContext:
@@ -42,17 +46,26 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 
 
 async def read_json(request: Request, max_bytes: int) -> Any:
-    """The body as JSON: 413 beyond ``max_bytes``, 400 when it is not JSON."""
+    """The body as JSON: 413 as soon as it passes ``max_bytes`` (a declared length, or the bytes
+    read so far of a chunked body: it is never read whole first), 400 when it is not JSON or
+    nests deeper than the parser can follow."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
-    body = await request.body()
-    if len(body) > max_bytes:
-        raise _too_large(max_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+    body = b"".join(chunks)
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise bad_request(f"The request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise bad_request("The request body nests too deeply to be read.") from exc
 
 
 def _too_large(max_bytes: int) -> ApiError:

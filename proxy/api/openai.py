@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response, read_json
+from talaria.proxy.api.schemas import CHAT_COMPLETIONS, COMPLETIONS, request_body
 from talaria.proxy.dialects.chat import chat_completion, chat_stream, include_usage, parse_chat
 from talaria.proxy.dialects.common import parse
 from talaria.proxy.dialects.completions import completion, completion_stream, parse_completion
@@ -19,7 +20,7 @@ from talaria.proxy.sessions.identity import MAX_TOOL_GAP_S
 router = APIRouter()
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=request_body(CHAT_COMPLETIONS))
 async def chat_completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     call = parse_chat(raw)
@@ -36,7 +37,7 @@ async def chat_completions(request: Request) -> Response:
     return json_response(chat_completion(outcome, request_id, call.model, created), headers=headers)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=request_body(COMPLETIONS))
 async def completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     call = parse_completion(raw)
@@ -100,7 +101,7 @@ class HintRequest(BaseModel):
     expected_ms: float | None = Field(
         None, ge=0, le=MAX_TOOL_GAP_S * 1000, allow_inf_nan=False, description="the same in ms"
     )
-    tool: str | None = Field(None, max_length=200)
+    tool: str | None = Field(None, max_length=200, pattern=r"^[^\x00-\x1f\x7f]*$")
 
     def seconds(self) -> float | None:
         if self.expected_s is not None:
@@ -108,7 +109,10 @@ class HintRequest(BaseModel):
         return None if self.expected_ms is None else self.expected_ms / 1000.0
 
 
-@router.post("/v1/sessions/{session_id}/hints")
+@router.post(
+    "/v1/sessions/{session_id}/hints",
+    openapi_extra=request_body(HintRequest.model_json_schema()),
+)
 async def session_hint(session_id: str, request: Request) -> Response:
     ctx = context(request)
     tenant = await tenant_of(ctx, request)

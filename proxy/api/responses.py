@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -13,6 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response
+from talaria.proxy.api.schemas import RESPONSES, request_body
 from talaria.proxy.dialects.responses import (
     final_response,
     parse_request,
@@ -21,6 +21,7 @@ from talaria.proxy.dialects.responses import (
 )
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import CallOutcome
+from talaria.proxy.records import Record
 from talaria.proxy.store.views import StoredResponseView
 
 router = APIRouter()
@@ -35,7 +36,7 @@ def _not_found(response_id: str, param: str | None = None) -> ApiError:
     )
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=request_body(RESPONSES))
 async def create(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     request_id = request.state.request_id
@@ -48,24 +49,23 @@ async def create(request: Request) -> Response:
             raise _not_found(previous_id, "previous_response_id")
         history = [*previous.input_items, *previous.response.get("output", [])]
     call = to_call(parsed, history)
-    handle, headers = await open_call(request, ctx, tenant, "responses", call, raw)
     stored = parsed.body.store and ctx.responses.enabled
     created = time.time()
-    if stored:  # kept once the call completes, whether or not the client stays to read it
 
-        def save(task: asyncio.Task[CallOutcome | None]) -> None:
-            if task.cancelled() or task.exception() is not None or task.result() is None:
-                return
-            outcome = task.result()
-            assert outcome is not None
-            ctx.responses.save(
+    def keep(outcome: CallOutcome) -> list[Record]:
+        """The stored response, committed with the call's records."""
+        return [
+            ctx.responses.prepare(
                 tenant_id=tenant,
                 session_id=handle.session_key,
                 response=final_response(parsed, outcome, request_id, created, True),
                 input_items=[*history, *parsed.items],
             )
+        ]
 
-        handle.task.add_done_callback(save)
+    handle, headers = await open_call(
+        request, ctx, tenant, "responses", call, raw, keep if stored else None
+    )
     if call.stream:
         return StreamingResponse(
             response_stream(handle, parsed, request_id, created, stored),

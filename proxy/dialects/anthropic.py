@@ -130,12 +130,31 @@ def _text_of(blocks: str | list[Block] | list[dict[str, Any]] | None) -> str:
     return "\n".join(parts)
 
 
+def _nested_text(value: Any, where: str) -> str:
+    """The text of a block's nested content (a ``tool_result``'s ``content``, a document's
+    ``source.content``): a string, or a list of blocks whose text blocks are joined."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, list) and all(isinstance(b, dict) for b in value):
+        return _text_of(value)
+    raise invalid(f"{where} must be a string or a list of content blocks.", where)
+
+
+def _source(data: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image or document block's ``source`` object (absent: empty)."""
+    source = data.get("source")
+    if source is None:
+        return {}
+    if not isinstance(source, dict):
+        raise invalid(f"{where}.source must be an object.", f"{where}.source")
+    return source
+
+
 def _tool_result(data: dict[str, Any], where: str) -> Message:
     tool_use_id = data.get("tool_use_id")
     if not isinstance(tool_use_id, str):
         raise invalid("A tool_result block needs a `tool_use_id`.", where)
-    content = data.get("content")
-    text = content if isinstance(content, str) else _text_of(content)
+    text = _nested_text(data.get("content"), f"{where}.content")
     if data.get("is_error"):
         text = f"[tool error] {text}"
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
@@ -160,14 +179,18 @@ def _user(blocks: list[Block], where: str) -> list[Message]:
         elif block.type == "text":
             parts.append({"type": "text", "text": str(data.get("text", ""))})
         elif block.type == "image":
-            source = data.get("source") or {}
+            source = _source(data, f"{where}.content.{i}")
             if source.get("type") == "base64":
                 url = f"data:{source.get('media_type')};base64,{source.get('data')}"
             else:
                 url = str(source.get("url", ""))
             parts.append({"type": "image_url", "image_url": {"url": url}})
         elif block.type == "document":
-            parts.append({"type": "text", "text": _text_of(data.get("source", {}).get("content"))})
+            block_at = f"{where}.content.{i}"
+            content = _source(data, block_at).get("content")
+            parts.append(
+                {"type": "text", "text": _nested_text(content, f"{block_at}.source.content")}
+            )
     flush()
     return out
 

@@ -20,6 +20,7 @@ def parse(model: type[M], data: Any, status: int = 422) -> M:
     """Validate ``data``; a failure becomes an ``ApiError`` (``status``) naming the field."""
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_value")
+    _check_text(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -27,6 +28,24 @@ def parse(model: type[M], data: Any, status: int = 422) -> M:
         param = ".".join(str(p) for p in first["loc"]) or None
         raise ApiError(
             status, f"Invalid request: {param}: {first['msg']}", param=param, code="invalid_value"
+        ) from exc
+
+
+def _check_text(data: Any) -> None:
+    """400 when a string of the body is not Unicode text: JSON's ``\\ud800`` escapes decode to
+    lone surrogates, which no UTF-8 encoder (token estimates, the store) takes."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode()
+    except UnicodeEncodeError as exc:
+        raise ApiError(
+            400,
+            f"The request body holds a string that is not Unicode text: {exc.reason} "
+            f"({exc.object[exc.start : exc.end]!r}).",
+            code="invalid_value",
+        ) from exc
+    except RecursionError as exc:
+        raise ApiError(
+            400, "The request body nests too deeply to be read.", code="invalid_value"
         ) from exc
 
 

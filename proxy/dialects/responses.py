@@ -184,7 +184,10 @@ def tools_of(entries: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
     tools: list[ToolSpec] = []
     for i, entry in enumerate(entries or ()):
         if entry.get("type") == "namespace":  # Codex groups sub-agent tools this way
-            tools.extend(tools_of(list(entry.get("tools") or ())))
+            group = entry.get("tools") or []
+            if not isinstance(group, list) or not all(isinstance(t, dict) for t in group):
+                raise invalid("A namespace's `tools` must be a list of tools.", f"tools.{i}")
+            tools.extend(tools_of(group))
             continue
         spec = function_tool(entry, f"tools.{i}")
         if spec is not None:

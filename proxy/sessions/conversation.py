@@ -37,7 +37,7 @@ def canonical_arguments(arguments: Any) -> Any:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to read: as text
             return arguments.strip()
     return json.loads(json.dumps(arguments, sort_keys=True))
 

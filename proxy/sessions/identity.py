@@ -82,7 +82,7 @@ def claude_code_session(metadata: Any) -> str | None:
     if user_id.startswith("{"):
         try:
             parsed = json.loads(user_id)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to read
             return None
         found = parsed.get("session_id") if isinstance(parsed, dict) else None
         return found if isinstance(found, str) and found else None

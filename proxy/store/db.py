@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +18,24 @@ from sqlalchemy.ext.asyncio import (
     create_async_engine,
 )
 
+log = logging.getLogger(__name__)
+
 DATA_DIR_ENV = "TALARIA_DATA_DIR"
 DATABASE_URL_ENV = "TALARIA_DATABASE_URL"
 
 
 def data_dir() -> Path:
-    """Where Talaria keeps its data: ``$TALARIA_DATA_DIR``, else the user data dir (created)."""
+    """Where Talaria keeps its data: ``$TALARIA_DATA_DIR``, else the user data dir (created
+    with mode 0700 if missing; an existing directory keeps its mode)."""
     configured = os.environ.get(DATA_DIR_ENV)
     path = Path(configured) if configured else Path(platformdirs.user_data_dir("talaria"))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+    else:
+        os.chmod(path, 0o700)  # whatever the umask
     return path
 
 
@@ -43,6 +54,45 @@ def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for other databases, in-memory and ``file:`` URIs."""
+    parsed = make_url(url)
+    database = parsed.database
+    if parsed.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    if database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def ensure_private_sqlite_file(url: str) -> None:
+    """Before SQLite opens ``url``'s file: create it empty with mode 0600 if it does not exist
+    (SQLite then creates its -wal and -shm files with the same mode). An existing file keeps its
+    mode, with a warning if group or others may read or write it. Other URLs: nothing."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            log.warning(
+                "the database file %s has mode %04o: others than its owner can access it "
+                "(chmod 600 %s)",
+                path,
+                mode,
+                path,
+            )
+        return
+    except FileNotFoundError:  # no such directory: SQLite reports it when it opens the file
+        return
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+    finally:
+        os.close(fd)
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """Per connection: WAL (readers never block the writer), fsync at checkpoints only, and
     enforced foreign keys (SQLite leaves them off by default)."""
@@ -58,10 +108,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``url``; extra keyword arguments go to ``create_async_engine``.
 
-    SQLite gets WAL, ``synchronous=NORMAL`` and foreign keys on every connection; PostgreSQL
+    A new SQLite file is created with mode 0600 (:func:`ensure_private_sqlite_file`). SQLite
+    gets WAL, ``synchronous=NORMAL`` and foreign keys on every connection; PostgreSQL
     gets ``pool_pre_ping`` so connections dropped by a server restart are replaced.
     """
     if is_sqlite(url):
+        ensure_private_sqlite_file(url)
         engine = create_async_engine(url, **kwargs)
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
         return engine

@@ -18,6 +18,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from talaria.proxy.store.db import ensure_private_sqlite_file
+
 
 def script_location() -> Path:
     """The directory holding ``env.py`` and ``versions/``, from the installed package."""
@@ -36,6 +38,7 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` up to ``revision``."""
+    ensure_private_sqlite_file(url)  # a new SQLite file: mode 0600
     command.upgrade(alembic_config(url), revision)
 
 
@@ -51,6 +54,7 @@ async def upgrade_async(url: str, revision: str = "head") -> None:
 
 async def current_async(url: str) -> str | None:
     """The database's revision, or None if it was never migrated (or is at ``base``)."""
+    ensure_private_sqlite_file(url)  # a new SQLite file: mode 0600
     engine = create_async_engine(url, poolclass=NullPool)
     try:
         async with engine.connect() as connection:

@@ -220,3 +220,17 @@ class StoredResponse(Base):
     expires_at: Mapped[datetime] = mapped_column(index=True)
     response: Mapped[dict[str, Any]]
     input_items: Mapped[list[Any]] = mapped_column(JSON)
+
+
+class DeadLetter(Base):
+    """A record the database refused for its content (e.g. a NUL byte PostgreSQL cannot
+    store), kept here as JSON text (non-ASCII escaped) instead of blocking the records
+    behind it (proxy/store/deadletters.py)."""
+
+    __tablename__ = "dead_letters"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    kind: Mapped[str] = mapped_column(String)
+    payload: Mapped[str] = mapped_column(Text)
+    error: Mapped[str] = mapped_column(Text)

@@ -10,17 +10,20 @@ import hashlib
 import secrets
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
-from sqlalchemy import ColumnElement, and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from talaria.proxy.records import InstanceRecord, Record
 from talaria.proxy.store.batch import apply_batch
+from talaria.proxy.store.health import SqliteFileGuard, is_content_error
 from talaria.proxy.store.models import (
     ApiKey,
     CallRow,
+    DeadLetter,
     DecisionRow,
     HintRow,
     InstanceRow,
@@ -32,6 +35,7 @@ from talaria.proxy.store.models import (
 )
 from talaria.proxy.store.views import (
     ApiKeyInfo,
+    DeadLetterView,
     SessionDetail,
     SessionPage,
     StoredResponseView,
@@ -47,6 +51,9 @@ from talaria.proxy.store.views import (
 )
 
 API_KEY_PREFIX = "tk-"
+SESSION_STATES = ("active", "in_tool", "ended")
+DELETED_KEY_HASH_PREFIX = "deleted:"
+"""The ``key_hash`` of a deleted key is this plus its id: never a SHA-256 hex digest."""
 MAX_PAGE = 1000
 
 
@@ -56,17 +63,103 @@ def hash_key(plaintext: str) -> str:
 
 
 class SqlStore:
-    """Sessions, calls, routing decisions, reservations, hints, instances, tenants, API keys."""
+    """Sessions, calls, routing decisions, reservations, hints, instances, tenants, API keys,
+    dead letters. With a ``guard`` (a SQLite file), every write first checks that the file is
+    still the one the proxy opened (health.py)."""
 
-    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    def __init__(
+        self,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        guard: SqliteFileGuard | None = None,
+    ) -> None:
         self._sessionmaker = sessionmaker
+        self._guard = guard
 
     async def write_batch(self, records: Sequence[Record]) -> None:
-        """Apply ``records`` in order, in one transaction (all or nothing). Safe to retry."""
+        """Apply ``records`` in order, in one transaction (all or nothing). Safe to retry.
+        ``StoreFileGone`` if the SQLite file was deleted or replaced."""
         if not records:
             return
+        if self._guard is not None:
+            self._guard.check()
         async with self._sessionmaker() as db, db.begin():
             await apply_batch(db, records)
+
+    def is_content_error(self, exc: BaseException) -> bool:
+        """Whether a write failed for the records' content (health.is_content_error)."""
+        return is_content_error(exc)
+
+    async def ping(self) -> None:
+        """Raise unless the database answers a query (and its SQLite file is still there)."""
+        if self._guard is not None:
+            self._guard.check()
+        async with self._sessionmaker() as db:
+            await db.execute(select(1))
+
+    async def end_open_sessions(self, reason: str, at: datetime) -> int:
+        """End every session not ended (and release its reservations): what a proxy that
+        stopped left open. Returns how many sessions it ended. The proxy calls this at start,
+        before it serves: its live sessions are in memory, so any open session in the store
+        is one of a previous process (one proxy per database; docs/operations.md)."""
+        now = as_utc(at)
+        async with self._sessionmaker() as db, db.begin():
+            ended = await db.execute(
+                update(SessionRow)
+                .where(SessionRow.state != "ended")
+                .values(state="ended", ended_at=now, end_reason=reason)
+            )
+            await db.execute(
+                update(ReservationRow)
+                .where(ReservationRow.released_at.is_(None))
+                .values(released_at=now, release_reason=reason)
+            )
+            return int(getattr(ended, "rowcount", 0) or 0)
+
+    async def end_session(self, session_id: str, reason: str, at: datetime) -> bool:
+        """End one stored session that is not ended (the admin's end of a session no proxy
+        holds live): ``session_id`` is its key, or a client's id that only one open session
+        has (``ValueError`` when several have it). False if there is no such open session."""
+        now = as_utc(at)
+        async with self._sessionmaker() as db, db.begin():
+            row = await db.get(SessionRow, session_id)
+            if row is None:
+                query = select(SessionRow).where(
+                    SessionRow.external_id == session_id, SessionRow.state != "ended"
+                )
+                rows = list(await db.scalars(query.limit(2)))
+                if len(rows) > 1:
+                    raise ValueError(f"several open sessions have the client id {session_id!r}")
+                row = rows[0] if rows else None
+            if row is None or row.state == "ended":
+                return False
+            session_id = row.session_id
+            row.state, row.ended_at, row.end_reason = "ended", now, reason
+            await db.execute(
+                update(ReservationRow)
+                .where(
+                    ReservationRow.session_id == session_id, ReservationRow.released_at.is_(None)
+                )
+                .values(released_at=now, release_reason=reason)
+            )
+            return True
+
+    # -- dead letters ---------------------------------------------------------------------
+
+    async def write_dead_letter(self, kind: str, payload: str, error: str, at: datetime) -> None:
+        """Keep a refused record (``payload``: its JSON, ASCII only)."""
+        if self._guard is not None:
+            self._guard.check()
+        async with self._sessionmaker() as db, db.begin():
+            db.add(DeadLetter(created_at=at, kind=kind, payload=payload, error=error))
+
+    async def list_dead_letters(self, limit: int = 100) -> list[DeadLetterView]:
+        """The newest dead letters first."""
+        query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
+        async with self._sessionmaker() as db:
+            return [
+                DeadLetterView(r.id, as_utc(r.created_at), r.kind, r.payload, r.error)
+                for r in await db.scalars(query)
+            ]
 
     # -- sessions -------------------------------------------------------------------------
 
@@ -137,18 +230,22 @@ class SqlStore:
         limit: int = 50,
     ) -> SessionPage:
         """Sessions newest first, ordered by (started_at desc, session_id desc), ``limit`` at a
-        time (1..1000). ``started_after`` is inclusive and ``started_before`` exclusive. Pass a
-        page's ``next_cursor`` (with the same filters) for the next page; an invalid cursor
-        raises ``ValueError``."""
+        time (1..1000). ``state`` is one of ``SESSION_STATES``; ``tenant_id`` is a tenant's id
+        or its name. ``started_after`` is inclusive and ``started_before`` exclusive. Pass a
+        page's ``next_cursor`` (with the same filters) for the next page. ``ValueError`` for an
+        unknown state, a bad limit or an invalid cursor."""
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
         where: list[ColumnElement[bool]] = []
         if state is not None:
+            if state not in SESSION_STATES:
+                raise ValueError(f"state must be one of {', '.join(SESSION_STATES)}, got {state!r}")
             where.append(SessionRow.state == state)
         if model is not None:
             where.append(SessionRow.model == model)
         if tenant_id is not None:
-            where.append(SessionRow.tenant_id == tenant_id)
+            named = select(Tenant.id).where(Tenant.name == tenant_id).scalar_subquery()
+            where.append(or_(SessionRow.tenant_id == tenant_id, SessionRow.tenant_id == named))
         if started_after is not None:
             where.append(SessionRow.started_at >= as_utc(started_after))
         if started_before is not None:
@@ -257,13 +354,29 @@ class SqlStore:
                 )
             )
 
-    async def list_api_keys(self, tenant_id: str | None = None) -> list[ApiKeyInfo]:
-        """Keys (without secrets), oldest first, optionally of one tenant."""
-        query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+    async def list_api_keys(
+        self, tenant_id: str | None = None, *, include_deleted: bool = False
+    ) -> list[ApiKeyInfo]:
+        """Keys (without secrets) with their tenant's name, oldest first, optionally of one
+        tenant; deleted keys only with ``include_deleted`` (marked ``deleted``)."""
+        query = (
+            select(ApiKey, Tenant.name)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .order_by(ApiKey.created_at, ApiKey.id)
+        )
         if tenant_id is not None:
             query = query.where(ApiKey.tenant_id == tenant_id)
+        if not include_deleted:
+            query = query.where(ApiKey.key_hash.not_like(DELETED_KEY_HASH_PREFIX + "%"))
         async with self._sessionmaker() as db:
-            return [key_view(r) for r in await db.scalars(query)]
+            return [
+                replace(
+                    key_view(row),
+                    tenant_name=name,
+                    deleted=row.key_hash.startswith(DELETED_KEY_HASH_PREFIX),
+                )
+                for row, name in await db.execute(query)
+            ]
 
     async def revoke_api_key(self, key_id: str) -> bool:
         """Revoke a key by id; False if there is no such key or it was already revoked."""
@@ -274,9 +387,23 @@ class SqlStore:
             row.revoked_at = datetime.now(UTC)
             return True
 
+    async def delete_api_key(self, key_id: str) -> bool:
+        """Delete a key by id, as a tombstone: the row stays (revoked, its hash replaced by
+        ``deleted:<id>``, which no key hashes to), so it still counts in
+        :meth:`count_api_keys`. False if there is no such key or it was deleted already."""
+        async with self._sessionmaker() as db, db.begin():
+            row = await db.get(ApiKey, key_id)
+            if row is None or row.key_hash.startswith(DELETED_KEY_HASH_PREFIX):
+                return False
+            row.key_hash = DELETED_KEY_HASH_PREFIX + row.id
+            if row.revoked_at is None:
+                row.revoked_at = datetime.now(UTC)
+            return True
+
     async def count_api_keys(self, *, active_only: bool = False) -> int:
-        """How many keys were ever created, revoked ones included (so revoking the last key
-        does not turn "no keys" open access back on); ``active_only`` counts usable keys."""
+        """How many keys were ever created, revoked and deleted ones included (so revoking or
+        deleting the last key does not turn "no keys" open access back on); ``active_only``
+        counts usable keys."""
         query = select(func.count()).select_from(ApiKey)
         if active_only:
             query = query.where(ApiKey.revoked_at.is_(None))

@@ -85,6 +85,17 @@ class StoredResponseView:
 
 
 @dataclass(frozen=True)
+class DeadLetterView:
+    """A record the database refused: its kind, its JSON and the error."""
+
+    id: int
+    created_at: datetime
+    kind: str
+    payload: str
+    error: str
+
+
+@dataclass(frozen=True)
 class ApiKeyInfo:
     """An API key without its secret: the plaintext is shown once, at creation."""
 
@@ -93,6 +104,10 @@ class ApiKeyInfo:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    tenant_name: str = ""
+    deleted: bool = False
+    """Deleted keys are tombstones: their row stays (so "a key existed" is never forgotten),
+    their hash is gone."""
 
 
 _CURSOR_VERSION = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +160,7 @@ class NodeScheduler:
         """Queue the call and wait for its result."""
         return await self._enqueue(request, None).result
 
-    async def stream(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:
+    async def stream(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Queue the call and yield its events (``FirstToken``, ``TokenDelta``s for streaming
         requests, ``Finished``). If the consumer stops before the call is admitted, the call
         leaves the queue; once admitted it runs to the end (its result still counts)."""

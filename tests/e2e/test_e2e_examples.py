@@ -2,20 +2,15 @@
 against it, and the admin API checked: one session per agent, tool gaps recorded, the session
 ended when the agent left its scope.
 
-The server listens on ``--port 0``; readiness is read from its stderr (uvicorn's
-"Application startup complete", then the "Uvicorn running on" line with the bound port), with
-a bounded wait.
+The server listens on ``--port 0``; readiness is read from its stderr (tests/e2e/processes.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
-import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +19,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e.processes import talaria_serve
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 ADMIN = "e2e-admin"
-STARTUP_S = 60.0
 RUN_S = 120.0
-LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
-_CLI = "import sys; from talaria.cli import main; sys.argv[0] = 'talaria'; main()"
 
 
 @dataclass
@@ -50,48 +44,12 @@ class Served:
         return data
 
 
-def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     data_dir = tmp_path_factory.mktemp("talaria-data")
-    env = {**os.environ, "TALARIA_DATA_DIR": str(data_dir), "TALARIA_ADMIN_TOKEN": ADMIN}
-    for name in ("TALARIA_DATABASE_URL", "TALARIA_API_KEYS"):
-        env.pop(name, None)
-    talaria = Path(sys.executable).with_name("talaria")
-    command = [str(talaria)] if talaria.exists() else [sys.executable, "-c", _CLI]
-    process = subprocess.Popen(
-        [*command, "serve", "--port", "0", "--time-scale", "50"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(process.stderr, lines), daemon=True).start()
-    seen: list[str] = []
-    base_url = None
-    try:
-        while base_url is None:
-            line = lines.get(timeout=STARTUP_S)  # bounded: queue.Empty fails the fixture
-            if line is None:
-                raise RuntimeError("talaria serve exited:\n" + "".join(seen))
-            seen.append(line)
-            match = LISTENING.search(line)
-            if match and any("Application startup complete" in s for s in seen):
-                base_url = match.group(1)
-        yield Served(base_url)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    env = {"TALARIA_ADMIN_TOKEN": ADMIN}
+    with talaria_serve(["--time-scale", "50"], env, data_dir) as process:
+        yield Served(process.base_url)
 
 
 def _run_example(name: str, served: Served, *args: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import uvicorn
 
 from talaria.proxy.app import create_app
 from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.serve import DrainingServer, backstop_s
 from talaria.proxy.settings import ProxySettings
 
 
@@ -73,6 +74,16 @@ class StatusLog:
         await self.app(scope, receive, noting)
 
 
+class _DrainingTestServer(DrainingServer):
+    def __init__(self, config: uvicorn.Config, proxy: Any) -> None:
+        super().__init__(config, proxy)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
+        await super().startup(sockets)
+        self.ready.set()
+
+
 @contextmanager
 def running_proxy(
     settings: ProxySettings,
@@ -80,13 +91,22 @@ def running_proxy(
     statuses: StatusLog | None = None,
 ) -> Iterator[RunningProxy]:
     """The proxy on a free loopback port; with ``statuses``, every response's status is noted
-    there (pass ``StatusLog(None)``: its app is set here)."""
-    app: Any = create_app(settings, runtimes=runtimes)
+    there (pass ``StatusLog(None)``: its app is set here). It stops as ``talaria serve`` does
+    on SIGTERM: the drain of proxy/shutdown.py within ``settings.drain_timeout_s``."""
+    proxy = create_app(settings, runtimes=runtimes)
+    app: Any = proxy
     if statuses is not None:
         statuses.app = app
         app = statuses
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    server = _Server(config)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=backstop_s(settings.drain_timeout_s),
+    )
+    server = _DrainingTestServer(config, proxy)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     if not server.ready.wait(timeout=60):
@@ -95,5 +115,6 @@ def running_proxy(
     try:
         yield RunningProxy(f"http://127.0.0.1:{port}", settings)
     finally:
+        server.begin_drain()
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=settings.drain_timeout_s + 30)

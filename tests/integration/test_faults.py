@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import httpx
@@ -31,7 +31,7 @@ class ScriptedRuntime(InstantRuntime):
         self.release = threading.Event()
         self.finished = threading.Event()
 
-    async def generate(self, request: CallRequest) -> AsyncIterator[GenerationEvent]:  # type: ignore[override]
+    async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:  # type: ignore[override]
         if self.mode == "fail-before":
             raise RuntimeError("engine crashed")
         if self.mode == "reject":

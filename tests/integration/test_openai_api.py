@@ -16,6 +16,7 @@ import pytest
 
 from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
+from tests.store.conftest import reset_postgres
 
 ADMIN = "admin-secret"
 MODEL = "glm-4.5-fp8"
@@ -478,6 +479,7 @@ def test_proxy_on_postgresql() -> None:
         if os.environ.get("CI"):
             pytest.fail("TALARIA_TEST_PG_URL is not set under CI")
         pytest.skip("no PostgreSQL server (set TALARIA_TEST_PG_URL; scripts/test.sh does)")
+    asyncio.run(reset_postgres(url))  # no keys or sessions of other tests
     settings = ProxySettings(database_url=url, admin_token=ADMIN, time_scale=500.0)
     with running_proxy(settings) as proxy:
         client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)

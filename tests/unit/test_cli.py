@@ -145,13 +145,13 @@ def _last_line(text: str) -> str:
 
 
 def _no_uvicorn(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Make ``uvicorn.run`` record its call instead of serving; clear the proxy's env settings."""
-    import uvicorn
+    """Make the server record its start instead of serving; clear the proxy's env settings."""
+    from talaria.proxy import serve
 
     for name in ("ROUTER", "MODELS", "RUNTIMES", "CATALOG_PATH", "SERVER", "PROFILE"):
         monkeypatch.delenv(f"TALARIA_{name}", raising=False)
     started: list[dict[str, Any]] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: started.append(kw))
+    monkeypatch.setattr(serve, "serve", lambda app, **kw: started.append(kw))
     return started
 
 
@@ -198,7 +198,9 @@ def test_serve_finds_models_in_the_settings_catalog_path(
     monkeypatch.setenv("TALARIA_CATALOG_PATH", str(tmp_path))
     result = runner.invoke(app, ["serve", "--models", "my-model,tiny-a", "--port", "8123"])
     assert result.exit_code == 0, result.output
-    assert started == [{"host": "127.0.0.1", "port": 8123, "log_level": "info"}]
+    assert started == [
+        {"host": "127.0.0.1", "port": 8123, "log_level": "info", "drain_timeout_s": 30.0}
+    ]
 
 
 @pytest.mark.parametrize(
@@ -341,3 +343,56 @@ def test_help_cites_only_files_in_the_repository() -> None:
         assert "FACTS" not in shown and "../shared" not in shown, path
         for cited in re.findall(r"(?:docs|examples)/[\w./-]+\.(?:md|toml)", shown):
             assert (REPO / cited).is_file(), (path, cited)
+
+
+def _serve_without_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """``serve`` arguments on a fresh SQLite store, with no key in the environment."""
+    for name in ("API_KEYS", "ALLOW_OPEN", "DATABASE_URL"):
+        monkeypatch.delenv(f"TALARIA_{name}", raising=False)
+    return ["serve", "--database-url", f"sqlite+aiosqlite:///{tmp_path / 'keys.db'}"]
+
+
+def test_serve_refuses_a_non_loopback_host_without_any_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    started = _no_uvicorn(monkeypatch)
+    args = _serve_without_keys(monkeypatch, tmp_path)
+    for host in ("0.0.0.0", "192.0.2.10", "::"):
+        refused = runner.invoke(app, [*args, "--host", host])
+        assert refused.exit_code == 2, refused.output
+        text = _flat(refused.output)
+        assert "Invalid value for '--host': no API keys:" in text
+        assert "'talaria keys create'" in text and "--allow-open" in text
+        assert "Traceback" not in refused.output
+    assert not started
+    # Loopback addresses start without looking at the store.
+    local = ["serve", "--database-url", f"sqlite+aiosqlite:///{tmp_path / 'local.db'}"]
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
+        assert runner.invoke(app, [*local, "--host", host]).exit_code == 0, host
+    assert not (tmp_path / "local.db").exists()
+    opened = runner.invoke(app, [*args, "--host", "0.0.0.0", "--allow-open"])
+    assert opened.exit_code == 0, opened.output
+    assert len(started) == 5 and started[-1]["host"] == "0.0.0.0"
+
+
+def test_serve_on_a_non_loopback_host_starts_with_a_key(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from talaria.proxy.keys_cli import keys_app
+
+    started = _no_uvicorn(monkeypatch)
+    args = [*_serve_without_keys(monkeypatch, tmp_path), "--host", "0.0.0.0"]
+    monkeypatch.setenv("TALARIA_API_KEYS", "env-key")
+    assert runner.invoke(app, args).exit_code == 0
+    monkeypatch.delenv("TALARIA_API_KEYS")
+    assert runner.invoke(app, args).exit_code == 2
+    url = args[2]
+    made = runner.invoke(keys_app, ["create", "--url", url])
+    assert made.exit_code == 0, made.output
+    listed = runner.invoke(keys_app, ["list", "--url", url]).output
+    deleted = runner.invoke(keys_app, ["delete", listed.split()[0], "--url", url])
+    assert deleted.exit_code == 0, deleted.output
+    # A key existed (deleted now): the proxy serves nobody without one, so it may start.
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert len(started) == 2

@@ -24,11 +24,20 @@ MODEL = "glm-4.5-fp8"
 
 
 class ListSink:
+    """Keeps every record; each is committed at once."""
+
+    full = False
+    failing_since = None
+
     def __init__(self) -> None:
         self.records: list[Record] = []
 
-    def submit(self, record: Record) -> None:
+    def submit(self, record: Record) -> int:
         self.records.append(record)
+        return len(self.records)
+
+    async def committed(self, seq: int) -> None:
+        assert seq <= len(self.records)
 
     def reservations(self) -> list[ReservationRecord]:
         return [r for r in self.records if isinstance(r, ReservationRecord)]

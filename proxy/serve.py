@@ -1,0 +1,61 @@
+"""``serve(app, ...)``: uvicorn as ``talaria serve`` runs it, with the drain of proxy/shutdown.py.
+
+uvicorn's graceful-shutdown timeout alone would cut the connections of calls still running at
+the deadline (their clients get no answer). So the server tells the proxy when a shutdown
+signal arrives (:meth:`DrainingServer.begin_drain` → ``Shutdown.begin``), and the proxy answers
+those calls with a 503 before uvicorn's backstop, D − R/2, fires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+
+from talaria.proxy.shutdown import flush_reserve_s
+
+
+def backstop_s(drain_timeout_s: float) -> int:
+    """uvicorn's graceful-shutdown timeout: D − R/2 rounded up to whole seconds (uvicorn takes
+    an int), so it is always later than the proxy's own abort at D − R."""
+    return max(1, math.ceil(drain_timeout_s - flush_reserve_s(drain_timeout_s) / 2))
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server that starts the proxy's drain when it is told to exit. ``proxy``:
+    the app of ``create_app`` (``config.app`` may wrap it)."""
+
+    def __init__(self, config: uvicorn.Config, proxy: FastAPI) -> None:
+        super().__init__(config)
+        self._proxy = proxy
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        self.begin_drain()
+
+    def begin_drain(self) -> None:
+        """Start the proxy's drain clock (safe from any thread, and from a signal handler)."""
+        ctx = getattr(self._proxy.state, "talaria", None)
+        if ctx is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(ctx.shutdown.begin)
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str, drain_timeout_s: float) -> None:
+    """Run ``app`` until SIGTERM / SIGINT, then drain within ``drain_timeout_s``."""
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=backstop_s(drain_timeout_s),
+    )
+    DrainingServer(config, app).run()

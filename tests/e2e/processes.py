@@ -1,0 +1,132 @@
+"""Real processes for the end-to-end tests: ``talaria serve`` as a subprocess (ready when its
+stderr says where it listens), and a throwaway PostgreSQL server (scripts/pg.sh) that a test
+may stop and start again."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_S = 60.0
+LISTENING = re.compile(r"Uvicorn running on (http://\S+)")
+_CLI = "import sys; from talaria.cli import main; sys.argv[0] = 'talaria'; main()"
+
+
+def talaria_command() -> list[str]:
+    """The ``talaria`` executable of this venv (or the CLI through this interpreter)."""
+    talaria = Path(sys.executable).with_name("talaria")
+    return [str(talaria)] if talaria.exists() else [sys.executable, "-c", _CLI]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class ServeProcess:
+    """A running ``talaria serve``; ``output`` collects its stderr lines."""
+
+    process: subprocess.Popen[str]
+    base_url: str
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def v1(self) -> str:
+        return self.base_url + "/v1"
+
+    def sigterm(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+
+    def kill9(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+
+    def wait(self, timeout_s: float) -> int:
+        return self.process.wait(timeout=timeout_s)
+
+
+def _pump(stream: Any, lines: queue.Queue[str | None], keep: list[str]) -> None:
+    for line in stream:
+        keep.append(line)
+        lines.put(line)
+    lines.put(None)
+
+
+@contextmanager
+def talaria_serve(args: list[str], env: dict[str, str], data_dir: Path) -> Iterator[ServeProcess]:
+    """Start ``talaria serve --port 0 ARGS`` with ``env`` on top of this process's environment
+    (minus any TALARIA_* setting) and its data dir in ``data_dir``; wait until it listens;
+    on exit terminate it (and kill it if it does not stop within 60 s)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    full_env = {**base, "TALARIA_DATA_DIR": str(data_dir), **env}
+    process = subprocess.Popen(
+        [*talaria_command(), "serve", "--port", "0", *args],
+        env=full_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    seen: list[str] = []
+    threading.Thread(target=_pump, args=(process.stderr, lines, seen), daemon=True).start()
+    base_url = None
+    try:
+        while base_url is None:
+            line = lines.get(timeout=STARTUP_S)  # bounded: queue.Empty fails the test
+            if line is None:
+                raise RuntimeError("talaria serve exited:\n" + "".join(seen))
+            match = LISTENING.search(line)
+            if match and any("Application startup complete" in s for s in seen):
+                base_url = match.group(1)
+        yield ServeProcess(process, base_url, seen)
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@dataclass
+class Postgres:
+    """A PostgreSQL server of its own (scripts/pg.sh), to stop and start during a test."""
+
+    directory: Path
+    port: int
+    url: str = ""
+
+    def start(self) -> str:
+        done = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "pg.sh"), "start", str(self.directory), str(self.port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        self.url = done.stdout.strip().splitlines()[-1]
+        return self.url
+
+    def stop(self) -> None:
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "pg.sh"), "stop", str(self.directory)],
+            capture_output=True,
+            timeout=120,
+            check=True,
+        )

@@ -1,0 +1,183 @@
+"""Malformed bodies that once answered 500 (found by tests/integration/test_fuzz_openapi.py and
+by reading the parsers around what it found) are refused with a 400 in the API's own envelope,
+with ``x-request-id``; and the well-formed neighbours of each are still served."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.instant import InstantRuntime
+from tests.integration.server import RunningProxy, running_proxy
+
+MODEL = "bench-model"
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
+    tmp = tmp_path_factory.mktemp("bad-bodies")
+    cfg = ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp}/b.db", admin_token="adm")
+    with running_proxy(cfg, runtimes=[InstantRuntime((MODEL,), output_tokens=4)]) as running:
+        yield running
+
+
+def _user(*blocks: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages body whose user turn is ``blocks``."""
+    return {"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": [*blocks]}]}
+
+
+def _result(content: Any) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": "t1", "content": content}
+
+
+def _namespace(tools: Any) -> dict[str, Any]:
+    return {"model": MODEL, "input": "hi", "tools": [{"type": "namespace", "tools": tools}]}
+
+
+LONE = '"\\ud800"'
+"""A JSON string escape that decodes to a lone surrogate, which no UTF-8 encoder takes."""
+
+# (path, JSON text of the body, status, a fragment of the error message)
+CASES: list[tuple[str, str, int, str]] = [
+    # tool_result content neither a string nor a list of blocks (fuzz: count_tokens, messages)
+    ("/v1/messages", json.dumps(_user(_result(0.25))), 400, "content blocks"),
+    ("/v1/messages/count_tokens", json.dumps(_user(_result(5))), 400, "content blocks"),
+    ("/v1/messages", json.dumps(_user(_result({"type": "text"}))), 400, "content blocks"),
+    ("/v1/messages", json.dumps(_user(_result([1]))), 400, "content blocks"),
+    ("/v1/messages", json.dumps(_user(_result([{"type": "text", "text": "ok"}]))), 200, ""),
+    ("/v1/messages", json.dumps(_user(_result(None))), 200, ""),
+    # a document's source.content not text or blocks (fuzz: messages), its source not an object
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "document", "source": {"type": "", "content": 0}})),
+        400,
+        "source.content must be",
+    ),
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "document", "source": "s"})),
+        400,
+        "source must be an object",
+    ),
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "document", "source": {"type": "content", "content": "ok"}})),
+        200,
+        "",
+    ),
+    ("/v1/messages", json.dumps(_user({"type": "document", "source": None})), 200, ""),
+    # an image's source not an object
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "image", "source": "x"})),
+        400,
+        "source must be an object",
+    ),
+    ("/v1/messages", json.dumps(_user({"type": "image", "source": [1]})), 400, "source must be"),
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "image", "source": {"type": "url", "url": "http://x/a.png"}})),
+        200,
+        "",
+    ),
+    # a Responses namespace whose tools are not a list of tools (fuzz: responses)
+    ("/v1/responses", json.dumps(_namespace("ab")), 400, "must be a list of tools"),
+    ("/v1/responses", json.dumps(_namespace(5)), 400, "must be a list of tools"),
+    ("/v1/responses", json.dumps(_namespace({"a": 1})), 400, "must be a list of tools"),
+    ("/v1/responses", json.dumps(_namespace([1])), 400, "must be a list of tools"),
+    ("/v1/responses", json.dumps(_namespace([{"type": "function", "name": "f"}])), 200, ""),
+    ("/v1/responses", json.dumps(_namespace(None)), 200, ""),
+    # a lone surrogate in any string of any body
+    (
+        "/v1/chat/completions",
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": {LONE}}}]}}',
+        400,
+        "not Unicode text",
+    ),
+    ("/v1/completions", f'{{"model": "{MODEL}", "prompt": {LONE}}}', 400, "not Unicode text"),
+    (
+        "/v1/messages",
+        f'{{"model": "{MODEL}", "max_tokens": 5, "system": {LONE}, "messages": []}}',
+        400,
+        "not Unicode text",
+    ),
+    ("/v1/messages/count_tokens", f'{{"model": {LONE}}}', 400, "not Unicode text"),
+    (
+        "/v1/responses",
+        f'{{"model": "{MODEL}", "input": "hi", "previous_response_id": {LONE}}}',
+        400,
+        "not Unicode text",
+    ),
+    ("/v1/sessions/s1/hints", f'{{"tool": {LONE}}}', 400, "not Unicode text"),
+    (
+        "/v1/chat/completions",
+        f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "\\ud83d\\ude00"}}]}}',
+        200,
+        "",
+    ),  # a surrogate pair is one character (an emoji)
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "fragment"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)]
+)
+def test_bad_body(proxy: RunningProxy, path: str, body: str, status: int, fragment: str) -> None:
+    reply = httpx.post(
+        proxy.base_url + path, content=body, headers={"content-type": "application/json"}
+    )
+    assert reply.status_code == status, reply.text
+    assert reply.headers.get("x-request-id")
+    if status == 200:
+        return
+    data = reply.json()
+    if path.startswith("/v1/messages"):
+        assert data["type"] == "error"
+        assert data["error"]["type"] == "invalid_request_error"
+    else:
+        assert data["error"]["type"] == "invalid_request_error"
+        assert data["error"]["code"] == "invalid_value"
+    assert fragment in data["error"]["message"]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON text nesting deeper than Python's ``json`` follows (RecursionError, not ValueError)."""
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/messages",
+            {
+                "model": MODEL,
+                "max_tokens": 5,
+                "metadata": {"user_id": '{"a": ' + DEEP + "}"},
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "model": MODEL,
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": DEEP}}],
+                    },
+                ],
+            },
+        ),
+    ],
+    ids=["metadata.user_id", "tool-call-arguments"],
+)
+def test_deeply_nested_json_text(proxy: RunningProxy, path: str, body: dict[str, Any]) -> None:
+    """JSON text inside a string field (Claude Code's ``metadata.user_id``, tool-call
+    arguments) that nests too deep to read is taken as plain text: the call is answered."""
+    reply = httpx.post(proxy.base_url + path, json=body)
+    assert reply.status_code == 200, reply.text

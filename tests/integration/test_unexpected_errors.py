@@ -1,0 +1,45 @@
+"""An exception no handler answers still gets an answer with its ``x-request-id``, in the
+envelope of the API it addressed: a 500 (logged), or a 400 for a RecursionError (input nested
+deeper than a parser follows)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from talaria.proxy.app import create_app
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.instant import InstantRuntime
+
+
+@pytest.mark.parametrize(
+    ("path", "raised", "status"),
+    [
+        ("/boom", RuntimeError("bug"), 500),
+        ("/v1/messages/boom", RuntimeError("bug"), 500),
+        ("/boom", RecursionError("deep"), 400),
+    ],
+)
+def test_an_unhandled_exception_is_answered_with_its_request_id(
+    tmp_path: Path, path: str, raised: Exception, status: int
+) -> None:
+    app = create_app(
+        ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp_path}/e.db"),
+        runtimes=[InstantRuntime(("m",))],
+    )
+
+    @app.get(path)
+    async def fail() -> None:
+        raise raised
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get(path)
+    assert response.status_code == status
+    assert len(response.headers["x-request-id"]) == 32
+    body = response.json()
+    if path.startswith("/v1/messages"):
+        assert body["type"] == "error" and body["error"]["type"] == "api_error"
+    else:
+        assert set(body["error"]) >= {"message", "type"}

@@ -1,0 +1,220 @@
+"""API keys in the store, on both backends: deleting (a tombstone), tenant names in listings, a
+restart after revoking or deleting every key, the ``talaria keys`` commands; and the SQLite
+file's mode."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from typer.testing import CliRunner
+
+from talaria.proxy.auth import Authenticator
+from talaria.proxy.errors import ApiError
+from talaria.proxy.keys_cli import keys_app
+from talaria.proxy.store.db import data_dir, make_engine, make_sessionmaker
+from talaria.proxy.store.migrate import upgrade_async
+from talaria.proxy.store.repository import SqlStore
+
+runner = CliRunner()
+
+
+async def _status(auth: Authenticator, key: str | None, host: str) -> int:
+    """The status the caller gets: 200 if it is served, else the ``ApiError``'s."""
+    try:
+        await auth.tenant(f"Bearer {key}" if key else None, host)
+    except ApiError as exc:
+        return exc.status
+    return 200
+
+
+@pytest.mark.asyncio
+async def test_delete_leaves_a_tombstone_that_still_counts(store: SqlStore) -> None:
+    acme = await store.create_tenant("acme")
+    key = await store.create_api_key(acme)
+    other = await store.create_api_key(acme)
+    info = (await store.list_api_keys())[0]
+    assert await store.delete_api_key(info.id)
+    assert not await store.delete_api_key(info.id)  # deleted already
+    assert not await store.delete_api_key("no-such-key")
+    assert not await store.revoke_api_key(info.id)  # deleting revoked it
+    assert await store.tenant_for_key(key) is None
+    assert await store.tenant_for_key(other) == acme
+    assert await store.tenant_for_key(f"deleted:{info.id}") is None
+    assert [i.prefix for i in await store.list_api_keys()] == [other[:8]]
+    everything = await store.list_api_keys(include_deleted=True)
+    assert [(i.id, i.deleted) for i in everything] == [(info.id, True), (everything[1].id, False)]
+    assert everything[0].revoked_at is not None
+    assert await store.count_api_keys() == 2
+    assert await store.count_api_keys(active_only=True) == 1
+
+
+@pytest.mark.asyncio
+async def test_listed_keys_carry_their_tenant_name(store: SqlStore) -> None:
+    acme = await store.create_tenant("acme")
+    beta = await store.create_tenant("beta")
+    await store.create_api_key(acme)
+    await store.create_api_key(beta)
+    infos = await store.list_api_keys()
+    assert [(i.tenant_id, i.tenant_name) for i in infos] == [(acme, "acme"), (beta, "beta")]
+    assert [i.tenant_name for i in await store.list_api_keys(beta)] == ["beta"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["revoke", "delete"])
+async def test_a_restart_after_the_last_key_is_gone_stays_closed(store: SqlStore, how: str) -> None:
+    key = await store.create_api_key(await store.create_tenant("acme"))
+    running = Authenticator([], store)
+    await running.start()
+    assert await _status(running, key, "203.0.113.7") == 200
+    key_id = (await store.list_api_keys())[0].id
+    if how == "revoke":
+        assert await store.revoke_api_key(key_id)
+    else:
+        assert await store.delete_api_key(key_id)
+    restarted = Authenticator([], store)  # what a restart builds
+    await restarted.start()
+    assert not restarted.open
+    for host in ("203.0.113.7", "127.0.0.1", "::1"):
+        assert await _status(restarted, None, host) == 401
+        assert await _status(restarted, "anything", host) == 401
+        assert await _status(restarted, key, host) == 401
+    # Only an explicit --allow-open serves again while no key is usable.
+    reopened = Authenticator([], store, allow_open=True)
+    await reopened.start()
+    assert await _status(reopened, None, "203.0.113.7") == 200
+
+
+# -- talaria keys ---------------------------------------------------------------------------
+
+
+def _lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.strip()]
+
+
+def _count(url: str, *, active_only: bool = False) -> int:
+    async def main() -> int:
+        engine = make_engine(url)
+        try:
+            return await SqlStore(make_sessionmaker(engine)).count_api_keys(active_only=active_only)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def _tenant_for(url: str, key: str) -> str | None:
+    async def main() -> str | None:
+        engine = make_engine(url)
+        try:
+            return await SqlStore(make_sessionmaker(engine)).tenant_for_key(key)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(main())
+
+
+def test_keys_commands_list_tenant_names_and_delete(db_url: str) -> None:
+    created = runner.invoke(keys_app, ["create", "--tenant", "acme", "--url", db_url])
+    assert created.exit_code == 0, created.output
+    key = created.output.strip()
+    assert _tenant_for(db_url, key) is not None
+    listed = runner.invoke(keys_app, ["list", "--url", db_url])
+    assert listed.exit_code == 0, listed.output
+    [line] = _lines(listed.output)
+    key_id = line.split()[0]
+    assert "tenant=acme " in line and key[:8] in line and "deleted" not in line
+
+    deleted = runner.invoke(keys_app, ["delete", key_id, "--url", db_url])
+    assert deleted.exit_code == 0, deleted.output
+    assert _lines(deleted.output) == [f"deleted {key_id}"]
+    assert _lines(runner.invoke(keys_app, ["list", "--url", db_url]).output) == []
+    [shown] = _lines(runner.invoke(keys_app, ["list", "--all", "--url", db_url]).output)
+    assert shown.startswith(key_id) and shown.endswith("deleted") and "tenant=acme" in shown
+    assert _tenant_for(db_url, key) is None
+    assert _count(db_url) == 1 and _count(db_url, active_only=True) == 0
+
+    for command in ("delete", "revoke"):
+        unknown = runner.invoke(keys_app, [command, "no-such-id", "--url", db_url])
+        assert unknown.exit_code == 1, (command, unknown.output)
+        assert len(_lines(unknown.output)) == 1 and "no-such-id" in unknown.output
+    again = runner.invoke(keys_app, ["delete", key_id, "--url", db_url])
+    assert again.exit_code == 1 and len(_lines(again.output)) == 1
+
+
+def test_keys_help_says_revoked_keys_still_close_the_proxy() -> None:
+    for command in ("revoke", "delete"):
+        shown = " ".join(runner.invoke(keys_app, [command, "--help"]).output.split())
+        assert "serves nobody until a key is created" in shown, command
+        assert "--allow-open" in shown, command
+
+
+# -- the SQLite file ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """A usual umask, so that a file created without care would be 0644."""
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_make_engine_creates_the_sqlite_file_private(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+
+    async def main() -> None:
+        engine = make_engine(f"sqlite+aiosqlite:///{path}")
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+                await conn.execute(text("INSERT INTO t VALUES (1)"))
+                assert _mode(path) == 0o600
+                assert _mode(Path(f"{path}-wal")) == 0o600
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+    assert _mode(path) == 0o600
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_migrating_a_new_sqlite_file_creates_it_private(tmp_path: Path) -> None:
+    path = tmp_path / "migrated.db"
+    asyncio.run(upgrade_async(f"sqlite+aiosqlite:///{path}"))
+    assert path.stat().st_size > 0 and _mode(path) == 0o600
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_an_existing_readable_file_keeps_its_mode_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "old.db"
+    path.touch(mode=0o644)
+    with caplog.at_level(logging.WARNING, logger="talaria.proxy.store.db"):
+        asyncio.run(make_engine(f"sqlite+aiosqlite:///{path}").dispose())
+    assert _mode(path) == 0o644
+    assert any("mode 0644" in r.message and str(path) in r.message for r in caplog.records)
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_the_data_dir_is_created_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tmp_path / "home" / "talaria"
+    monkeypatch.setenv("TALARIA_DATA_DIR", str(target))
+    assert data_dir() == target
+    assert _mode(target) == 0o700
+    target.chmod(0o750)
+    assert data_dir() == target and _mode(target) == 0o750  # an existing one is left alone

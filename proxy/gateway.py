@@ -479,7 +479,8 @@ class Gateway:
             log.exception("call %s: recording its outcome failed", call.request_id)
         if self._durable and seq is not None:
             try:
-                await asyncio.wait_for(self._sink.committed(seq), self._commit_timeout_s)
+                async with asyncio.timeout(self._commit_timeout_s):
+                    await self._sink.committed(seq)
             except asyncio.CancelledError:
                 events.put_nowait(("error", unavailable(SHUTDOWN_BEFORE_COMMIT)))
                 raise

@@ -220,7 +220,7 @@ def main() -> None:
     parser.add_argument(
         "--durability",
         choices=("commit", "async"),
-        default="async",
+        default="commit",
         help="talaria: answer after the call's records are committed (default), or at once",
     )
     parser.add_argument("--access-log", action="store_true")

@@ -30,13 +30,14 @@ Rules (the writer may retry a batch, so applying one twice must give the same ro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy import Select, Table, Update, bindparam, insert, select, update
+from sqlalchemy.orm import Session
 
 from talaria.proxy.records import (
     CallRecord,
@@ -71,6 +72,22 @@ def _table(model: type[Base]) -> Table:
     return cast(Table, model.__table__)
 
 
+@functools.cache
+def _select_by_keys(model: type[Base], key: str) -> Select[Any]:
+    """``SELECT * FROM table WHERE key IN :keys``, built once per table: one expanding
+    parameter instead of a bind (and its coercion) per key."""
+    table = _table(model)
+    return select(table).where(table.c[key].in_(bindparam("keys", expanding=True)))
+
+
+@functools.cache
+def _update_by_key(model: type[Base], key: str, columns: tuple[str, ...]) -> Update:
+    """``UPDATE table SET column = :column, ... WHERE key = :b_primary_key``, built once."""
+    table = _table(model)
+    by_key = update(table).where(table.c[key] == bindparam(_KEY))
+    return by_key.values({c: bindparam(c) for c in columns if c != key})
+
+
 @dataclass
 class _Table:
     """One table's rows touched by a batch: loaded ones and new ones, by primary key."""
@@ -93,30 +110,26 @@ class _Table:
         if key not in self.new:
             self.changed.add(key)
 
-    async def load(self, db: AsyncSession, keys: Iterable[str]) -> None:
+    def load(self, db: Session, keys: Iterable[str]) -> None:
         """The existing rows whose key is in ``keys``."""
-        table = _table(self.model)
-        column = table.c[self.key]
         wanted = sorted(set(keys))
+        query = _select_by_keys(self.model, self.key)
         for start in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[start : start + _IN_CHUNK]
-            result = await db.execute(select(table).where(column.in_(chunk)))
+            result = db.execute(query, {"keys": chunk})
             for row in result.mappings():
                 self.rows[row[self.key]] = dict(row)
 
-    async def write(self, db: AsyncSession) -> None:
+    def write(self, db: Session) -> None:
         """One INSERT of the new rows, one UPDATE (by primary key) of the changed, each an
         executemany of Core statements (the ORM's bulk paths cost ~1 ms a statement more)."""
         table = _table(self.model)
         if self.new:
-            await db.execute(insert(table), list(self.new.values()))
+            db.execute(insert(table), list(self.new.values()))
         if self.changed:
-            by_key = update(table).where(table.c[self.key] == bindparam(_KEY))
             rows = [self.rows[k] for k in sorted(self.changed)]
-            await db.execute(
-                by_key.values({c: bindparam(c) for c in rows[0] if c != self.key}),
-                [{**row, _KEY: row[self.key]} for row in rows],
-            )
+            statement = _update_by_key(self.model, self.key, tuple(rows[0]))
+            db.execute(statement, [{**row, _KEY: row[self.key]} for row in rows])
 
 
 def _opt(value: datetime | None) -> datetime | None:
@@ -270,23 +283,22 @@ def _replace(table: _Table, key: str, fields: Row) -> None:
         row.update(fields)
 
 
-async def apply_batch(db: AsyncSession, records: Sequence[Record]) -> None:
-    """Apply ``records`` in order inside ``db``'s transaction (written, not committed)."""
+def apply_batch(db: Session, records: Sequence[Record]) -> None:
+    """Apply ``records`` in order inside ``db``'s transaction (written, not committed). A
+    plain function of a sync ``Session``: ``AsyncSession.run_sync`` runs it on PostgreSQL
+    (asyncpg), and the SQLite writer thread runs it on a sync connection
+    (proxy/store/sqlite_writes.py)."""
     now = datetime.now(UTC)
     sessions = _Table(SessionRow, "session_id")
     calls = _Table(CallRow, "request_id")
     reservations = _Table(ReservationRow, "reservation_id")
     instances = _Table(InstanceRow, "name")
     responses = _Table(StoredResponse, "response_id")
-    await sessions.load(
-        db, (r.session_id for r in records if isinstance(r, SessionRecord | CallRecord))
-    )
-    await calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
-    await reservations.load(
-        db, (r.reservation_id for r in records if isinstance(r, ReservationRecord))
-    )
-    await instances.load(db, (r.name for r in records if isinstance(r, InstanceRecord)))
-    await responses.load(db, (r.response_id for r in records if isinstance(r, ResponseRecord)))
+    sessions.load(db, (r.session_id for r in records if isinstance(r, SessionRecord | CallRecord)))
+    calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
+    reservations.load(db, (r.reservation_id for r in records if isinstance(r, ReservationRecord)))
+    instances.load(db, (r.name for r in records if isinstance(r, InstanceRecord)))
+    responses.load(db, (r.response_id for r in records if isinstance(r, ResponseRecord)))
     decisions: list[Row] = []
     hints: list[Row] = []
     for rec in records:
@@ -349,8 +361,8 @@ async def apply_batch(db: AsyncSession, records: Sequence[Record]) -> None:
         else:  # pragma: no cover - guarded by the Record union
             raise TypeError(f"not a store record: {type(rec).__name__}")
     for table in (sessions, calls, reservations, instances, responses):  # sessions first
-        await table.write(db)
+        table.write(db)
     if decisions:
-        await db.execute(insert(_table(DecisionRow)), decisions)
+        db.execute(insert(_table(DecisionRow)), decisions)
     if hints:
-        await db.execute(insert(_table(HintRow)), hints)
+        db.execute(insert(_table(HintRow)), hints)

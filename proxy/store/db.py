@@ -93,7 +93,7 @@ def ensure_private_sqlite_file(url: str) -> None:
         os.close(fd)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     """Per connection: WAL (readers never block the writer), fsync at checkpoints only, and
     enforced foreign keys (SQLite leaves them off by default)."""
     cursor = dbapi_connection.cursor()
@@ -115,7 +115,7 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
     if is_sqlite(url):
         ensure_private_sqlite_file(url)
         engine = create_async_engine(url, **kwargs)
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         return engine
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(url, **kwargs)

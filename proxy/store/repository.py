@@ -83,7 +83,7 @@ class SqlStore:
         if self._guard is not None:
             self._guard.check()
         async with self._sessionmaker() as db, db.begin():
-            await apply_batch(db, records)
+            await db.run_sync(apply_batch, records)
 
     def is_content_error(self, exc: BaseException) -> bool:
         """Whether a write failed for the records' content (health.is_content_error)."""

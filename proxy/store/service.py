@@ -26,7 +26,8 @@ from talaria.proxy.store.deadletters import DEAD_LETTER_FILE, DeadLetters
 from talaria.proxy.store.health import SqliteFileGuard
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
-from talaria.proxy.store.writer import BatchWriter
+from talaria.proxy.store.sqlite_writes import SqliteWrites
+from talaria.proxy.store.writer import BatchWriter, RecordStore
 
 log = logging.getLogger("talaria.proxy")
 
@@ -57,6 +58,9 @@ class StoreService:
     store: SqlStore
     writer: BatchWriter
     dead_letters: DeadLetters
+    writes: RecordStore
+    """What the writer writes to: ``store`` itself, or on SQLite a worker thread's
+    connection (sqlite_writes.py)."""
 
     @classmethod
     async def open(cls, settings: ProxySettings) -> StoreService:
@@ -67,10 +71,13 @@ class StoreService:
         if settings.auto_migrate:
             await upgrade_async(url)
         engine = make_engine(url)
-        store = SqlStore(make_sessionmaker(engine), SqliteFileGuard.of(url))
+        guard = SqliteFileGuard.of(url)
+        store = SqlStore(make_sessionmaker(engine), guard)
+        path = sqlite_path(url)
+        writes: RecordStore = store if path is None else SqliteWrites(path, guard)
         dead_letters = DeadLetters(store, dead_letter_path(settings, url))
         writer = BatchWriter(
-            store,
+            writes,
             flush_interval_s=settings.writer_flush_interval_s,
             max_pending=settings.writer_max_pending,
             quarantine=dead_letters,
@@ -79,7 +86,7 @@ class StoreService:
         if ended:
             log.warning("ended %d sessions left open by a previous run (reason 'restart')", ended)
         await writer.start()
-        return cls(url, engine, store, writer, dead_letters)
+        return cls(url, engine, store, writer, dead_letters, writes)
 
     async def readiness(self) -> dict[str, Any]:
         """Whether the store can take writes now: ``{"ok": bool, ...}`` with the reason."""
@@ -100,4 +107,6 @@ class StoreService:
         return {"ok": True, "pending": writer.pending, "quarantined": writer.quarantined}
 
     async def close(self) -> None:
+        if isinstance(self.writes, SqliteWrites):
+            await asyncio.to_thread(self.writes.close)
         await self.engine.dispose()

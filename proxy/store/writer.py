@@ -160,6 +160,7 @@ class BatchWriter:
             raise RuntimeError("BatchWriter is closed")
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="talaria-batch-writer")
+            self._task.add_done_callback(self._stopped)
 
     def submit(self, record: Record) -> int:
         """Queue ``record`` for writing; O(1), never blocks. Returns its sequence number (for
@@ -185,12 +186,7 @@ class BatchWriter:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (seq, next(self._tiebreak), waiter))
         self._urgent.set()
-        try:
-            await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            waiter.cancel()
-        if self._written < seq:
-            raise RuntimeError("BatchWriter stopped before the records were written")
+        await waiter  # resolved by _wake_waiters, or failed by _stopped
 
     async def flush(self) -> None:
         """Return once every record submitted before this call is written."""
@@ -286,6 +282,15 @@ class BatchWriter:
     def _failed(self, exc: BaseException) -> None:
         self._failures += 1
         self._last_error = exc
+
+    def _stopped(self, task: asyncio.Task[None]) -> None:
+        """The background task ended: whoever still waits for a commit never gets one."""
+        for _seq, _order, waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_exception(
+                    RuntimeError("BatchWriter stopped before the records were written")
+                )
+        self._waiters.clear()
 
     def _wake_waiters(self) -> None:
         while self._waiters and self._waiters[0][0] <= self._written:

@@ -3,12 +3,14 @@
     .venv/bin/python bench/proxy_overhead.py [--requests 800] [--concurrency 1,16,64] \\
         [--rounds 2] [--json out/proxy-overhead.json]
 
-Three servers, each its own process on loopback, one worker each (bench/overhead/servers.py):
+Four servers, each its own process on loopback, one worker each (bench/overhead/servers.py):
 
 - ``direct``: a minimal server (Starlette + uvicorn) answering chat completions, Anthropic
   Messages and OpenAI Responses at once: 12 words, or an SSE stream with 12 text events;
 - ``talaria``: the proxy (``create_app``) with an ``InstantRuntime`` (12 output tokens), session
-  bookkeeping and persistence on (its batched writer records every call to SQLite);
+  bookkeeping and persistence on, as ``talaria serve`` runs it: durable acknowledgement (each
+  reply completes once its records are committed to SQLite, with group commit);
+- ``talaria-async``: the same with ``durability=async`` (records written in the background);
 - ``litellm``: LiteLLM's proxy (``litellm --config``) forwarding ``bench-model`` to ``direct``
   (chat completions only).
 
@@ -66,6 +68,11 @@ SERVERS = Path(__file__).resolve().parent / "overhead" / "servers.py"
 HOST = "127.0.0.1"
 MODEL = "bench-model"
 REPLY_TOKENS = 12
+TALARIA = ("talaria", "talaria-async")
+"""The proxy's two durability modes: commit (the default) and async."""
+P99_CONCURRENCY = 16
+P99_ADDED_MS = 10.0
+"""Target: added p99 latency at concurrency 16, non-streaming chat, ≤ 10 ms (issue 13)."""
 MASTER_KEY = "sk-bench-overhead"
 MODES = ("json", "stream")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
@@ -367,7 +374,7 @@ async def measured_batch(
     pid = server.proc.pid
     cpu0, main0 = proc_tree_cpu_s(pid), main_thread_cpu_s(pid)
     result = await run_batch(HOST, server.port, requests, concurrency, judge)
-    backlog = await writer_backlog(server.port) if server.name == "talaria" else None
+    backlog = await writer_backlog(server.port) if server.name in TALARIA else None
     await settle(pid, settle_s)
     return result, proc_tree_cpu_s(pid) - cpu0, main_thread_cpu_s(pid) - main0, backlog
 
@@ -527,8 +534,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def targets(rows: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[str, Any]]:
-    """The targets, on chat completions; the same figures for Messages and Responses, for
-    information."""
+    """The targets, graded on chat completions for each durability mode of the proxy; the
+    same figures for Messages and Responses, for information."""
 
     def get(api: str, mode: str, c: int, target: str) -> dict[str, Any] | None:
         for r in rows:
@@ -540,54 +547,63 @@ def targets(rows: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[s
     lowest, highest = min(concurrencies), max(concurrencies)
     for api in APIS:
         graded = api == "chat"
-        for mode, limit in (("json", 1.5), ("stream", 3.0)):
-            talaria = [
-                r for r in rows if (r["api"], r["mode"], r["target"]) == (api, mode, "talaria")
-            ]
-            if talaria:
-                worst = max(r["server_cpu_ms_per_req"] for r in talaria)
-                out.append(
-                    {
-                        "target": f"{api}: talaria CPU per {mode} request ≤ {limit} ms "
-                        "(worst concurrency)",
-                        "measured": round(worst, 3),
-                        "met": worst <= limit if graded else None,
-                    }
-                )
-        for mode in MODES:
-            r = get(api, mode, lowest, "talaria")
+        for proxy in TALARIA:
+            for mode, limit in (("json", 1.5), ("stream", 3.0)):
+                mine = [r for r in rows if (r["api"], r["mode"], r["target"]) == (api, mode, proxy)]
+                if mine:
+                    worst = max(r["server_cpu_ms_per_req"] for r in mine)
+                    out.append(
+                        {
+                            "target": f"{api}: {proxy} CPU per {mode} request ≤ {limit} ms "
+                            "(worst concurrency)",
+                            "measured": round(worst, 3),
+                            "met": worst <= limit if graded else None,
+                        }
+                    )
+            for mode in MODES:
+                r = get(api, mode, lowest, proxy)
+                if r is not None:
+                    gated = graded and mode == "json"
+                    out.append(
+                        {
+                            "target": f"{api}: {proxy} added p50 at concurrency {lowest} ({mode})"
+                            + (" ≤ 1.5 ms" if gated else ", for information"),
+                            "measured": round(r["added_p50_ms"], 3),
+                            "met": r["added_p50_ms"] <= 1.5 if gated else None,
+                        }
+                    )
+            r = get(api, "json", P99_CONCURRENCY, proxy)
             if r is not None:
-                gated = graded and mode == "json"
                 out.append(
                     {
-                        "target": f"{api}: added p50 at concurrency {lowest} ({mode})"
-                        + (" ≤ 1.5 ms" if gated else ", for information"),
-                        "measured": round(r["added_p50_ms"], 3),
-                        "met": r["added_p50_ms"] <= 1.5 if gated else None,
+                        "target": f"{api}: {proxy} added p99 at concurrency {P99_CONCURRENCY} "
+                        f"(json)" + (f" ≤ {P99_ADDED_MS:g} ms" if graded else ", for information"),
+                        "measured": round(r["added_p99_ms"], 3),
+                        "met": r["added_p99_ms"] <= P99_ADDED_MS if graded else None,
                     }
                 )
-        for mode in MODES:
-            t, direct = get(api, mode, highest, "talaria"), get(api, mode, highest, "direct")
-            lite = get(api, mode, highest, "litellm")
-            if t is not None and lite is not None:
-                ratio = t["rps"] / lite["rps"]
-                out.append(
-                    {
-                        "target": f"{api}: throughput ≥ 5× LiteLLM's ({mode}, concurrency "
-                        f"{highest})",
-                        "measured": round(ratio, 2),
-                        "met": ratio >= 5.0,
-                    }
-                )
-            elif t is not None and direct is not None and not graded:
-                out.append(
-                    {
-                        "target": f"{api}: throughput ÷ direct's ({mode}, concurrency "
-                        f"{highest}), for information",
-                        "measured": round(t["rps"] / direct["rps"], 2),
-                        "met": None,
-                    }
-                )
+            for mode in MODES:
+                t, direct = get(api, mode, highest, proxy), get(api, mode, highest, "direct")
+                lite = get(api, mode, highest, "litellm")
+                if t is not None and lite is not None:
+                    ratio = t["rps"] / lite["rps"]
+                    out.append(
+                        {
+                            "target": f"{api}: {proxy} throughput ≥ 5× LiteLLM's ({mode}, "
+                            f"concurrency {highest})",
+                            "measured": round(ratio, 2),
+                            "met": ratio >= 5.0,
+                        }
+                    )
+                elif t is not None and direct is not None and not graded:
+                    out.append(
+                        {
+                            "target": f"{api}: {proxy} throughput ÷ direct's ({mode}, "
+                            f"concurrency {highest}), for information",
+                            "measured": round(t["rps"] / direct["rps"], 2),
+                            "met": None,
+                        }
+                    )
     return out
 
 
@@ -694,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         python = sys.executable
         log_flag = ["--access-log"] if args.access_log else []
-        direct_port, talaria_port = free_port(), free_port()
+        direct_port, talaria_port, async_port = free_port(), free_port(), free_port()
         direct = start_server(
             "direct",
             [python, str(SERVERS), "direct", "--port", str(direct_port), *log_flag],
@@ -718,10 +734,30 @@ def main(argv: list[str] | None = None) -> int:
             talaria_port,
             workdir,
         )
-        started_servers += [direct, talaria]
+        talaria_async = start_server(
+            "talaria-async",
+            [
+                python,
+                str(SERVERS),
+                "talaria",
+                "--port",
+                str(async_port),
+                "--db",
+                str(workdir / "talaria-async.db"),
+                "--output-tokens",
+                str(REPLY_TOKENS),
+                "--durability",
+                "async",
+                *log_flag,
+            ],
+            async_port,
+            workdir,
+        )
+        started_servers += [direct, talaria, talaria_async]
         wait_ready(direct, "/health", 60)
         wait_ready(talaria, "/healthz", 60)
-        servers = [direct, talaria]
+        wait_ready(talaria_async, "/healthz", 60)
+        servers = [direct, talaria, talaria_async]
         local = machine()
         for server in servers:
             server.info = {"loop": local["loop"], "http": local["http"]}

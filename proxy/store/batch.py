@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import Select, Table, Update, bindparam, insert, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.engine import Connection
 
 from talaria.proxy.records import (
     CallRecord,
@@ -110,7 +110,7 @@ class _Table:
         if key not in self.new:
             self.changed.add(key)
 
-    def load(self, db: Session, keys: Iterable[str]) -> None:
+    def load(self, db: Connection, keys: Iterable[str]) -> None:
         """The existing rows whose key is in ``keys``."""
         wanted = sorted(set(keys))
         query = _select_by_keys(self.model, self.key)
@@ -120,7 +120,7 @@ class _Table:
             for row in result.mappings():
                 self.rows[row[self.key]] = dict(row)
 
-    def write(self, db: Session) -> None:
+    def write(self, db: Connection) -> None:
         """One INSERT of the new rows, one UPDATE (by primary key) of the changed, each an
         executemany of Core statements (the ORM's bulk paths cost ~1 ms a statement more)."""
         table = _table(self.model)
@@ -283,11 +283,11 @@ def _replace(table: _Table, key: str, fields: Row) -> None:
         row.update(fields)
 
 
-def apply_batch(db: Session, records: Sequence[Record]) -> None:
+def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     """Apply ``records`` in order inside ``db``'s transaction (written, not committed). A
-    plain function of a sync ``Session``: ``AsyncSession.run_sync`` runs it on PostgreSQL
-    (asyncpg), and the SQLite writer thread runs it on a sync connection
-    (proxy/store/sqlite_writes.py)."""
+    plain function of a sync ``Connection`` (Core only, no ORM session):
+    ``AsyncConnection.run_sync`` runs it on PostgreSQL (asyncpg), and the SQLite writer thread
+    on its own connection (proxy/store/sqlite_writes.py)."""
     now = datetime.now(UTC)
     sessions = _Table(SessionRow, "session_id")
     calls = _Table(CallRow, "request_id")

@@ -83,7 +83,8 @@ class SqlStore:
         if self._guard is not None:
             self._guard.check()
         async with self._sessionmaker() as db, db.begin():
-            await db.run_sync(apply_batch, records)
+            connection = await db.connection()
+            await connection.run_sync(apply_batch, records)
 
     def is_content_error(self, exc: BaseException) -> bool:
         """Whether a write failed for the records' content (health.is_content_error)."""

@@ -288,3 +288,37 @@ def test_durations_are_wall_seconds_under_a_scaled_clock(http: httpx.Client) -> 
     call = http.get(f"/admin/sessions/{sid}", headers=AUTH).json()["calls"][0]
     engine_s = call["queue_s"] + call["prefill_s"] + call["decode_s"]
     assert 0 < engine_s <= elapsed
+
+
+def test_a_utf8_session_header_is_a_400_not_mojibake(http: httpx.Client) -> None:
+    response = http.post(
+        "/v1/chat/completions",
+        json=_body(),
+        headers={"X-Talaria-Session-Id": "caf\u00e9".encode()},  # type: ignore[dict-item]
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "X-Talaria-Session-Id"
+
+
+def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read() -> None:
+    """A body without Content-Length is counted as it arrives: 413 once it passes the limit,
+    without reading (or holding) the rest."""
+    from fastapi import Request
+
+    from talaria.proxy.api.context import read_json
+    from talaria.proxy.errors import ApiError
+
+    sent = 0
+    chunk = b"x" * 65536
+
+    async def receive() -> dict[str, Any]:  # 20 MB in 64 KiB chunks
+        nonlocal sent
+        sent += len(chunk)
+        return {"type": "http.request", "body": chunk, "more_body": sent < 20_000_000}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    request = Request(scope, receive)
+    with pytest.raises(ApiError) as refused:
+        asyncio.run(read_json(request, max_bytes=1_000_000))
+    assert refused.value.status == 413
+    assert sent <= 1_000_000 + len(chunk)

@@ -175,3 +175,37 @@ def test_requests_are_counted_by_route_and_status(tmp_path: Path) -> None:
     assert counts['talaria_requests_total{route="/v1/chat/completions",status="200"}'] == 1
     assert counts['talaria_requests_total{route="/v1/chat/completions",status="400"}'] == 1
     assert counts['talaria_requests_total{route="unmatched",status="404"}'] == 1
+
+
+def test_admin_ends_a_stored_session_no_proxy_holds_live(tmp_path: Path) -> None:
+    """A session the store shows open but this proxy does not hold (another process wrote
+    it): the admin can still end it, and ending it twice is a 404."""
+    from datetime import UTC, datetime
+
+    from talaria.proxy.records import SessionRecord
+    from talaria.proxy.store.db import make_engine, make_sessionmaker
+    from talaria.proxy.store.repository import SqlStore
+
+    settings = _settings(tmp_path)
+    with running_proxy(settings, runtimes=[InstantRuntime((MODEL,))]) as proxy:
+
+        async def stored_open_session() -> None:
+            engine = make_engine(str(settings.database_url))
+            now = datetime.now(UTC)
+            record = SessionRecord("ses_elsewhere", "acme", MODEL, now, now, state="in_tool")
+            try:
+                await SqlStore(make_sessionmaker(engine)).write_batch([record])
+            finally:
+                await engine.dispose()
+
+        asyncio.run(stored_open_session())
+        end = httpx.post(proxy.base_url + "/admin/sessions/ses_elsewhere/end", headers=AUTH)
+        assert end.status_code == 200 and end.json() == {
+            "session_id": "ses_elsewhere",
+            "ended": True,
+            "live": False,
+        }
+        detail = httpx.get(proxy.base_url + "/admin/sessions/ses_elsewhere", headers=AUTH).json()
+        assert (detail["session"]["state"], detail["session"]["end_reason"]) == ("ended", "admin")
+        again = httpx.post(proxy.base_url + "/admin/sessions/ses_elsewhere/end", headers=AUTH)
+        assert again.status_code == 404

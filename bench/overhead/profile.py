@@ -67,8 +67,9 @@ def _short(frame: str) -> str:
 
 
 CATEGORIES = (
-    "other threads (aiosqlite's SQLite worker; py-spy counts its GIL waits, /proc does not)",
-    "persistence on the event loop (BatchWriter → SQLAlchemy ORM flush)",
+    "other threads (the SQLite writer and checkpointer; py-spy counts their GIL and I/O "
+    "waits, /proc does not)",
+    "persistence on the event loop (BatchWriter, store calls)",
     "talaria code (handler, sessions, gateway, runtime events, SSE rendering)",
     "response send (Starlette response → uvicorn → h11 → socket)",
     "Starlette/FastAPI (middleware, routing, request objects)",

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from talaria.core.calls import OutputDelta, TokenLogprob, ToolCallDelta
+from talaria.core.calls import OutputDelta, Sampling, TokenLogprob, ToolCallDelta
 from talaria.core.types import CallRejected, CallRequest
 
 
@@ -53,6 +53,21 @@ def tool_choice_doc(call: CallRequest) -> Any:
     return choice.mode
 
 
+def decoding_params(s: Sampling) -> dict[str, Any]:
+    """The caller's decoding parameters that vLLM takes by these names on every path (chat
+    calls and calls sent as token ids), only those given, so vLLM's defaults and the model's
+    generation config apply to the rest."""
+    given = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "top_k": s.top_k,
+        "seed": s.seed,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+    }
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def to_vllm_request(
     call: CallRequest, *, model: str, request_id: str, priority: int, max_tokens: int
 ) -> dict[str, Any]:
@@ -75,13 +90,8 @@ def to_vllm_request(
         body["tool_choice"] = tool_choice_doc(call)
         if call.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = call.parallel_tool_calls
+    body.update(decoding_params(s))
     optional = {
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "seed": s.seed,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
         "top_logprobs": s.top_logprobs,
         "response_format": dict(s.response_format) if s.response_format else None,
         "reasoning_effort": call.reasoning_effort,

@@ -36,7 +36,12 @@ from talaria.runtime.engines.vllm.adapter import (
     config_int,
     no_shutdown,
 )
-from talaria.runtime.engines.vllm.chat import ChatTotals, VllmChat, to_vllm_request
+from talaria.runtime.engines.vllm.chat import (
+    ChatTotals,
+    VllmChat,
+    decoding_params,
+    to_vllm_request,
+)
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
 from talaria.runtime.tokenizer import IncrementalDecoder, Tokenizer
@@ -58,16 +63,7 @@ def _context_error(exc: CallRejected) -> CallRejected:
 def _token_sampling(request: CallRequest) -> dict[str, Any]:
     """The caller's sampling parameters that apply to a call sent as token ids (no stop strings
     or logprobs there: the engine decodes itself; chat calls get every parameter)."""
-    s = request.sampling
-    given = {
-        "temperature": s.temperature,
-        "top_p": s.top_p,
-        "top_k": s.top_k,
-        "seed": s.seed,
-        "presence_penalty": s.presence_penalty,
-        "frequency_penalty": s.frequency_penalty,
-    }
-    return {k: v for k, v in given.items() if v is not None}
+    return decoding_params(request.sampling)
 
 
 PROMPT_MEMO = 256
@@ -455,29 +451,14 @@ class VLLMEngine:
                 await aclose(stream)
         if first_s is None:
             raise RuntimeError(f"{self.model}: request {request_id} ended without output")
-        now = self._clock.now()
-        recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
-        restored = self._kv.kv_bytes(cached) if source is KvSource.HOST else 0.0
-        self._memory.remember(request.session_id, ids + out_ids, self.epoch)
-        yield Finished(
-            CallResult(
-                request_id=request.request_id,
-                session_id=request.session_id,
-                model=self.model,
-                node=self._node,
-                prompt_tokens=len(ids),
-                cached_tokens=cached,
-                output_tokens=len(out_ids),
-                arrival_s=admission.arrival_s,
-                admitted_s=admission.admitted_s,
-                first_token_s=first_s,
-                finished_s=now,
-                kv_source=source,
-                restored_bytes=restored,
-                recomputed_tokens=recomputed,
-                sp_admitted=admission.sp_admitted,
-                output=ModelOutput(text=decoder.text, finish_reason=finish_reason),
-            )
+        yield self._finished(
+            admission,
+            ids,
+            out_ids,
+            cached,
+            source,
+            first_s,
+            ModelOutput(text=decoder.text, finish_reason=finish_reason),
         )
 
     async def _generate_chat(
@@ -525,30 +506,55 @@ class VLLMEngine:
             self._end_busy()
         if first_s is None:
             raise RuntimeError(f"{self.model}: request {request.request_id} ended without output")
-        now = self._clock.now()
-        ids = totals.prompt_token_ids
-        cached = totals.cached_tokens
-        source = self._memory.classify(request, cached, self.epoch)
+        ids, cached = totals.prompt_token_ids, totals.cached_tokens
+        yield self._finished(
+            admission,
+            ids,
+            out_ids,
+            cached,
+            self._memory.classify(request, cached, self.epoch),
+            first_s,
+            output.output(finish),
+            prompt_tokens=totals.prompt_tokens,
+            output_tokens=totals.completion_tokens,
+        )
+
+    def _finished(
+        self,
+        admission: Admission,
+        ids: list[int],
+        out_ids: list[int],
+        cached: int,
+        source: KvSource,
+        first_s: float,
+        output: ModelOutput,
+        *,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+    ) -> Finished:
+        """The call's result; its prompt and output ids become the session's KV record.
+        Token counts default to the ids' lengths (vLLM's own counts when it reports them)."""
+        request = admission.request
         recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
         self._memory.remember(request.session_id, ids + out_ids, self.epoch)
-        yield Finished(
+        return Finished(
             CallResult(
                 request_id=request.request_id,
                 session_id=request.session_id,
                 model=self.model,
                 node=self._node,
-                prompt_tokens=totals.prompt_tokens or len(ids),
+                prompt_tokens=prompt_tokens or len(ids),
                 cached_tokens=cached,
-                output_tokens=totals.completion_tokens or len(out_ids),
+                output_tokens=output_tokens or len(out_ids),
                 arrival_s=admission.arrival_s,
                 admitted_s=admission.admitted_s,
                 first_token_s=first_s,
-                finished_s=now,
+                finished_s=self._clock.now(),
                 kv_source=source,
                 restored_bytes=self._kv.kv_bytes(cached) if source is KvSource.HOST else 0.0,
                 recomputed_tokens=recomputed,
                 sp_admitted=admission.sp_admitted,
-                output=output.output(finish),
+                output=output,
             )
         )
 

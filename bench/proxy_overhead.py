@@ -87,6 +87,8 @@ class Server:
     log: Path
     info: dict[str, Any] = field(default_factory=dict)
     idle_cpu_per_s: float = 0.0
+    measured_from: int = 0
+    """Where its log stood when the measurement began (after start-up and warm-up)."""
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -607,6 +609,22 @@ def targets(rows: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[s
     return out
 
 
+def gc_pauses(log: Path, start: int) -> dict[str, dict[str, float]]:
+    """Collections over 1 ms a server logged (``--gc-log``) from byte ``start`` of its log on
+    (the measurement): per generation, how many and the longest."""
+    out: dict[str, dict[str, float]] = {}
+    with open(log, "rb") as f:
+        f.seek(start)
+        text = f.read().decode(errors="replace")
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[0] == "gc" and parts[3] == "ms":
+            figures = out.setdefault(parts[1], {"count": 0, "max_ms": 0.0})
+            figures["count"] += 1
+            figures["max_ms"] = max(figures["max_ms"], float(parts[2]))
+    return out
+
+
 def machine() -> dict[str, Any]:
     model = "?"
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
@@ -678,6 +696,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--litellm", help="the litellm executable (default: found)")
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--access-log", action="store_true", help="uvicorn access logs on")
+    parser.add_argument(
+        "--gc-log",
+        action="store_true",
+        help="the talaria servers log every garbage collection over 1 ms; the report gives "
+        "their count and the longest, per generation",
+    )
+    parser.add_argument(
+        "--no-freeze-gc",
+        action="store_true",
+        help="run talaria without gc.freeze() after start-up (the p99 stall it removes)",
+    )
     parser.add_argument("--json", type=Path, default=ROOT / "out/proxy-overhead.json")
     parser.add_argument("--keep", action="store_true", help="keep the work dir (logs, db)")
     parser.add_argument(
@@ -710,6 +739,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         python = sys.executable
         log_flag = ["--access-log"] if args.access_log else []
+        gc_flags = ["--gc-log"] if args.gc_log else []
+        gc_flags += ["--no-freeze-gc"] if args.no_freeze_gc else []
         direct_port, talaria_port, async_port = free_port(), free_port(), free_port()
         direct = start_server(
             "direct",
@@ -730,6 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--output-tokens",
                 str(REPLY_TOKENS),
                 *log_flag,
+                *gc_flags,
             ],
             talaria_port,
             workdir,
@@ -749,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
                 "--durability",
                 "async",
                 *log_flag,
+                *gc_flags,
             ],
             async_port,
             workdir,
@@ -799,6 +832,7 @@ def main(argv: list[str] | None = None) -> int:
                     stop_server(server)
             for server in servers:
                 server.idle_cpu_per_s = await idle_cpu(server, args.idle_s)
+                server.measured_from = server.log.stat().st_size
             if args.py_spy is None:
                 return await measure(servers, workloads, args)
             spy = PySpy(args.py_spy, talaria.proc.pid, profile_path, args.py_spy_rate)
@@ -855,6 +889,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         if profile is not None:
             report["profile_talaria"] = profile
+        if args.gc_log:
+            report["gc_pauses_over_1ms"] = {
+                s.name: gc_pauses(s.log, s.measured_from) for s in servers if s.name in TALARIA
+            }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print()
@@ -862,6 +900,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for s in servers:
             print(f"{s.name}: idle CPU {s.idle_cpu_per_s * 1e3:.2f} ms/s; {s.info.get('loop')}")
+        for name, pauses in report.get("gc_pauses_over_1ms", {}).items():
+            for generation, figures in pauses.items():
+                print(
+                    f"{name}: gc generation {generation}: {figures['count']} collections over "
+                    f"1 ms, longest {figures['max_ms']:.1f} ms"
+                )
         for c in checks:
             verdict = {True: "MET", False: "MISSED", None: "info"}[c["met"]]
             print(f"{verdict:>6}  {c['target']}: {c['measured']}")

@@ -198,14 +198,16 @@ def direct_app(tokens: int = REPLY_TOKENS) -> Any:
     return Starlette(routes=routes)
 
 
-def talaria_app(db: str, output_tokens: int, durability: str = "commit") -> Any:
+def talaria_app(
+    db: str, output_tokens: int, durability: str = "commit", freeze_gc: bool = True
+) -> Any:
     from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
     from talaria.runtime.instant import InstantRuntime
 
     # as `talaria serve` runs it: the start-up objects frozen out of the collector's scans
     settings = ProxySettings(
-        database_url=f"sqlite+aiosqlite:///{db}", durability=durability, freeze_gc=True
+        database_url=f"sqlite+aiosqlite:///{db}", durability=durability, freeze_gc=freeze_gc
     )
     runtime = InstantRuntime(models=(MODEL,), output_tokens=output_tokens)
     return create_app(settings, runtimes=[runtime])
@@ -225,6 +227,16 @@ def main() -> None:
     )
     parser.add_argument("--access-log", action="store_true")
     parser.add_argument(
+        "--gc-log",
+        action="store_true",
+        help="print every garbage collection that takes over 1 ms (`gc <generation> <ms> ms`)",
+    )
+    parser.add_argument(
+        "--no-freeze-gc",
+        action="store_true",
+        help="talaria: leave the start-up objects in the collector's scans (as before gc.freeze)",
+    )
+    parser.add_argument(
         "--switch-interval",
         type=float,
         help="sys.setswitchinterval (s) for the server: an experiment on how fast the SQLite "
@@ -239,7 +251,9 @@ def main() -> None:
     else:
         if not args.db:
             parser.error("talaria needs --db")
-        app = talaria_app(args.db, args.output_tokens, args.durability)
+        app = talaria_app(
+            args.db, args.output_tokens, args.durability, freeze_gc=not args.no_freeze_gc
+        )
     # `talaria serve` runs uvicorn.run(app, host, port, log_level): the same here, the access
     # log (uvicorn's default at "info") optional.
     log_level = "info" if args.access_log else "warning"
@@ -250,7 +264,27 @@ def main() -> None:
     print(f"bench server {args.target} pid {os.getpid()} port {args.port}", flush=True)
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
+    if args.gc_log:
+        _log_gc_pauses()
     server.run()
+
+
+def _log_gc_pauses() -> None:
+    """Print each collection over 1 ms: a full one walks every tracked object, and the event
+    loop waits meanwhile."""
+    import gc
+
+    started = [0.0]
+
+    def timer(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        took_ms = (time.perf_counter() - started[0]) * 1e3
+        if took_ms > 1:
+            print(f"gc {info['generation']} {took_ms:.1f} ms", flush=True)
+
+    gc.callbacks.append(timer)
 
 
 if __name__ == "__main__":

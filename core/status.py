@@ -28,6 +28,27 @@ class ModelResidency:
     staged_fraction: float = 0.0
     switch_s: float = 0.0
     """Seconds a switch to this model would take now (wake, or the rest of staging + D2D)."""
+    waiting_calls: int = 0
+    """Calls queued on the instance for this model."""
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One time slot of the instance, in clock seconds: the switch into it began at
+    ``start_s`` and its model began serving at ``start_s + switch_s``; ``end_s`` is None while
+    the slot is open, then the time it closed, for ``close`` (a ``CloseReason`` value).
+    ``admitted``: calls admitted in it."""
+
+    model: str
+    start_s: float
+    switch_s: float
+    end_s: float | None = None
+    close: str | None = None
+    admitted: int = 0
+
+
+RECENT_SLOTS = 24
+"""How many of the latest slots ``InstanceStatus.recent_slots`` holds."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +74,8 @@ class InstanceStatus:
     running_calls: int = 0
     kv_utilization: float = 0.0
     """KV bytes in HBM ÷ HBM left for KV after weights (0–1)."""
+    recent_slots: list[SlotView] = field(default_factory=list)
+    """The last ``RECENT_SLOTS`` slots, oldest first (the open one last)."""
 
     @property
     def reserved_bytes(self) -> float:
@@ -68,5 +91,6 @@ class InstanceStatus:
             for name, m in data["models"].items()
         }
         sessions = {sid: SessionKvStatus(**s) for sid, s in data.get("sessions", {}).items()}
-        rest = {k: v for k, v in data.items() if k not in ("models", "sessions")}
-        return cls(models=models, sessions=sessions, **rest)
+        slots = [SlotView(**s) for s in data.get("recent_slots", ())]
+        rest = {k: v for k, v in data.items() if k not in ("models", "sessions", "recent_slots")}
+        return cls(models=models, sessions=sessions, recent_slots=slots, **rest)

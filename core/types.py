@@ -107,6 +107,14 @@ class CallResult:
     sp_admitted: bool
     output: ModelOutput | None = None
     """What the engine generated; None for a replayed trace entry (no content)."""
+    slot_wait_s: float = 0.0
+    """Clock seconds from the call's arrival until its model began serving on the node (the
+    switch into its slot included): ``max(0, serving_since_s − arrival_s)``, with
+    ``serving_since_s`` the end of the switch after which the model served without a break
+    until the call's admission (a slot reopened for the same model is no break). 0 when the
+    model was already serving at the call's arrival. ``queue_s − slot_wait_s`` is the wait for
+    room while it served (batch, memory, admission rules). Set by the node scheduler; engines
+    leave it 0."""
 
     @property
     def latency_s(self) -> float:

@@ -585,6 +585,7 @@ class Gateway:
                 finished_at,
                 status="ok",
                 queue_s=wall(result.queue_s),
+                slot_wait_s=wall(result.slot_wait_s),
                 prefill_s=wall(result.first_token_s - result.admitted_s),
                 decode_s=wall(result.finished_s - result.first_token_s),
                 prompt_tokens=result.prompt_tokens,

@@ -38,6 +38,9 @@ class CallRecord:
     finished_at: datetime | None
     status: str  # ok | error
     queue_s: float | None = None
+    slot_wait_s: float | None = None
+    """Wall seconds of ``queue_s`` spent waiting for a slot of the call's model (the switch into
+    it included; ``CallResult.slot_wait_s``); the rest waited for room inside that slot."""
     prefill_s: float | None = None  # admission → first token (includes KV restore)
     decode_s: float | None = None  # first token → last token
     prompt_tokens: int = 0

@@ -193,6 +193,7 @@ def _call_fields(rec: CallRecord) -> Row:
         "finished_at": _opt(rec.finished_at),
         "status": rec.status,
         "queue_s": rec.queue_s,
+        "slot_wait_s": rec.slot_wait_s,
         "prefill_s": rec.prefill_s,
         "decode_s": rec.decode_s,
         "prompt_tokens": rec.prompt_tokens,

@@ -134,6 +134,7 @@ class CallRow(Base):
     finished_at: Mapped[datetime | None]
     status: Mapped[str] = mapped_column(String)
     queue_s: Mapped[float | None] = mapped_column(Float)
+    slot_wait_s: Mapped[float | None] = mapped_column(Float)
     prefill_s: Mapped[float | None] = mapped_column(Float)
     decode_s: Mapped[float | None] = mapped_column(Float)
     prompt_tokens: Mapped[int] = mapped_column(Integer)

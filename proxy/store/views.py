@@ -171,6 +171,7 @@ def call_view(row: CallRow) -> CallRecord:
         finished_at=row.finished_at,
         status=row.status,
         queue_s=row.queue_s,
+        slot_wait_s=row.slot_wait_s,
         prefill_s=row.prefill_s,
         decode_s=row.decode_s,
         prompt_tokens=row.prompt_tokens,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import AsyncGenerator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from talaria.core.clock import Clock
@@ -22,7 +22,14 @@ from talaria.core.reservations import (
     ReservationTable,
     plan_reservation,
 )
-from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
+from talaria.core.status import (
+    RECENT_SLOTS,
+    InstanceStatus,
+    ModelResidency,
+    ModelState,
+    SessionKvStatus,
+    SlotView,
+)
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent, KvSource
 from talaria.runtime.engine import Admission, Engine
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
@@ -136,6 +143,7 @@ class NodeScheduler:
         self.slots: list[SlotRecord] = []
         self._active: str | None = None
         self._slot_start_s = 0.0
+        self._serving_since_s = 0.0
         self._closing = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -242,6 +250,7 @@ class NodeScheduler:
                 next_slot_in_s=self._next_slot_in_s(name, now, waiting),
                 staged_fraction=engine.snapshot().staged_fraction,
                 switch_s=engine.switch_in_s(),
+                waiting_calls=waiting[name],
             )
             for name, engine in self.engines.items()
         }
@@ -290,6 +299,17 @@ class NodeScheduler:
             ),
             running_calls=sum(e.running for e in self.engines.values()),
             kv_utilization=min(1.0, self.memory.hbm_kv_bytes / kv_room) if kv_room > 0 else 1.0,
+            recent_slots=[
+                SlotView(
+                    model=s.model,
+                    start_s=s.start_s,
+                    switch_s=s.switch_s,
+                    end_s=s.end_s,
+                    close=None if s.close is None else s.close.value,
+                    admitted=s.admitted,
+                )
+                for s in self.slots[-RECENT_SLOTS:]
+            ],
         )
 
     def _next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
@@ -435,7 +455,11 @@ class NodeScheduler:
             queue.remove(waiting)
             self.slots[-1].admitted += 1
             self.slots[-1].sp_admitted += admission.sp_admitted
-            task = asyncio.get_running_loop().create_task(self._serve(engine, admission, waiting))
+            # its model has served without a break since _serving_since_s (its switch's end)
+            slot_wait_s = max(0.0, self._serving_since_s - waiting.arrival_s)
+            task = asyncio.get_running_loop().create_task(
+                self._serve(engine, admission, waiting, slot_wait_s)
+            )
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
@@ -443,10 +467,14 @@ class NodeScheduler:
         weights = sum(self.memory.weights.values())
         return engine.needed_bytes(request) > self.memory.hbm_capacity_bytes - weights
 
-    async def _serve(self, engine: Engine, admission: Admission, waiting: _Waiting) -> None:
+    async def _serve(
+        self, engine: Engine, admission: Admission, waiting: _Waiting, slot_wait_s: float
+    ) -> None:
+        """Run the admitted call; its ``Finished`` result carries ``slot_wait_s`` (CallResult)."""
         try:
             async for event in engine.run(admission):
                 if isinstance(event, Finished):
+                    event = Finished(replace(event.result, slot_wait_s=slot_wait_s))
                     self._finished(waiting.request, event.result)
                 if waiting.events is not None:
                     waiting.events.put_nowait(event)
@@ -523,6 +551,8 @@ class NodeScheduler:
             await self._switch(model)
 
     def _open_slot(self, model: str, switch_s: float) -> None:
+        if model != self._active or not self.slots:
+            self._serving_since_s = self._clock.now()  # a slot reopened for it does not reset it
         self._active = model
         self._slot_start_s = self._clock.now()
         self._closing = False

@@ -3,6 +3,7 @@ a runtime process that drains on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -16,7 +17,9 @@ import openai
 import pytest
 
 from talaria.core.protocol import request_to_dict
-from talaria.core.types import CallRequest
+from talaria.core.status import InstanceStatus
+from talaria.core.types import CallRequest, Finished, GenerationEvent
+from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app
@@ -105,6 +108,35 @@ def test_proxy_over_http_runtime(runtime_url: str, tmp_path: Path) -> None:
             proxy.base_url + "/admin/instances", headers={"Authorization": "Bearer a"}
         ).json()["data"]
         assert instances[0]["name"] == "rt-a" and instances[0]["kind"] == "http"
+
+
+def test_slot_wait_and_the_nodes_slots_cross_the_wire(tmp_path: Path) -> None:
+    """A fresh node wakes its model for the first call: the call's result (NDJSON) carries
+    that wait, and the status document the slot it opened."""
+    app = create_runtime_app(load_node_config(_node_file(tmp_path, "rt-d", 500)))
+
+    async def call_then_status(url: str) -> tuple[list[GenerationEvent], InstanceStatus]:
+        runtime = HttpRuntime(url, status_ttl_s=0)
+        await runtime.start()
+        try:
+            request = CallRequest("r1", "s1", "glm-4.5-fp8", 800, 8)
+            events = [event async for event in runtime.generate(request)]
+            return events, await runtime.status()
+        finally:
+            await runtime.close()
+
+    with running_app(app) as url:
+        events, status = asyncio.run(call_then_status(url))
+    finished = events[-1]
+    assert isinstance(finished, Finished)
+    result = finished.result
+    (slot,) = status.recent_slots
+    assert (slot.model, slot.end_s, slot.close, slot.admitted) == ("glm-4.5-fp8", None, None, 1)
+    assert 0 < slot.switch_s <= result.slot_wait_s <= result.queue_s
+    assert {m: r.waiting_calls for m, r in status.models.items()} == {
+        "glm-4.5-fp8": 0,
+        "gpt-oss-120b": 0,
+    }
 
 
 def test_proxy_answers_503_when_the_runtime_is_gone(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from talaria.proxy.records import HintRecord, SessionRecord
+from talaria.proxy.records import CallRecord, HintRecord, SessionRecord
 from talaria.proxy.store.migrate import upgrade
 from talaria.proxy.store.sqlite_writes import SqliteWrites
 
@@ -35,3 +35,17 @@ def test_commits_leave_checkpoints_to_the_checkpointer(tmp_path: Path) -> None:
         writes.close()
     with sqlite3.connect(path) as db:
         assert db.execute("SELECT count(*) FROM hints").fetchone()[0] == 400 * 20
+
+
+def test_the_writer_thread_writes_a_calls_slot_wait(tmp_path: Path) -> None:
+    path = tmp_path / "c.db"
+    upgrade(f"sqlite+aiosqlite:///{path}")
+    writes = SqliteWrites(path, None, checkpoint_interval_s=3600)
+    record = CallRecord("r", "s", 0, "m", "n0", T0, T0, "ok", queue_s=2.0, slot_wait_s=1.5)
+    try:
+        asyncio.run(writes.write_batch([SessionRecord("s", "t", "m", T0, T0), record]))
+    finally:
+        writes.close()
+    with sqlite3.connect(path) as db:
+        row = db.execute("SELECT queue_s, slot_wait_s FROM calls WHERE request_id = 'r'")
+        assert row.fetchone() == (2.0, 1.5)

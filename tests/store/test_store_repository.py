@@ -86,6 +86,29 @@ async def test_call_rewrite_is_idempotent(store: SqlStore) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("first", "rewrite"),
+    [
+        (0.75, 0.75),  # written once (and again unchanged, as a retried batch)
+        (None, 1.25),  # written before it finished, then with its timings
+        (0.0, None),  # a re-write without it clears it, like every other field
+    ],
+)
+async def test_call_slot_wait_round_trips(
+    store: SqlStore, first: float | None, rewrite: float | None
+) -> None:
+    c = call("r0", "s1", 0, queue_s=2.0, slot_wait_s=first)
+    await store.write_batch([session("s1"), c])
+    detail = await store.get_session("s1")
+    assert detail is not None and detail.calls == (c,)
+    again = replace(c, slot_wait_s=rewrite)
+    await store.write_batch([again])
+    detail = await store.get_session("s1")
+    assert detail is not None and detail.calls == (again,)
+    assert detail.calls[0].slot_wait_s == rewrite
+
+
+@pytest.mark.asyncio
 async def test_duplicate_call_within_one_batch(store: SqlStore) -> None:
     c = call("r0", "s1", 0)
     await store.write_batch([session("s1"), c, c])

@@ -11,9 +11,10 @@ from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
+from talaria.core.types import CallResult
 from talaria.proxy.gateway import Gateway, PreparedCall
 from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.records import Record, ReservationRecord, SessionRecord
+from talaria.proxy.records import CallRecord, Record, ReservationRecord, SessionRecord
 from talaria.proxy.runtime_client import InProcessRuntime
 from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
@@ -77,7 +78,9 @@ def _call(
 
 
 def _run(
-    scenario: Callable[[Gateway, LoopClock], Awaitable[None]], idle_timeout_s: float = 600.0
+    scenario: Callable[[Gateway, LoopClock], Awaitable[None]],
+    idle_timeout_s: float = 600.0,
+    time_scale: float = 1.0,
 ) -> tuple[ListSink, str]:
     sink = ListSink()
     metrics = ProxyMetrics()
@@ -90,7 +93,14 @@ def _run(
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], sink, metrics, clock, session_idle_timeout_s=idle_timeout_s)
+        gateway = Gateway(
+            [runtime],
+            sink,
+            metrics,
+            clock,
+            session_idle_timeout_s=idle_timeout_s,
+            time_scale=time_scale,
+        )
         gateway.start()
         try:
             await scenario(gateway, clock)
@@ -128,6 +138,26 @@ def test_a_session_that_returns_in_time_hits_its_reservation() -> None:
     assert (taken.expected_return_at - taken.created_at).total_seconds() == pytest.approx(
         DEFAULT_GAP_PRIOR_S
     )
+
+
+@pytest.mark.parametrize("time_scale", [1.0, 4.0])
+def test_a_calls_record_has_its_slot_wait_in_wall_seconds(time_scale: float) -> None:
+    """The first call waits for its model's first slot (the node wakes it); the next one finds
+    the slot open."""
+    results: list[CallResult] = []
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        for n in range(2):
+            results.append((await (await gateway.open_call(_call(n))).outcome()).result)
+
+    sink, _ = _run(scenario, time_scale=time_scale)
+    first, second = results
+    assert first.slot_wait_s > 0 and second.slot_wait_s == 0
+    records = {r.request_id: r for r in sink.records if isinstance(r, CallRecord)}
+    for result in results:
+        record = records[result.request_id]
+        assert record.slot_wait_s == pytest.approx(result.slot_wait_s / time_scale)
+        assert record.queue_s == pytest.approx(result.queue_s / time_scale)
 
 
 def test_a_reservation_expires_when_the_session_stays_away() -> None:

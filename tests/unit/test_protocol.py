@@ -4,6 +4,7 @@ peer speaking another version is refused."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -32,7 +33,13 @@ from talaria.core.protocol import (
     status_from_dict,
     status_to_dict,
 )
-from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
+from talaria.core.status import (
+    InstanceStatus,
+    ModelResidency,
+    ModelState,
+    SessionKvStatus,
+    SlotView,
+)
 from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
 
 
@@ -136,6 +143,7 @@ RESULT = CallResult(
     recomputed_tokens=0,
     sp_admitted=True,
     output=OUTPUT,
+    slot_wait_s=0.25,
 )
 DELTA = OutputDelta(
     "a",
@@ -154,12 +162,21 @@ DELTA = OutputDelta(
         TokenDelta(2.5, 3, None),
         Finished(RESULT),
         Finished(CallResult(**{**RESULT.__dict__, "output": None})),
+        Finished(CallResult(**{**RESULT.__dict__, "slot_wait_s": 0.0})),
         ErrorEvent("engine crashed"),
         ErrorEvent("too long", "context_length_exceeded", "messages"),
     ],
 )
 def test_every_event_round_trips(event: Any) -> None:
     assert event_from_dict(_wire(event_to_dict(event))) == event
+
+
+def test_a_result_from_before_slot_wait_decodes_with_none_waited() -> None:
+    document = _wire(event_to_dict(Finished(RESULT)))
+    del document["result"]["slot_wait_s"]
+    assert event_from_dict(document) == Finished(
+        CallResult(**{**RESULT.__dict__, "slot_wait_s": 0})
+    )
 
 
 def test_unknown_or_broken_events_are_refused() -> None:
@@ -169,24 +186,49 @@ def test_unknown_or_broken_events_are_refused() -> None:
         event_from_dict({"type": "first", "t_s": 1.0})
 
 
+STATUS = InstanceStatus(
+    instance="n0",
+    at_s=12.0,
+    active_model="a",
+    models={
+        "a": ModelResidency("a", ModelState.ACTIVE, 0.0, 0.5, 1.0, waiting_calls=1),
+        "b": ModelResidency("b", ModelState.HOST, 40.0, 0.0, 6.0, waiting_calls=1),
+    },
+    sessions={"ses_1": SessionKvStatus("hbm", 100, "a", 0.0, 0.2)},
+    reserved={"ses_1": 1e9},
+    waiting_calls=2,
+    waiting_prompt_tokens=300,
+    running_calls=1,
+    kv_utilization=0.25,
+    recent_slots=[
+        SlotView("b", 0.0, 4.0, end_s=8.0, close="quantum", admitted=3),
+        SlotView("a", 8.0, 2.5),
+    ],
+)
+
+
 def test_status_round_trips_with_its_extras_and_version() -> None:
-    status = InstanceStatus(
-        instance="n0",
-        at_s=12.0,
-        active_model="a",
-        models={"a": ModelResidency("a", ModelState.ACTIVE, 0.0, 0.5, 1.0)},
-        sessions={"ses_1": SessionKvStatus("hbm", 100, "a", 0.0, 0.2)},
-        reserved={"ses_1": 1e9},
-        waiting_calls=2,
-        waiting_prompt_tokens=300,
-        running_calls=1,
-        kv_utilization=0.25,
-    )
+    status = STATUS
     document = _wire(status_to_dict(status, model_names=["a"], slots=[], engines={}))
     assert document["v"] == PROTOCOL_VERSION and document["model_names"] == ["a"]
     assert status_from_dict(document) == status
     with pytest.raises(ProtocolError, match="protocol version"):
         status_from_dict({**document, "v": PROTOCOL_VERSION + 1})
+
+
+def test_a_status_from_before_slots_and_queues_decodes_with_none() -> None:
+    document = _wire(status_to_dict(STATUS, model_names=["a", "b"], slots=[], engines={}))
+    del document["recent_slots"]
+    for residency in document["models"].values():
+        del residency["waiting_calls"]
+    old = status_from_dict(document)
+    assert old.recent_slots == []
+    assert {m: r.waiting_calls for m, r in old.models.items()} == {"a": 0, "b": 0}
+    assert old == replace(
+        STATUS,
+        recent_slots=[],
+        models={m: replace(r, waiting_calls=0) for m, r in STATUS.models.items()},
+    )
 
 
 _text = st.text(max_size=20)

@@ -31,6 +31,7 @@ import pytest
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engines.sim import STAGING_CHUNKS
@@ -162,8 +163,20 @@ def run_scenario(
     flags: SchedulerFlags, agents: Sequence[Agent], quantum_s: float = QUANTUM_S
 ) -> tuple[NodeScheduler, dict[str, Outcome]]:
     """Run the agents closed-loop against one node; a failed call ends its session."""
+    node, outcomes, _ = run_probed(flags, agents, (), quantum_s)
+    return node, outcomes
 
-    async def main() -> tuple[NodeScheduler, dict[str, Outcome]]:
+
+def run_probed(
+    flags: SchedulerFlags,
+    agents: Sequence[Agent],
+    probe_at: Sequence[float],
+    quantum_s: float = QUANTUM_S,
+) -> tuple[NodeScheduler, dict[str, Outcome], list[InstanceStatus]]:
+    """``run_scenario``, plus the node's status at each time of ``probe_at`` and once more
+    when every agent is done (last)."""
+
+    async def main() -> tuple[NodeScheduler, dict[str, Outcome], list[InstanceStatus]]:
         clock = LoopClock()
         node = build_node("n0", SETUP, CATALOG, flags, SchedulerConfig(quantum_s=quantum_s), clock)
         node.start()
@@ -181,11 +194,21 @@ def run_scenario(
                     await clock.sleep(call.gap_s)
             return results
 
+        async def probe() -> list[InstanceStatus]:
+            statuses = []
+            for t in probe_at:
+                await clock.sleep(t - clock.now())
+                statuses.append(node.status())
+            return statuses
+
+        probing = asyncio.ensure_future(probe())
         try:
             outcomes = await asyncio.gather(*(run_agent(a) for a in agents))
+            statuses = await probing
+            statuses.append(node.status())
         finally:
             await node.stop()  # also retrieves the loop task's exception if it crashed
-        return node, {a.session: o for a, o in zip(agents, outcomes, strict=True)}
+        return node, {a.session: o for a, o in zip(agents, outcomes, strict=True)}, statuses
 
     # run_virtual, plus: when the run deadlocks (a regression), cancel what is left so that
     # no pending task is garbage-collected later, in the middle of another test.
@@ -476,6 +499,111 @@ def test_uncontended_calls_are_admitted_on_arrival_in_every_policy(policy: str) 
     prompt = shared + APPEND
     assert a1.finished_s == approx(a1.arrival_s + lone_call_s(COST_A, prompt, OUT, cached))
     assert len(node.slots) == 1 and node.slots[0].close is None
+
+
+# -- slot wait -------------------------------------------------------------------------------
+WAKE_A = COST_A.weight_wake_time_s()
+T_A0 = WAKE_A + lone_call_s(COST_A, P0, OUT)  # s1's call 0 alone in a's first slot
+T_B_OPEN = T_A0 + plain_switch_s(COST_A, COST_B)
+T_A_AGAIN = T_B_OPEN + lone_call_s(COST_B, P0, OUT) + plain_switch_s(COST_B, COST_A)
+BIG = 35_000  # 35 GB of KV: two do not fit beside a's weights (60 GB of room)
+
+
+@pytest.mark.parametrize(
+    ("agents", "expected"),
+    [
+        pytest.param(
+            (Agent("s1", "a", 0.0, (Call(P0, OUT),)),),
+            {("s1", 0): (WAKE_A, WAKE_A)},  # arrived before the node began waking a
+            id="first-call-waits-the-whole-switch",
+        ),
+        pytest.param(
+            (Agent("s1", "a", 0.0, (Call(P0, OUT),)), Agent("s2", "a", 1.0, (Call(P0, OUT),))),
+            {("s1", 0): (WAKE_A, WAKE_A), ("s2", 0): (WAKE_A - 1.0, WAKE_A - 1.0)},
+            id="arrives-during-its-models-switch-waits-the-rest",
+        ),
+        pytest.param(
+            (Agent("s1", "a", 0.0, (Call(P0, 100),)), Agent("s2", "a", 6.0, (Call(P0, OUT),))),
+            {("s2", 0): (0.0, 0.0)},  # a serves from WAKE_A (4 s)
+            id="active-model-no-slot-wait",
+        ),
+        pytest.param(
+            (Agent("s1", "a", 0.0, (Call(BIG, OUT),)), Agent("s2", "a", 5.0, (Call(BIG, OUT),))),
+            # a is active: s2 waits for s1's KV to leave, inside a's slot
+            {("s2", 0): (0.0, WAKE_A + lone_call_s(COST_A, BIG, OUT) - 5.0)},
+            id="active-model-waiting-for-memory-no-slot-wait",
+        ),
+        pytest.param(
+            (TWO_CALLS_A, ONE_CALL_B),
+            # s2 waits through a's slot and the switch a → b; s1's call 1 arrives after a's
+            # slot closed and waits through b's slot and the switch back
+            {
+                ("s2", 0): (T_B_OPEN, T_B_OPEN),
+                ("s1", 1): (T_A_AGAIN - (T_A0 + GAP), T_A_AGAIN - (T_A0 + GAP)),
+            },
+            id="other-model-active-waits-for-its-slot",
+        ),
+    ],
+)
+def test_slot_wait_is_the_wait_until_the_models_slot_opened(
+    agents: tuple[Agent, ...], expected: dict[tuple[str, int], tuple[float, float]]
+) -> None:
+    """``expected``: call → (slot wait, queue time)."""
+    _, out = run_scenario(policy_flags("round"), agents)
+    for (session, index), (slot_wait, queue) in expected.items():
+        result = ok(out[session], index)
+        assert (result.slot_wait_s, result.queue_s) == (approx(slot_wait), approx(queue))
+    for outcome in out.values():
+        for i in range(len(outcome)):
+            result = ok(outcome, i)
+            assert 0.0 <= result.slot_wait_s <= result.queue_s + 1e-9, result.request_id
+
+
+# -- status: recent slots and per-model queues -----------------------------------------------
+def test_status_shows_the_slots_and_each_models_queue() -> None:
+    agents = (
+        Agent("s1", "a", 0.0, (Call(P0, 100),)),
+        Agent("s2", "b", 0.0, (Call(P0, OUT),)),
+        Agent("s3", "b", 0.0, (Call(P0, OUT),)),
+    )
+    mid_wake, mid_slot = 1.0, WAKE_A + 1.0
+    node, out, (waking, serving, done) = run_probed(
+        policy_flags("round"), agents, (mid_wake, mid_slot)
+    )
+    # waking a: no slot yet; a's call and b's two are queued
+    assert waking.recent_slots == []
+    assert {m: r.waiting_calls for m, r in waking.models.items()} == {"a": 1, "b": 2}
+    assert waking.waiting_calls == 3
+    # a's slot is open (switch 0 → WAKE_A) and has admitted s1; b's calls still wait
+    assert serving.recent_slots == [SlotView("a", 0.0, WAKE_A, admitted=1)]
+    assert {m: r.waiting_calls for m, r in serving.models.items()} == {"a": 0, "b": 2}
+    # after the switch to b: a's slot closed when s1 ended, b's is the open one
+    t_a = WAKE_A + lone_call_s(COST_A, P0, 100)
+    first, last = done.recent_slots
+    assert (first.model, first.close, first.admitted) == ("a", "idle", 1)
+    assert first.end_s == approx(t_a)
+    assert (last.model, last.end_s, last.close, last.admitted) == ("b", None, None, 2)
+    assert last.start_s == approx(t_a)
+    assert last.switch_s == approx(plain_switch_s(COST_A, COST_B))
+    assert done.active_model == "b"
+    assert {m: r.waiting_calls for m, r in done.models.items()} == {"a": 0, "b": 0}
+    assert all(ok(o, i) for o in out.values() for i in range(len(o)))
+    assert len(node.slots) == 2
+
+
+def test_status_keeps_only_the_latest_slots() -> None:
+    # one call every 20 s, alternating models: each one closes the other model's idle slot
+    n = RECENT_SLOTS + 6
+    agents = tuple(Agent(f"s{i}", "ab"[i % 2], 20.0 * i, (Call(P0, OUT),)) for i in range(n))
+    node, _, (done,) = run_probed(policy_flags("round"), agents, ())
+    assert [s.model for s in node.slots] == ["ab"[i % 2] for i in range(n)]
+    assert len(done.recent_slots) == RECENT_SLOTS
+    kept = node.slots[-RECENT_SLOTS:]
+    assert [(v.model, v.start_s, v.end_s) for v in done.recent_slots] == [
+        (s.model, s.start_s, s.end_s) for s in kept
+    ]
+    assert done.recent_slots[0].start_s == approx(20.0 * (n - RECENT_SLOTS))
+    assert done.recent_slots[-1].end_s is None  # the open slot, last
 
 
 # -- errors ----------------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from talaria.proxy.api import admin, anthropic, openai
 from talaria.proxy.api import responses as responses_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
+from talaria.proxy.console import routes as console
+from talaria.proxy.console.auth import ConsoleAuth
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
 from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
@@ -207,6 +209,9 @@ def create_app(
     app.include_router(anthropic.router)
     app.include_router(responses_api.router)
     app.include_router(admin.router)
+    app.include_router(console.router)
+    app.mount("/console/static", console.static_files(), name="console-static")
+    app.state.console_auth = ConsoleAuth(cfg.admin_token) if cfg.admin_token else None
     _install_error_handlers(app)
 
     @app.get("/healthz")

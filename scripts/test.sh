@@ -5,6 +5,8 @@
 # stage (quick local runs); CI runs it.
 # The agent CLI tests install pinned Claude Code, Codex and Qwen Code from npm (scripts/agents.sh,
 # cached in .agents/).
+# The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
+# set, it is installed with apt if missing (scripts/browser.sh) and its path exported.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -45,6 +47,18 @@ if [ -z "${TALARIA_AGENT_BIN:-}" ]; then
         exit 1
     else
         echo "test.sh: could not install the agent CLIs; their tests will be skipped" >&2
+    fi
+fi
+
+# Debian's Chromium (apt), driven by Playwright in the browser tests (never `playwright install`)
+if [ -z "${TALARIA_CHROMIUM:-}" ]; then
+    if CHROMIUM=$(bash scripts/browser.sh); then
+        export TALARIA_CHROMIUM="$CHROMIUM"
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not install chromium (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not install chromium; the browser tests will be skipped" >&2
     fi
 fi
 

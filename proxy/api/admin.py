@@ -18,7 +18,9 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from talaria.core.status import InstanceStatus
 from talaria.proxy.api.context import ProxyContext, context, json_response
+from talaria.proxy.console.routes import console_auth, signed_in
 from talaria.proxy.errors import ApiError, unavailable
 from talaria.proxy.store.repository import SESSION_STATES
 from talaria.proxy.store.views import SessionDetail
@@ -51,14 +53,24 @@ async def _read(ctx: ProxyContext, read: Callable[[], Awaitable[T]]) -> T:
 
 
 def _admin(request: Request) -> ProxyContext:
+    """The context, once the caller proves to be the operator: the admin token as a bearer
+    token, or the console's signed-in cookie (proxy/console/auth.py) — then, for a request
+    that changes something, with the console's CSRF token in ``x-csrf-token``."""
     ctx = context(request)
     token = ctx.settings.admin_token
     if not token:
         raise ApiError(404, "The admin API is off (set TALARIA_ADMIN_TOKEN).", code="not_found")
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(value.strip(), token):
+    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+        return ctx
+    login = signed_in(request)
+    if login is None:
         raise ApiError(401, "Admin token required.", type="authentication_error")
+    if request.method not in ("GET", "HEAD"):
+        auth = console_auth(request)
+        if not auth.csrf_ok(login, request.headers.get("x-csrf-token")):
+            raise ApiError(403, "Missing or wrong CSRF token.", code="csrf_failed")
     return ctx
 
 
@@ -103,7 +115,10 @@ async def list_sessions(
         )
     except ValueError as exc:
         raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
-    return json_response({"data": [asdict(s) for s in page.items], "next_cursor": page.next_cursor})
+    ids = [s.session_id for s in page.items]
+    instances = await _read(ctx, lambda: ctx.store.last_instances(ids))
+    data = [{**asdict(s), "instance": instances.get(s.session_id)} for s in page.items]
+    return json_response({"data": data, "next_cursor": page.next_cursor})
 
 
 @router.get("/sessions/{session_id}")
@@ -212,8 +227,21 @@ async def instances(request: Request) -> Response:
                 "waiting_calls": status.waiting_calls,
                 "running_calls": status.running_calls,
                 "kv_utilization": status.kv_utilization,
+                "kv_tokens": _kv_tokens(status),
                 "sessions_with_kv": len(status.sessions),
                 "reserved_sessions": len(status.reserved),
+                "reserved": status.reserved,
+                "now_s": status.at_s,
+                "recent_slots": [asdict(slot) for slot in status.recent_slots],
             }
         )
     return json_response({"data": data})
+
+
+def _kv_tokens(status: InstanceStatus) -> dict[str, dict[str, int]]:
+    """Tokens of session KV per model and tier ("hbm", "host") on the instance."""
+    tiers: dict[str, dict[str, int]] = {}
+    for kv in status.sessions.values():
+        per_model = tiers.setdefault(kv.model, {"hbm": 0, "host": 0})
+        per_model[kv.location] = per_model.get(kv.location, 0) + kv.tokens
+    return tiers

@@ -273,6 +273,26 @@ class SqlStore:
         next_cursor = encode_cursor(last.started_at, last.session_id) if more and last else None
         return SessionPage(items=items, next_cursor=next_cursor)
 
+    async def last_instances(self, session_ids: Sequence[str]) -> dict[str, str | None]:
+        """The instance of each session's latest call (sessions without calls are absent)."""
+        if not session_ids:
+            return {}
+        latest = (
+            select(CallRow.session_id, func.max(CallRow.call_index).label("call_index"))
+            .where(CallRow.session_id.in_(session_ids))
+            .group_by(CallRow.session_id)
+            .subquery()
+        )
+        query = select(CallRow.session_id, CallRow.instance).join(
+            latest,
+            and_(
+                CallRow.session_id == latest.c.session_id,
+                CallRow.call_index == latest.c.call_index,
+            ),
+        )
+        async with self._sessionmaker() as db:
+            return {sid: instance for sid, instance in (await db.execute(query)).all()}
+
     async def list_instances(self) -> list[InstanceRecord]:
         """Every runtime instance the gateway has seen, by name."""
         async with self._sessionmaker() as db:

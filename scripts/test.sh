@@ -38,29 +38,27 @@ print(s.getsockname()[1])')
     fi
 fi
 
-# The coding-agent CLIs (Claude Code, Codex, Qwen Code) from npm, for tests/e2e/test_agent_clis.py
-if [ -z "${TALARIA_AGENT_BIN:-}" ]; then
-    if AGENT_BIN=$(bash scripts/agents.sh); then
-        export TALARIA_AGENT_BIN="$AGENT_BIN"
+# provide VAR SCRIPT WHAT: unless VAR is set, export VAR as the path SCRIPT prints (it installs
+# WHAT if need be); if it cannot, CI stops here, a local run skips WHAT's tests.
+provide() {
+    local var=$1 script=$2 what=$3 value
+    if [ -n "${!var:-}" ]; then
+        return
+    fi
+    if value=$(bash "$script"); then
+        export "$var=$value"
     elif [ -n "${CI:-}" ]; then
-        echo "test.sh: could not install the agent CLIs from npm (required under CI)" >&2
+        echo "test.sh: could not install $what (required under CI)" >&2
         exit 1
     else
-        echo "test.sh: could not install the agent CLIs; their tests will be skipped" >&2
+        echo "test.sh: could not install $what; their tests will be skipped" >&2
     fi
-fi
+}
 
-# Debian's Chromium (apt), driven by Playwright in the browser tests (never `playwright install`)
-if [ -z "${TALARIA_CHROMIUM:-}" ]; then
-    if CHROMIUM=$(bash scripts/browser.sh); then
-        export TALARIA_CHROMIUM="$CHROMIUM"
-    elif [ -n "${CI:-}" ]; then
-        echo "test.sh: could not install chromium (required under CI)" >&2
-        exit 1
-    else
-        echo "test.sh: could not install chromium; the browser tests will be skipped" >&2
-    fi
-fi
+# The coding-agent CLIs (Claude Code, Codex, Qwen Code) from npm, for tests/e2e/test_agent_clis.py
+provide TALARIA_AGENT_BIN scripts/agents.sh "the agent CLIs from npm"
+# Debian's Chromium (apt), driven by Playwright in tests/browser/ (never `playwright install`)
+provide TALARIA_CHROMIUM scripts/browser.sh "chromium"
 
 .venv/bin/python -m pytest "$@"
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
-from sqlalchemy import pool
+from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
@@ -37,7 +37,16 @@ def _configure(connection: Connection) -> None:
     )
 
 
+MIGRATION_LOCK = 7_212_200_001
+"""PostgreSQL advisory lock key taken for a migration's transaction: replicas that start at
+the same moment migrate one after the other (the second then finds the schema at head),
+instead of racing to create the same tables."""
+
+
 def _run_sync(connection: Connection) -> None:
+    if connection.dialect.name == "postgresql":
+        # held until the migration's transaction ends; SQLite's writes lock the file anyway
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
     _configure(connection)
     with context.begin_transaction():
         context.run_migrations()

@@ -9,6 +9,10 @@ loop (``asyncio.run``), so they must not be called from inside a running loop: t
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import as_file, files
 from pathlib import Path
 
@@ -18,7 +22,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from talaria.proxy.store.db import ensure_private_sqlite_file
+from talaria.proxy.store.db import ensure_private_sqlite_file, sqlite_path
 
 
 def script_location() -> Path:
@@ -37,9 +41,28 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Migrate the database at ``url`` up to ``revision``."""
+    """Migrate the database at ``url`` up to ``revision``. Processes migrating the same
+    database at once take turns: on PostgreSQL through an advisory lock (migrations/env.py),
+    on SQLite through an exclusive ``flock`` on the file's ``.migrate-lock`` sidecar."""
     ensure_private_sqlite_file(url)  # a new SQLite file: mode 0600
-    command.upgrade(alembic_config(url), revision)
+    with _sqlite_migration_lock(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+@contextmanager
+def _sqlite_migration_lock(url: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<file>.migrate-lock`` (SQLite URLs only). A sidecar file,
+    not the database: closing any descriptor of the database would drop SQLite's own locks."""
+    path = sqlite_path(url)
+    if path is None:
+        yield
+        return
+    fd = os.open(f"{path}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -21,6 +21,7 @@ from talaria.proxy.store import migrate
 from talaria.proxy.store.cli import db_app
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.models import Base
+from tests.e2e.processes import talaria_command
 
 TABLES = {
     "tenants",
@@ -209,3 +210,27 @@ async def test_sqlite_pragmas(tmp_path: Path) -> None:
     finally:
         await engine.dispose()
     assert (mode, sync, fks) == ("wal", 1, 1)
+
+
+@pytest.mark.asyncio
+async def test_replicas_starting_together_migrate_one_after_the_other(db_url: str) -> None:
+    """Processes that start at once on one empty database (proxy replicas, each running
+    ``talaria db upgrade``) all migrate without error: on PostgreSQL an advisory lock makes
+    them take turns (without it the second dies on a duplicate type), on SQLite a file lock."""
+    runs = [
+        await asyncio.create_subprocess_exec(
+            *talaria_command(),
+            "db",
+            "upgrade",
+            "--url",
+            db_url,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        for _ in range(6)
+    ]
+    outputs = await asyncio.gather(*(run.communicate() for run in runs))
+    for run, (out, _) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, out.decode()
+    assert await migrate.current_async(db_url) == migrate.head()
+    assert await _tables(db_url) >= TABLES

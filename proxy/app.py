@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -23,6 +23,8 @@ from talaria.proxy.api import admin, anthropic, openai
 from talaria.proxy.api import responses as responses_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
+from talaria.proxy.cluster.forward import FORWARDED_BY, REQUEST_ID, Cluster, Forwarded
+from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
@@ -36,6 +38,8 @@ from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.shutdown import Shutdown
+from talaria.proxy.store.db import default_url, sqlite_path
+from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
 
 log = logging.getLogger("talaria.proxy")
@@ -59,7 +63,7 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = uuid.uuid4().hex
+        request_id = _forwarded_request_id(scope) or uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         header = (b"x-request-id", request_id.encode())
 
@@ -79,6 +83,15 @@ class RequestIdMiddleware:
             if started:
                 raise
             await _error_response(scope["path"], _unexpected(exc))(scope, receive, send_with_id)
+
+
+def _forwarded_request_id(scope: Scope) -> str | None:
+    """The id a peer replica gave the request it forwarded here (so both record one id)."""
+    headers = dict(scope.get("headers") or ())
+    if FORWARDED_BY.encode() not in headers:
+        return None
+    given = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")
+    return given if given.isalnum() and len(given) <= 64 else None
 
 
 def _unexpected(exc: Exception) -> ApiError:
@@ -106,6 +119,50 @@ def _count(scope: Scope, status: int) -> None:
     route = scope.get("route")
     path = getattr(route, "path", None) or "unmatched"
     ctx.metrics.requests.labels(path, str(status)).inc()
+
+
+async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) -> Cluster | None:
+    """With ``replica_url``: join the replicas sharing the database (PostgreSQL only)."""
+    if cfg.replica_url is None:
+        gateway.set_drained(await store.drained())  # a drain outlives a restart
+        return None
+    if sqlite_path(cfg.database_url or default_url()) is not None:
+        raise RuntimeError(
+            "TALARIA_REPLICA_URL needs a PostgreSQL database shared by the replicas; "
+            "SQLite serves one proxy"
+        )
+    membership = Membership(
+        store,
+        cfg.replica_url,
+        cfg.replica_url,
+        heartbeat_s=cfg.replica_heartbeat_s,
+        ttl_s=cfg.replica_ttl_s,
+        on_drained=gateway.set_drained,
+    )
+    await membership.start()
+    return Cluster(membership)
+
+
+STALE_SWEEP_S = 60.0
+"""How often a replica ends the sessions no live replica holds (wall seconds)."""
+
+
+async def _end_stale_sessions(store: SqlStore, cfg: ProxySettings) -> None:
+    """Replicas share the store, so none may end all open sessions at start (its peers hold
+    some). Instead each ends, now and then, the open sessions whose last call is older than
+    the idle timeout plus a sweep: their owner would have ended them already, so the replica
+    that held them is gone (reason ``stale``)."""
+    while True:
+        await asyncio.sleep(STALE_SWEEP_S)
+        now = datetime.now(UTC)
+        cutoff = now - timedelta(seconds=cfg.session_idle_timeout_s + STALE_SWEEP_S)
+        try:
+            ended = await store.end_open_sessions("stale", now, last_call_before=cutoff)
+        except Exception as exc:  # the store may be down; try again next time
+            log.warning("ending stale sessions failed: %r", exc)
+            continue
+        if ended:
+            log.warning("ended %d sessions no replica holds (reason 'stale')", ended)
 
 
 PURGE_INTERVAL_S = 600.0
@@ -181,18 +238,34 @@ def create_app(
                 client.name, client.kind, client.address, list(client.models), now
             )
             writer.submit(record)
-        shutdown = Shutdown(gateway, writer, stored.dead_letters, cfg.drain_timeout_s)
+        cluster = await _join_replicas(cfg, store, gateway)
+        shutdown = Shutdown(
+            gateway,
+            writer,
+            stored.dead_letters,
+            cfg.drain_timeout_s,
+            leave=cluster.membership.stop if cluster else None,
+        )
         app.state.talaria = ProxyContext(
-            cfg, gateway, store, writer, metrics, auth, responses, stored, shutdown
+            cfg, gateway, store, writer, metrics, auth, responses, stored, shutdown, cluster
+        )
+        sweeper = (
+            asyncio.get_running_loop().create_task(_end_stale_sessions(store, cfg))
+            if cluster
+            else None
         )
         if cfg.freeze_gc:
             freeze_startup_objects()
         try:
             yield
         finally:
-            purger.cancel()
-            await asyncio.gather(purger, return_exceptions=True)
+            for task in (purger, sweeper):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             await shutdown.finish()
+            if cluster is not None:
+                await cluster.close()
             for client in clients:
                 await client.close()
             await stored.close()
@@ -231,6 +304,8 @@ def create_app(
             "store": await ctx.stored.readiness(),
             "runtimes": {"ok": bool(reachable), "reachable": reachable},
         }
+        if ctx.cluster is not None:  # informative: a replica serves alone too
+            checks["replicas"] = {"ok": True, "peers": sorted(ctx.cluster.membership.peers)}
         ready = all(check["ok"] for check in checks.values())
         return json_response({"ready": ready, "checks": checks}, 200 if ready else 503)
 
@@ -257,6 +332,10 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
         return _error_response(request.url.path, exc)
+
+    @app.exception_handler(Forwarded)
+    async def forwarded(request: Request, exc: Forwarded) -> Response:
+        return exc.response
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

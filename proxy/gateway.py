@@ -231,6 +231,7 @@ class Gateway:
         self._commit_timeout_s = commit_timeout_s
         self._last_seq = 0
         self._closing = False
+        self._drained: frozenset[str] = frozenset()
         self._inflight: dict[str, int] = {}
         self.sessions = SessionBook()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -431,12 +432,21 @@ class Gateway:
         """The instances whose status answers now."""
         return [status.instance for status in await self._statuses(None)]
 
+    @property
+    def drained(self) -> frozenset[str]:
+        """Runtime instances being drained: no new call is routed to them."""
+        return self._drained
+
+    def set_drained(self, names: set[str]) -> None:
+        self._drained = frozenset(names)
+
     async def _statuses(self, model: str | None) -> list[InstanceStatus]:
         """Status of every instance hosting ``model`` (all if None) that answers; an instance
-        that fails is left out of this decision (and logged), not fatal."""
+        that fails is left out of this decision (and logged), not fatal. For a call (a
+        ``model``), drained instances are left out too."""
         statuses = []
         for runtime in self.runtimes:
-            if model is not None and model not in runtime.models:
+            if model is not None and (model not in runtime.models or runtime.name in self._drained):
                 continue
             try:
                 statuses.append(await runtime.status())

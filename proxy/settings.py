@@ -112,6 +112,17 @@ class ProxySettings(BaseSettings):
         description="JSON-lines file of records the database would not take; "
         "default: dead-letters.jsonl next to the SQLite file, or in the data dir",
     )
+    replica_url: str | None = Field(
+        None,
+        description="The URL other proxy replicas reach this one at; set, the proxy joins the "
+        "replicas sharing its PostgreSQL database (docs/operations.md, Several replicas)",
+    )
+    replica_heartbeat_s: float = Field(
+        1.0, gt=0, description="How often a replica says it is alive and reads its peers (s)"
+    )
+    replica_ttl_s: float = Field(
+        5.0, gt=0, description="A replica not heard from for this long is taken as gone (s)"
+    )
     freeze_gc: bool = Field(
         False,
         description="gc.freeze() after start-up (talaria serve sets it): the "

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.store.deadletters import DeadLetters
@@ -39,8 +41,13 @@ class Shutdown:
         writer: BatchWriter,
         dead_letters: DeadLetters,
         drain_timeout_s: float,
+        leave: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
+        """``leave``: run when the drain begins (a replica leaves its peers, so that they
+        stop forwarding calls to it)."""
         self._gateway = gateway
+        self._leave = leave
+        self._leaving: asyncio.Task[None] | None = None
         self._writer = writer
         self._dead_letters = dead_letters
         self.drain_timeout_s = drain_timeout_s
@@ -65,7 +72,10 @@ class Shutdown:
             self.drain_timeout_s,
         )
         self._gateway.refuse_new_calls()
-        self._abort = asyncio.get_running_loop().call_later(calls_get, self._abort_calls)
+        loop = asyncio.get_running_loop()
+        self._abort = loop.call_later(calls_get, self._abort_calls)
+        if self._leave is not None:
+            self._leaving = loop.create_task(self._leave())
 
     def _abort_calls(self) -> None:
         aborted = self._gateway.abort_calls()
@@ -80,6 +90,8 @@ class Shutdown:
         reserve = flush_reserve_s(self.drain_timeout_s)
         left = self.drain_timeout_s - (time.monotonic() - self._began_at)
         await self._gateway.close(timeout_s=max(0.0, left - reserve))
+        if self._leaving is not None:
+            await asyncio.gather(self._leaving, return_exceptions=True)
         if self._abort is not None:
             self._abort.cancel()
         left = self.drain_timeout_s - (time.monotonic() - self._began_at)

@@ -179,6 +179,14 @@ async def end_session(session_id: str, request: Request) -> Response:
     ctx = _admin(request)
     if await ctx.gateway.end_session(session_id, "admin", None):
         return json_response({"session_id": session_id, "ended": True, "live": True})
+    if ctx.cluster is not None:  # live on another replica?
+        held = await ctx.cluster.ask_peers(
+            request,
+            None,
+            lambda status, doc: status == 200 and isinstance(doc, dict) and doc.get("live") is True,
+        )
+        if held is not None:
+            return held
     try:
         ended = await _read(
             ctx, lambda: ctx.store.end_session(session_id, "admin", datetime.now(UTC))
@@ -221,6 +229,7 @@ async def instances(request: Request) -> Response:
             {
                 "name": runtime.name,
                 "kind": runtime.kind,
+                "draining": runtime.name in ctx.gateway.drained,
                 "models": list(runtime.models),
                 "active_model": status.active_model,
                 "residency": {m: asdict(r) for m, r in status.models.items()},
@@ -245,3 +254,27 @@ def _kv_tokens(status: InstanceStatus) -> dict[str, dict[str, int]]:
         per_model = tiers.setdefault(kv.model, {"hbm": 0, "host": 0})
         per_model[kv.location] = per_model.get(kv.location, 0) + kv.tokens
     return tiers
+
+
+@router.post("/instances/{name}/drain")
+async def drain_instance(name: str, request: Request) -> Response:
+    """Drain a runtime instance: no replica routes new calls to it (its sessions move to
+    others, their KV recomputed or restored there); its running calls finish. It stays drained
+    (across restarts) until ``/undrain``."""
+    return await _set_drain(name, request, draining=True)
+
+
+@router.post("/instances/{name}/undrain")
+async def undrain_instance(name: str, request: Request) -> Response:
+    """Route calls to a drained instance again."""
+    return await _set_drain(name, request, draining=False)
+
+
+async def _set_drain(name: str, request: Request, *, draining: bool) -> Response:
+    ctx = _admin(request)
+    if name not in {r.name for r in ctx.gateway.runtimes}:
+        raise ApiError(404, f"No runtime instance {name!r}.", code="instance_not_found")
+    await _read(ctx, lambda: ctx.store.set_drain(name, draining, datetime.now(UTC)))
+    drained = set(ctx.gateway.drained)
+    ctx.gateway.set_drained(drained | {name} if draining else drained - {name})
+    return json_response({"name": name, "draining": draining})

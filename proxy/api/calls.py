@@ -10,6 +10,8 @@ from fastapi import Request
 
 from talaria.core.calls import Call
 from talaria.proxy.api.context import ProxyContext, context, read_json
+from talaria.proxy.cluster.forward import Forwarded
+from talaria.proxy.cluster.owner import route_key
 from talaria.proxy.errors import ApiError, unknown_model
 from talaria.proxy.gateway import Api, CallHandle, CallOutcome, PreparedCall
 from talaria.proxy.records import Record
@@ -45,6 +47,28 @@ def check_model(ctx: ProxyContext, model: str) -> None:
         raise unknown_model(model, ctx.gateway.models())
 
 
+async def forward_to_owner(request: Request, ctx: ProxyContext, key: str | None, body: Any) -> None:
+    """With replicas: raise ``Forwarded`` with the owner's answer when the session of ``key``
+    belongs to another replica (proxy/cluster/); return when this one serves it."""
+    if ctx.cluster is None:
+        return
+    response = await ctx.cluster.forward(request, body, key)
+    if response is not None:
+        raise Forwarded(response)
+
+
+async def ask_peers(
+    request: Request, ctx: ProxyContext, body: Any, answered: Callable[[int, Any], bool]
+) -> None:
+    """With replicas: for a session this replica does not hold, raise ``Forwarded`` with the
+    first peer's answer that is ``answered``; return when none is."""
+    if ctx.cluster is None:
+        return
+    response = await ctx.cluster.ask_peers(request, body, answered)
+    if response is not None:
+        raise Forwarded(response)
+
+
 async def open_call(
     request: Request,
     ctx: ProxyContext,
@@ -56,11 +80,15 @@ async def open_call(
 ) -> tuple[CallHandle, dict[str, str]]:
     """Start the call; returns its handle and the headers of the reply. ``extra_records``:
     what the API stores with the call's records when it succeeds."""
+    identity = identity_of(request, body)
+    await forward_to_owner(
+        request, ctx, route_key(tenant, identity.session_id, call.messages), body
+    )
     check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
         tenant_id=tenant,
-        identity=identity_of(request, body),
+        identity=identity,
         api=api,
         call=call,
         max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,

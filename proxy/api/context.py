@@ -11,6 +11,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from talaria.proxy.auth import Authenticator
+from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.errors import ApiError, bad_request
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
@@ -33,6 +34,8 @@ class ProxyContext:
     responses: ResponseStore
     stored: StoreService
     shutdown: Shutdown
+    cluster: Cluster | None = None
+    """This replica's peers, when several share the database (proxy/cluster/)."""
 
 
 def context(request: Request) -> ProxyContext:

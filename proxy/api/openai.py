@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
+from talaria.proxy.api.calls import SSE_HEADERS, ask_peers, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response, read_json
 from talaria.proxy.api.schemas import CHAT_COMPLETIONS, COMPLETIONS, request_body
 from talaria.proxy.dialects.chat import chat_completion, chat_stream, include_usage, parse_chat
@@ -116,9 +116,11 @@ class HintRequest(BaseModel):
 async def session_hint(session_id: str, request: Request) -> Response:
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
-    hint = parse(HintRequest, await read_json(request, ctx.settings.max_request_bytes))
+    raw = await read_json(request, ctx.settings.max_request_bytes)
+    hint = parse(HintRequest, raw)
     known = await ctx.gateway.hint(session_id, tenant, hint.seconds(), hint.tool)
     if not known:
+        await ask_peers(request, ctx, raw, lambda status, _: status == 200)
         raise ApiError(404, f"No live session {session_id!r}.", code="session_not_found")
     return json_response({"session_id": session_id, "accepted": True})
 
@@ -128,4 +130,10 @@ async def session_end(session_id: str, request: Request) -> Response:
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
     ended = await ctx.gateway.end_session(session_id, "client", tenant)
+    if not ended:
+        await ask_peers(request, ctx, None, lambda status, doc: status == 200 and _ended(doc))
     return json_response({"session_id": session_id, "ended": ended})
+
+
+def _ended(doc: object) -> bool:
+    return isinstance(doc, dict) and doc.get("ended") is True

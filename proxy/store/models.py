@@ -235,3 +235,25 @@ class DeadLetter(Base):
     kind: Mapped[str] = mapped_column(String)
     payload: Mapped[str] = mapped_column(Text)
     error: Mapped[str] = mapped_column(Text)
+
+
+class ReplicaRow(Base):
+    """A proxy replica sharing this database: where its peers reach it, and its heartbeat
+    (proxy/cluster/membership.py). Live while ``last_seen_at`` is recent."""
+
+    __tablename__ = "proxy_replicas"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    url: Mapped[str] = mapped_column(String)
+    started_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+
+
+class DrainRow(Base):
+    """A runtime instance being drained: no new calls are routed to it (by any replica); its
+    running calls finish. Deleting the row puts it back."""
+
+    __tablename__ = "instance_drains"
+
+    name: Mapped[str] = mapped_column(String, primary_key=True)
+    since: Mapped[datetime]

@@ -25,8 +25,10 @@ from talaria.proxy.store.models import (
     CallRow,
     DeadLetter,
     DecisionRow,
+    DrainRow,
     HintRow,
     InstanceRow,
+    ReplicaRow,
     ReservationRow,
     SessionRow,
     StoredResponse,
@@ -97,24 +99,71 @@ class SqlStore:
         async with self._sessionmaker() as db:
             await db.execute(select(1))
 
-    async def end_open_sessions(self, reason: str, at: datetime) -> int:
+    async def end_open_sessions(
+        self, reason: str, at: datetime, last_call_before: datetime | None = None
+    ) -> int:
         """End every session not ended (and release its reservations): what a proxy that
-        stopped left open. Returns how many sessions it ended. The proxy calls this at start,
-        before it serves: its live sessions are in memory, so any open session in the store
-        is one of a previous process (one proxy per database; docs/operations.md)."""
+        stopped left open. Returns how many sessions it ended. A lone proxy calls this at
+        start, before it serves: its live sessions are in memory, so any open session in the
+        store is one of a previous process. Replicas sharing the database end only sessions
+        whose last call is older than ``last_call_before`` (no live replica holds those)."""
         now = as_utc(at)
+        open_ = [SessionRow.state != "ended"]
+        if last_call_before is not None:
+            open_.append(SessionRow.last_call_at < as_utc(last_call_before))
         async with self._sessionmaker() as db, db.begin():
-            ended = await db.execute(
-                update(SessionRow)
-                .where(SessionRow.state != "ended")
-                .values(state="ended", ended_at=now, end_reason=reason)
-            )
+            keys = select(SessionRow.session_id).where(*open_)
             await db.execute(
                 update(ReservationRow)
-                .where(ReservationRow.released_at.is_(None))
+                .where(ReservationRow.released_at.is_(None), ReservationRow.session_id.in_(keys))
                 .values(released_at=now, release_reason=reason)
             )
+            ended = await db.execute(
+                update(SessionRow)
+                .where(*open_)
+                .values(state="ended", ended_at=now, end_reason=reason)
+            )
             return int(getattr(ended, "rowcount", 0) or 0)
+
+    # -- replicas sharing the database, drained instances ----------------------------------
+
+    async def heartbeat_replica(
+        self, name: str, url: str, started_at: datetime, at: datetime
+    ) -> None:
+        """Record that replica ``name`` (reached at ``url``) is alive at ``at``."""
+        async with self._sessionmaker() as db, db.begin():
+            await db.merge(
+                ReplicaRow(
+                    name=name, url=url, started_at=as_utc(started_at), last_seen_at=as_utc(at)
+                )
+            )
+
+    async def live_replicas(self, seen_since: datetime) -> list[tuple[str, str]]:
+        """(name, url) of the replicas heard from since ``seen_since``, by name."""
+        query = (
+            select(ReplicaRow.name, ReplicaRow.url)
+            .where(ReplicaRow.last_seen_at >= as_utc(seen_since))
+            .order_by(ReplicaRow.name)
+        )
+        async with self._sessionmaker() as db:
+            return [(name, url) for name, url in (await db.execute(query)).all()]
+
+    async def remove_replica(self, name: str) -> None:
+        async with self._sessionmaker() as db, db.begin():
+            await db.execute(delete(ReplicaRow).where(ReplicaRow.name == name))
+
+    async def set_drain(self, name: str, draining: bool, at: datetime) -> None:
+        """Mark runtime instance ``name`` drained (or not)."""
+        async with self._sessionmaker() as db, db.begin():
+            if draining:
+                await db.merge(DrainRow(name=name, since=as_utc(at)))
+            else:
+                await db.execute(delete(DrainRow).where(DrainRow.name == name))
+
+    async def drained(self) -> set[str]:
+        """The runtime instances being drained."""
+        async with self._sessionmaker() as db:
+            return set(await db.scalars(select(DrainRow.name)))
 
     async def end_session(self, session_id: str, reason: str, at: datetime) -> bool:
         """End one stored session that is not ended (the admin's end of a session no proxy

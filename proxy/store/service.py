@@ -82,9 +82,12 @@ class StoreService:
             max_pending=settings.writer_max_pending,
             quarantine=dead_letters,
         )
-        ended = await store.end_open_sessions("restart", datetime.now(UTC))
-        if ended:
-            log.warning("ended %d sessions left open by a previous run (reason 'restart')", ended)
+        if settings.replica_url is None:  # replicas share the store: they end only stale ones
+            ended = await store.end_open_sessions("restart", datetime.now(UTC))
+            if ended:
+                log.warning(
+                    "ended %d sessions left open by a previous run (reason 'restart')", ended
+                )
         await writer.start()
         return cls(url, engine, store, writer, dead_letters, writes)
 

@@ -68,14 +68,31 @@ def _pump(stream: Any, lines: queue.Queue[str | None], keep: list[str]) -> None:
 
 
 @contextmanager
-def talaria_serve(args: list[str], env: dict[str, str], data_dir: Path) -> Iterator[ServeProcess]:
-    """Start ``talaria serve --port 0 ARGS`` with ``env`` on top of this process's environment
-    (minus any TALARIA_* setting) and its data dir in ``data_dir``; wait until it listens;
-    on exit terminate it (and kill it if it does not stop within 60 s)."""
+def talaria_serve(
+    args: list[str], env: dict[str, str], data_dir: Path, port: int = 0
+) -> Iterator[ServeProcess]:
+    """Start ``talaria serve --port PORT ARGS`` (0: any free port) with ``env`` on top of this
+    process's environment (minus any TALARIA_* setting) and its data dir in ``data_dir``; wait
+    until it listens; on exit terminate it (and kill it if it does not stop within 60 s)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     full_env = {**base, "TALARIA_DATA_DIR": str(data_dir), **env}
+    with _listening([*talaria_command(), "serve", "--port", str(port), *args], full_env) as served:
+        yield served
+
+
+@contextmanager
+def talaria_runtime(config: Path) -> Iterator[ServeProcess]:
+    """Start ``talaria runtime --config CONFIG`` on a free port; wait until it listens."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    command = [*talaria_command(), "runtime", "--config", str(config), "--port", "0"]
+    with _listening(command, base) as served:
+        yield served
+
+
+@contextmanager
+def _listening(command: list[str], full_env: dict[str, str]) -> Iterator[ServeProcess]:
     process = subprocess.Popen(
-        [*talaria_command(), "serve", "--port", "0", *args],
+        command,
         env=full_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -89,7 +106,7 @@ def talaria_serve(args: list[str], env: dict[str, str], data_dir: Path) -> Itera
         while base_url is None:
             line = lines.get(timeout=STARTUP_S)  # bounded: queue.Empty fails the test
             if line is None:
-                raise RuntimeError("talaria serve exited:\n" + "".join(seen))
+                raise RuntimeError(f"{command[1:3]} exited:\n" + "".join(seen))
             match = LISTENING.search(line)
             if match and any("Application startup complete" in s for s in seen):
                 base_url = match.group(1)

@@ -295,3 +295,52 @@ async def test_tenants_and_api_keys(store: SqlStore) -> None:
     with pytest.raises(ValueError, match="no tenant"):
         await store.create_api_key("no-such-tenant")
     assert hash_key(key) != key and len(hash_key(key)) == 64
+
+
+@pytest.mark.asyncio
+async def test_replica_heartbeats_and_the_live_set(store: SqlStore) -> None:
+    await store.heartbeat_replica("r1", "http://a:1", T0, T0)
+    await store.heartbeat_replica("r2", "http://b:2", T0, T0 + timedelta(seconds=4))
+    await store.heartbeat_replica("r1", "http://a:1", T0, T0 + timedelta(seconds=5))  # beats again
+    assert await store.live_replicas(T0 + timedelta(seconds=3)) == [
+        ("r1", "http://a:1"),
+        ("r2", "http://b:2"),
+    ]
+    assert await store.live_replicas(T0 + timedelta(seconds=4, milliseconds=1)) == [
+        ("r1", "http://a:1")
+    ]
+    await store.remove_replica("r1")
+    assert await store.live_replicas(T0) == [("r2", "http://b:2")]
+
+
+@pytest.mark.asyncio
+async def test_drains_set_and_clear(store: SqlStore) -> None:
+    assert await store.drained() == set()
+    await store.set_drain("node-a", True, T0)
+    await store.set_drain("node-a", True, T0 + timedelta(seconds=1))  # idempotent
+    await store.set_drain("node-b", True, T0)
+    await store.set_drain("node-b", False, T0)
+    assert await store.drained() == {"node-a"}
+
+
+@pytest.mark.asyncio
+async def test_replicas_end_only_stale_sessions(store: SqlStore) -> None:
+    await store.write_batch(
+        [
+            session("old", last_call_at=T0),
+            session("recent", last_call_at=T0 + timedelta(minutes=30)),
+            ReservationRecord(
+                "res-old", "old", "node-0", 1e9, T0, T0 + timedelta(seconds=5), T0 + timedelta(1)
+            ),
+            ReservationRecord(
+                "res-recent", "recent", "node-0", 1e9, T0, T0 + timedelta(1), T0 + timedelta(1)
+            ),
+        ]
+    )
+    cutoff = T0 + timedelta(minutes=20)
+    assert await store.end_open_sessions("stale", T0 + timedelta(hours=1), cutoff) == 1
+    old, recent = await store.get_session("old"), await store.get_session("recent")
+    assert old is not None and recent is not None
+    assert (old.session.state, old.session.end_reason) == ("ended", "stale")
+    assert old.reservations[0].release_reason == "stale"
+    assert recent.session.state == "active" and recent.reservations[0].released_at is None

@@ -1,0 +1,258 @@
+"""Several proxy replicas on one PostgreSQL, three runtime nodes, all real processes on
+loopback: a session's calls sent to the replicas in turn stay one session on one instance,
+every replica's admin API shows the same timeline, a replica killed mid-load fails only its
+calls in flight, and a node drained mid-load fails nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.processes import (
+    Postgres,
+    ServeProcess,
+    free_port,
+    talaria_runtime,
+    talaria_serve,
+)
+
+ADMIN = "replicas-admin-token"
+MODEL = "glm-4.5-fp8"
+NODE_TOML = """
+[node]
+name = "{name}"
+policy = "talaria"
+time_scale = 50
+
+[[model]]
+name = "glm-4.5-fp8"
+engine = "sim"
+"""
+NODES = ("node-a", "node-b", "node-c")
+
+
+@dataclass
+class Deployment:
+    replicas: list[ServeProcess]
+    runtimes: dict[str, ServeProcess]
+    database_url: str
+
+    def admin(self, replica: int, path: str) -> Any:
+        response = httpx.get(
+            self.replicas[replica].base_url + path,
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+        )
+        response.raise_for_status()
+        return response.json()
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    pg = Postgres(Path(tempfile.mkdtemp(prefix="talaria-pg-")), free_port())
+    url = pg.start()
+    try:
+        with ExitStack() as stack:
+            runtimes = {}
+            for name in NODES:
+                config = tmp_path / f"{name}.toml"
+                config.write_text(NODE_TOML.format(name=name))
+                runtimes[name] = stack.enter_context(talaria_runtime(config))
+            args = ["--database-url", url]
+            for runtime in runtimes.values():
+                args += ["--runtime", runtime.base_url]
+            replicas = []
+            for i in range(3):
+                port = free_port()
+                env = {
+                    "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
+                    "TALARIA_ADMIN_TOKEN": ADMIN,
+                    "TALARIA_REPLICA_HEARTBEAT_S": "0.2",
+                }
+                data = tmp_path / f"replica{i}"
+                data.mkdir()
+                replicas.append(stack.enter_context(talaria_serve(args, env, data, port=port)))
+            deployment = Deployment(replicas, runtimes, url)
+            _wait_for_peers(deployment)
+            yield deployment
+    finally:
+        pg.stop()
+
+
+def _wait_for_peers(deployment: Deployment) -> None:
+    """Until every replica lists the others as peers (in its /readyz), so that all agree on
+    each session's owner from the first call."""
+    others = len(deployment.replicas) - 1
+    for _ in range(1000):
+        peers = [
+            httpx.get(r.base_url + "/readyz").json()["checks"]["replicas"]["peers"]
+            for r in deployment.replicas
+        ]
+        if all(len(p) == others for p in peers):
+            return
+    pytest.fail(f"the replicas do not see each other: {peers}")
+
+
+@dataclass
+class Session:
+    """One agent session whose calls go to the replicas in turn."""
+
+    name: str
+    explicit: bool
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+    instances: list[str] = field(default_factory=list)
+    request_ids: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def body(self) -> dict[str, Any]:
+        if not self.messages:
+            self.messages = [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": f"Fix the failing test in {self.name}."},
+            ]
+        return {"model": MODEL, "messages": self.messages, "max_tokens": 12}
+
+    def answered(self, response: httpx.Response) -> None:
+        self.keys.add(response.headers["x-talaria-session-key"])
+        self.instances.append(response.headers["x-talaria-instance"])
+        self.request_ids.append(response.headers["x-request-id"])
+        reply = response.json()["choices"][0]["message"]
+        self.messages.append({"role": "assistant", "content": reply.get("content") or ""})
+        self.messages.append({"role": "user", "content": f"ran it ({len(self.messages)})"})
+
+
+async def _drive(
+    urls: list[str], sessions: list[Session], calls: int, on_round: Any = None
+) -> None:
+    """Each round, every session sends its next call, to replica (round + i) mod N."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        for turn in range(calls):
+            if on_round is not None:
+                await on_round(turn)
+
+            async def one(i: int, session: Session, turn: int = turn) -> None:
+                url = urls[(turn + i) % len(urls)]
+                headers = {"x-talaria-session-id": session.name} if session.explicit else {}
+                try:
+                    response = await client.post(
+                        url + "/v1/chat/completions", json=session.body(), headers=headers
+                    )
+                except httpx.HTTPError as exc:
+                    session.failures.append(f"{url}: {exc!r}")
+                    return
+                if response.status_code != 200:
+                    session.failures.append(f"{url}: {response.status_code} {response.text}")
+                    return
+                session.answered(response)
+
+            await asyncio.gather(*(one(i, s) for i, s in enumerate(sessions)))
+
+
+def _sessions(n: int) -> list[Session]:
+    tag = uuid.uuid4().hex[:6]
+    return [Session(f"s{i}-{tag}", explicit=i % 2 == 0) for i in range(n)]
+
+
+def test_calls_sent_to_replicas_in_turn_stay_one_session(deployment: Deployment) -> None:
+    sessions = _sessions(8)
+    urls = [r.base_url for r in deployment.replicas]
+    asyncio.run(_drive(urls, sessions, calls=6))
+    for session in sessions:
+        assert session.failures == []
+        assert len(session.keys) == 1, (session.name, session.keys)
+        assert len(set(session.instances)) == 1, (session.name, session.instances)
+        (key,) = session.keys
+        timelines = [deployment.admin(i, f"/admin/sessions/{key}") for i in range(3)]
+        ids = [[c["request_id"] for c in t["calls"]] for t in timelines]
+        assert ids[0] == ids[1] == ids[2] == session.request_ids
+        assert timelines[0]["session"]["calls"] == 6
+
+
+def test_a_replica_killed_mid_load_fails_only_its_calls_in_flight(
+    deployment: Deployment,
+) -> None:
+    sessions = _sessions(8)
+    urls = [r.base_url for r in deployment.replicas]
+    victim = deployment.replicas[2]
+
+    async def kill_at(turn: int) -> None:
+        if turn == 3:
+            victim.kill9()
+            urls.remove(victim.base_url)  # the load balancer takes it out
+
+    asyncio.run(_drive(urls, sessions, calls=7, on_round=kill_at))
+    failed = [f for s in sessions for f in s.failures]
+    # only calls that were in flight on the victim when it died may fail: none here, since
+    # the kill falls between rounds; calls its peers forwarded to it go to the next owner
+    assert failed == []
+    acked = {rid for s in sessions for rid in s.request_ids}
+    stored = set()
+    for session in sessions:
+        for key in session.keys:
+            stored |= {
+                c["request_id"]
+                for c in deployment.admin(0, f"/admin/sessions/{key}")["calls"]
+                if c["status"] == "ok"
+            }
+    assert acked <= stored  # no acknowledged call lost
+
+
+def test_draining_a_node_mid_load_fails_nothing_and_moves_its_sessions(
+    deployment: Deployment,
+) -> None:
+    sessions = _sessions(9)
+    urls = [r.base_url for r in deployment.replicas]
+    drained: list[str] = []
+
+    async def drain_at(turn: int) -> None:
+        if turn == 3:
+            counts: dict[str, int] = {}
+            for s in sessions:
+                counts[s.instances[-1]] = counts.get(s.instances[-1], 0) + 1
+            busiest = max(counts, key=lambda n: counts[n])
+            async with httpx.AsyncClient() as client:
+                response = await client.post(
+                    f"{urls[1]}/admin/instances/{busiest}/drain",
+                    headers={"authorization": f"Bearer {ADMIN}"},
+                )
+                response.raise_for_status()
+            drained.append(busiest)
+            await _until_every_replica_sees(deployment, busiest)
+
+    asyncio.run(_drive(urls, sessions, calls=6, on_round=drain_at))
+    assert [f for s in sessions for f in s.failures] == []
+    (node,) = drained
+    moved = [s for s in sessions if s.instances[2] == node]
+    assert moved, "no session was on the drained node"
+    for session in moved:
+        assert node not in session.instances[3:]
+        assert len(session.keys) == 1, (session.explicit, session.keys, session.instances)
+        (key,) = session.keys
+        calls = deployment.admin(0, f"/admin/sessions/{key}")["calls"]
+        assert calls[3]["routing_reason"] is not None
+        assert calls[3]["kv_source"] in ("recompute", "new")  # its KV stayed on the old node
+    status = deployment.admin(2, "/admin/instances")["data"]
+    assert {i["name"]: i["draining"] for i in status}[node] is True
+
+
+async def _until_every_replica_sees(deployment: Deployment, node: str) -> None:
+    async with httpx.AsyncClient(headers={"authorization": f"Bearer {ADMIN}"}) as client:
+        for _ in range(500):
+            seen = []
+            for replica in deployment.replicas:
+                doc = (await client.get(replica.base_url + "/admin/instances")).json()
+                seen.append(any(i["name"] == node and i["draining"] for i in doc["data"]))
+            if all(seen):
+                return
+            await asyncio.sleep(0.02)  # polling the replicas' own view, bounded above
+    pytest.fail(f"not every replica sees {node} drained")

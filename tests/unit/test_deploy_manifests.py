@@ -178,8 +178,11 @@ def test_proxy_env_names_are_settings_the_proxy_reads() -> None:
     proxy/store/db.py): a misspelt name would be ignored silently (extra="ignore")."""
     known = {f"TALARIA_{name.upper()}" for name in ProxySettings.model_fields} | {DATA_DIR_ENV}
     for workload in (_one("Deployment", "proxy"), _one("Job", "migrate")):
-        names = set(_env(_container(workload)))
+        names = {n for n in _env(_container(workload)) if n.startswith("TALARIA_")}
         assert names <= known, f"{workload['kind']}: not read by the proxy: {names - known}"
+    # the replicas find each other: each announces where its peers forward to
+    replica_url = _env(_container(_one("Deployment", "proxy")))["TALARIA_REPLICA_URL"]["value"]
+    assert replica_url == "http://$(POD_IP):8000"
     # Values from the chart's proxy.env are TALARIA_* settings too.
     assert set(_values()["proxy"]["env"]) <= known
 

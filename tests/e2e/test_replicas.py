@@ -31,7 +31,7 @@ NODE_TOML = """
 [node]
 name = "{name}"
 policy = "talaria"
-time_scale = 50
+time_scale = {scale}
 
 [[model]]
 name = "glm-4.5-fp8"
@@ -57,7 +57,11 @@ class Deployment:
 
 
 @pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[Deployment]:
+def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Deployment]:
+    """PostgreSQL, the runtime nodes (their simulated clock 50× real time, or the test's
+    ``time_scale`` marker) and three replicas, every replica seeing the others."""
+    marker = request.node.get_closest_marker("time_scale")
+    scale = marker.args[0] if marker else 50
     pg = Postgres(Path(tempfile.mkdtemp(prefix="talaria-pg-")), free_port())
     url = pg.start()
     try:
@@ -65,7 +69,7 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
             runtimes = {}
             for name in NODES:
                 config = tmp_path / f"{name}.toml"
-                config.write_text(NODE_TOML.format(name=name))
+                config.write_text(NODE_TOML.format(name=name, scale=scale))
                 runtimes[name] = stack.enter_context(talaria_runtime(config))
             args = ["--database-url", url]
             for runtime in runtimes.values():
@@ -132,16 +136,28 @@ class Session:
 
 
 async def _drive(
-    urls: list[str], sessions: list[Session], calls: int, on_round: Any = None
+    urls: list[str],
+    sessions: list[Session],
+    calls: int,
+    on_round: Any = None,
+    on_request: Any = None,
 ) -> None:
-    """Each round, every session sends its next call, to replica (round + i) mod N."""
-    async with httpx.AsyncClient(timeout=60) as client:
+    """Each round, every session sends its next call, to replica (round + i) mod N (of the
+    replicas in ``urls`` then). ``on_request(turn, request)`` runs as each request is sent."""
+    current = {"turn": 0}
+
+    async def sent(request: httpx.Request) -> None:
+        if on_request is not None:
+            await on_request(current["turn"], request)
+
+    async with httpx.AsyncClient(timeout=60, event_hooks={"request": [sent]}) as client:
         for turn in range(calls):
+            current["turn"] = turn
             if on_round is not None:
                 await on_round(turn)
 
             async def one(i: int, session: Session, turn: int = turn) -> None:
-                url = urls[(turn + i) % len(urls)]
+                url = list(urls)[(turn + i) % len(urls)]
                 headers = {"x-talaria-session-id": session.name} if session.explicit else {}
                 try:
                     response = await client.post(
@@ -181,20 +197,34 @@ def test_calls_sent_to_replicas_in_turn_stay_one_session(deployment: Deployment)
 def test_a_replica_killed_mid_load_fails_only_its_calls_in_flight(
     deployment: Deployment,
 ) -> None:
-    sessions = _sessions(8)
+    sessions = _sessions(9)
     urls = [r.base_url for r in deployment.replicas]
     victim = deployment.replicas[2]
+    killed_in: list[int] = []
 
-    async def kill_at(turn: int) -> None:
-        if turn == 3:
-            victim.kill9()
-            urls.remove(victim.base_url)  # the load balancer takes it out
+    async def kill_when_it_has_calls(turn: int, request: httpx.Request) -> None:
+        # in round 3, once a call is on its way to the victim: kill -9 it mid-round
+        if turn == 3 and not killed_in and str(request.url).startswith(victim.base_url):
+            victim.process.kill()
+            killed_in.append(turn)
 
-    asyncio.run(_drive(urls, sessions, calls=7, on_round=kill_at))
-    failed = [f for s in sessions for f in s.failures]
-    # only calls that were in flight on the victim when it died may fail: none here, since
-    # the kill falls between rounds; calls its peers forwarded to it go to the next owner
-    assert failed == []
+    async def balancer(turn: int) -> None:
+        if killed_in and victim.base_url in urls:
+            urls.remove(victim.base_url)  # the load balancer takes it out after that round
+
+    asyncio.run(
+        _drive(urls, sessions, calls=7, on_round=balancer, on_request=kill_when_it_has_calls)
+    )
+    victim.process.wait(timeout=30)
+    assert killed_in == [3]
+    failed = [(s.name, f) for s in sessions for f in s.failures]
+    assert failed, "no call was in flight on the killed replica"
+    for name, failure in failed:
+        # a call sent to the victim lost its connection; one forwarded to it got a clean 502
+        assert failure.startswith(victim.base_url) or " 502 " in failure, (name, failure)
+    for session in sessions:  # each failed at most its round-3 call: the later ones succeeded
+        assert len(session.failures) <= 1
+        assert len(session.request_ids) >= 6
     acked = {rid for s in sessions for rid in s.request_ids}
     stored = set()
     for session in sessions:
@@ -205,6 +235,53 @@ def test_a_replica_killed_mid_load_fails_only_its_calls_in_flight(
                 if c["status"] == "ok"
             }
     assert acked <= stored  # no acknowledged call lost
+
+
+@pytest.mark.time_scale(2)  # calls of ~0.1 s: the node dies while it runs some
+def test_a_runtime_node_dying_mid_call_fails_its_calls_retryably_then_its_sessions_move(
+    deployment: Deployment,
+) -> None:
+    sessions = _sessions(6)
+    urls = [r.base_url for r in deployment.replicas]
+    dead: list[str] = []
+
+    killer: list[asyncio.Task[None]] = []
+
+    async def kill_when_busy(node: str) -> None:
+        """kill -9 the node as soon as it reports a call running (polled, bounded)."""
+        runtime = deployment.runtimes[node]
+        async with httpx.AsyncClient() as client:
+            for _ in range(5000):
+                status = (await client.get(runtime.base_url + "/v1/runtime/status")).json()
+                if status["running_calls"] > 0:
+                    runtime.process.kill()
+                    dead.append(node)
+                    return
+        pytest.fail(f"{node} never ran a call")
+
+    async def in_round_2(turn: int) -> None:
+        if turn == 2:
+            counts: dict[str, int] = {}
+            for s in sessions:
+                counts[s.instances[-1]] = counts.get(s.instances[-1], 0) + 1
+            busiest = max(counts, key=lambda n: counts[n])
+            killer.append(asyncio.get_running_loop().create_task(kill_when_busy(busiest)))
+
+    async def run() -> None:
+        await _drive(urls, sessions, calls=5, on_round=in_round_2)
+        await asyncio.gather(*killer)
+
+    asyncio.run(run())
+    (node,) = dead
+    on_it = [s for s in sessions if s.instances[1] == node]
+    assert on_it
+    assert any(s.failures for s in on_it), "no call was running on the node when it died"
+    for session in sessions:
+        for failure in session.failures:  # a clear, retryable error
+            assert " 503 " in failure and "runtime" in failure, failure
+        assert node not in session.instances[2:]
+    for session in on_it:  # its next calls went to the nodes that answer
+        assert len(session.instances) >= 4, (session.failures, session.instances)
 
 
 def test_draining_a_node_mid_load_fails_nothing_and_moves_its_sessions(

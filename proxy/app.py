@@ -30,7 +30,7 @@ from talaria.proxy.console.auth import ConsoleAuth
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
 from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import Gateway
+from talaria.proxy.gateway import AdoptableSession, Gateway
 from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
@@ -140,6 +140,17 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
         on_drained=gateway.set_drained,
     )
     await membership.start()
+
+    async def adopt(tenant_id: str, external_id: str) -> AdoptableSession | None:
+        found = await store.open_root_session(tenant_id, external_id)
+        if found is None:
+            return None
+        summary, instance = found
+        return AdoptableSession(
+            summary.session_id, summary.model, summary.started_at, summary.calls, instance
+        )
+
+    gateway.use_replicas(lambda key: membership.owner_of(key) is None, adopt)
     return Cluster(membership)
 
 

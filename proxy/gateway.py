@@ -26,7 +26,7 @@ import hashlib
 import logging
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, overload
@@ -114,6 +114,17 @@ class RecordSink(Protocol):
 
 
 @dataclass(frozen=True)
+class AdoptableSession:
+    """An open session as the store shows it, for a replica that takes it over."""
+
+    key: str
+    model: str
+    started_at: datetime
+    calls: int
+    last_instance: str | None
+
+
+@dataclass(frozen=True)
 class PreparedCall:
     """What the API layer extracted from a request: the normalized call, who sent it, and
     through which dialect."""
@@ -128,6 +139,8 @@ class PreparedCall:
     extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
     """Records the API adds to the call's own when it succeeds (the Responses API's stored
     response), committed with them."""
+    route_key: str | None = None
+    """The session's key among proxy replicas (proxy/cluster/owner.py), when there are any."""
 
     @property
     def model(self) -> str:
@@ -232,6 +245,8 @@ class Gateway:
         self._last_seq = 0
         self._closing = False
         self._drained: frozenset[str] = frozenset()
+        self._owned: Callable[[str], bool] | None = None
+        self._adopt: Callable[[str, str], Awaitable[AdoptableSession | None]] | None = None
         self._inflight: dict[str, int] = {}
         self.sessions = SessionBook()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -312,6 +327,46 @@ class Gateway:
         return self._last_seq
 
     # -- calls -------------------------------------------------------------------------------
+    def use_replicas(
+        self,
+        owned: Callable[[str], bool],
+        adopt: Callable[[str, str], Awaitable[AdoptableSession | None]],
+    ) -> None:
+        """Serve as one of several replicas (proxy/cluster/): ``owned(route_key)`` says
+        whether this replica owns a session now (the sweep hands the others off), ``adopt
+        (tenant, client id)`` finds an open session another replica held (taken over at its
+        next call here)."""
+        self._owned, self._adopt = owned, adopt
+
+    async def _take_over(self, call: PreparedCall, now_s: float) -> None:
+        """A named session this replica does not hold, but the store shows open: another
+        replica held it before this one became its owner. Hold it under the same key, with
+        its call count and last instance, so that it goes on as one session."""
+        sid = call.identity.session_id
+        if self._adopt is None or sid is None or self.sessions.named(call.tenant_id, sid):
+            return
+        stored = await self._adopt(call.tenant_id, sid)
+        if stored is None:
+            return
+        age_s = (datetime.now(UTC) - stored.started_at).total_seconds()
+        self.sessions.adopt(
+            SessionState(
+                key=stored.key,
+                tenant_id=call.tenant_id,
+                external_id=sid,
+                identity_source=call.identity.source,
+                model=stored.model,
+                started_at=stored.started_at,
+                started_s=now_s - self._clock_s(max(0.0, age_s)),
+                root_key=stored.key,
+                calls=stored.calls,
+                last_activity_s=now_s,
+                last_instance=stored.last_instance,
+                route_key=call.route_key,
+                adopted=True,
+            )
+        )
+
     async def open_call(self, call: PreparedCall) -> CallHandle:
         """Find the session, route the call and start it; raises ApiError before anything
         runs."""
@@ -337,6 +392,7 @@ class Gateway:
         if not statuses:
             raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
         now_s, now_at = self._clock.now(), datetime.now(UTC)
+        await self._take_over(call, now_s)
         messages = call.call.messages
         conversation = Conversation.of(messages) if messages is not None else EMPTY
         found = self.sessions.resolve(
@@ -349,9 +405,13 @@ class Gateway:
             match=messages is not None,
         )
         state = found.state
+        if state.route_key is None:
+            state.route_key = call.route_key
         tools = tools_fingerprint(call.call.tools)
-        shared = found.shared_tokens
-        if shared and state.tools == tools.digest:  # the tools render ahead of the messages
+        shared: int | None = found.shared_tokens
+        if found.how == "adopted":
+            shared = None  # unknown here: the runtime's own record of the session decides
+        elif shared and state.tools == tools.digest:  # the tools render ahead of the messages
             shared += tools.tokens
         state.tools = tools.digest
         if state.last_finish_s is not None and state.inflight == 0:
@@ -403,7 +463,11 @@ class Gateway:
         return CallHandle(events, task, decision.instance, state.external_id, state.key, found.how)
 
     def _runtime_request(
-        self, call: PreparedCall, state: SessionState, shared_tokens: int, prompt_tokens: int
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        shared_tokens: int | None,
+        prompt_tokens: int,
     ) -> CallRequest:
         c = call.call
         return CallRequest(
@@ -709,6 +773,17 @@ class Gateway:
         for state in self.sessions.idle(now_s, self._idle_timeout_s):
             await self._end_on_runtime(state)
             self._end(state, "idle", now_at)
+        if self._owned is not None:
+            self._hand_off(self._owned)
+
+    def _hand_off(self, owned: Callable[[str], bool]) -> None:
+        """Forget, without ending them, the sessions another replica owns now (a replica
+        joined): their calls go there, and that replica takes them over (``_take_over``).
+        Ending them would release their KV on the runtime under their new owner."""
+        for state in list(self.sessions):
+            key = state.route_key
+            if key is not None and state.inflight == 0 and not owned(key):
+                self.sessions.forget(state)
 
     # -- hints and ends ----------------------------------------------------------------------
     async def hint(

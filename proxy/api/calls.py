@@ -81,9 +81,8 @@ async def open_call(
     """Start the call; returns its handle and the headers of the reply. ``extra_records``:
     what the API stores with the call's records when it succeeds."""
     identity = identity_of(request, body)
-    await forward_to_owner(
-        request, ctx, route_key(tenant, identity.session_id, call.messages), body
-    )
+    key = route_key(tenant, identity.session_id, call.messages)
+    await forward_to_owner(request, ctx, key, body)
     check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
@@ -93,6 +92,7 @@ async def open_call(
         call=call,
         max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
         extra_records=extra_records,
+        route_key=key if ctx.cluster is not None else None,
     )
     handle = await ctx.gateway.open_call(prepared)
     headers = {

@@ -40,7 +40,7 @@ from talaria.proxy.sessions.identity import Identity
 Kind = Literal["prompt", "history"]
 IndexKey = tuple[str, str, Kind, bytes]
 """(tenant, model, kind, chain value)."""
-How = Literal["new", "continued", "retry", "child"]
+How = Literal["new", "continued", "retry", "child", "adopted"]
 
 
 def new_key() -> str:
@@ -81,6 +81,11 @@ class SessionState:
     reservation_times: tuple[datetime, datetime, datetime] | None = None
     """(created, expected return, expires) wall times of the live reservation."""
     ended: bool = False
+    route_key: str | None = None
+    """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
+    adopted: bool = False
+    """Taken over from the replica that held it before (proxy/cluster/): its next call
+    continues it, whatever conversation it sends (this replica has not seen any)."""
 
     @property
     def is_root(self) -> bool:
@@ -158,6 +163,10 @@ class SessionBook:
             root = self.named(tenant_id, identity.session_id)
             if root is not None and root.root_key != root.key:
                 root = None  # the client named a child by its key: treat as a new root
+        if root is not None and root.adopted:  # its first call here continues it
+            root.adopted = False
+            self._touch(root, now_s)
+            return Resolution(root, "adopted", 0)
         if not match and root is not None:  # nothing to match: the named session it is
             self._touch(root, now_s)
             return Resolution(root, "continued", 0)
@@ -257,6 +266,12 @@ class SessionBook:
     def _touch(self, state: SessionState, now_s: float) -> None:
         state.last_activity_s = now_s
         self._sessions.move_to_end(state.key)
+
+    def adopt(self, state: SessionState) -> None:
+        """Hold ``state``, a root session another replica held before (it keeps its key)."""
+        self._sessions[state.key] = state
+        self._roots[(state.tenant_id, state.external_id)] = state.key
+        self._evict()
 
     # -- ends -----------------------------------------------------------------------------
     def forget(self, state: SessionState) -> None:

@@ -40,6 +40,7 @@ from talaria.proxy.store.views import (
     DeadLetterView,
     SessionDetail,
     SessionPage,
+    SessionSummary,
     StoredResponseView,
     call_view,
     decision_view,
@@ -321,6 +322,30 @@ class SqlStore:
         last = items[-1] if items else None
         next_cursor = encode_cursor(last.started_at, last.session_id) if more and last else None
         return SessionPage(items=items, next_cursor=next_cursor)
+
+    async def open_root_session(
+        self, tenant_id: str, external_id: str
+    ) -> tuple[SessionSummary, str | None] | None:
+        """The tenant's latest open root session that the client calls ``external_id``, and
+        the instance of its latest call; None if there is none."""
+        query = (
+            select(SessionRow)
+            .where(
+                SessionRow.tenant_id == tenant_id,
+                SessionRow.external_id == external_id,
+                SessionRow.parent_session_id.is_(None),
+                SessionRow.state != "ended",
+            )
+            .order_by(SessionRow.last_call_at.desc())
+            .limit(1)
+        )
+        async with self._sessionmaker() as db:
+            row = await db.scalar(query)
+            if row is None:
+                return None
+            summary = session_view(row)
+        instances = await self.last_instances([summary.session_id])
+        return summary, instances.get(summary.session_id)
 
     async def last_instances(self, session_ids: Sequence[str]) -> dict[str, str | None]:
         """The instance of each session's latest call (sessions without calls are absent)."""

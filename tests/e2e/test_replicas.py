@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from talaria.proxy.cluster.owner import owner, route_key
 from tests.e2e.processes import (
     Postgres,
     ServeProcess,
@@ -45,6 +46,24 @@ class Deployment:
     replicas: list[ServeProcess]
     runtimes: dict[str, ServeProcess]
     database_url: str
+    stack: ExitStack
+    serve_args: list[str]
+    data: Path
+
+    def add_replica(self, port: int | None = None) -> ServeProcess:
+        """Start one more replica (as an autoscaler would) and wait until all see it."""
+        port = port or free_port()
+        env = {
+            "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
+            "TALARIA_ADMIN_TOKEN": ADMIN,
+            "TALARIA_REPLICA_HEARTBEAT_S": "0.2",
+        }
+        data = self.data / f"replica{len(self.replicas)}"
+        data.mkdir()
+        served = self.stack.enter_context(talaria_serve(self.serve_args, env, data, port=port))
+        self.replicas.append(served)
+        _wait_for_peers(self)
+        return served
 
     def admin(self, replica: int, path: str) -> Any:
         response = httpx.get(
@@ -74,22 +93,17 @@ def deployment(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Deplo
             args = ["--database-url", url]
             for runtime in runtimes.values():
                 args += ["--runtime", runtime.base_url]
-            replicas = []
-            for i in range(3):
-                port = free_port()
-                env = {
-                    "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
-                    "TALARIA_ADMIN_TOKEN": ADMIN,
-                    "TALARIA_REPLICA_HEARTBEAT_S": "0.2",
-                }
-                data = tmp_path / f"replica{i}"
-                data.mkdir()
-                replicas.append(stack.enter_context(talaria_serve(args, env, data, port=port)))
-            deployment = Deployment(replicas, runtimes, url)
-            _wait_for_peers(deployment)
+            deployment = Deployment([], runtimes, url, stack, args, tmp_path)
+            for _ in range(marker_replicas(request)):
+                deployment.add_replica()
             yield deployment
     finally:
         pg.stop()
+
+
+def marker_replicas(request: pytest.FixtureRequest) -> int:
+    marker = request.node.get_closest_marker("replicas")
+    return int(marker.args[0]) if marker else 3
 
 
 def _wait_for_peers(deployment: Deployment) -> None:
@@ -333,3 +347,39 @@ async def _until_every_replica_sees(deployment: Deployment, node: str) -> None:
                 return
             await asyncio.sleep(0.02)  # polling the replicas' own view, bounded above
     pytest.fail(f"not every replica sees {node} drained")
+
+
+@pytest.mark.replicas(2)
+def test_a_replica_joining_mid_load_takes_its_sessions_over_as_they_are(
+    deployment: Deployment,
+) -> None:
+    """A third replica joins (scale-up): the sessions it now owns continue there as the same
+    sessions (same key, same instance, call count going on), taken over from the store."""
+    port = free_port()
+    joining = f"http://127.0.0.1:{port}"
+    urls = [r.base_url for r in deployment.replicas]
+    # sessions named so that the joining replica will own some of them (and not the others)
+    sessions = []
+    while sum(_owner(s, [*urls, joining]) == joining for s in sessions) < 3:
+        candidate = Session(f"join-{uuid.uuid4().hex[:8]}", explicit=True)
+        if _owner(candidate, [*urls, joining]) == joining or len(sessions) < 3:
+            sessions.append(candidate)
+
+    async def scale_up(turn: int) -> None:
+        if turn == 3:
+            urls.append(await asyncio.to_thread(lambda: deployment.add_replica(port).base_url))
+
+    asyncio.run(_drive(urls, sessions, calls=6, on_round=scale_up))
+    assert [f for s in sessions for f in s.failures] == []
+    for session in sessions:
+        assert len(session.keys) == 1, (session.name, session.keys)
+        assert len(set(session.instances)) == 1, (session.name, session.instances)
+        (key,) = session.keys
+        timeline = deployment.admin(2, f"/admin/sessions/{key}")
+        assert [c["call_index"] for c in timeline["calls"]] == list(range(6))
+
+
+def _owner(session: Session, replicas: list[str]) -> str:
+    key = route_key("local", session.name, None)  # loopback callers without a key: "local"
+    assert key is not None
+    return owner(key, replicas)

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Request
 
 from talaria.core.calls import Call
-from talaria.proxy.api.context import ProxyContext, context, read_json
+from talaria.proxy.api.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import route_key
 from talaria.proxy.errors import ApiError, unknown_model
@@ -29,10 +29,31 @@ async def tenant_of(ctx: ProxyContext, request: Request) -> str:
 
 
 async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
-    """(context, tenant, JSON body): authentication first, so a stranger's body is not read."""
+    """(context, tenant, JSON body): authentication first, so a stranger's body is not read.
+    With replicas, a call whose session a header names outright is forwarded to its owner
+    here, before its body is parsed (``early_route_key``)."""
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
-    return ctx, tenant, await read_json(request, ctx.settings.max_request_bytes)
+    body = await read_bytes(request, ctx.settings.max_request_bytes)
+    if ctx.cluster is not None:
+        await forward_to_owner(request, ctx, early_route_key(request, tenant), None)
+    return ctx, tenant, parse_json(body)
+
+
+def early_route_key(request: Request, tenant: str) -> str | None:
+    """The route key when a header that outranks every body field names the session
+    (X-Talaria-Session-Id, X-Claude-Code-Session-Id: proxy/sessions/identity.py), so the
+    body cannot change it; else None (the key needs the parsed call)."""
+    try:
+        identity = identify(request.headers, {})
+    except IdentityError:
+        return None  # refused with its 400 once the call is parsed
+    if identity.source not in HEADER_FIRST_SOURCES:
+        return None
+    return route_key(tenant, identity.session_id, None)
+
+
+HEADER_FIRST_SOURCES = ("talaria", "claude-code")
 
 
 def identity_of(request: Request, body: Any) -> Identity:

@@ -52,6 +52,12 @@ async def read_json(request: Request, max_bytes: int) -> Any:
     """The body as JSON: 413 as soon as it passes ``max_bytes`` (a declared length, or the bytes
     read so far of a chunked body: it is never read whole first), 400 when it is not JSON or
     nests deeper than the parser can follow."""
+    return parse_json(await read_bytes(request, max_bytes))
+
+
+async def read_bytes(request: Request, max_bytes: int) -> bytes:
+    """The body's bytes (413 past ``max_bytes``, as :func:`read_json`), also kept in
+    ``request.state.body`` (a replica forwards them as they came)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -63,6 +69,11 @@ async def read_json(request: Request, max_bytes: int) -> Any:
             raise _too_large(max_bytes)
         chunks.append(chunk)
     body = b"".join(chunks)
+    request.state.body = body
+    return body
+
+
+def parse_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

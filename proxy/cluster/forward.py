@@ -2,7 +2,7 @@
 session this replica does not hold.
 
 A forwarded request is the client's: same method, path, query and headers (its credentials
-included: the owner authenticates it again), the body re-encoded from the JSON already read,
+included: the owner authenticates it again), the body's bytes as they came,
 plus ``x-talaria-forwarded-by`` (a forwarded request is never forwarded again) and the
 request id, which the owner keeps, so both replicas log and record the same id. The owner's
 answer streams back unchanged: status, headers, body bytes (SSE included).
@@ -81,7 +81,8 @@ class Cluster:
         serves the request (it owns the key, the request was forwarded here, or no key)."""
         if key is None or was_forwarded(request):
             return None
-        content = json.dumps(body).encode()
+        raw = getattr(request.state, "body", None)
+        content = raw if isinstance(raw, bytes) else json.dumps(body).encode()
         while (target := self.membership.owner_of(key)) is not None:
             name, url = target
             try:

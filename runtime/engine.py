@@ -81,6 +81,20 @@ class Engine(Protocol):
         """Physical KV bytes of one sequence of ``tokens`` on the node."""
         ...
 
+    @property
+    def weight_bytes(self) -> float:
+        """HBM its weights take while active (what co-residency must fit)."""
+        ...
+
+    def kv_floor_bytes(self) -> float:
+        """The least KV room the engine needs beside its weights to be worth activating."""
+        ...
+
+    def can_activate(self) -> bool:
+        """Whether ``activate`` would find room for the weights now (idle KV may be evicted
+        for them; running calls' KV may not)."""
+        ...
+
     def switch_in_s(self) -> float:
         """Seconds ``activate`` would take now (wake, or the rest of staging + device copy)."""
         ...

@@ -18,7 +18,7 @@ from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
-from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
+from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 
 HOST_RESERVE_FRACTION = 0.1
 """Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight
@@ -57,6 +57,7 @@ def build_sim_node(
     specs = [catalog.model(m) for m in setup.models]
     memory = node_memory(server, specs)
     pcie = PcieLink(clock)
+    device = DeviceShare()
     engines: dict[str, Engine] = {
         spec.name: SimEngine(
             spec,
@@ -67,6 +68,7 @@ def build_sim_node(
             name,
             flags.host_kv,
             replies,
+            device,
         )
         for spec in specs
     }
@@ -127,13 +129,14 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     else:
         memory = NodeMemory(float("inf"), 0.0)
     pcie = PcieLink(clock)
+    device = DeviceShare()
     engines: dict[str, Engine] = {}
     for model in config.models:
         if model.engine == "sim":
             spec = catalog.model(model.name)
             cost = CostModel(spec, catalog.server(config.server), catalog.profile(config.profile))
             engines[model.name] = SimEngine(
-                spec, cost, memory, pcie, clock, config.name, flags.host_kv
+                spec, cost, memory, pcie, clock, config.name, flags.host_kv, device=device
             )
         else:
             from talaria.runtime.engines.vllm import build_vllm_engine

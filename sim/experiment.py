@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import pairwise
 from typing import Any
 
 from talaria.core.catalog import Catalog
@@ -111,6 +110,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
                 "close": s.close.value if s.close else None,
                 "admitted": s.admitted,
                 "sp_admitted": s.sp_admitted,
+                "co_resident": list(s.co_resident),
             }
             for node, s in slots
         ],
@@ -119,8 +119,8 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
 
 
 def _switches(slots: Sequence[SlotRecord]) -> int:
-    """Model changes on one node (its first activation is a cold load, not a switch)."""
-    return sum(1 for prev, cur in pairwise(slots) if prev.model != cur.model)
+    """Model activations on one node after the first slot's (cold loads, not switches)."""
+    return sum(len(s.activated) for s in slots[1:])
 
 
 def run_experiment(

@@ -42,7 +42,13 @@ from talaria.core.types import (
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, PcieLink, SessionKv
+from talaria.runtime.scheduling.resources import (
+    DeviceShare,
+    KvLocation,
+    NodeMemory,
+    PcieLink,
+    SessionKv,
+)
 
 STAGING_CHUNKS = 16
 """Weight staging moves in this many chunks, so KV transfers can pass between them."""
@@ -85,8 +91,10 @@ class SimEngine:
         node: str,
         host_kv: bool,
         replies: ReplyPolicy = DEFAULT_REPLIES,
+        device: DeviceShare | None = None,
     ) -> None:
         self.model = model.name
+        self._device = device or DeviceShare()
         self._replies = replies
         self._spec = model
         self._cost = cost
@@ -133,6 +141,28 @@ class SimEngine:
         weights = self._spec.weight_bytes
         staged = self._staged_bytes_done / weights if self.staging else 0.0
         return EngineSnapshot(self.model, self._active, self.running, staged, self.busy_s)
+
+    @property
+    def weight_bytes(self) -> float:
+        return self._spec.weight_bytes
+
+    def kv_floor_bytes(self) -> float:
+        """KV of one sequence of the model's whole context window (vLLM refuses to start with
+        less room than that, docs/sources.md §4)."""
+        return self._cost.kv_bytes(self._spec.context_window_tokens)
+
+    def can_activate(self) -> bool:
+        """The weights fit in HBM once idle KV is evicted (staged weights are already in)."""
+        if self._active or self.staging:
+            return True
+        idle = sum(e.nbytes for e in self._memory.lru(KvLocation.HBM))
+        return self._memory.hbm_free_bytes() + idle >= self._spec.weight_bytes
+
+    def _step_s(self, step_s: float) -> float:
+        """The step's time with the other busy engines of the node (``DeviceShare``); the
+        roofline's fixed step overhead is host time, a fitted step is all device time."""
+        host = self._cost.profile.step_overhead_s if self._cost.fit is None else 0.0
+        return self._device.stretch(self.model, step_s, host)
 
     # -- admission -------------------------------------------------------------------------
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:
@@ -325,10 +355,17 @@ class SimEngine:
 
     # -- the iteration loop ----------------------------------------------------------------
     async def _serve(self) -> None:
+        try:
+            await self._serve_ready()
+        finally:
+            self._device.set_busy(self.model, False, self._wake)
+
+    async def _serve_ready(self) -> None:
         while True:
             ready = [s for s in self._seqs if s.ready]
             if not ready:
                 return
+            self._device.set_busy(self.model, True, self._wake)
             self._wake.clear()
             decoding = [s for s in ready if s.prefill_left == 0]
             budget = self._cost.profile.max_num_batched_tokens - len(decoding)
@@ -347,8 +384,8 @@ class SimEngine:
     async def _mixed_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         prefill = [PrefillChunk(take, seq.context) for seq, take in chunks]
         dt = self._cost.step_time_s(prefill, sum(s.context for s in decoding), len(decoding))
-        await self._clock.sleep(dt)
-        self.busy_s += dt
+        self.busy_s += dt  # the GPU's work: co-residents' steps stretch, the work does not
+        await self._clock.sleep(self._step_s(dt))
         self.steps += 1
         now = self._clock.now()
         for seq in decoding:
@@ -367,9 +404,13 @@ class SimEngine:
         n = len(decoding)
         context = sum(s.context for s in decoding)
         ends: list[float] = []
-        total = 0.0
+        work: list[float] = []
+        total = done = 0.0
         for i in range(k):
-            total += self._cost.decode_step_time_s(n, context + i * n)
+            step = self._cost.decode_step_time_s(n, context + i * n)
+            done += step
+            work.append(done)
+            total += self._step_s(step)
             ends.append(total)
         start = self._clock.now()
         woken = await self._clock.wait_event(self._wake, total)
@@ -378,7 +419,7 @@ class SimEngine:
             elapsed = self._clock.now() - start
             done_steps = min(k, bisect.bisect_right(ends, elapsed) + 1)
             await self._clock.sleep(ends[done_steps - 1] - elapsed)
-        self.busy_s += ends[done_steps - 1]
+        self.busy_s += work[done_steps - 1]
         self.steps += done_steps
         now = self._clock.now()
         for seq in decoding:
@@ -445,6 +486,13 @@ class SimEngine:
         the device-to-device copy; otherwise a full wake (host→HBM at the sleep-mode rate)."""
         start = self._clock.now()
         weights = self._spec.weight_bytes
+        offloaded = 0.0 if self.staging else self._evict_for(weights, keep="")
+        if offloaded is None:
+            raise RuntimeError(f"no HBM room for {self.model}'s weights (check can_activate)")
+        if not self.staging:
+            self._memory.load_weights(self.model, weights)  # claimed before any await
+        if offloaded:
+            await self._pcie.transfer(self._cost.kv_transfer_time_s(offloaded), offloaded, 0)
         if self.staging:
             remaining = weights - self._staged_bytes_done
             self._stop_staging_task()
@@ -454,7 +502,6 @@ class SimEngine:
             await self._clock.sleep(self._cost.d2d_switch_time_s())
             self._memory.load_weights(self.model, weights)
         else:
-            self._memory.load_weights(self.model, weights)
             await self._pcie.transfer(self._cost.weight_wake_time_s(), weights, priority=0)
         self._staged_bytes_done = 0.0
         self._active = True

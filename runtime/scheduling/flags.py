@@ -1,7 +1,7 @@
 """Scheduler feature flags and the named policies built from them.
 
-Every ablation is the same scheduler with flags switched (DESIGN.md, "Rules"): ``round`` has all
-four off, ``talaria`` all on, and ``+<flag>`` switches on one flag over ``round``.
+Every ablation is the same scheduler with flags switched: ``round`` has all of them off,
+``talaria`` all on, and ``+<flag>`` switches on one flag over ``round``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,13 @@ class SchedulerFlags:
     """Prefetch the next model's weights into free HBM during a slot; switch by device copy."""
     soft_reservations: bool = False
     """A session in a tool gap holds admission budget and its KV until it returns or expires."""
+    demand_slots: bool = False
+    """Pick the next slot's model, and size its slot, from queued and expected work
+    (``slots.next_model_by_demand``, ``slots.slot_length_s``) instead of round-robin with a
+    fixed quantum."""
+    co_residency: bool = False
+    """Keep every model whose weights fit beside the slot's model resident and serving at the
+    same time (``slots.resident_set``); only the models that do not fit are switched."""
 
     def enabled(self) -> list[str]:
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -26,18 +33,22 @@ class SchedulerFlags:
 
 FLAG_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SchedulerFlags))
 ROUND = SchedulerFlags()
-TALARIA = SchedulerFlags(True, True, True, True)
+TALARIA = SchedulerFlags(True, True, True, True, True, True)
 
 
 def policy_flags(name: str) -> SchedulerFlags:
-    """``round``, ``talaria``, or ``+flag`` (one flag over round), e.g. ``+sp_admission``."""
+    """``round``, ``talaria``, ``+flag`` (one flag over round, e.g. ``+sp_admission``) or
+    ``-flag`` (talaria with one flag off, e.g. ``-co_residency``)."""
     if name == "round":
         return ROUND
     if name == "talaria":
         return TALARIA
-    if name.startswith("+") and name[1:] in FLAG_NAMES:
-        return replace(ROUND, **{name[1:]: True})
-    choices = ", ".join(["round", "talaria", *(f"+{f}" for f in FLAG_NAMES)])
+    if name[:1] in "+-" and name[1:] in FLAG_NAMES:
+        base, on = (ROUND, True) if name[0] == "+" else (TALARIA, False)
+        return replace(base, **{name[1:]: on})
+    choices = ", ".join(
+        ["round", "talaria", *(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
+    )
     raise ValueError(f"unknown policy {name!r}; choose from: {choices}")
 
 

@@ -1,4 +1,5 @@
-"""What the engines of one node share: HBM and host-DRAM byte accounting, and the PCIe link.
+"""What the engines of one node share: HBM and host-DRAM byte accounting, the PCIe link, and
+the GPUs' time (``DeviceShare``).
 
 HBM holds the active model's weights, any staged weights of the next model, and session KV
 (``KvLocation.HBM``). Host DRAM holds the pinned weight copies of every hosted model (outside
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from asyncio import CancelledError, Future, get_running_loop
+from asyncio import CancelledError, Event, Future, get_running_loop
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -186,3 +187,44 @@ class PcieLink:
                 self._busy = True
                 nxt.set_result(None)
                 return
+
+
+class DeviceShare:
+    """The node's GPUs as co-resident engines share them.
+
+    Without MPS, kernels of different processes never run at the same time: the GPU time-slices
+    between their contexts (docs/sources.md §4, "Engines sharing a GPU"). Device time therefore
+    adds up: a step whose device part takes ``t − t_host`` alone takes
+
+        t' = t_host + (t − t_host) × (1 + k)
+
+    while k other engines are busy (processor sharing, work-conserving), the host part
+    ``t_host`` (scheduling, sampling on the CPU) overlapping. An engine is busy while it has
+    ready sequences; when that changes, the other busy engines are woken to re-time their
+    remaining steps.
+    """
+
+    def __init__(self) -> None:
+        self._busy: dict[str, Event] = {}
+
+    def set_busy(self, engine: str, busy: bool, wake: Event) -> None:
+        if busy == (engine in self._busy):
+            return
+        if busy:
+            self._busy[engine] = wake
+        else:
+            del self._busy[engine]
+        for other, event in self._busy.items():
+            if other != engine:
+                event.set()
+
+    def others_busy(self, engine: str) -> int:
+        return sum(1 for other in self._busy if other != engine)
+
+    def stretch(self, engine: str, step_s: float, host_s: float) -> float:
+        """t_host + (t − t_host) × (1 + k), k = the other busy engines (formula above)."""
+        k = self.others_busy(engine)
+        if k == 0 or step_s <= 0:
+            return step_s
+        host = min(host_s, step_s)
+        return host + (step_s - host) * (1 + k)

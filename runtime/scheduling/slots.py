@@ -1,9 +1,16 @@
-"""Slot policy: which model a node serves next, and when the active slot closes. Pure.
+"""Slot policy: which model a node serves next, which models stay resident beside it, how
+long its slot lasts, and when the slot closes. Pure.
 
-- Order: models take turns in their configured order, starting after the active one; a model
-  with no waiting call is skipped; the active model comes last, so it keeps the node (a renewed
-  slot, no switch) when only it has waiting calls.
-- A slot has a deadline only while it is *contended*, i.e. another model has a waiting call.
+- Order (round-robin, ``next_model``): models take turns in their configured order, starting
+  after the active one; a model with no waiting call is skipped; the active model comes last,
+  so it keeps the node (a renewed slot, no switch) when only it has waiting calls.
+- Order (``demand_slots``, ``next_model_by_demand``): the model with the most work waiting and
+  expected, weighted by its wait, with a stated starvation bound; its slot's length follows its
+  share of the demand (``slot_length_s``).
+- Residents (``co_residency``, ``resident_set``): the slot's model plus the others that fit
+  beside it, by demand.
+- A slot has a deadline only while it is *contended*, i.e. a model that is not resident has a
+  waiting call.
   Uncontended, the active model runs as plain continuous batching, in every policy.
 - A contended slot closes when its quantum has elapsed (``QUANTUM``), or earlier when it has
   nothing left to do (``IDLE``): no call running, no waiting call it may admit, and no live
@@ -14,6 +21,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -35,10 +43,6 @@ def next_model(order: Sequence[str], active: str | None, waiting: Mapping[str, i
     return None
 
 
-def is_contended(active: str, waiting: Mapping[str, int]) -> bool:
-    return any(n > 0 for model, n in waiting.items() if model != active)
-
-
 def close_reason(
     *,
     now_s: float,
@@ -56,3 +60,125 @@ def close_reason(
     if running == 0 and not admissible_waiting and live_reservations == 0:
         return CloseReason.IDLE
     return None
+
+
+@dataclass(frozen=True)
+class Demand:
+    """One model's work on a node, as the slot policy sees it."""
+
+    waiting: int
+    """Calls queued for the model."""
+    expected_back: int = 0
+    """Sessions of the model in a tool gap, expected back within the coming quantum."""
+    oldest_wait_s: float = 0.0
+    """How long the model's oldest queued call has waited (0 with none queued)."""
+
+
+@dataclass(frozen=True)
+class DemandPolicy:
+    """The demand-aware slot policy's constants, in units of the base quantum ``Q``.
+
+    - ``starvation_s`` (S): a model whose oldest queued call has waited S is *starving*.
+    - slot lengths lie in [``min_factor`` × Q, ``max_factor`` × Q].
+    """
+
+    quantum_s: float
+    starvation_factor: float = 2.0
+    min_factor: float = 0.5
+    max_factor: float = 2.0
+
+    @property
+    def starvation_s(self) -> float:
+        return self.starvation_factor * self.quantum_s
+
+    @property
+    def max_slot_s(self) -> float:
+        return self.max_factor * self.quantum_s
+
+
+def demand_score(demand: Demand, quantum_s: float) -> float:
+    """score = (waiting + expected_back) × (1 + oldest_wait_s / Q): the work a slot would serve,
+    weighted up by how long it has waited (in quanta)."""
+    return (demand.waiting + demand.expected_back) * (1.0 + demand.oldest_wait_s / quantum_s)
+
+
+def _turn_rank(order: Sequence[str], active: str | None) -> dict[str, int]:
+    """Round-robin position after ``active`` (the active model ranks last)."""
+    start = order.index(active) + 1 if active in order else 0
+    return {order[(start + i) % len(order)]: i for i in range(len(order))}
+
+
+def next_model_by_demand(
+    order: Sequence[str],
+    active: str | None,
+    demands: Mapping[str, Demand],
+    policy: DemandPolicy,
+) -> str | None:
+    """The model whose slot comes next, from demand. Only models with queued calls are
+    eligible (None when none has any: work conservation is the caller's uncontended mode).
+
+    - If any eligible model is starving (oldest wait ≥ S), the one that has waited longest.
+    - Else the highest ``demand_score``; ties go to the round-robin order after ``active``.
+
+    Starvation bound: a slot lasts at most ``max_slot_s`` (Qmax) plus the drain D of the
+    calls running at its close, and a switch W. Once a model's oldest call has waited S, only
+    models that have waited even longer go first, each at most once, so with M models that
+    call's model gets a slot within S + (M − 1) × (Qmax + D + W) of the call's arrival
+    (assuming a slot admits its queued batch whole, i.e. memory permitting).
+    """
+    eligible = [m for m in order if demands.get(m, Demand(0)).waiting > 0]
+    if not eligible:
+        return None
+    rank = _turn_rank(order, active)
+    starving = [m for m in eligible if demands[m].oldest_wait_s >= policy.starvation_s]
+    if starving:
+        return max(starving, key=lambda m: (demands[m].oldest_wait_s, -rank[m]))
+    return max(eligible, key=lambda m: (demand_score(demands[m], policy.quantum_s), -rank[m]))
+
+
+def slot_length_s(model: str, demands: Mapping[str, Demand], policy: DemandPolicy) -> float:
+    """Q × clamp(n × score_m / Σ scores, min_factor, max_factor) over the n models with work
+    (queued or expected back): a model with k× the mean demand gets k× the base quantum,
+    within bounds. With no other model in demand it gets Q."""
+    q = policy.quantum_s
+    scores = {
+        m: demand_score(d, q) for m, d in demands.items() if d.waiting > 0 or d.expected_back > 0
+    }
+    total = sum(scores.values())
+    if model not in scores or total <= 0 or len(scores) < 2:
+        return q
+    factor = len(scores) * scores[model] / total
+    return q * min(policy.max_factor, max(policy.min_factor, factor))
+
+
+def resident_set(
+    first: str,
+    current: Sequence[str],
+    demands: Mapping[str, Demand],
+    weight_bytes: Mapping[str, float],
+    kv_floor_bytes: Mapping[str, float],
+    capacity_bytes: float,
+    quantum_s: float,
+) -> list[str]:
+    """The models resident together in the next slot: ``first`` (whose turn it is), then the
+    others greedily while Σ weights + max KV floor ≤ capacity. Candidates are the models with
+    demand (by ``demand_score``, descending) and then the currently resident ones (keeping a
+    resident model costs no switch); ties keep the current residents first, then the order of
+    ``weight_bytes``. ``kv_floor_bytes[m]``: the least KV room the model must keep (one
+    longest sequence: vLLM refuses to start with less, docs/sources.md §4)."""
+    names = list(weight_bytes)
+
+    def key(m: str) -> tuple[float, int, int]:
+        d = demands.get(m, Demand(0))
+        return (-demand_score(d, quantum_s), m not in current, names.index(m))
+
+    chosen = [first]
+    for model in sorted((m for m in names if m != first), key=key):
+        d = demands.get(model, Demand(0))
+        if model not in current and d.waiting == 0 and d.expected_back == 0:
+            continue
+        trial = [*chosen, model]
+        need = sum(weight_bytes[m] for m in trial) + max(kv_floor_bytes[m] for m in trial)
+        if need <= capacity_bytes:
+            chosen = trial
+    return chosen

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import pytest
@@ -30,7 +30,7 @@ from talaria.runtime.scheduling.flags import (
     SchedulerFlags,
     policy_flags,
 )
-from talaria.runtime.scheduling.slots import CloseReason, close_reason, is_contended, next_model
+from talaria.runtime.scheduling.slots import CloseReason, close_reason, next_model
 
 ORDER = ("a", "b", "c")
 
@@ -70,20 +70,6 @@ def test_next_model(active: str | None, waiting: dict[str, int], expected: str |
 
 def test_next_model_empty_order() -> None:
     assert next_model((), None, {"a": 1}) is None
-
-
-@pytest.mark.parametrize(
-    ("active", "waiting", "expected"),
-    [
-        ("a", {}, False),
-        ("a", {"a": 5}, False),
-        ("a", {"a": 5, "b": 0}, False),
-        ("a", {"b": 1}, True),
-        ("a", {"a": 0, "c": 2}, True),
-    ],
-)
-def test_is_contended(active: str, waiting: dict[str, int], expected: bool) -> None:
-    assert is_contended(active, waiting) is expected
 
 
 # -- slots.close_reason ----------------------------------------------------------------------
@@ -358,14 +344,23 @@ def test_policy_flags(name: str, enabled: list[str]) -> None:
 def test_named_policies() -> None:
     assert policy_flags("round") == ROUND == SchedulerFlags()
     assert policy_flags("talaria") == TALARIA
-    assert FLAG_NAMES == ("sp_admission", "host_kv", "d2d_staging", "soft_reservations")
+    assert FLAG_NAMES == (
+        "sp_admission",
+        "host_kv",
+        "d2d_staging",
+        "soft_reservations",
+        "demand_slots",
+        "co_residency",
+    )
+    assert all(getattr(TALARIA, f) for f in FLAG_NAMES)
+    assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)
     one_flag = [f"+{f}" for f in FLAG_NAMES]
     assert list(DEFAULT_POLICIES) == ["round", *one_flag, "talaria"]
     for name in DEFAULT_POLICIES:
         policy_flags(name)
 
 
-@pytest.mark.parametrize("name", ["", "Round", "fifo", "+", "+nope", "sp_admission", "-host_kv"])
+@pytest.mark.parametrize("name", ["", "Round", "fifo", "+", "+nope", "-nope", "sp_admission"])
 def test_unknown_policy_raises_listing_choices(name: str) -> None:
     with pytest.raises(ValueError, match="unknown policy") as info:
         policy_flags(name)

@@ -603,7 +603,9 @@ async def run_node(
 
 @pytest.mark.parametrize("sleep_mode", [False, True], ids=["cpu-gate", "gpu-sleep"])
 def test_scheduler_alternates_slots_and_sp_sets_priority(sleep_mode: bool) -> None:
-    node, fakes, results = virtual(lambda clock: run_node(clock, TALARIA, sleep_mode))
+    # both fit together (weights unknown: 0 B), so co-residency would serve them at once
+    flags = replace(TALARIA, co_residency=False)
+    node, fakes, results = virtual(lambda clock: run_node(clock, flags, sleep_mode))
     models = [s.model for s in node.slots]
     switched = [m for i, m in enumerate(models) if i == 0 or m != models[i - 1]]
     assert len(switched) >= 4 and set(switched) == {"a", "b"}
@@ -629,6 +631,19 @@ def test_scheduler_alternates_slots_and_sp_sets_priority(sleep_mode: bool) -> No
             assert sum(1 for c in calls if c[0] == "sleep") >= slots
         else:
             assert calls == []
+
+
+def test_co_resident_vllm_engines_serve_both_models_without_switching() -> None:
+    node, fakes, results = virtual(lambda clock: run_node(clock, TALARIA, False))
+    assert len(results) == CALLS
+    assert [s.activated for s in node.slots][:1] in (
+        [("a", "b")],
+        [("b", "a")],
+        [("a",)],
+        [("b",)],
+    )
+    assert sum(len(s.activated) for s in node.slots) == 2  # two cold loads, no switch
+    assert all(switches(f) == [] for f in fakes.values())
 
 
 def test_round_policy_has_no_sp_admissions() -> None:

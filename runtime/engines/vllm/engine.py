@@ -291,6 +291,19 @@ class VLLMEngine:
         return self._memory.held(self.epoch)
 
     # -- estimates -------------------------------------------------------------------------
+    @property
+    def weight_bytes(self) -> float:
+        """Weight bytes on one device (0 when unknown): what co-residency must fit beside the
+        other engines' (a vLLM node's byte accounting is per device, ``NodeMemory`` is not)."""
+        return self._opt.weight_bytes_per_device or 0.0
+
+    def kv_floor_bytes(self) -> float:
+        return 0.0  # vLLM sizes its own KV pool at start (gpu_memory_utilization)
+
+    def can_activate(self) -> bool:
+        """True: vLLM's own pool is sized at start; waking needs no room from the node."""
+        return True
+
     def kv_bytes(self, tokens: int) -> float:
         return self._kv.kv_bytes(tokens)
 

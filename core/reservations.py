@@ -2,6 +2,10 @@
 tool gap keeps its KV and some admission budget on the node
 it last ran on, until it returns, ends, or the reservation expires.
 
+The runtime's node scheduler keeps a ``ReservationTable`` of ``plan_reservation``s; the proxy
+(the gateway, and the simulator's cluster replay) keeps one ``SessionReservations``: which
+instance each session in a tool gap is expected back on, for the router's ``reserved`` rule.
+
 Expected gap = the caller's hint if given, else the session's learned mean gap
 ``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: the tool-gap mean
 ≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A reservation is taken only if the
@@ -97,3 +101,196 @@ class ReservationTable:
 
     def next_expiry_s(self) -> float | None:
         return min((r.expires_s for r in self.live.values()), default=None)
+
+
+class Settled(StrEnum):
+    """How a session's proxy-level reservation ended when the session came back."""
+
+    HIT = "hit"
+    """Back while it was live, and routed to the reserved instance."""
+    MISS = "miss"
+    """Back while it was live, but routed to another instance."""
+    EXPIRED = "expired"
+    """Back after it expired (and before a sweep released it)."""
+
+
+@dataclass(frozen=True)
+class SoftReservation:
+    """A proxy-level soft reservation: ``session``'s next call is expected on ``instance``."""
+
+    session: str
+    instance: str
+    created_s: float
+    expected_gap_s: float
+    expires_s: float
+
+    @property
+    def expected_return_s(self) -> float:
+        return self.created_s + self.expected_gap_s
+
+    def live(self, now_s: float) -> bool:
+        """Live up to and including its expiry instant."""
+        return now_s <= self.expires_s
+
+
+@dataclass
+class _Tracked:
+    gaps: GapEstimator = field(default_factory=GapEstimator)
+    last_finish_s: float | None = None
+    """The finish of its last call, until its next call starts (one gap per finish)."""
+    last_instance: str | None = None
+    held: SoftReservation | None = None
+
+
+class SessionReservations:
+    """Proxy-level soft reservations and tool-gap learning, per session key (one book per proxy
+    process; the gateway's and the simulator's cluster replay's). Pure: no clock, no I/O; every
+    time is an argument, in seconds of the caller's clock.
+
+    Rules:
+
+    - **Gap learning.** A call that starts (``started``) while no other call of the session is
+      in flight observes the gap since the session's last finish, once per finish
+      (``GapEstimator``: the prior 3.2 s with weight 1, then the mean of what was observed).
+    - **When to reserve.** After a call that is not the session's last (``finished``) whose reply
+      asks for tools, or that carries a client tool-gap hint; a hint on its own (``hint``, no
+      call of the session in flight) reserves too. A reply that neither asks for tools nor
+      carries a hint leaves any reservation as it is; a new one replaces the old.
+    - **Where and for how long.** On the instance of the session's last call (for a call: the
+      instance that ran it). The expected gap is the hint when one is given, else the learned
+      mean; the reservation expires at ``now + max(2 × gap, gap + 1 s)``
+      (``plan_reservation`` with no slot deadline: the proxy does not see slots).
+    - **Reading.** ``reserved(session, now)`` is the instance while ``now ≤ expiry``, else None;
+      reading never releases.
+    - **Settling.** The session's next call (``started``) releases its reservation:
+      ``HIT`` if live and routed to its instance, ``MISS`` if live and routed elsewhere,
+      ``EXPIRED`` if past its expiry.
+    - **Expiry.** ``sweep(now)`` releases and returns the reservations past their expiry.
+    - **Ends.** A session's last call and ``end`` drop everything the book holds of it.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Tracked] = {}
+
+    def __contains__(self, session: object) -> bool:
+        """Whether the book holds anything of ``session`` (learned gaps, a reservation)."""
+        return session in self._sessions
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- reading ----------------------------------------------------------------------------
+    def reserved(self, session: str, now_s: float) -> str | None:
+        """The instance of the session's live reservation; None if none, or expired."""
+        held = self.held(session)
+        return held.instance if held is not None and held.live(now_s) else None
+
+    def held(self, session: str) -> SoftReservation | None:
+        """The session's reservation, live or expired but not yet released."""
+        tracked = self._sessions.get(session)
+        return None if tracked is None else tracked.held
+
+    def expected_gap_s(self, session: str) -> float:
+        """The session's learned mean gap (the prior for a session the book does not know)."""
+        tracked = self._sessions.get(session)
+        return (tracked.gaps if tracked is not None else GapEstimator()).expected_s()
+
+    # -- a session's calls ------------------------------------------------------------------
+    def started(
+        self, session: str, instance: str, now_s: float, *, concurrent: bool = False
+    ) -> Settled | None:
+        """A call of the session starts on ``instance``: learn the gap since its last finish
+        (not when ``concurrent``: another of its calls is in flight, so this is no tool gap),
+        and release its reservation. Returns how the reservation ended (None: it had none)."""
+        tracked = self._sessions.get(session)
+        if tracked is None:
+            return None
+        if tracked.last_finish_s is not None and not concurrent:
+            tracked.gaps.observe(now_s - tracked.last_finish_s)
+            tracked.last_finish_s = None
+        held, tracked.held = tracked.held, None
+        if held is None:
+            return None
+        if not held.live(now_s):
+            return Settled.EXPIRED
+        return Settled.HIT if held.instance == instance else Settled.MISS
+
+    def finished(
+        self,
+        session: str,
+        instance: str,
+        now_s: float,
+        *,
+        final: bool,
+        asks_tools: bool,
+        hint_s: float | None = None,
+    ) -> SoftReservation | None:
+        """A call of the session ended on ``instance`` at ``now_s``. Its last (``final``): the
+        session is forgotten. Else its finish is remembered (for the next gap), and if the reply
+        asks for tools or the call carried a tool-gap hint (``hint_s``), a reservation on
+        ``instance`` is taken (replacing any); returns it (None: none taken)."""
+        if final:
+            self._sessions.pop(session, None)
+            return None
+        tracked = self._sessions.setdefault(session, _Tracked())
+        tracked.last_finish_s = now_s
+        tracked.last_instance = instance
+        if not asks_tools and hint_s is None:
+            return None
+        return self._reserve(session, tracked, instance, now_s, hint_s)
+
+    def hint(
+        self, session: str, now_s: float, gap_s: float, *, concurrent: bool = False
+    ) -> SoftReservation | None:
+        """The client expects a tool gap of ``gap_s``: reserve on the instance of the session's
+        last call (replacing any reservation). None, and nothing reserved, when the book knows
+        no last instance or a call of the session is in flight (``concurrent``)."""
+        tracked = self._sessions.get(session)
+        if tracked is None or tracked.last_instance is None or concurrent:
+            return None
+        return self._reserve(session, tracked, tracked.last_instance, now_s, gap_s)
+
+    def adopt(self, session: str, last_instance: str | None) -> None:
+        """A session this book never saw goes on here (a proxy replica takes it over): its
+        last call ran on ``last_instance``. Nothing is learned or reserved."""
+        tracked = self._sessions.setdefault(session, _Tracked())
+        if tracked.last_instance is None:
+            tracked.last_instance = last_instance
+
+    def _reserve(
+        self,
+        session: str,
+        tracked: _Tracked,
+        instance: str,
+        now_s: float,
+        hint_s: float | None,
+    ) -> SoftReservation:
+        gap = hint_s if hint_s is not None else tracked.gaps.expected_s()
+        plan = plan_reservation(
+            session_id=session,
+            model="",
+            now_s=now_s,
+            expected_gap_s=gap,
+            held_bytes=0.0,
+            deadline_s=None,
+        )
+        assert plan is not None  # no deadline: always planned
+        tracked.held = SoftReservation(session, instance, now_s, gap, plan.expires_s)
+        return tracked.held
+
+    # -- expiry and ends --------------------------------------------------------------------
+    def sweep(self, now_s: float) -> list[SoftReservation]:
+        """Release the reservations past their expiry at ``now_s``; returns them (by expiry,
+        then session)."""
+        expired = [
+            t.held for t in self._sessions.values() if t.held is not None and not t.held.live(now_s)
+        ]
+        for held in expired:
+            self._sessions[held.session].held = None
+        return sorted(expired, key=lambda h: (h.expires_s, h.session))
+
+    def end(self, session: str) -> SoftReservation | None:
+        """The session ended (or this process no longer serves it): forget it; returns the
+        reservation it held, if any (live or not)."""
+        tracked = self._sessions.pop(session, None)
+        return None if tracked is None else tracked.held

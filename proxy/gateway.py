@@ -1,13 +1,15 @@
 """The gateway service: one LLM call from a normalized, identified request to a recorded result.
 
 Per call: find its session (``sessions.book``: by the client's id, or by the conversation it
-continues); release the session's soft reservation (a hit if it came back to the reserved
-instance); route it (``proxy.routing``) over the status of the instances hosting its model; run
-it on that instance in a task of its own, so a client that disconnects never loses the call or
-its records; then remember the reply as the session's conversation, learn its tool gap, take a
-new soft reservation when the reply is a tool call (or the client hinted a gap), and hand
-session, call, decision and reservation records to the batched writer. Sessions idle for
-``session_idle_timeout_s`` end.
+continues); route it (``proxy.routing``) over the status of the instances hosting its model,
+and release the session's soft reservation (a hit if it came back to the reserved instance);
+run it on that instance in a task of its own, so a client that disconnects never loses the call
+or its records; then remember the reply as the session's conversation, and take a new soft
+reservation when the reply is a tool call (or the client hinted a gap); hand session, call,
+decision and reservation records to the batched writer. Sessions idle for
+``session_idle_timeout_s`` end. Soft reservations and tool-gap learning follow
+``core.reservations.SessionReservations`` (``self.reservations``, the same rules as the
+simulator's cluster replay); the gateway keeps their records and metrics.
 
 Time: the gateway schedules on its ``Clock`` (clock seconds: wall seconds × ``time_scale``
 under a scaled clock). Everything it shows — records, metrics, ``/v1/models`` — is in wall
@@ -27,13 +29,13 @@ import logging
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, overload
 
 from talaria.core.calls import Call, ModelOutput
 from talaria.core.clock import Clock
-from talaria.core.reservations import plan_reservation
+from talaria.core.reservations import SessionReservations, Settled, SoftReservation
 from talaria.core.status import InstanceStatus
 from talaria.core.types import (
     CallRejected,
@@ -248,7 +250,9 @@ class Gateway:
         self._owned: Callable[[str], bool] | None = None
         self._adopt: Callable[[str, str], Awaitable[AdoptableSession | None]] | None = None
         self._inflight: dict[str, int] = {}
-        self.sessions = SessionBook()
+        self.reservations = SessionReservations()
+        """Soft reservations and learned tool gaps, by session key (clock seconds)."""
+        self.sessions = SessionBook(on_forget=self.reservations.end)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -366,6 +370,7 @@ class Gateway:
                 adopted=True,
             )
         )
+        self.reservations.adopt(stored.key, stored.last_instance)
 
     async def open_call(self, call: PreparedCall) -> CallHandle:
         """Find the session, route the call and start it; raises ApiError before anything
@@ -414,9 +419,7 @@ class Gateway:
         elif shared and state.tools == tools.digest:  # the tools render ahead of the messages
             shared += tools.tokens
         state.tools = tools.digest
-        if state.last_finish_s is not None and state.inflight == 0:
-            state.gaps.observe(now_s - state.last_finish_s)
-        reserved = self._live_reservation(state, now_s)
+        reserved = self.reservations.reserved(state.key, now_s)
         try:
             decision = route(
                 self._router,
@@ -433,7 +436,12 @@ class Gateway:
             )
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
-        self._settle_reservation(state, decision.instance, now_at)
+        settled = self.reservations.started(
+            state.key, decision.instance, now_s, concurrent=state.inflight > 0
+        )
+        if settled is not None:  # the session is back: a hit if routed to its reservation
+            self.metrics.reservations.labels(settled.value).inc()
+            self._release(state, "expired" if settled is Settled.EXPIRED else "returned", now_at)
         if state.last_instance is not None and state.last_instance != decision.instance:
             await self._by_name[state.last_instance].session_moved(state.key)
         self.metrics.decisions.labels(self._router, decision.reason).inc()
@@ -639,7 +647,6 @@ class Gateway:
     ) -> int:
         """Record a finished call; returns the sequence number of its last record."""
         result, output = outcome.result, outcome.output
-        state.last_finish_s = result.finished_s
         state.last_instance = runtime.name
         state.last_finish_reason = output.finish_reason
         if call.call.messages is not None:
@@ -674,88 +681,47 @@ class Gateway:
             for record in call.extra_records(outcome):
                 self._submit(record)
         single = call.call.messages is None and not call.identity.explicit
-        if call.identity.final or single:
+        final = call.identity.final or single
+        taken = self.reservations.finished(
+            state.key,
+            runtime.name,
+            self._clock.now(),
+            final=final,
+            asks_tools=bool(output.tool_calls) or output.finish_reason == "tool_calls",
+            hint_s=self._clock_s(call.identity.tool_gap_hint_s),
+        )
+        if final:
             self._end(state, "final", finished_at)
             return self._last_seq
-        gap = self._clock_s(call.identity.tool_gap_hint_s)
-        if output.tool_calls or output.finish_reason == "tool_calls" or gap is not None:
-            self._reserve(state, runtime.name, gap, finished_at)
+        if taken is not None:
+            self._taken(state, taken, finished_at)
         self._write_session(state, finished_at)
         return self._last_seq
 
     # -- reservations ------------------------------------------------------------------------
-    def _live_reservation(self, state: SessionState, now_s: float) -> str | None:
-        expires = state.reservation_expires_s
-        if state.reserved_instance is None or expires is None:
-            return None
-        return state.reserved_instance if now_s <= expires else None
-
-    def _reserve(
-        self, state: SessionState, instance: str, gap_s: float | None, now_at: datetime
-    ) -> None:
-        now_s = self._clock.now()
-        expected = gap_s if gap_s is not None else state.gaps.expected_s()
-        plan = plan_reservation(
+    # When to reserve, for how long, and how a reservation ends are ``self.reservations``'
+    # (core.reservations.SessionReservations); here: its records and metrics, in wall time.
+    def _taken(self, state: SessionState, held: SoftReservation, now_at: datetime) -> None:
+        """Record a reservation just taken (releasing the one it replaces)."""
+        self._release(state, "replaced", now_at)
+        state.reservation = ReservationRecord(
+            reservation_id=uuid.uuid4().hex,
             session_id=state.key,
-            model=state.model,
-            now_s=now_s,
-            expected_gap_s=expected,
+            instance=held.instance,
             held_bytes=0.0,
-            deadline_s=None,
-        )
-        assert plan is not None  # no deadline: always planned
-        if state.reservation_id is not None:
-            self._release(state, "replaced", now_at)
-        state.reservation_id = uuid.uuid4().hex
-        state.reserved_instance = instance
-        state.reservation_expires_s = plan.expires_s
-        state.reservation_times = (
-            now_at,
-            now_at + timedelta(seconds=self._wall_s(expected)),
-            now_at + timedelta(seconds=self._wall_s(plan.expires_s - now_s)),
+            created_at=now_at,
+            expected_return_at=now_at + timedelta(seconds=self._wall_s(held.expected_gap_s)),
+            expires_at=now_at + timedelta(seconds=self._wall_s(held.expires_s - held.created_s)),
         )
         self.metrics.reservations.labels("taken").inc()
-        self._write_reservation(state, None, None)
-
-    def _write_reservation(
-        self, state: SessionState, released_at: datetime | None, reason: str | None
-    ) -> None:
-        assert state.reservation_id is not None and state.reserved_instance is not None
-        assert state.reservation_times is not None
-        created_at, expected_at, expires_at = state.reservation_times
-        self._submit(
-            ReservationRecord(
-                reservation_id=state.reservation_id,
-                session_id=state.key,
-                instance=state.reserved_instance,
-                held_bytes=0.0,
-                created_at=created_at,
-                expected_return_at=expected_at,
-                expires_at=expires_at,
-                released_at=released_at,
-                release_reason=reason,
-            )
-        )
+        self._submit(state.reservation)
 
     def _release(self, state: SessionState, reason: str, now_at: datetime) -> None:
-        if state.reservation_id is None:
+        """Record the release of the session's reservation (if it has one recorded)."""
+        if state.reservation is None:
             return
-        self._write_reservation(state, now_at, reason)
-        state.reservation_id = state.reserved_instance = None
-        state.reservation_expires_s = None
-        state.reservation_times = None
-
-    def _settle_reservation(self, state: SessionState, instance: str, now_at: datetime) -> None:
-        """The session is back: a hit if routed to its live reservation's instance."""
-        if state.reservation_id is None:
-            return
-        live = self._live_reservation(state, self._clock.now())
-        if live is None:
-            self.metrics.reservations.labels("expired").inc()
-            self._release(state, "expired", now_at)
-            return
-        self.metrics.reservations.labels("hit" if live == instance else "miss").inc()
-        self._release(state, "returned", now_at)
+        self._submit(replace(state.reservation, released_at=now_at, release_reason=reason))
+        state.reservation = None
 
     async def _sweep(self) -> None:
         while True:
@@ -765,9 +731,9 @@ class Gateway:
     async def sweep_once(self) -> None:
         """Release expired reservations; end sessions idle beyond the timeout."""
         now_s, now_at = self._clock.now(), datetime.now(UTC)
-        for state in self.sessions:
-            expires = state.reservation_expires_s
-            if state.reservation_id is not None and expires is not None and now_s > expires:
+        for held in self.reservations.sweep(now_s):
+            state = self.sessions.get(held.session)
+            if state is not None and state.reservation is not None:
                 self.metrics.reservations.labels("expired").inc()
                 self._release(state, "expired", now_at)
         for state in self.sessions.idle(now_s, self._idle_timeout_s):
@@ -799,8 +765,11 @@ class Gateway:
         expected = self._clock_s(expected_s)
         if state.last_instance is not None and expected is not None:
             await self._by_name[state.last_instance].hint(state.key, expected)
-            if state.inflight == 0:
-                self._reserve(state, state.last_instance, expected, now_at)
+            taken = self.reservations.hint(
+                state.key, self._clock.now(), expected, concurrent=state.inflight > 0
+            )
+            if taken is not None:
+                self._taken(state, taken, now_at)
         return True
 
     async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
@@ -836,7 +805,7 @@ class Gateway:
             await self._by_name[state.last_instance].end_session(state.key)
 
     def _end(self, state: SessionState, reason: str, now_at: datetime) -> None:
-        if state.reservation_id is not None:
+        if state.reservation is not None:
             self.metrics.reservations.labels("ended").inc()
             self._release(state, "ended", now_at)
         self.metrics.sct.labels(state.model).observe(
@@ -851,7 +820,7 @@ class Gateway:
     ) -> None:
         if ended_reason is not None:
             status = "ended"
-        elif state.reservation_id is not None:
+        elif state.reservation is not None:
             status = "in_tool"
         else:
             status = "active"

@@ -1,12 +1,15 @@
 """The replay's proxy: routes every call to a node with ``talaria.proxy.routing.route``.
 
 For each call, in virtual time: read the session's live proxy-level soft reservation
-(``ReservationBook``), release it (the session is back), take a ``status()`` snapshot of every
-node hosting the call's model, ``route`` with the policy's router and the replay's seeded rng,
-and submit to the chosen node. When the call ends, the book records (session → node) until
-its hint-free expiry unless the call was the session's last; after the last call, every other
-node the session visited is told the session ended (so it drops the session's stale KV), as
-the proxy would.
+(``core.reservations.SessionReservations``, the gateway's own rules), take a ``status()``
+snapshot of every node hosting the call's model, ``route`` with the policy's router and the
+replay's seeded rng, release the reservation (the session is back; its gap is learned), and
+submit to the chosen node. When the call ends, the book reserves the node for the session as
+the gateway would after a reply that asks for tools: in a trace every call but a session's last
+is followed by a tool gap, so "asks for tools" is "not final", and the expected gap is the
+trace's hint (``expected_tool_gap_s``) when it has one, else the learned mean. After the last
+call the book forgets the session, and every other node the session visited is told the
+session ended (so it drops the session's stale KV), as the proxy would.
 
 One node, or a model hosted by one node (``dedicated``): the only candidate, every time.
 """
@@ -18,8 +21,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from talaria.core.clock import Clock
+from talaria.core.reservations import SessionReservations
 from talaria.core.types import CallRequest, CallResult
-from talaria.proxy.routing import ReservationBook, RouteRequest, RoutingConfig, route
+from talaria.proxy.routing import RouteRequest, RoutingConfig, route
 from talaria.proxy.routing.routers import get_router
 from talaria.proxy.routing.scorers import NoInstanceError
 from talaria.runtime.scheduling.node import NodeScheduler
@@ -36,7 +40,7 @@ class Dispatcher:
     ) -> None:
         self.router = get_router(router).name
         self.config = config or RoutingConfig()
-        self.book = ReservationBook()
+        self.book = SessionReservations()
         self.reasons: Counter[str] = Counter()
         self.migrations = 0
         """Continuation calls routed to another node than the session's previous call."""
@@ -58,7 +62,6 @@ class Dispatcher:
             raise NoInstanceError(f"no node hosts model {request.model!r}")
         now = self._clock.now()
         reserved = self.book.reserved(sid, now)
-        self.book.started(sid, now)
         last = self._last.get(sid)
         decision = route(
             self.router,
@@ -68,6 +71,7 @@ class Dispatcher:
             self._rng,
         )
         self.reasons[decision.reason] += 1
+        self.book.started(sid, decision.instance, now)
         if last is not None and last != decision.instance:
             self.migrations += 1
             self._nodes[last].session_moved(sid)
@@ -76,7 +80,14 @@ class Dispatcher:
         node = self._nodes[decision.instance]
         result = await node.submit(request)
         final = request.session_final
-        self.book.finished(sid, request.model, node.name, result.finished_s, final)
+        self.book.finished(
+            sid,
+            node.name,
+            result.finished_s,
+            final=final,
+            asks_tools=not final,
+            hint_s=request.expected_tool_gap_s,
+        )
         if final:
             for other in sorted(self._visited.pop(sid, set()) - {node.name}):
                 self._nodes[other].end_session(sid)

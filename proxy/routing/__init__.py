@@ -11,8 +11,8 @@ Dependency rule: proxy code imports only ``talaria.core`` and itself, with one e
 
 - ``scorers``: ``model_residency``, ``kv_locality``, ``instance_pressure`` (formulas there);
 - ``picker``: weighted sum, argmax, seeded tie-break, the reason label;
-- ``routers``: ``talaria``, ``load-only``, ``sticky``, ``kv-aware``; ``route``; the proxy-level
-  soft-reservation book;
+- ``routers``: ``talaria``, ``load-only``, ``sticky``, ``kv-aware``; ``route`` (the proxy-level
+  soft reservations its ``reserved`` rule reads are ``core.reservations.SessionReservations``);
 - ``settings``: ``RoutingConfig`` (weights per router, reference scales).
 """
 
@@ -20,7 +20,6 @@ from talaria.proxy.routing.picker import RoutingDecision
 from talaria.proxy.routing.routers import (
     ROUTER_NAMES,
     ROUTERS,
-    ReservationBook,
     Router,
     get_router,
     route,
@@ -41,7 +40,6 @@ __all__ = [
     "SCORERS",
     "SCORER_NAMES",
     "NoInstanceError",
-    "ReservationBook",
     "RouteRequest",
     "Router",
     "RoutingConfig",

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from talaria.core.reservations import GapEstimator
+from talaria.proxy.records import ReservationRecord
 from talaria.proxy.sessions.conversation import Conversation, Fingerprint, extend
 from talaria.proxy.sessions.identity import Identity
 
@@ -65,21 +65,18 @@ class SessionState:
     calls: int = 0
     inflight: int = 0
     last_activity_s: float = 0.0
-    last_finish_s: float | None = None
     last_instance: str | None = None
     last_finish_reason: str | None = None
-    gaps: GapEstimator = field(default_factory=GapEstimator)
     tools: bytes = b""
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
     indexed: dict[Kind, IndexKey] = field(default_factory=dict)
     """The index entries of the session: the chain value of its last prompt ("prompt": a retry
     repeats it) and of its last prompt + the reply it got ("history": a continuation starts
     with it)."""
-    reservation_id: str | None = None
-    reserved_instance: str | None = None
-    reservation_expires_s: float | None = None
-    reservation_times: tuple[datetime, datetime, datetime] | None = None
-    """(created, expected return, expires) wall times of the live reservation."""
+    reservation: ReservationRecord | None = None
+    """The record of its soft reservation until released (written again then); the
+    reservation itself, and the learned tool gaps, are the gateway's
+    ``core.reservations.SessionReservations``."""
     ended: bool = False
     route_key: str | None = None
     """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
@@ -108,10 +105,14 @@ class Resolution:
 class SessionBook:
     """Live sessions by key, the roots by (tenant, client id), the children of each root, and
     the conversation index. Least recently used sessions are forgotten beyond ``capacity``
-    (their records stay in the store)."""
+    (their records stay in the store). ``on_forget(key)`` runs for every session forgotten
+    (ended, handed off, or evicted), so that state kept elsewhere by key goes with it."""
 
-    def __init__(self, capacity: int = 100_000) -> None:
+    def __init__(
+        self, capacity: int = 100_000, on_forget: Callable[[str], object] | None = None
+    ) -> None:
         self._capacity = capacity
+        self._on_forget = on_forget
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._roots: dict[tuple[str, str], str] = {}
         self._children: dict[str, set[str]] = {}
@@ -287,6 +288,8 @@ class SessionBook:
             siblings = self._children.get(state.root_key)
             if siblings is not None:
                 siblings.discard(state.key)
+        if self._on_forget is not None:
+            self._on_forget(state.key)
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
         """Sessions with no call in flight and none for ``timeout_s``."""

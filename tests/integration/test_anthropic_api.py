@@ -162,7 +162,11 @@ def test_tool_use_round_trips_in_one_session(
     assert len(mine) == 1 and mine[0]["identity_source"] == "implicit"
     detail = _admin(proxy, f"/admin/sessions/{mine[0]['session_id']}")
     assert all(c["api"] == "messages" for c in detail["calls"])
-    assert [r["release_reason"] for r in detail["reservations"]][:1] == ["returned"]
+    # A tool_use reply reserved the session's instance. At this proxy's time scale a
+    # reservation lasts ~13 wall ms (6.4 clock s ÷ 500), so whether the client's next call came
+    # back within it depends on the machine's load: both releases are correct.
+    first = [r["release_reason"] for r in detail["reservations"]][:1]
+    assert first in (["returned"], ["expired"])
 
 
 def test_claude_code_identity_and_sub_agents(

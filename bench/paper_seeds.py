@@ -1,9 +1,11 @@
 """Replay the paper preset over several workload seeds: how stable are the speedups?
 
-    .venv/bin/python bench/paper_seeds.py --seeds 10 [--quantum-s 60] [--json out/seeds.json]
+    .venv/bin/python bench/paper_seeds.py --seeds 10 [--first-seed 0] [--sessions 60]
+        [--quantum-s 60] [--json out/seeds.json]
 
 Prints one row per seed (round / talaria / dedicated p50 and p95 SCT, speedups, talaria ÷
-dedicated) and the median, min and max over seeds.
+dedicated) and the median, min and max over seeds. ``--sessions`` changes the session count,
+keeping the preset's calls per session.
 """
 
 from __future__ import annotations
@@ -35,20 +37,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--preset", default="paper")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--sessions", type=int, default=None)
     parser.add_argument("--quantum-s", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--catalog", type=Path, action="append", default=[], help="extra catalog folder or TOML"
+    )
     args = parser.parse_args()
-    catalog = load_catalog()
+    catalog = load_catalog(args.catalog)
     preset = get_preset(args.preset)
     if args.quantum_s is not None:
         preset = replace(preset, quantum_s=args.quantum_s)
+    if args.sessions is not None:
+        w = preset.workload
+        total = round(w.total_calls * args.sessions / w.sessions)
+        preset = replace(preset, workload=replace(w, sessions=args.sessions, total_calls=total))
     models = [catalog.model(m) for m in preset.workload.models]
     setup = ExperimentSetup(
         preset.server, preset.profile, preset.workload.models, quantum_s=preset.quantum_s
     )
     rows = []
     print("seed " + " ".join(f"{name:>14}" for name, _ in COLUMNS))
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         sessions = generate_sessions(
             preset.workload,
             {m.name: m.context_window_tokens for m in models},

@@ -72,7 +72,8 @@ TALARIA = ("talaria", "talaria-async")
 """The proxy's two durability modes: commit (the default) and async."""
 P99_CONCURRENCY = 16
 P99_ADDED_MS = 10.0
-"""Target: added p99 latency at concurrency 16, non-streaming chat, ≤ 10 ms (issue 13)."""
+"""Target: added p99 latency at concurrency 16, non-streaming chat, ≤ 10 ms
+(docs/proxy-overhead.md)."""
 MASTER_KEY = "sk-bench-overhead"
 MODES = ("json", "stream")
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")

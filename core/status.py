@@ -30,6 +30,9 @@ class ModelResidency:
     """Seconds a switch to this model would take now (wake, or the rest of staging + D2D)."""
     waiting_calls: int = 0
     """Calls queued on the instance for this model."""
+    live_sessions: int = 0
+    """Sessions of this model living on the instance: a call queued or running, or back from
+    one within the scheduler's stale window (a tool gap)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL server for the tests (FACTS §7: the server refuses to run as root, so
+# A throwaway PostgreSQL server for the tests (docs/sources.md §7: the server refuses to run as root, so
 # as root everything runs as user postgres).
 #   scripts/pg.sh start DIR PORT   initdb DIR/data if missing, start on 127.0.0.1:PORT (socket in
 #                                  DIR, log in DIR/log), create database talaria_test, and print

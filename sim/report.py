@@ -23,6 +23,7 @@ REASON_ORDER: tuple[str, ...] = (
     "model-staged",
     "model-host",
     "least-loaded",
+    "model-affinity",
     "tie-break",
     "only-candidate",
 )

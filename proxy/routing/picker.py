@@ -9,7 +9,8 @@ The reason names the scorer whose weighted contribution most separates the winne
 runner-up (the best other total), ``argmax_s weight_s × (score_s(winner) − score_s(runner-up))``
 (ties between scorers go to the first in ``SCORER_NAMES`` order), qualified by the winner's
 state: ``model-active`` / ``model-staged`` / ``model-host`` (residency), ``kv-hbm`` /
-``kv-host`` (KV locality), ``least-loaded`` (pressure); ``tie-break`` when the totals tie.
+``kv-host`` (KV locality), ``least-loaded`` (pressure), ``model-affinity`` (affinity);
+``tie-break`` when the totals tie.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def scorer_reason(scorer: str | None, request: RouteRequest, status: InstanceSta
         return f"kv-{kv.location}" if kv is not None else "kv-hbm"
     if scorer == "instance_pressure":
         return "least-loaded"
+    if scorer == "model_affinity":
+        return "model-affinity"
     return "tie-break"
 
 

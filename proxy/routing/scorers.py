@@ -74,17 +74,33 @@ def kv_locality(request: RouteRequest, status: InstanceStatus, config: RoutingCo
     return _unit(1.0 - kv.restore_s / kv.recompute_s)
 
 
+def model_affinity(request: RouteRequest, status: InstanceStatus, config: RoutingConfig) -> float:
+    """``(1 + live sessions of the model) / (1 + live sessions of every model)`` on the
+    instance: 1 on an empty instance or one whose sessions are all of this model, → 0 where
+    other models' sessions crowd it. Sessions of one model placed together keep that model
+    resident there (demand-aware slots and co-residency follow the sessions), so a hot model
+    ends up with nodes of its own instead of switching on every node."""
+    mine = status.models.get(request.model)
+    if mine is None:
+        return 0.0
+    total = sum(max(0, m.live_sessions) for m in status.models.values())
+    return _unit((1 + max(0, mine.live_sessions)) / (1 + total))
+
+
 def other_reserved_bytes(request: RouteRequest, status: InstanceStatus) -> float:
     """Bytes the instance's soft reservations hold for sessions other than this one."""
     return sum(b for sid, b in status.reserved.items() if sid != request.session_id)
 
 
 def instance_load(request: RouteRequest, status: InstanceStatus, config: RoutingConfig) -> float:
-    """``waiting_prompt_tokens / ref_tokens + running_calls / ref_calls + kv_utilization +
-    reserved bytes of other sessions / ref_bytes`` (each term ≥ 0; references in
-    ``RoutingConfig``)."""
+    """``waiting_prompt_tokens / ref_tokens + running_calls / ref_calls + live sessions /
+    ref_sessions + kv_utilization + reserved bytes of other sessions / ref_bytes`` (each term
+    ≥ 0; references in ``RoutingConfig``). Live sessions count the work still to come from
+    sessions placed there (in a tool gap now, back soon), not only the calls in flight."""
+    live = sum(max(0, m.live_sessions) for m in status.models.values())
     return (
         max(0, status.waiting_prompt_tokens) / config.pressure_ref_tokens
+        + live / config.pressure_ref_sessions
         + max(0, status.running_calls) / config.pressure_ref_calls
         + _unit(status.kv_utilization)
         + max(0.0, other_reserved_bytes(request, status)) / config.pressure_ref_bytes
@@ -102,4 +118,5 @@ SCORERS: dict[str, Scorer] = {
     "model_residency": model_residency,
     "kv_locality": kv_locality,
     "instance_pressure": instance_pressure,
+    "model_affinity": model_affinity,
 }

@@ -1,14 +1,18 @@
 """Routing settings: per-router scorer weights and the scorers' reference scales.
 
-The proxy's settings map ``TALARIA_ROUTING_*`` environment variables onto ``RoutingConfig``
-(a later issue); the simulator uses the defaults below.
+The simulator and the proxy use the defaults below.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-SCORER_NAMES: tuple[str, ...] = ("model_residency", "kv_locality", "instance_pressure")
+SCORER_NAMES: tuple[str, ...] = (
+    "model_residency",
+    "kv_locality",
+    "instance_pressure",
+    "model_affinity",
+)
 """Every scorer, in the fixed order used for reports and for breaking reason ties."""
 
 
@@ -19,6 +23,7 @@ class ScorerWeights:
     model_residency: float = 0.0
     kv_locality: float = 0.0
     instance_pressure: float = 0.0
+    model_affinity: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -42,17 +47,23 @@ class RoutingConfig:
     pressure_ref_calls: float = 32.0
     """Running calls that count as one unit of load: the paper's whole workload (30 sessions,
     at most one call each in flight) running on one node at once."""
+    pressure_ref_sessions: float = 32.0
+    """Live sessions (running, queued or in a tool gap) that count as one unit of load: the
+    paper's whole workload (30 sessions) living on one node, as for ``pressure_ref_calls``."""
     pressure_ref_bytes: float = 100e9
     """Bytes of other sessions' soft reservations that count as one unit of load: ~100 GB is
     the KV room left on an 8×H200 node (1,015 GB usable) once a 355–690 GB model and a staged
     successor are resident, so reservations weigh at least as much as KV already in use."""
-    talaria: ScorerWeights = ScorerWeights(1.0, 1.0, 0.5)
+    talaria: ScorerWeights = ScorerWeights(1.0, 1.0, 0.5, 0.5)
     """Residency and KV locality each save seconds per call (a switch, or a prefix recompute
     or restore), so they weigh 1. Pressure weighs 0.5: its whole range (0.5) is below a KV hit
     in HBM (1), so load alone never moves a session off its KV in HBM, but it outweighs a
     residency gap smaller than 0.5 × (1 − pressure of the busy node). E.g. GLM-4.5 asleep on an
     idle node (4.2 s wake → residency 0.71) wins over GLM-4.5 active on a node whose load
-    exceeds ~1.4 units (pressure < 0.41): cold sessions spread once the warm node is busy."""
+    exceeds ~1.4 units (pressure < 0.41): cold sessions spread once the warm node is busy.
+    Affinity weighs 0.5 for the same reason as pressure: its whole range stays below a KV hit
+    in HBM, so it places new sessions (and sessions whose KV is gone) without moving a
+    session off its KV."""
     load_only: ScorerWeights = ScorerWeights(instance_pressure=1.0)
     sticky: ScorerWeights = ScorerWeights(instance_pressure=1.0)
     kv_aware: ScorerWeights = ScorerWeights(kv_locality=1.0, instance_pressure=0.5)
@@ -62,6 +73,7 @@ class RoutingConfig:
             "residency_tau_s",
             "pressure_ref_tokens",
             "pressure_ref_calls",
+            "pressure_ref_sessions",
             "pressure_ref_bytes",
         ):
             value = getattr(self, name)

@@ -295,6 +295,7 @@ class NodeScheduler:
         """The snapshot routing reads (core/status.py)."""
         now = self._clock.now()
         waiting = self.waiting_counts()
+        live = self._live_sessions(now)
         models = {
             name: ModelResidency(
                 model=name,
@@ -309,6 +310,7 @@ class NodeScheduler:
                 staged_fraction=engine.snapshot().staged_fraction,
                 switch_s=engine.switch_in_s(),
                 waiting_calls=waiting[name],
+                live_sessions=live.get(name, 0),
             )
             for name, engine in self.engines.items()
         }
@@ -369,6 +371,17 @@ class NodeScheduler:
                 for s in self.slots[-RECENT_SLOTS:]
             ],
         )
+
+    def _live_sessions(self, now: float) -> dict[str, int]:
+        """Per model: sessions with a call here now, or one that ended within the stale
+        window (``stale_after_quanta`` quanta)."""
+        stale = now - self.config.stale_after_quanta * self.config.quantum_s
+        live: dict[str, int] = {}
+        for session in self._sessions.values():
+            last = session.last_finish_s
+            if session.pending or (last is not None and last >= stale):
+                live[session.model] = live.get(session.model, 0) + 1
+        return live
 
     def _next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
         """0 if resident; else the rest of the slot, a quantum + switch for each model ahead

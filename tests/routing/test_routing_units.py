@@ -1,8 +1,9 @@
 """Routing on hand-built snapshots: each scorer's formula, the picker's ties and reasons, each
-router's rules, and the proxy-level reservation book.
+router's rules. (The proxy-level reservation book: tests/unit/test_session_reservations.py.)
 
 Default ``RoutingConfig``: τ = 10 s, references 8,192 waiting tokens / 32 running calls /
-100 GB of others' reservations; talaria weights residency 1, KV 1, pressure 0.5.
+100 GB of others' reservations; talaria weights residency 1, KV 1, pressure 0.5, affinity 0.5
+(tests/routing/test_placement.py covers affinity and live sessions as load).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from talaria.core.status import InstanceStatus, ModelResidency, ModelState, Sess
 from talaria.proxy.routing import (
     ROUTER_NAMES,
     NoInstanceError,
-    ReservationBook,
     RouteRequest,
     RoutingConfig,
     ScorerWeights,
@@ -185,7 +185,8 @@ def test_scores_report_every_scorer_and_the_weighted_total() -> None:
                 "model_residency": 0.5,
                 "kv_locality": 0.0,
                 "instance_pressure": 1.0,
-                "total": 1.0,
+                "model_affinity": 1.0,
+                "total": 1.5,
             }
         ),
         "b": pytest.approx(
@@ -193,7 +194,8 @@ def test_scores_report_every_scorer_and_the_weighted_total() -> None:
                 "model_residency": 1.0,
                 "kv_locality": 0.8,
                 "instance_pressure": 0.5,
-                "total": 2.05,
+                "model_affinity": 1.0,
+                "total": 2.55,
             }
         ),
     }
@@ -271,23 +273,3 @@ def test_weights_come_from_the_config() -> None:
         ScorerWeights(instance_pressure=-1.0)
     with pytest.raises(ValueError, match="residency_tau_s"):
         RoutingConfig(residency_tau_s=0.0)
-
-
-# -- reservation book ------------------------------------------------------------------------
-def test_reservation_book_holds_until_expiry_and_releases_on_return() -> None:
-    book = ReservationBook()
-    book.finished("s", "m", "a", now_s=10.0, final=False)
-    # prior gap 3.2 s: expires at 10 + max(2 × 3.2, 3.2 + 1) = 16.4
-    assert book.reserved("s", 16.39) == "a"
-    assert book.reserved("s", 16.4) is None
-    book.finished("s", "m", "a", now_s=20.0, final=False)
-    book.started("s", 30.0)  # back after 10 s: released, gap learned
-    assert book.reserved("s", 30.0) is None
-    book.finished("s", "m", "b", now_s=31.0, final=False)
-    # gaps observed 10 s (20 → 30); the 10 → 20 gap was never a started call, so the mean is
-    # (3.2 + 10) / 2 = 6.6 and the hold is 2 × 6.6 = 13.2 s
-    assert book.reserved("s", 44.19) == "b"
-    assert book.reserved("s", 44.2) is None
-    book.finished("s", "m", "b", now_s=50.0, final=True)
-    assert book.reserved("s", 50.0) is None
-    assert "s" not in book.gaps and "s" not in book.last_finish_s

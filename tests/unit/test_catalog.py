@@ -37,7 +37,7 @@ SHIPPED_MODELS = [
 PAPER_TRIO = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
 # docs/sources.md §3: KV bytes per token (logical, physical at TP=8) and fixed bytes per sequence.
-FACTS_KV = {
+SOURCED_KV = {
     "glm-4.5-fp8": (376_832, 376_832, 0),
     "qwen3-235b-a22b-bf16": (192_512, 385_024, 0),
     "qwen3-coder-480b-a35b-fp8": (253_952, 253_952, 0),
@@ -151,7 +151,7 @@ def test_model_field_types(name: str) -> None:
 @pytest.mark.parametrize("name", SHIPPED_MODELS)
 def test_kv_bytes_match_facts(name: str) -> None:
     model = _model(name)
-    logical, physical, fixed = FACTS_KV[name]
+    logical, physical, fixed = SOURCED_KV[name]
     assert model.kv_bytes_per_token == logical
     assert model.kv_bytes_per_token_tp8 == physical
     assert model.kv_fixed_bytes_per_seq_tp8 == fixed

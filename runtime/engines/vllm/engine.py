@@ -75,7 +75,7 @@ class RateModel:
     """Per-token timing of one engine, for ``estimate_service_s`` (SP budgets), the switch and
     restore estimates in status, and routing. Linear on purpose; the defaults are rough figures
     for the tiny models on a 2-core CPU (a 300-token prefill ≈ 30 ms, a decode step ≈ 4-6 ms)
-    and are to be replaced by measured values per model and node (issue 6).
+    and are to be replaced by measured values per model and node (`talaria calibrate`).
 
     - service = uncached prompt tokens × ``prefill_s_per_token``
       (+ restored tokens × ``kv_restore_s_per_token`` when the prefix comes from host)

@@ -5,7 +5,7 @@ Used by the simulator's replay and by the proxy's embedded runtime, so both run 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +116,17 @@ def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) 
     return out
 
 
+def _vllm_node_memory(engines: Iterable[Engine]) -> NodeMemory:
+    """A vLLM node's capacity, for co-residency: one GPU's memory when every engine is on the
+    GPU path and knows it (engines then fit together when their ``gpu_memory_utilization``
+    shares sum to at most 1); unbounded otherwise (the CPU gate: all stay resident)."""
+    sizes = [getattr(e, "device_bytes", None) for e in engines]
+    known = [s for s in sizes if s is not None]
+    if sizes and len(known) == len(sizes):
+        return NodeMemory(min(known), 0.0)
+    return NodeMemory(float("inf"), 0.0)
+
+
 def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
     """Simulated engines from the catalog and vLLM engines from model directories, one node.
 
@@ -123,11 +134,10 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     accounting only binds the simulated ones."""
     flags = policy_flags(config.policy)
     sim_models = [m for m in config.models if m.engine == "sim"]
+    memory = NodeMemory(float("inf"), 0.0)
     if sim_models:
         specs = [catalog.model(m.name) for m in sim_models]
         memory = node_memory(catalog.server(config.server), specs)
-    else:
-        memory = NodeMemory(float("inf"), 0.0)
     pcie = PcieLink(clock)
     device = DeviceShare()
     engines: dict[str, Engine] = {}
@@ -149,6 +159,8 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
                 cost=_calibrated_cost(config, catalog, model.name),
                 **{**_serving_defaults(config, catalog, model), **model.options},
             )
+    if not sim_models:
+        memory = _vllm_node_memory(engines.values())
     scheduler = NodeScheduler(
         config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),
         pcie,

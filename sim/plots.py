@@ -72,15 +72,17 @@ def _models(doc: dict[str, Any], timelines: Sequence[Sequence[dict[str, Any]]]) 
     models = [str(m) for m in doc.get("setup", {}).get("models", ())]
     for timeline in timelines:
         for slot in timeline:
-            if slot["model"] not in models:
-                models.append(str(slot["model"]))
+            for model in (slot["model"], *slot.get("co_resident", ())):
+                if model not in models:
+                    models.append(str(model))
     return models
 
 
 def _timeline_panel(
     ax: Axes, name: str, timeline: Sequence[dict[str, Any]], colors: dict[str, str]
 ) -> None:
-    """One row per node, one bar per slot; the switch part of each slot is hatched and faded."""
+    """One row per node, one bar per slot; the switch part of each slot is hatched and faded.
+    Models co-resident with the slot's model (co-residency) are thin bars under it."""
     nodes: list[str] = []
     for slot in timeline:
         if slot["node"] not in nodes:
@@ -95,6 +97,14 @@ def _timeline_panel(
             ax.barh(y, switch, left=start, height=0.6, fill=False, edgecolor="0.2", lw=0.5)
         if end > start + switch:
             ax.barh(y, end - start - switch, left=start + switch, height=0.6, color=color)
+        for k, other in enumerate(slot.get("co_resident", ())):
+            ax.barh(
+                y + 0.2 + 0.12 * k,
+                end - start,
+                left=start,
+                height=0.12,
+                color=colors.get(str(other), "0.5"),
+            )
     total = sum(float(s["switch_s"]) for s in timeline)
     ax.set_title(f"{name}: {len(timeline)} model slots, {total:.0f} s switching", fontsize=10)
     ax.set_yticks(range(len(nodes)), nodes, fontsize=8)

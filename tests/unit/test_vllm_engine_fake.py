@@ -139,6 +139,8 @@ def make_engine(
     free_bytes: float | None = None,
     host_kv: bool = False,
     rates: RateModel | None = None,
+    device_bytes: float | None = None,
+    memory_share: float = 0.9,
 ) -> tuple[VLLMEngine, FakeLLM]:
     llm = FakeLLM(clock, keep_cache_on_sleep=host_kv)
     options = VLLMEngineOptions(
@@ -148,6 +150,8 @@ def make_engine(
         host_kv_survives_sleep=host_kv,
         weight_bytes_per_device=1e9,
         free_device_bytes=(lambda: free_bytes) if free_bytes is not None else None,
+        device_bytes=device_bytes,
+        memory_share=memory_share,
         sampling={"temperature": 0.0},
     )
     engine = VLLMEngine(
@@ -570,12 +574,21 @@ CALLS = 3 + 6 + 4
 
 
 async def run_node(
-    clock: LoopClock, flags: SchedulerFlags, sleep_mode: bool
+    clock: LoopClock, flags: SchedulerFlags, sleep_mode: bool, share: float | None = None
 ) -> tuple[NodeScheduler, dict[str, FakeLLM], list[CallResult]]:
+    """``share``: each engine's gpu_memory_utilization of an 80 GB GPU (None: unknown
+    device memory)."""
     engines: dict[str, VLLMEngine] = {}
     fakes: dict[str, FakeLLM] = {}
     for name in ("a", "b"):
-        engine, fake = make_engine(name, clock, sleep_mode=sleep_mode, free_bytes=5e9)
+        engine, fake = make_engine(
+            name,
+            clock,
+            sleep_mode=sleep_mode,
+            free_bytes=5e9,
+            device_bytes=None if share is None else 80e9,
+            memory_share=share or 0.9,
+        )
         await engine.start()  # one at a time
         engines[name], fakes[name] = engine, fake
     node = NodeScheduler(
@@ -644,6 +657,25 @@ def test_co_resident_vllm_engines_serve_both_models_without_switching() -> None:
     )
     assert sum(len(s.activated) for s in node.slots) == 2  # two cold loads, no switch
     assert all(switches(f) == [] for f in fakes.values())
+
+
+@pytest.mark.parametrize(("share", "together"), [(0.45, True), (0.9, False)])
+def test_gpu_engines_are_co_resident_only_when_their_memory_shares_fit(
+    share: float, together: bool
+) -> None:
+    """GPU path, one 80 GB device: engines at gpu_memory_utilization 0.45 each stay awake
+    together (no sleep or wake after the start); at 0.9 each they take turns, each switch a
+    sleep of one and a wake of the other."""
+    node, fakes, results = virtual(lambda clock: run_node(clock, TALARIA, True, share))
+    assert len(results) == CALLS
+    activations = sum(len(s.activated) for s in node.slots)
+    after_start = [c for f in fakes.values() for c in switches(f)[1:]]  # [0]: asleep at start
+    if together:
+        assert activations == 2 and max(len(s.co_resident) for s in node.slots) == 1
+        assert all(c[0] == "wake_up" for c in after_start)  # the two cold wakes only
+    else:
+        assert activations > 2 and all(not s.co_resident for s in node.slots)
+        assert any(c[0] == "sleep" for c in after_start)
 
 
 def test_round_policy_has_no_sp_admissions() -> None:

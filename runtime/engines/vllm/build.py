@@ -79,6 +79,25 @@ def nvml_free_bytes(devices: Sequence[int]) -> Callable[[], float]:
     return probe
 
 
+def nvml_total_bytes(devices: Sequence[int]) -> float | None:
+    """The smallest total memory over ``devices`` (NVML indices), via ``pynvml``; None when
+    NVML is not there. Unverified here (no GPU on the dev machine)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        totals = [
+            float(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
+            for i in devices
+        ]
+    finally:
+        pynvml.nvmlShutdown()
+    return min(totals) if totals else None
+
+
 def vllm_engine_args(
     model_dir: str | Path,
     *,
@@ -127,6 +146,7 @@ def build_vllm_engine(
     host_kv_survives_sleep: bool | None = None,
     weight_bytes_per_device: float | None = None,
     free_device_bytes: Callable[[], float] | None = None,
+    device_bytes: float | None = None,
     sampling: Mapping[str, Any] | None = None,
     cost: CostModel | None = None,
     tool_parser: str | None = None,
@@ -168,6 +188,8 @@ def build_vllm_engine(
         weight_bytes_per_device = total / tp if total is not None else None
     if free_device_bytes is None and gpu:
         free_device_bytes = nvml_free_bytes(range(tp))
+    if device_bytes is None and gpu:
+        device_bytes = nvml_total_bytes(range(tp))
     if host_kv_survives_sleep is None:
         host_kv_survives_sleep = args.get("kv_offloading_backend") == "lmcache"
     tokenizer = tokenizer or load_tokenizer(model_dir)
@@ -188,6 +210,8 @@ def build_vllm_engine(
         host_kv_survives_sleep=host_kv_survives_sleep,
         weight_bytes_per_device=weight_bytes_per_device,
         free_device_bytes=free_device_bytes,
+        device_bytes=device_bytes,
+        memory_share=float(args.get("gpu_memory_utilization", 0.9)),
         sampling=sampling,
         cost=cost,
         chat=chat,

@@ -107,6 +107,12 @@ class VLLMEngineOptions:
     OffloadingConnector in vLLM 0.32.0, whose tier is reset on sleep)."""
     weight_bytes_per_device: float | None = None
     """Bytes of weights each GPU holds when awake (staging needs that much free)."""
+    device_bytes: float | None = None
+    """Memory of one of the engine's GPUs (GPU path). Awake, the engine holds
+    ``memory_share × device_bytes`` of each: its weights and its KV pool."""
+    memory_share: float = 0.9
+    """The engine's ``gpu_memory_utilization`` (vLLM's default 0.9): its split of each GPU.
+    Engines whose shares sum to at most 1 can be awake together (co-residency)."""
     free_device_bytes: Callable[[], float] | None = None
     """Free memory now on the engine's fullest GPU; without it (or the weight bytes) staging
     is off."""
@@ -292,16 +298,25 @@ class VLLMEngine:
 
     # -- estimates -------------------------------------------------------------------------
     @property
+    def device_bytes(self) -> float | None:
+        """Memory of one of its GPUs on the GPU path (None: CPU gate, or unknown)."""
+        return self._opt.device_bytes if self._opt.sleep_mode else None
+
+    @property
     def weight_bytes(self) -> float:
-        """Weight bytes on one device (0 when unknown): what co-residency must fit beside the
-        other engines' (a vLLM node's byte accounting is per device, ``NodeMemory`` is not)."""
-        return self._opt.weight_bytes_per_device or 0.0
+        """What it holds of each GPU awake, for co-residency: ``memory_share × device_bytes``
+        (weights and KV pool; a vLLM node's capacity is one GPU's memory). 0 on the CPU gate,
+        where every engine stays resident and the gate is logical."""
+        if self.device_bytes is None:
+            return 0.0
+        return self._opt.memory_share * self.device_bytes
 
     def kv_floor_bytes(self) -> float:
-        return 0.0  # vLLM sizes its own KV pool at start (gpu_memory_utilization)
+        return 0.0  # its KV pool is inside its share (sized at start)
 
     def can_activate(self) -> bool:
-        """True: vLLM's own pool is sized at start; waking needs no room from the node."""
+        """True: its share of each GPU is free once the leaving engines slept (the scheduler
+        only co-resides engines whose shares fit)."""
         return True
 
     def kv_bytes(self, tokens: int) -> float:

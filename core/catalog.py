@@ -203,6 +203,10 @@ class EfficiencyProfile:
     measured by ``talaria calibrate``; 0 for a node in the proxy's process."""
     transport_return_s: float = 0.0
     """Node → proxy time of a call's answer (the response over HTTP)."""
+    coresident_interference: float = 1.0
+    """α of ``DeviceShare``: a step's device time grows by α × k while k other engines of
+    the node are busy. 1 = the device time-sliced between them (GPUs without MPS,
+    docs/sources.md §4); ``talaria calibrate`` measures it on engines that co-reside."""
 
 
 @dataclass

@@ -21,6 +21,12 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
 - **HTTP hop**: for each call made one at a time, the time this client (the proxy's own
   ``HttpRuntime``) saw minus the runtime's arrival → finish; the median, half each way, is the
   profile's ``transport_forward_s`` / ``transport_return_s`` (the replay adds them per call).
+- **Co-resident decode** (two models or more, resident together: a node whose policy has
+  ``co_residency`` and room for both): ``B`` sequences of one model decode at context
+  ``L`` alone, then again while ``B`` sequences of another model decode beside it (the load
+  starts first and runs 4× longer). ``ratio = shared step / alone step``, and
+  ``coresident_interference`` α = median(ratio − 1) (one other busy engine, ``DeviceShare``:
+  t' = t × (1 + α)); each point's prediction t × (1 + α) against its measurement is reported.
 - **Switch and KV restore**: an engine that moves nothing at a switch (vLLM's CPU gate) has
   nothing to measure; otherwise the ``switch_s`` of the model's slots seen during the run are
   reported (not fitted: the server's transfer rates stay as the catalog gives them).
@@ -57,6 +63,9 @@ class CalibrationPlan:
     idle_gaps_s: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     """Idle times before a call, for the wake-up ladder (``StepFit.idle_wake``)."""
     idle_repeats: int = 5
+    coresident_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256))
+    """(batch, context) of the co-resident decode measurements (every ordered model pair)."""
+    coresident_repeats: int = 2
 
     def prefill_points(self, max_model_len: int) -> list[tuple[int, int]]:
         """(prompt tokens P, cached-prefix tokens asked C) with P + 2 ≤ max_model_len."""
@@ -91,6 +100,8 @@ QUICK_PLAN = CalibrationPlan(
     repeats=1,
     idle_gaps_s=(0.0, 0.1, 1.0),
     idle_repeats=3,
+    coresident_points=((4, 256),),
+    coresident_repeats=1,
 )
 """A smaller grid for CI (about a tenth of the default's calls)."""
 
@@ -151,9 +162,12 @@ class Calibrator:
             stream=stream,
         )
 
-    async def _call(self, request: CallRequest, hop: bool = False) -> _Trace:
+    async def _call(
+        self, request: CallRequest, hop: bool = False, first: asyncio.Event | None = None
+    ) -> _Trace:
         """One call; with ``hop``, also record its HTTP hop: the time this client saw it take
-        minus the runtime's own arrival → finish (only for calls made one at a time)."""
+        minus the runtime's own arrival → finish (only for calls made one at a time).
+        ``first`` is set at its first token."""
         points: list[tuple[float, int]] = []
         tokens = 0
         sent = time.perf_counter()
@@ -161,6 +175,8 @@ class Calibrator:
             if isinstance(event, FirstToken):
                 tokens = 1
                 points.append((event.t_s, tokens))
+                if first is not None:
+                    first.set()
             elif isinstance(event, TokenDelta):
                 tokens += event.tokens
                 points.append((event.t_s, tokens))
@@ -220,6 +236,36 @@ class Calibrator:
         pairs = sum(contexts) / len(contexts) * batch
         return StepSample("decode", batch, pairs, batch, statistics.fmean(slopes))
 
+    async def coresident(self, model: str, other: str, batch: int, context: int) -> dict[str, Any]:
+        """``model``'s decode step alone, then while ``other`` decodes as many sequences
+        (started first, 4× as many tokens, so it decodes throughout the measured window)."""
+        alone = await self.decode(model, batch, context)
+        k = self._plan.decode_tokens
+        started = [asyncio.Event() for _ in range(batch)]
+        load = asyncio.gather(
+            *(
+                self._call(
+                    self._request(other, self._session(other), 0, context, 4 * k, True), first=event
+                )
+                for event in started
+            )
+        )
+        for event in started:
+            await event.wait()
+        shared = await self.decode(model, batch, context)
+        traces = await load
+        covered = min(t.result.finished_s for t in traces)
+        return {
+            "model": model,
+            "other": other,
+            "batch": batch,
+            "context": context,
+            "alone_s": alone.seconds,
+            "shared_s": shared.seconds,
+            "ratio": shared.seconds / alone.seconds,
+            "load_finished_s": covered,
+        }
+
     async def idle_ttft(self, model: str, idle_s: float) -> float:
         """Admission → first token of a 64-token call sent ``idle_s`` after the engine's last
         call finished (the sleep is the controlled idle time being measured)."""
@@ -272,6 +318,24 @@ class CalibrationRun:
     block_tokens: int
     switches_measurable: bool
     hops_s: list[float]
+    coresident: list[dict[str, Any]] = field(default_factory=list)
+    """The co-resident decode points (``Calibrator.coresident``), with each prediction."""
+
+    @property
+    def interference(self) -> float | None:
+        """α = median(shared ÷ alone − 1) over the co-resident points (None: not measured)."""
+        if not self.coresident:
+            return None
+        return max(0.0, statistics.median(float(p["ratio"]) - 1.0 for p in self.coresident))
+
+    def coresident_errors(self) -> list[float]:
+        """|alone × (1 + α) − shared| ÷ shared per point: how well α predicts each."""
+        alpha = self.interference
+        if alpha is None:
+            return []
+        return [
+            abs(p["alone_s"] * (1 + alpha) - p["shared_s"]) / p["shared_s"] for p in self.coresident
+        ]
 
     @property
     def hop_s(self) -> float:
@@ -288,6 +352,15 @@ class CalibrationRun:
             "switches_measurable": self.switches_measurable,
             "hop_s": self.hop_s,
             "hops_s": self.hops_s,
+            "coresident_interference": self.interference,
+            "coresident": [
+                {
+                    **p,
+                    "predicted_s": p["alone_s"] * (1 + (self.interference or 0.0)),
+                    "abs_rel_error": e,
+                }
+                for p, e in zip(self.coresident, self.coresident_errors(), strict=True)
+            ],
             "models": {},
         }
         for name, cal in self.models.items():
@@ -324,6 +397,15 @@ async def run_calibration(
             if info[model]["switches_cost"]:
                 cal.switch_s = switch_times(await runtime.status_document(), model)
             measured[model] = cal
+        coresident = []
+        status = await runtime.status_document()
+        active = [m for m, r in status.get("models", {}).items() if r.get("state") == "active"]
+        pairs = itertools.permutations(models, 2) if len(set(active) & set(models)) > 1 else ()
+        for model, other in pairs:
+            for _ in range(plan.coresident_repeats):
+                for batch, context in plan.coresident_points:
+                    coresident.append(await calibrator.coresident(model, other, batch, context))
+                    tick(model, 0)
     finally:
         await runtime.close()
     fits = {}
@@ -337,6 +419,7 @@ async def run_calibration(
         int(first["block_tokens"]),
         any(bool(i["switches_cost"]) for i in info.values()),
         calibrator.hops_s,
+        coresident,
     )
 
 

@@ -119,6 +119,10 @@ def compare(live: Sequence[SessionTrace], predicted: ReplayOutcome) -> dict[str,
                     "predicted_latency_s": result.latency_s + hop,
                     "measured_ttft_s": call.ttft_s,
                     "predicted_ttft_s": result.first_token_s - result.arrival_s,
+                    "predicted_queue_s": result.admitted_s - result.arrival_s,
+                    "predicted_prefill_s": result.first_token_s - result.admitted_s,
+                    "predicted_decode_s": result.finished_s - result.first_token_s,
+                    "predicted_hop_s": hop,
                 }
             )
         gaps = sum(c.tool_gap_s or 0.0 for c in session.calls)

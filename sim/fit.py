@@ -102,10 +102,13 @@ def profile_toml(
     block_tokens: int,
     source: str,
     hop_s: float = 0.0,
+    interference: float | None = None,
+    interference_note: str = "",
 ) -> str:
     """A catalog file holding one ``[profile]`` (with the call's HTTP hop ``hop_s`` split half
-    each way as its transport) and a ``[profile.fitted.<model>]`` table per model; the fit
-    quality goes in comments (the catalog reads only the coefficients)."""
+    each way as its transport, and the measured ``coresident_interference`` if given) and a
+    ``[profile.fitted.<model>]`` table per model; the fit quality goes in comments (the
+    catalog reads only the coefficients)."""
     lines = [
         f"# Measured by `talaria calibrate` ({source}).",
         "# Step time t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs",
@@ -119,6 +122,11 @@ def profile_toml(
         f"transport_forward_s = {hop_s / 2:.6e}",
         f"transport_return_s = {hop_s / 2:.6e}",
     ]
+    if interference is not None:
+        lines += [
+            f"# a step's growth while another engine decodes beside it{interference_note}",
+            f"coresident_interference = {interference:.6e}",
+        ]
     for model, report in sorted(fits.items()):
         lines += [
             "",

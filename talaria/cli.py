@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -91,6 +92,16 @@ def _generate(spec: WorkloadSpec, catalog: Catalog, seed: int) -> list[SessionTr
         {m.name: m.context_window_tokens for m in models},
         {m.name: m.reasoning for m in models},
         seed,
+    )
+
+
+def _interference_note(errors: list[float]) -> str:
+    """The comment on a measured ``coresident_interference``: how well it predicts."""
+    if not errors:
+        return ""
+    return (
+        f" ({len(errors)} points; |prediction error| median "
+        f"{statistics.median(errors):.1%}, max {max(errors):.1%})"
     )
 
 
@@ -587,6 +598,8 @@ def calibrate(
             block_tokens=run.block_tokens,
             source=f"runtime {runtime_url}, {plan.repeats} pass(es)",
             hop_s=run.hop_s,
+            interference=run.interference,
+            interference_note=_interference_note(run.coresident_errors()),
         )
     )
     console.print(f"wrote {out}")

@@ -3,7 +3,12 @@
     bash scripts/vllm-venv.sh
     .venv-vllm/bin/python bench/fidelity/run.py                  # 8 sessions × 10 calls
     .venv-vllm/bin/python bench/fidelity/run.py --sessions 16 --calls 12 --seed 1 --out DIR
+    .venv-vllm/bin/python bench/fidelity/run.py --seed 3 --seeds 5 --write-docs   # seeds 3–7
     .venv-vllm/bin/python bench/fidelity/summarize.py --write-docs DIR/fidelity.json ...
+
+With ``--seeds N`` it runs seeds ``--seed`` … ``--seed + N − 1`` one after another (each in
+``OUT/seed-S``), prints every error's median and worst run, and with ``--write-docs`` writes
+docs/fidelity.json from them.
 
 Every part is real and talks HTTP in its own process:
 
@@ -53,6 +58,9 @@ from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.fidelity import FidelityWorkload, compare, fidelity_workload
 from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import Transport, replay
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import summarize  # bench/fidelity/summarize.py, next to this file
 
 ROOT = Path(__file__).resolve().parents[2]
 TALARIA = Path(sys.executable).parent / "talaria"
@@ -358,7 +366,29 @@ def main() -> None:
         default=True,
         help="Keep the serving processes off CPU 0, vLLM's engine core (default: on).",
     )
+    parser.add_argument("--seeds", type=int, default=1, help="Run this many seeds from --seed.")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="Write docs/fidelity.json from the runs."
+    )
     args = parser.parse_args()
+    if args.seeds <= 1:
+        paths = [_one(args)]
+    else:
+        base = args.out
+        paths = []
+        for seed in range(args.seed, args.seed + args.seeds):
+            log(f"== seed {seed}")
+            paths.append(_one(argparse.Namespace(**{**vars(args), "seed": seed,
+                                                    "out": base / f"seed-{seed}"})))  # fmt: skip
+    docs = [json.loads(p.read_text()) for p in paths]
+    if len(docs) > 1:
+        print(summarize.table(docs))
+    if args.write_docs:
+        summarize.write_docs(docs, paths)
+
+
+def _one(args: argparse.Namespace) -> Path:
+    """One seed's run: OUT/fidelity.json and OUT/fidelity.png; returns the JSON's path."""
     doc = run(args)
     (args.out / "fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
     r = doc["run"]
@@ -369,6 +399,7 @@ def main() -> None:
     plot_fidelity(doc, args.out / "fidelity.png", title)
     print(report(doc))
     log(f"wrote {args.out / 'fidelity.json'} and {args.out / 'fidelity.png'}")
+    return args.out / "fidelity.json"
 
 
 if __name__ == "__main__":

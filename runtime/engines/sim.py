@@ -159,10 +159,12 @@ class SimEngine:
         return self._memory.hbm_free_bytes() + idle >= self._spec.weight_bytes
 
     def _step_s(self, step_s: float) -> float:
-        """The step's time with the other busy engines of the node (``DeviceShare``); the
-        roofline's fixed step overhead is host time, a fitted step is all device time."""
-        host = self._cost.profile.step_overhead_s if self._cost.fit is None else 0.0
-        return self._device.stretch(self.model, step_s, host)
+        """The step's time with the other busy engines of the node (``DeviceShare``, α from
+        the profile); the roofline's fixed step overhead is host time; a fitted step is
+        measured whole, and its α was measured whole too."""
+        profile = self._cost.profile
+        host = profile.step_overhead_s if self._cost.fit is None else 0.0
+        return self._device.stretch(self.model, step_s, host, profile.coresident_interference)
 
     # -- admission -------------------------------------------------------------------------
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:

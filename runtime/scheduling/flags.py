@@ -37,19 +37,22 @@ TALARIA = SchedulerFlags(True, True, True, True, True, True)
 
 
 def policy_flags(name: str) -> SchedulerFlags:
-    """``round``, ``talaria``, ``+flag`` (one flag over round, e.g. ``+sp_admission``) or
-    ``-flag`` (talaria with one flag off, e.g. ``-co_residency``)."""
+    """``round``, ``talaria``, ``+flag`` (flags over round, e.g. ``+sp_admission`` or
+    ``+sp_admission+host_kv``) or ``-flag`` (talaria with flags off, e.g. ``-co_residency`` or
+    ``-co_residency-demand_slots``: the four original flags)."""
     if name == "round":
         return ROUND
     if name == "talaria":
         return TALARIA
-    if name[:1] in "+-" and name[1:] in FLAG_NAMES:
-        base, on = (ROUND, True) if name[0] == "+" else (TALARIA, False)
-        return replace(base, **{name[1:]: on})
+    sign = name[:1]
+    names = name[1:].split(sign) if sign in ("+", "-") else []
+    if names and all(f in FLAG_NAMES for f in names):
+        base, on = (ROUND, True) if sign == "+" else (TALARIA, False)
+        return replace(base, **dict.fromkeys(names, on))
     choices = ", ".join(
         ["round", "talaria", *(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
     )
-    raise ValueError(f"unknown policy {name!r}; choose from: {choices}")
+    raise ValueError(f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)")
 
 
 DEFAULT_POLICIES: tuple[str, ...] = ("round", *(f"+{f}" for f in FLAG_NAMES), "talaria")

@@ -196,10 +196,12 @@ class DeviceShare:
     between their contexts (docs/sources.md §4, "Engines sharing a GPU"). Device time therefore
     adds up: a step whose device part takes ``t − t_host`` alone takes
 
-        t' = t_host + (t − t_host) × (1 + k)
+        t' = t_host + (t − t_host) × (1 + α·k)
 
-    while k other engines are busy (processor sharing, work-conserving), the host part
-    ``t_host`` (scheduling, sampling on the CPU) overlapping. An engine is busy while it has
+    while k other engines are busy, the host part ``t_host`` (scheduling, sampling on the CPU)
+    overlapping. α = 1 is processor sharing (work-conserving); the profile's
+    ``coresident_interference`` gives α, measured by ``talaria calibrate`` where engines can
+    co-reside (e.g. vLLM's CPU build, engines sharing a core). An engine is busy while it has
     ready sequences; when that changes, the other busy engines are woken to re-time their
     remaining steps.
     """
@@ -221,10 +223,13 @@ class DeviceShare:
     def others_busy(self, engine: str) -> int:
         return sum(1 for other in self._busy if other != engine)
 
-    def stretch(self, engine: str, step_s: float, host_s: float) -> float:
-        """t_host + (t − t_host) × (1 + k), k = the other busy engines (formula above)."""
+    def stretch(
+        self, engine: str, step_s: float, host_s: float, interference: float = 1.0
+    ) -> float:
+        """t_host + (t − t_host) × (1 + α·k), α = ``interference``, k = the other busy
+        engines (formula above)."""
         k = self.others_busy(engine)
         if k == 0 or step_s <= 0:
             return step_s
         host = min(host_s, step_s)
-        return host + (step_s - host) * (1 + k)
+        return host + (step_s - host) * (1 + interference * k)

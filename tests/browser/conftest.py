@@ -41,7 +41,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     data = tmp_path_factory.mktemp("console")
     # The pages explain slot waits and show model switches: the embedded node must switch its
     # two models, so co-residency (which keeps both resident together) is off here.
-    env = {"TALARIA_ADMIN_TOKEN": ADMIN_TOKEN, "TALARIA_POLICY": "-co_residency"}
+    env = {"TALARIA_ADMIN_TOKEN": ADMIN_TOKEN, "TALARIA_POLICY": "-co_residency-demand_slots"}
     with talaria_serve(["--time-scale", TIME_SCALE], env, data) as serve:
         yield Console(serve)
 

@@ -354,13 +354,18 @@ def test_named_policies() -> None:
     )
     assert all(getattr(TALARIA, f) for f in FLAG_NAMES)
     assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)
+    four = replace(TALARIA, co_residency=False, demand_slots=False)
+    assert policy_flags("-co_residency-demand_slots") == four
+    assert policy_flags("+sp_admission+host_kv") == replace(ROUND, sp_admission=True, host_kv=True)
     one_flag = [f"+{f}" for f in FLAG_NAMES]
     assert list(DEFAULT_POLICIES) == ["round", *one_flag, "talaria"]
     for name in DEFAULT_POLICIES:
         policy_flags(name)
 
 
-@pytest.mark.parametrize("name", ["", "Round", "fifo", "+", "+nope", "-nope", "sp_admission"])
+@pytest.mark.parametrize(
+    "name", ["", "Round", "fifo", "+", "+nope", "-nope", "sp_admission", "+host_kv-sp_admission"]
+)
 def test_unknown_policy_raises_listing_choices(name: str) -> None:
     with pytest.raises(ValueError, match="unknown policy") as info:
         policy_flags(name)

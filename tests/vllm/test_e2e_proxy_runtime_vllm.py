@@ -17,10 +17,13 @@ from tests.vllm.runtime_process import running_runtime
 
 pytestmark = pytest.mark.vllm
 
+# The four original flags (round-robin slots, one model resident at a time): these tests watch
+# slots alternate and SP admit continuations. With co-residency both CPU engines would simply
+# stay resident (the fidelity run, tests/vllm/test_fidelity_live.py, serves them that way).
 NODE = """
 [node]
 name = "cpu-node"
-policy = "talaria"
+policy = "-co_residency-demand_slots"
 quantum_s = 1.0
 
 [[model]]

@@ -15,6 +15,7 @@ import asyncio
 import gc
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -208,6 +209,11 @@ async def agent(
         await asyncio.sleep(gap_s)
 
 
+SWITCHING = replace(TALARIA, co_residency=False, demand_slots=False)
+"""The four original flags (round-robin slots, one model resident at a time): slots alternate
+between the two models in order."""
+
+
 def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     """A long call keeps tiny-llama-a's slot busy while a short session on it comes back from
     its tools (continuations, SP-admitted mid-slot); tiny-llama-b waits meanwhile."""
@@ -219,7 +225,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
             node.engines,
             NodeMemory(64e9, 64e9),
             node.clock,
-            TALARIA,
+            SWITCHING,
             SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
         )
         sched.start()
@@ -260,3 +266,39 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     assert all(r.cached_tokens > 0 and r.kv_source is KvSource.HBM for r in continuations)
     wanted = {"long": 400, "short": 8, "other": 16}
     assert all(r.output_tokens == wanted[r.session_id] and r.output.text for r in results)
+
+
+def test_two_co_resident_engines_serve_at_once(node: Node) -> None:
+    """Talaria's scheduler (co-residency): both CPU engines stay resident, so tiny-llama-b's
+    call runs while tiny-llama-a's long one decodes, with no switch after the two activations."""
+    a, b = "tiny-llama-a", "tiny-llama-b"
+
+    async def body() -> tuple[NodeScheduler, list[CallResult]]:
+        sched = NodeScheduler(
+            "cpu0",
+            node.engines,
+            NodeMemory(64e9, 64e9),
+            node.clock,
+            TALARIA,
+            SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
+        )
+        sched.start()
+        results: list[CallResult] = []
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(
+                    agent(sched, "co-long", a, 1, 300, 0.0, results),
+                    agent(sched, "co-short", b, 2, 16, 0.05, results, 0.2),
+                ),
+                timeout=240,
+            )
+        finally:
+            await sched.stop()
+        return sched, results
+
+    sched, results = node.run(body())
+    long = next(r for r in results if r.session_id == "co-long")
+    short = [r for r in results if r.session_id == "co-short"]
+    assert len(short) == 2
+    assert all(long.first_token_s < r.admitted_s and r.finished_s < long.finished_s for r in short)
+    assert sum(len(s.activated) for s in sched.slots) <= 2  # cold activations only

@@ -86,9 +86,11 @@ class CalibrationPlan:
             for b in self.batch_sizes
         ]
 
-    def count(self, max_model_len: int) -> int:
+    def count(self, max_model_len: int, others: int = 0) -> int:
+        """Measurements of one model; ``others``: models it is measured beside (co-resident)."""
         points = self.prefill_points(max_model_len) + self.decode_points(max_model_len)
-        return len(points) * self.repeats + len(self.idle_gaps_s)
+        coresident = others * len(self.coresident_points) * self.coresident_repeats
+        return len(points) * self.repeats + len(self.idle_gaps_s) + coresident
 
 
 QUICK_PLAN = CalibrationPlan(
@@ -274,9 +276,11 @@ class Calibrator:
         trace = await self._call(request, True)
         return trace.result.first_token_s - trace.result.admitted_s
 
-    async def calibrate(self, model: str, max_model_len: int, tick: Tick) -> ModelCalibration:
+    async def calibrate(
+        self, model: str, max_model_len: int, tick: Tick, others: int = 0
+    ) -> ModelCalibration:
         out = ModelCalibration(model)
-        total = self._plan.count(max_model_len)
+        total = self._plan.count(max_model_len, others)
         await self.warm_up(model)
         for _ in range(self._plan.repeats):
             for prompt, cached in self._plan.prefill_points(max_model_len):
@@ -393,7 +397,8 @@ async def run_calibration(
         calibrator = Calibrator(runtime, plan)
         measured: dict[str, ModelCalibration] = {}
         for model in models:
-            cal = await calibrator.calibrate(model, int(info[model]["max_model_len"]), tick)
+            limit = int(info[model]["max_model_len"])
+            cal = await calibrator.calibrate(model, limit, tick, len(models) - 1)
             if info[model]["switches_cost"]:
                 cal.switch_s = switch_times(await runtime.status_document(), model)
             measured[model] = cal
@@ -405,7 +410,7 @@ async def run_calibration(
             for _ in range(plan.coresident_repeats):
                 for batch, context in plan.coresident_points:
                     coresident.append(await calibrator.coresident(model, other, batch, context))
-                    tick(model, 0)
+                    tick(model, plan.count(int(info[model]["max_model_len"]), len(models) - 1))
     finally:
         await runtime.close()
     fits = {}

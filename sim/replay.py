@@ -115,16 +115,23 @@ def replay(
     routing: RoutingConfig | None = None,
     routing_seed: int = 0,
     transport: Transport | None = None,
+    recorded_arrivals: bool = False,
 ) -> ReplayOutcome:
     """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time, each call
     routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``) and
-    carried each way by ``transport`` (default: none)."""
+    carried each way by ``transport`` (default: none).
+
+    ``recorded_arrivals``: each call is sent at its trace's ``arrival_offset_s`` (or as soon as
+    the session's previous answer is back, if that is later) instead of one tool gap after the
+    previous answer: the calls meet the node in the state they met live, so a call's predicted
+    latency tests the node model alone, not the drift of the session before it."""
     hop = transport or Transport()
     return run_virtual(
         _replay(
-            sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed, hop
+            sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed, hop,
+            recorded_arrivals,
         )
-    )
+    )  # fmt: skip
 
 
 async def _replay(
@@ -138,6 +145,7 @@ async def _replay(
     routing: RoutingConfig | None,
     routing_seed: int,
     transport: Transport,
+    recorded_arrivals: bool = False,
 ) -> ReplayOutcome:
     import asyncio
 
@@ -156,6 +164,8 @@ async def _replay(
         start = clock.now()
         results: list[CallResult] = []
         for index, call in enumerate(session.calls):
+            if recorded_arrivals and index > 0:
+                await clock.sleep(call.arrival_offset_s - clock.now())
             if transport.forward_s > 0:
                 await clock.sleep(transport.forward_s)
             result = await proxy.call(_request(session, index))
@@ -164,7 +174,8 @@ async def _replay(
             results.append(result)
             if on_call is not None:
                 on_call(result)
-            if call.tool_gap_s is not None and index < len(session.calls) - 1:
+            last = index == len(session.calls) - 1
+            if call.tool_gap_s is not None and not last and not recorded_arrivals:
                 await clock.sleep(call.tool_gap_s)
         return SessionOutcome(session.session_id, session.model, start, clock.now(), results)
 

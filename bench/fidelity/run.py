@@ -290,18 +290,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     live = read_trace(trace_path)
 
     # 6. replay with the calibrated and the default profile, compare
-    catalog = load_catalog([profile])
-    flags = policy_flags(args.policy)
-    config = SchedulerConfig(quantum_s=args.quantum_s)
-    results: dict[str, Any] = {}
-    for name in ("calibrated", "default"):
-        layout = [("node0", NodeSetup("cpu-vllm", name, MODELS))]
-        transport = Transport.of(catalog.profile("calibrated"))
-        outcome = replay(live, catalog, layout, flags, config, router="talaria",
-                         transport=transport)  # fmt: skip
-        results[name] = compare(live, outcome)
-    doc = results["calibrated"]
-    doc["uncalibrated_figures"] = results["default"]["figures"]
+    doc = replay_and_compare(live, profile, args.policy, args.quantum_s)
     doc["run"] = {
         "sessions": len(live),
         "calls": sum(s.num_calls for s in live),
@@ -316,6 +305,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "serving_cpus": pinned,
         "calibration": json.loads((out / "calibration.json").read_text()),
     }
+    return doc
+
+
+def replay_and_compare(
+    live: list[SessionTrace], profile: Path, policy: str, quantum_s: float
+) -> dict[str, Any]:
+    """The live trace replayed closed-loop with the calibrated profile (the comparison), with
+    the default profile (``uncalibrated_figures``), and with the calibrated profile at the
+    recorded arrival times (``recorded_arrivals_figures``: the node model alone)."""
+    catalog = load_catalog([profile])
+    flags = policy_flags(policy)
+    config = SchedulerConfig(quantum_s=quantum_s)
+    transport = Transport.of(catalog.profile("calibrated"))
+
+    def outcome(name: str, recorded: bool) -> dict[str, Any]:
+        layout = [("node0", NodeSetup("cpu-vllm", name, MODELS))]
+        result = replay(live, catalog, layout, flags, config, router="talaria",
+                        transport=transport, recorded_arrivals=recorded)  # fmt: skip
+        return compare(live, result)
+
+    doc = outcome("calibrated", False)
+    doc["uncalibrated_figures"] = outcome("default", False)["figures"]
+    recorded = outcome("calibrated", True)
+    doc["recorded_arrivals_figures"] = recorded["figures"]
+    doc["recorded_arrivals_calls"] = recorded["calls"]
+    return doc
+
+
+def replay_only(out: Path, policy: str, quantum_s: float) -> dict[str, Any]:
+    """Redo step 6 on a finished run's directory (its live.jsonl and profile.toml), keeping its
+    run record: to compare a changed simulator against the same live run."""
+    old = json.loads((out / "fidelity.json").read_text())
+    doc = replay_and_compare(read_trace(out / "live.jsonl"), out / "profile.toml", policy,
+                             quantum_s)  # fmt: skip
+    doc["run"] = old["run"]
     return doc
 
 
@@ -344,6 +368,15 @@ def report(doc: dict[str, Any]) -> str:
          f"{u['ttft_p95_rel_error']:.1%}"),
         ("tool time / SCT (measured)", f"{f['tool_time_fraction']:.1%}", ""),
     ]  # fmt: skip
+    r = doc.get("recorded_arrivals_figures")
+    if r is not None:
+        rows += [
+            ("at recorded arrivals: per-call latency |error| median / p95",
+             f"{r['call_latency_median_rel_error']:.1%} / {r['call_latency_p95_rel_error']:.1%}",
+             ""),
+            ("at recorded arrivals: per-call TTFT |error| median / p95",
+             f"{r['ttft_median_rel_error']:.1%} / {r['ttft_p95_rel_error']:.1%}", ""),
+        ]  # fmt: skip
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':{width}}  {'calibrated':>22}  {'uncalibrated':>22}"]
     lines += [f"{a:{width}}  {b:>22}  {c:>22}" for a, b, c in rows]
@@ -368,6 +401,11 @@ def main() -> None:
     )
     parser.add_argument("--seeds", type=int, default=1, help="Run this many seeds from --seed.")
     parser.add_argument(
+        "--replay-only",
+        action="store_true",
+        help="Redo only the replays and comparison of the finished run(s) in --out.",
+    )
+    parser.add_argument(
         "--write-docs", action="store_true", help="Write docs/fidelity.json from the runs."
     )
     args = parser.parse_args()
@@ -389,7 +427,7 @@ def main() -> None:
 
 def _one(args: argparse.Namespace) -> Path:
     """One seed's run: OUT/fidelity.json and OUT/fidelity.png; returns the JSON's path."""
-    doc = run(args)
+    doc = replay_only(args.out, args.policy, args.quantum_s) if args.replay_only else run(args)
     (args.out / "fidelity.json").write_text(json.dumps(doc, indent=1) + "\n")
     r = doc["run"]
     title = (

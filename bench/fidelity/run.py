@@ -201,7 +201,11 @@ def pin_serving_stack(enabled: bool) -> list[int] | None:
     as it does on a GPU, instead of sharing a core with the HTTP stack and the agents.
     vLLM's own OpenMP binding is turned off (``nobind``) so that it does not undo this."""
     cpus = sorted(os.sched_getaffinity(0))
-    if not enabled or len(cpus) < 2 or 0 not in cpus:
+    if not enabled:
+        return None
+    if 0 not in cpus and os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == "nobind":
+        return cpus  # pinned by an earlier run of this process (--seeds)
+    if len(cpus) < 2 or 0 not in cpus:
         return None
     rest = [c for c in cpus if c != 0]
     os.sched_setaffinity(0, rest)

@@ -31,7 +31,7 @@ from talaria.runtime.engines.vllm import (
     build_vllm_engine,
     tiny_model_dir,
 )
-from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.scheduling.flags import TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
 from talaria.runtime.scheduling.resources import NodeMemory
 from talaria.runtime.tokenizer import ByteTokenizer
@@ -209,6 +209,18 @@ async def agent(
         await asyncio.sleep(gap_s)
 
 
+def _scheduler(node: Node, flags: SchedulerFlags) -> NodeScheduler:
+    """A scheduler over the module's two started engines (2 s quantum)."""
+    return NodeScheduler(
+        "cpu0",
+        node.engines,
+        NodeMemory(64e9, 64e9),
+        node.clock,
+        flags,
+        SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
+    )
+
+
 SWITCHING = replace(TALARIA, co_residency=False, demand_slots=False)
 """The four original flags (round-robin slots, one model resident at a time): slots alternate
 between the two models in order."""
@@ -220,14 +232,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     a, b = "tiny-llama-a", "tiny-llama-b"
 
     async def body() -> tuple[NodeScheduler, list[CallResult]]:
-        sched = NodeScheduler(
-            "cpu0",
-            node.engines,
-            NodeMemory(64e9, 64e9),
-            node.clock,
-            SWITCHING,
-            SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
-        )
+        sched = _scheduler(node, SWITCHING)
         sched.start()
         results: list[CallResult] = []
         try:
@@ -274,14 +279,7 @@ def test_two_co_resident_engines_serve_at_once(node: Node) -> None:
     a, b = "tiny-llama-a", "tiny-llama-b"
 
     async def body() -> tuple[NodeScheduler, list[CallResult]]:
-        sched = NodeScheduler(
-            "cpu0",
-            node.engines,
-            NodeMemory(64e9, 64e9),
-            node.clock,
-            TALARIA,
-            SchedulerConfig(quantum_s=2.0, default_output_tokens=16),
-        )
+        sched = _scheduler(node, TALARIA)
         sched.start()
         results: list[CallResult] = []
         try:

@@ -59,43 +59,32 @@ def weight_bytes_from_index(model_dir: str | Path) -> float | None:
     return float(size) if isinstance(size, int | float) else None
 
 
+def _nvml_min_bytes(devices: Sequence[int], field: str) -> float:
+    """The smallest ``field`` (``free`` or ``total``) of the memory of ``devices`` (NVML
+    indices), via ``pynvml`` (``nvidia-ml-py``, a vLLM dependency on CUDA); 0 for no devices.
+    Unverified here (no GPU on the dev machine)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in devices]
+        values = [float(getattr(pynvml.nvmlDeviceGetMemoryInfo(h), field)) for h in handles]
+    finally:
+        pynvml.nvmlShutdown()
+    return min(values) if values else 0.0
+
+
 def nvml_free_bytes(devices: Sequence[int]) -> Callable[[], float]:
-    """A probe of the smallest free memory over ``devices`` (NVML indices), via ``pynvml``
-    (``nvidia-ml-py``, a vLLM dependency on CUDA). Unverified here (no GPU on the dev machine)."""
-
-    def probe() -> float:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            free = [
-                float(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).free)
-                for i in devices
-            ]
-        finally:
-            pynvml.nvmlShutdown()
-        return min(free) if free else 0.0
-
-    return probe
+    """A probe of the smallest free memory over ``devices``."""
+    return lambda: _nvml_min_bytes(devices, "free")
 
 
 def nvml_total_bytes(devices: Sequence[int]) -> float | None:
-    """The smallest total memory over ``devices`` (NVML indices), via ``pynvml``; None when
-    NVML is not there. Unverified here (no GPU on the dev machine)."""
+    """The smallest total memory over ``devices``; None when NVML is not there."""
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
+        return _nvml_min_bytes(devices, "total") or None
     except Exception:
         return None
-    try:
-        totals = [
-            float(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).total)
-            for i in devices
-        ]
-    finally:
-        pynvml.nvmlShutdown()
-    return min(totals) if totals else None
 
 
 def vllm_engine_args(

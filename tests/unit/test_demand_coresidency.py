@@ -307,3 +307,32 @@ def test_third_model_that_does_not_fit_is_switched_and_memory_holds() -> None:
 
 def test_demand_score_formula() -> None:
     assert demand_score(Demand(2, 1, 30.0), 60.0) == pytest.approx(3 * 1.5)
+
+
+def test_status_counts_the_sessions_living_on_the_node() -> None:
+    """A session between calls (in a tool gap) lives on the node until it ends, or until it
+    has been idle ``stale_after_quanta`` quanta; routing reads the count per model."""
+
+    async def main() -> list[dict[str, int]]:
+        clock = LoopClock()
+        node = build_node(
+            "n0", NodeSetup("tiny", "tiny", ("a", "b")), SMALL, TALARIA, SchedulerConfig(30.0),
+            clock,
+        )  # fmt: skip
+        node.start()
+        seen = []
+
+        def live() -> dict[str, int]:
+            return {m: r.live_sessions for m, r in node.status().models.items()}
+
+        await node.submit(_request("s1", "a", final=False))
+        await node.submit(_request("s2", "b", final=False))
+        seen.append(live())
+        node.end_session("s2")
+        seen.append(live())
+        await clock.sleep(10 * 30.0 + 1)  # s1 idle past the stale window
+        seen.append(live())
+        await node.stop()
+        return seen
+
+    assert run_virtual(main()) == [{"a": 1, "b": 1}, {"a": 1, "b": 0}, {"a": 0, "b": 0}]

@@ -191,8 +191,10 @@ STATUS = InstanceStatus(
     at_s=12.0,
     active_model="a",
     models={
-        "a": ModelResidency("a", ModelState.ACTIVE, 0.0, 0.5, 1.0, waiting_calls=1),
-        "b": ModelResidency("b", ModelState.HOST, 40.0, 0.0, 6.0, waiting_calls=1),
+        "a": ModelResidency(
+            "a", ModelState.ACTIVE, 0.0, 0.5, 1.0, waiting_calls=1, live_sessions=3
+        ),
+        "b": ModelResidency("b", ModelState.HOST, 40.0, 0.0, 6.0, waiting_calls=1, live_sessions=1),
     },
     sessions={"ses_1": SessionKvStatus("hbm", 100, "a", 0.0, 0.2)},
     reserved={"ses_1": 1e9},
@@ -221,13 +223,15 @@ def test_a_status_from_before_slots_and_queues_decodes_with_none() -> None:
     del document["recent_slots"]
     for residency in document["models"].values():
         del residency["waiting_calls"]
+        del residency["live_sessions"]
     old = status_from_dict(document)
     assert old.recent_slots == []
     assert {m: r.waiting_calls for m, r in old.models.items()} == {"a": 0, "b": 0}
+    assert {m: r.live_sessions for m, r in old.models.items()} == {"a": 0, "b": 0}
     assert old == replace(
         STATUS,
         recent_slots=[],
-        models={m: replace(r, waiting_calls=0) for m, r in STATUS.models.items()},
+        models={m: replace(r, waiting_calls=0, live_sessions=0) for m, r in STATUS.models.items()},
     )
 
 

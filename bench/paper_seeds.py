@@ -1,7 +1,7 @@
 """Replay the paper preset over several workload seeds: how stable are the speedups?
 
     .venv/bin/python bench/paper_seeds.py --seeds 10 [--first-seed 0] [--sessions 60]
-        [--quantum-s 60] [--json out/seeds.json]
+        [--policy=-demand_slots] [--quantum-s 60] [--json out/seeds.json]
 
 Prints one row per seed (round / talaria / dedicated p50 and p95 SCT, speedups, talaria ÷
 dedicated) and the median, min and max over seeds. ``--sessions`` changes the session count,
@@ -13,24 +13,33 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from talaria.core.catalog import load_catalog
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.presets import get_preset
 from talaria.sim.workload import generate_sessions
 
-COLUMNS = (
-    ("round p50", lambda d: d["policies"]["round"]["p50_sct_s"]),
-    ("round p95", lambda d: d["policies"]["round"]["p95_sct_s"]),
-    ("talaria p50", lambda d: d["policies"]["talaria"]["p50_sct_s"]),
-    ("talaria p95", lambda d: d["policies"]["talaria"]["p95_sct_s"]),
-    ("speedup p50", lambda d: d["policies"]["talaria"]["speedup_p50"]),
-    ("speedup p95", lambda d: d["policies"]["talaria"]["speedup_p95"]),
-    ("tal÷ded p50", lambda d: d["multiplexing_cost_p50"]),
-    ("tal÷oracle p50", lambda d: d["policies"]["talaria"]["oracle_ratio_p50"]),
-)
+
+def columns(policy: str) -> tuple[tuple[str, Callable[[dict[str, Any]], float]], ...]:
+    """The printed figures: round's, ``policy``'s, and ``policy`` ÷ dedicated and ÷ oracle."""
+
+    def of(key: str) -> Callable[[dict[str, Any]], float]:
+        return lambda d: float(d["policies"][policy][key])
+
+    return (
+        ("round p50", lambda d: d["policies"]["round"]["p50_sct_s"]),
+        ("round p95", lambda d: d["policies"]["round"]["p95_sct_s"]),
+        (f"{policy} p50"[-14:], of("p50_sct_s")),
+        (f"{policy} p95"[-14:], of("p95_sct_s")),
+        ("speedup p50", of("speedup_p50")),
+        ("speedup p95", of("speedup_p95")),
+        ("÷ded p50", lambda d: d["policies"][policy]["p50_sct_s"] / d["dedicated"]["p50_sct_s"]),
+        ("÷oracle p50", of("oracle_ratio_p50")),
+    )
 
 
 def main() -> None:
@@ -38,6 +47,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--preset", default="paper")
     parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument(
+        "--policy", default="talaria", help="The policy set against round and dedicated."
+    )
     parser.add_argument("--sessions", type=int, default=None)
     parser.add_argument("--quantum-s", type=float, default=None)
     parser.add_argument("--json", type=Path, default=None)
@@ -58,7 +70,8 @@ def main() -> None:
         preset.server, preset.profile, preset.workload.models, quantum_s=preset.quantum_s
     )
     rows = []
-    print("seed " + " ".join(f"{name:>14}" for name, _ in COLUMNS))
+    cols = columns(args.policy)
+    print("seed " + " ".join(f"{name:>14}" for name, _ in cols))
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         sessions = generate_sessions(
             preset.workload,
@@ -66,12 +79,12 @@ def main() -> None:
             {m.name: m.reasoning for m in models},
             seed,
         )
-        doc = run_experiment(sessions, catalog, setup, ["round", "talaria"])
-        row = {name: fn(doc) for name, fn in COLUMNS}
+        doc = run_experiment(sessions, catalog, setup, ["round", args.policy])
+        row = {name: fn(doc) for name, fn in cols}
         rows.append(row)
-        print(f"{seed:4d} " + " ".join(f"{row[name]:14.2f}" for name, _ in COLUMNS))
+        print(f"{seed:4d} " + " ".join(f"{row[name]:14.2f}" for name, _ in cols))
     for label, agg in (("median", statistics.median), ("min", min), ("max", max)):
-        values = [agg([r[name] for r in rows]) for name, _ in COLUMNS]
+        values = [agg([r[name] for r in rows]) for name, _ in cols]
         print(f"{label:>4} " + " ".join(f"{v:14.2f}" for v in values))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -83,6 +83,7 @@ from talaria.sim.workload import generate_sessions
 from tests.e2e.processes import (
     Postgres,
     ServeProcess,
+    child_pids,
     free_port,
     talaria_runtime,
     talaria_serve,
@@ -154,19 +155,6 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK_S  # utime, stime
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def machine_busy() -> tuple[float, float]:
     """(busy, total) CPU jiffies of the whole machine, from /proc/stat."""
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -185,7 +173,7 @@ class CpuSnapshot:
 
     @classmethod
     def take(cls, replicas: list[int], runtimes: list[int], pg_master: int | None) -> CpuSnapshot:
-        pg = [pg_master, *children(pg_master)] if pg_master else []
+        pg = [pg_master, *child_pids(pg_master)] if pg_master else []
         own = os.times()
         return cls(
             [cpu_s(p) for p in replicas],

@@ -60,7 +60,10 @@ from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import Transport, replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the e2e tests' process helpers
 import summarize  # bench/fidelity/summarize.py, next to this file
+
+from tests.e2e.processes import child_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TALARIA = Path(sys.executable).parent / "talaria"
@@ -213,24 +216,11 @@ def pin_serving_stack(enabled: bool) -> list[int] | None:
     return rest
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
-
-
 def pin_engines(runtime_pid: int) -> int:
     """Every thread of the runtime's child processes (vLLM's EngineCore, one per model) onto
     CPU 0; returns the threads moved."""
     moved = 0
-    for child in _children(runtime_pid):
+    for child in child_pids(runtime_pid):
         for task in Path(f"/proc/{child}/task").iterdir():
             try:
                 os.sched_setaffinity(int(task.name), {0})

@@ -30,6 +30,20 @@ def talaria_command() -> list[str]:
     return [str(talaria)] if talaria.exists() else [sys.executable, "-c", _CLI]
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux ``/proc``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -7,6 +7,7 @@ mapped.
 | ``talaria`` | ``talaria`` | all on | the whole system |
 | ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
 | ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
+| ``-<flag>`` | ``talaria`` | ``talaria`` with one flag off | what one flag adds to the rest |
 
 ``round`` is what a per-request stack does: least outstanding work per call, and a round
 scheduler on each node. The other routers run with ``talaria``'s node flags, so they differ
@@ -54,7 +55,8 @@ def resolve_policy(name: str) -> Policy:
     try:
         return Policy(name, "talaria", policy_flags(name))
     except ValueError:
-        choices = ", ".join(
-            dict.fromkeys(["round", "talaria", *ROUTER_NAMES, *(f"+{f}" for f in FLAG_NAMES)])
-        )
-        raise ValueError(f"unknown policy {name!r}; choose from: {choices}") from None
+        flags = [*(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
+        choices = ", ".join(dict.fromkeys(["round", "talaria", *ROUTER_NAMES, *flags]))
+        raise ValueError(
+            f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)"
+        ) from None

@@ -372,15 +372,21 @@ class NodeScheduler:
             ],
         )
 
-    def _live_sessions(self, now: float) -> dict[str, int]:
-        """Per model: sessions with a call here now, or one that ended within the stale
-        window (``stale_after_quanta`` quanta)."""
+    def _in_gap(self, now: float) -> list[_Session]:
+        """Sessions in a tool gap: nothing queued or running here, their last call ended within
+        the stale window (``stale_after_quanta`` quanta)."""
         stale = now - self.config.stale_after_quanta * self.config.quantum_s
+        return [
+            s
+            for s in self._sessions.values()
+            if not s.pending and s.last_finish_s is not None and s.last_finish_s >= stale
+        ]
+
+    def _live_sessions(self, now: float) -> dict[str, int]:
+        """Per model: sessions with a call here now, or in a tool gap (``_in_gap``)."""
         live: dict[str, int] = {}
-        for session in self._sessions.values():
-            last = session.last_finish_s
-            if session.pending or (last is not None and last >= stale):
-                live[session.model] = live.get(session.model, 0) + 1
+        for session in [s for s in self._sessions.values() if s.pending] + self._in_gap(now):
+            live[session.model] = live.get(session.model, 0) + 1
         return live
 
     def _next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
@@ -406,13 +412,10 @@ class NodeScheduler:
         """Per model: queued calls, the age of the oldest, and the sessions in a tool gap
         (nothing queued or running, not stale) expected back within a quantum."""
         horizon = now + self.config.quantum_s
-        stale = now - self.config.stale_after_quanta * self.config.quantum_s
         back = dict.fromkeys(self.order, 0)
-        for session in self._sessions.values():
-            last = session.last_finish_s
-            if session.pending or last is None or last < stale:
-                continue
-            if last + session.expected_gap_s() <= horizon:
+        for session in self._in_gap(now):
+            assert session.last_finish_s is not None
+            if session.last_finish_s + session.expected_gap_s() <= horizon:
                 back[session.model] = back.get(session.model, 0) + 1
         return {
             m: Demand(len(q), back.get(m, 0), now - q[0].arrival_s if q else 0.0)

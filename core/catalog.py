@@ -139,10 +139,14 @@ class StepFit:
     """A measured engine step time, fitted by ``talaria calibrate`` (least squares):
 
     t_step = overhead_s + s_per_token × n + s_per_pair × pairs + s_per_seq × seqs
+             + mixed_step_s × [the step holds prefill chunks and decoding sequences both]
 
     n: tokens in the step (prefill chunk tokens + one per decoding sequence); pairs: attention
     token pairs (decode: the total context; a chunk of t tokens after c: t·c + t²/2); seqs:
-    sequences in the step. It replaces the roofline's max(compute, memory) for its model.
+    sequences in the step. ``mixed_step_s`` is what a step costs for mixing the two kinds (on
+    vLLM's CPU build a mixed step costs about a prefill step plus a decode step, more than one
+    shared overhead; docs/fidelity.md). It replaces the roofline's max(compute, memory) for
+    its model.
     ``call_overhead_s`` is once per call, before its first step can take it: the engine's
     intake (tokenizing, handing the request to the engine process, scheduling it).
     ``idle_wake`` adds to the intake of a call that finds the engine idle: points
@@ -156,6 +160,7 @@ class StepFit:
     s_per_seq: float
     call_overhead_s: float = 0.0
     idle_wake: tuple[tuple[float, float], ...] = ()
+    mixed_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         points = tuple((float(i), float(e)) for i, e in self.idle_wake)
@@ -175,13 +180,15 @@ class StepFit:
                 return y0 + (y1 - y0) * (idle_s - x0) / (x1 - x0)
         return points[-1][1]
 
-    def step_time_s(self, tokens: int, pairs: float, seqs: int) -> float:
-        """overhead_s + s_per_token·tokens + s_per_pair·pairs + s_per_seq·seqs."""
+    def step_time_s(self, tokens: int, pairs: float, seqs: int, mixed: bool = False) -> float:
+        """overhead_s + s_per_token·tokens + s_per_pair·pairs + s_per_seq·seqs, plus
+        mixed_step_s for a step that mixes prefill and decode."""
         return (
             self.overhead_s
             + self.s_per_token * tokens
             + self.s_per_pair * pairs
             + self.s_per_seq * seqs
+            + (self.mixed_step_s if mixed else 0.0)
         )
 
 

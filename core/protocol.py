@@ -13,7 +13,9 @@ Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
   a delta is ``{"text", "reasoning", "tool_calls": [{index, id, name, arguments}],
   "logprobs": [[token, logprob, [[token, logprob], ...]], ...]}`` (empty members omitted) and
   a result holds ``output`` ``{text, reasoning, tool_calls: [{id, name, arguments}],
-  finish_reason, logprobs}``;
+  finish_reason, logprobs}`` and ``engine`` ``{queued_s, scheduled_s, first_token_s,
+  last_token_s}`` or null (``EngineTimes``; a peer that predates it sends none, and one that
+  does not know it ignores it);
 - **status** (``GET /v1/runtime/status``): ``InstanceStatus``'s fields plus the node's
   ``model_names``, recent ``slots`` and per-model ``engines`` info.
 
@@ -41,6 +43,7 @@ from talaria.core.status import InstanceStatus
 from talaria.core.types import (
     CallRequest,
     CallResult,
+    EngineTimes,
     Finished,
     FirstToken,
     GenerationEvent,
@@ -195,6 +198,7 @@ def result_to_dict(result: CallResult) -> dict[str, Any]:
     data = {f.name: getattr(result, f.name) for f in fields(CallResult)}
     data["kv_source"] = result.kv_source.value
     data["output"] = None if result.output is None else output_to_dict(result.output)
+    data["engine"] = None if result.engine is None else asdict(result.engine)
     return data
 
 
@@ -203,6 +207,8 @@ def result_from_dict(data: Mapping[str, Any]) -> CallResult:
     known["kv_source"] = KvSource(known["kv_source"])
     output = known.get("output")
     known["output"] = None if output is None else output_from_dict(output)
+    engine = known.get("engine")
+    known["engine"] = None if engine is None else EngineTimes(**engine)
     return CallResult(**known)
 
 

@@ -89,6 +89,26 @@ class CallRequest:
 
 
 @dataclass(frozen=True)
+class EngineTimes:
+    """When the engine itself saw a call's milestones, on the runtime's clock: vLLM's EngineCore
+    timestamps (``RequestOutput.metrics``: queued, first scheduled, the step outputs holding the
+    first and the last token), read in the engine's own process, before the runtime's API
+    process hears of them. Against ``CallResult``'s times (taken where the runtime hears of
+    them) they split a call into the engine's work and the host's:
+
+    - intake = queued − admitted (the runtime and vLLM's front end hand the call over);
+    - engine queue = scheduled − queued; engine prefill = first token − scheduled;
+    - engine decode = last token − first token;
+    - delivery lag = ``CallResult.first_token_s`` − first token (and ``finished_s`` − last
+      token): the host's delay in passing an engine output on."""
+
+    queued_s: float
+    scheduled_s: float
+    first_token_s: float
+    last_token_s: float
+
+
+@dataclass(frozen=True)
 class CallResult:
     request_id: str
     session_id: str
@@ -115,6 +135,10 @@ class CallResult:
     model was already serving at the call's arrival. ``queue_s − slot_wait_s`` is the wait for
     room while it served (batch, memory, admission rules). Set by the node scheduler; engines
     leave it 0."""
+    engine: EngineTimes | None = None
+    """The engine's own timestamps (``EngineTimes``): vLLM's, or the simulated engine's own
+    milestones (ready, its first step, first and last token); None where an engine keeps
+    none."""
 
     @property
     def latency_s(self) -> float:

@@ -212,6 +212,20 @@ def _call_record(
     )
 
 
+def _engine_parts(result: CallResult, wall: Callable[[float], float]) -> dict[str, float]:
+    """The call's engine-timed parts in wall seconds (``CallRecord.engine_*``), none where the
+    engine reported no timestamps of its own (``EngineTimes``)."""
+    t = result.engine
+    if t is None:
+        return {}
+    return {
+        "engine_intake_s": wall(t.queued_s - result.admitted_s),
+        "engine_queue_s": wall(t.scheduled_s - t.queued_s),
+        "engine_prefill_s": wall(t.first_token_s - t.scheduled_s),
+        "engine_decode_s": wall(t.last_token_s - t.first_token_s),
+    }
+
+
 class Gateway:
     def __init__(
         self,
@@ -669,6 +683,7 @@ class Gateway:
                 slot_wait_s=wall(result.slot_wait_s),
                 prefill_s=wall(result.first_token_s - result.admitted_s),
                 decode_s=wall(result.finished_s - result.first_token_s),
+                **_engine_parts(result, wall),
                 prompt_tokens=result.prompt_tokens,
                 cached_tokens=result.cached_tokens,
                 output_tokens=result.output_tokens,

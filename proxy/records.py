@@ -43,6 +43,12 @@ class CallRecord:
     it included; ``CallResult.slot_wait_s``); the rest waited for room inside that slot."""
     prefill_s: float | None = None  # admission → first token (includes KV restore)
     decode_s: float | None = None  # first token → last token
+    engine_intake_s: float | None = None
+    """Wall seconds from admission until the engine queued the call; this and the next three
+    are the engine's own timing (``core.types.EngineTimes``), None where it keeps none."""
+    engine_queue_s: float | None = None  # queued in the engine → first scheduled
+    engine_prefill_s: float | None = None  # scheduled → the engine's first-token output
+    engine_decode_s: float | None = None  # the engine's first-token → last-token outputs
     prompt_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0

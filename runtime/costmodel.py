@@ -117,7 +117,8 @@ class CostModel:
         self, prefill: Sequence[PrefillChunk], decode_contexts_total: int, decode_seqs: int
     ) -> float:
         """One iteration: step_overhead_s + max(compute_s, memory_s), or the model's
-        ``StepFit`` of (n, pairs, seqs) when calibrated; no tokens → 0.
+        ``StepFit`` of (n, pairs, seqs, mixed: chunks and decodes both) when calibrated; no
+        tokens → 0.
 
         n = Σ chunk tokens + decode_seqs. compute_s = 2·active·n / (η_c·gpus·peak(weight
         dtype)) + 4·layers·q_heads·d_att·pairs / (η_c·gpus·peak bf16), pairs = decode context
@@ -132,7 +133,8 @@ class CostModel:
         pairs = self._decode_pairs(decode_contexts_total, decode_seqs)
         pairs += sum(self._chunk_pairs(c) for c in chunks)
         if self.fit is not None:
-            return self.fit.step_time_s(n, pairs, decode_seqs + len(chunks))
+            mixed = bool(chunks) and decode_seqs > 0
+            return self.fit.step_time_s(n, pairs, decode_seqs + len(chunks), mixed)
         kv_tokens = decode_contexts_total + sum(c.context_tokens + c.tokens for c in chunks)
         static = self._static_terms(n, decode_seqs + len(chunks))
         return self._combine(static, pairs, kv_tokens)

@@ -14,6 +14,12 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
   token and until the first finishes, every engine step decodes all ``B``: the step time is the
   slope of tokens over time in that window (mean over the ``B`` calls), with n = seqs = B and
   pairs = Σ contexts at the window's middle.
+- **Mixed steps**: ``B`` sequences decode at context ``L`` (streaming, long outputs); once all
+  have their first token a call of ``P`` fresh tokens arrives, and its first step mixes its
+  prefill with their decode. The engine's own timestamps time that step (``EngineTimes``:
+  scheduled → first token, no intake), n = B + P, pairs = the decoders' contexts then +
+  P²/2, seqs = B + 1; the fit's ``mixed_step_s`` is what such a step costs beyond its tokens
+  (an engine without timestamps of its own gives no mixed samples).
 - **Idle wake-up**: calls of 64 tokens sent after the engine has been idle for each of
   ``idle_gaps_s``; the median admission → first token minus that at the shortest idle gives
   ``StepFit.idle_wake`` (an agent's calls come after tool gaps, so they often find the
@@ -23,8 +29,8 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
   profile's ``transport_forward_s`` / ``transport_return_s`` (the replay adds them per call).
 - **Co-resident decode** (two models or more, resident together: a node whose policy has
   ``co_residency`` and room for both): ``B`` sequences of one model decode at context
-  ``L`` alone, then again while ``B`` sequences of another model decode beside it (the load
-  starts first and runs 4× longer). ``ratio = shared step / alone step``, and
+  ``L`` alone, then again while ``O`` sequences of another model decode beside it (the load
+  starts first and runs 4× longer), over a grid of (B, O). ``ratio = shared step / alone step``, and
   ``coresident_interference`` α = median(ratio − 1) (one other busy engine, ``DeviceShare``:
   t' = t × (1 + α)); each point's prediction t × (1 + α) against its measurement is reported.
 - **Switch and KV restore**: an engine that moves nothing at a switch (vLLM's CPU gate) has
@@ -59,12 +65,24 @@ class CalibrationPlan:
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     decode_contexts: tuple[int, ...] = (64, 512, 1024)
     decode_tokens: int = 48
+    mixed_points: tuple[tuple[int, int], ...] = ((1, 64), (4, 64), (4, 256), (8, 128))
+    """(decoding batch B, prompt tokens P) of the mixed-step measurements."""
+    mixed_context: int = 512
     repeats: int = 3
     idle_gaps_s: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     """Idle times before a call, for the wake-up ladder (``StepFit.idle_wake``)."""
     idle_repeats: int = 5
-    coresident_points: tuple[tuple[int, int], ...] = ((1, 256), (4, 256), (8, 256))
-    """(batch, context) of the co-resident decode measurements (every ordered model pair)."""
+    coresident_points: tuple[tuple[int, int, int], ...] = (
+        (1, 1, 256),
+        (1, 4, 256),
+        (4, 1, 256),
+        (4, 2, 256),
+        (4, 4, 256),
+        (4, 8, 256),
+    )
+    """(batch, the other model's batch, context) of the co-resident decode measurements (every
+    ordered model pair): a spread of the loads co-resident engines meet, so that α, their
+    median, stands for all of them."""
     coresident_repeats: int = 2
 
     def prefill_points(self, max_model_len: int) -> list[tuple[int, int]]:
@@ -89,8 +107,14 @@ class CalibrationPlan:
     def count(self, max_model_len: int, others: int = 0) -> int:
         """Measurements of one model; ``others``: models it is measured beside (co-resident)."""
         points = self.prefill_points(max_model_len) + self.decode_points(max_model_len)
+        points += self.mixed_points_for(max_model_len)
         coresident = others * len(self.coresident_points) * self.coresident_repeats
         return len(points) * self.repeats + len(self.idle_gaps_s) + coresident
+
+    def mixed_points_for(self, max_model_len: int) -> list[tuple[int, int]]:
+        """(B, P) with the decoders' context + output and the prompt within max_model_len."""
+        room = max_model_len - self.mixed_context - 2 * self.decode_tokens
+        return [(b, p) for b, p in self.mixed_points if room >= 0 and p + 2 <= max_model_len]
 
 
 QUICK_PLAN = CalibrationPlan(
@@ -99,10 +123,11 @@ QUICK_PLAN = CalibrationPlan(
     batch_sizes=(1, 4, 8),
     decode_contexts=(64, 768),
     decode_tokens=32,
+    mixed_points=((4, 128),),
     repeats=1,
     idle_gaps_s=(0.0, 0.1, 1.0),
     idle_repeats=3,
-    coresident_points=((4, 256),),
+    coresident_points=((4, 4, 256),),
     coresident_repeats=1,
 )
 """A smaller grid for CI (about a tenth of the default's calls)."""
@@ -115,6 +140,18 @@ class ModelCalibration:
     idle_ttft_s: dict[float, list[float]] = field(default_factory=dict)
     """Idle seconds before a call → its admission-to-first-token times."""
     switch_s: list[float] = field(default_factory=list)
+    intake_s: list[float] = field(default_factory=list)
+    """Engine-timed intakes of the prefill calls (``Calibrator.prefill``); empty without the
+    engine's timestamps (the fit's ``call_overhead_s`` is then fitted from whole prefills)."""
+
+    def fit(self) -> FitReport:
+        """The step fit of ``samples``, with the idle ladder and, where measured, the median
+        engine-timed intake as ``call_overhead_s``."""
+        report = fit_steps(self.samples)
+        fit = replace(report.fit, idle_wake=self.idle_wake())
+        if self.intake_s:
+            fit = replace(fit, call_overhead_s=statistics.median(self.intake_s))
+        return replace(report, fit=fit)
 
     def idle_wake(self) -> tuple[tuple[float, float], ...]:
         """(idle s, extra s) points: median TTFT after that idle − the median at the shortest
@@ -198,7 +235,15 @@ class Calibrator:
         for _ in range(2):
             await self._call(self._request(model, self._session(model), 0, 64, 4, False))
 
-    async def prefill(self, model: str, prompt: int, cached: int) -> StepSample:
+    async def prefill(
+        self, model: str, prompt: int, cached: int
+    ) -> tuple[StepSample, float | None]:
+        """One prefill step, and the call's intake (None without the engine's timestamps).
+
+        With the engine's own timestamps the step is timed alone (scheduled → the engine's
+        first-token output) and the intake is the rest of the way to the first token on an idle
+        engine: admitted → queued in the engine, plus the first token's delivery to the
+        runtime. Without them the sample is admitted → first token and holds the intake."""
         session = self._session(model)
         index = 0
         if cached > 0:
@@ -208,8 +253,15 @@ class Calibrator:
         r = trace.result
         hit = r.cached_tokens
         n = r.prompt_tokens - hit
-        seconds = r.first_token_s - r.admitted_s
-        return StepSample("prefill", n, n * hit + n * n / 2, 1, seconds, intake=1)
+        pairs = n * hit + n * n / 2
+        times = r.engine
+        if times is None:
+            return StepSample(
+                "prefill", n, pairs, 1, r.first_token_s - r.admitted_s, intake=1
+            ), None
+        step = times.first_token_s - times.scheduled_s
+        intake = (times.queued_s - r.admitted_s) + (r.first_token_s - times.first_token_s)
+        return StepSample("prefill", n, pairs, 1, step), intake
 
     async def decode(self, model: str, batch: int, context: int) -> StepSample:
         k = self._plan.decode_tokens
@@ -238,12 +290,49 @@ class Calibrator:
         pairs = sum(contexts) / len(contexts) * batch
         return StepSample("decode", batch, pairs, batch, statistics.fmean(slopes))
 
-    async def coresident(self, model: str, other: str, batch: int, context: int) -> dict[str, Any]:
-        """``model``'s decode step alone, then while ``other`` decodes as many sequences
-        (started first, 4× as many tokens, so it decodes throughout the measured window)."""
+    async def mixed(self, model: str, batch: int, prompt: int) -> StepSample | None:
+        """One call of ``prompt`` fresh tokens joining ``batch`` sequences decoding at the
+        plan's ``mixed_context``: its engine-timed first step (module docstring). None when
+        the engine keeps no timestamps, or the decoders finished before that step did."""
+        context, k = self._plan.mixed_context, 2 * self._plan.decode_tokens
+        started = [asyncio.Event() for _ in range(batch)]
+        load = asyncio.gather(
+            *(
+                self._call(
+                    self._request(model, self._session(model), 0, context, k, True), first=event
+                )
+                for event in started
+            )
+        )
+        for event in started:
+            await event.wait()
+        trace = await self._call(self._request(model, self._session(model), 0, prompt, 1, False))
+        decoders = await load
+        times = trace.result.engine
+        if times is None or any(d.result.finished_s <= times.first_token_s for d in decoders):
+            return None
+        n = trace.result.prompt_tokens - trace.result.cached_tokens
+        decoded = [
+            max((tokens for t, tokens in d.points if t <= times.scheduled_s), default=1)
+            for d in decoders
+        ]
+        pairs = float(
+            sum(d.result.prompt_tokens + done for d, done in zip(decoders, decoded, strict=True))
+        )
+        pairs += n * trace.result.cached_tokens + n * n / 2
+        seconds = times.first_token_s - times.scheduled_s
+        return StepSample("mixed", batch + n, pairs, batch + 1, seconds, mixed=1)
+
+    async def coresident(
+        self, model: str, other: str, batch: int, context: int, other_batch: int | None = None
+    ) -> dict[str, Any]:
+        """``model``'s decode step alone, then while ``other`` decodes ``other_batch`` sequences
+        (default: as many; started first, 4× as many tokens, so it decodes throughout the
+        measured window)."""
         alone = await self.decode(model, batch, context)
         k = self._plan.decode_tokens
-        started = [asyncio.Event() for _ in range(batch)]
+        load_batch = batch if other_batch is None else other_batch
+        started = [asyncio.Event() for _ in range(load_batch)]
         load = asyncio.gather(
             *(
                 self._call(
@@ -261,6 +350,7 @@ class Calibrator:
             "model": model,
             "other": other,
             "batch": batch,
+            "other_batch": load_batch,
             "context": context,
             "alone_s": alone.seconds,
             "shared_s": shared.seconds,
@@ -284,10 +374,18 @@ class Calibrator:
         await self.warm_up(model)
         for _ in range(self._plan.repeats):
             for prompt, cached in self._plan.prefill_points(max_model_len):
-                out.samples.append(await self.prefill(model, prompt, cached))
+                sample, intake = await self.prefill(model, prompt, cached)
+                out.samples.append(sample)
+                if intake is not None:
+                    out.intake_s.append(intake)
                 tick(model, total)
             for batch, context in self._plan.decode_points(max_model_len):
                 out.samples.append(await self.decode(model, batch, context))
+                tick(model, total)
+            for batch, prompt in self._plan.mixed_points_for(max_model_len):
+                mixed = await self.mixed(model, batch, prompt)
+                if mixed is not None:
+                    out.samples.append(mixed)
                 tick(model, total)
         for gap in self._plan.idle_gaps_s:
             out.idle_ttft_s[gap] = [
@@ -376,6 +474,7 @@ class CalibrationRun:
                 "rms_rel_residual": fit.rms_rel_residual,
                 "switch_s": cal.switch_s,
                 "idle_ttft_s": {str(k): v for k, v in cal.idle_ttft_s.items()},
+                "intake_s": cal.intake_s,
                 "samples": [
                     {**asdict(s), "rel_residual": r}
                     for s, r in zip(cal.samples, fit.rel_residuals, strict=True)
@@ -408,15 +507,13 @@ async def run_calibration(
         pairs = itertools.permutations(models, 2) if len(set(active) & set(models)) > 1 else ()
         for model, other in pairs:
             for _ in range(plan.coresident_repeats):
-                for batch, context in plan.coresident_points:
-                    coresident.append(await calibrator.coresident(model, other, batch, context))
+                for batch, load, context in plan.coresident_points:
+                    point = await calibrator.coresident(model, other, batch, context, load)
+                    coresident.append(point)
                     tick(model, plan.count(int(info[model]["max_model_len"]), len(models) - 1))
     finally:
         await runtime.close()
-    fits = {}
-    for m, cal in measured.items():
-        report = fit_steps(cal.samples)
-        fits[m] = replace(report, fit=replace(report.fit, idle_wake=cal.idle_wake()))
+    fits = {m: cal.fit() for m, cal in measured.items()}
     return CalibrationRun(
         measured,
         fits,

@@ -135,6 +135,67 @@ def compare(live: Sequence[SessionTrace], predicted: ReplayOutcome) -> dict[str,
                 "tool_s": gaps,
             }
         )
+    return {"figures": error_figures(calls, sessions), "calls": calls, "sessions": sessions}
+
+
+def _signature(session: SessionTrace) -> tuple[Any, ...]:
+    """What a workload fixes of a session, whatever run recorded it: its model and each call's
+    output tokens. (The store's session keys differ between runs, and prompts may differ by a
+    token or two: their text is drawn anew and holds the model's replies, re-tokenized.)"""
+    return (session.model, *(c.output_tokens for c in session.calls))
+
+
+def _median(values: Sequence[float]) -> float:
+    return percentile(list(values), 50)
+
+
+def repeatability(runs: Sequence[Sequence[SessionTrace]]) -> list[dict[str, Any]]:
+    """How well live runs of one workload predict each other: the floor under any model's
+    error on this machine. For each run r, every call's "prediction" is the median of the
+    other runs' measurements of that call (latency, TTFT; a session's SCT likewise), and
+    ``error_figures`` compares run r with it. Sessions are matched across runs by
+    ``_signature``; needs two runs or more of the same workload."""
+    if len(runs) < 2:
+        raise ValueError("repeatability needs at least two runs")
+    keyed = [{_signature(s): s for s in run} for run in runs]
+    keys = set(keyed[0])
+    if any(set(k) != keys or len(k) != len(run) for k, run in zip(keyed, runs, strict=True)):
+        raise ValueError("the runs are not of one workload: their sessions differ")
+    out = []
+    for r, run in enumerate(keyed):
+        others = [k for i, k in enumerate(keyed) if i != r]
+        calls: list[dict[str, Any]] = []
+        sessions: list[dict[str, Any]] = []
+        for key, session in run.items():
+            peers = [o[key] for o in others]
+            for i, call in enumerate(session.calls):
+                same = [p.calls[i] for p in peers]
+                calls.append(
+                    {
+                        "measured_latency_s": call.latency_s,
+                        "predicted_latency_s": _median([c.latency_s or 0.0 for c in same]),
+                        "measured_ttft_s": call.ttft_s,
+                        "predicted_ttft_s": _median([c.ttft_s or 0.0 for c in same]),
+                    }
+                )
+            sessions.append(
+                {
+                    "measured_sct_s": measured_sct_s(session),
+                    "predicted_sct_s": _median([measured_sct_s(p) for p in peers]),
+                    "tool_s": sum(c.tool_gap_s or 0.0 for c in session.calls),
+                }
+            )
+        out.append(error_figures(calls, sessions))
+    return out
+
+
+def error_figures(
+    calls: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]]
+) -> dict[str, Any]:
+    """The module docstring's error figures from per-call (``measured_latency_s``,
+    ``predicted_latency_s``, ``measured_ttft_s``, ``predicted_ttft_s``) and per-session
+    (``measured_sct_s``, ``predicted_sct_s``, ``tool_s``) records; "predicted" may be another
+    live run of the same workload (bench/fidelity/repeat.py)."""
     lat = [_rel(c["predicted_latency_s"], c["measured_latency_s"]) for c in calls]
     ttft = [_rel(c["predicted_ttft_s"], c["measured_ttft_s"]) for c in calls]
     sct = [_rel(s["predicted_sct_s"], s["measured_sct_s"]) for s in sessions]
@@ -161,4 +222,4 @@ def compare(live: Sequence[SessionTrace], predicted: ReplayOutcome) -> dict[str,
         "ttft_p95_rel_error": ttft_p95,
         "tool_time_fraction": sum(s["tool_s"] for s in sessions) / sum(meas_sct),
     }
-    return {"figures": figures, "calls": calls, "sessions": sessions}
+    return figures

@@ -2,16 +2,19 @@
 
 Each measurement is one engine step (or the mean of a run of equal steps): the tokens it
 processed ``n``, its attention token pairs, its sequences, whether it includes a call's intake
-(a prefill timed from admission to first token does; a decode step does not), and the seconds it
-took. The model (``talaria.core.catalog.StepFit``) is linear in its five coefficients:
+(a prefill timed from admission to first token does; a decode step does not), whether it mixed
+a prefill chunk with decoding sequences, and the seconds it took. The model
+(``talaria.core.catalog.StepFit``) is linear in its six coefficients:
 
     t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs + call_overhead_s·intake
+        + mixed_step_s·mixed
 
 and is fitted by weighted least squares with weights 1 / t (so each point counts by its
 *relative* error: a 5 ms decode step as much as a 200 ms prefill). A coefficient that comes out
 negative has no physical meaning (a step cannot get faster with more work); it is fixed at 0 and
-the rest refitted, until none is negative (an active-set simplification of NNLS; with four
-columns it ends in at most five rounds).
+the rest refitted, until none is negative (an active-set simplification of NNLS; with six
+columns it ends in at most seven rounds). Without mixed samples the mixed column is all zeros
+and its coefficient comes out 0 (least squares' minimum-norm solution).
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ import numpy as np
 
 from talaria.core.catalog import StepFit
 
-COEFFICIENTS = ("overhead_s", "s_per_token", "s_per_pair", "s_per_seq", "call_overhead_s")
+COEFFICIENTS = (
+    "overhead_s",
+    "s_per_token",
+    "s_per_pair",
+    "s_per_seq",
+    "call_overhead_s",
+    "mixed_step_s",
+)
 
 
 @dataclass(frozen=True)
@@ -32,13 +42,15 @@ class StepSample:
     """One measured step: what it held and how long it took."""
 
     kind: str
-    """"prefill" or "decode" (reporting only)."""
+    """"prefill", "decode" or "mixed" (reporting only)."""
     tokens: int
     pairs: float
     seqs: int
     seconds: float
     intake: int = 0
     """Calls whose intake the time includes (1 for a prefill timed from admission)."""
+    mixed: int = 0
+    """1 for a step that held prefill chunks and decoding sequences both."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,9 @@ class FitReport:
 
 
 def _design(samples: Sequence[StepSample]) -> np.ndarray:
-    return np.array([[1.0, s.tokens, s.pairs, s.seqs, s.intake] for s in samples], dtype=float)
+    return np.array(
+        [[1.0, s.tokens, s.pairs, s.seqs, s.intake, s.mixed] for s in samples], dtype=float
+    )
 
 
 def fit_steps(samples: Sequence[StepSample]) -> FitReport:
@@ -87,7 +101,12 @@ def fit_steps(samples: Sequence[StepSample]) -> FitReport:
         free.remove(min(negative, key=lambda i: coef[i]))
     v = [float(max(0.0, x)) for x in coef]
     fit = StepFit(
-        overhead_s=v[0], s_per_token=v[1], s_per_pair=v[2], s_per_seq=v[3], call_overhead_s=v[4]
+        overhead_s=v[0],
+        s_per_token=v[1],
+        s_per_pair=v[2],
+        s_per_seq=v[3],
+        call_overhead_s=v[4],
+        mixed_step_s=v[5],
     )
     predicted = x @ np.array([getattr(fit, c) for c in COEFFICIENTS])
     residuals = tuple(float(r) for r in (predicted - t) / t)
@@ -112,7 +131,8 @@ def profile_toml(
     lines = [
         f"# Measured by `talaria calibrate` ({source}).",
         "# Step time t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs",
-        "# (talaria.core.catalog.StepFit), fitted by weighted least squares (sim/fit.py).",
+        "# + mixed_step_s for a step mixing prefill and decode (talaria.core.catalog.StepFit),",
+        "# fitted by weighted least squares (sim/fit.py).",
         "",
         "[profile]",
         f'name = "{name}"',

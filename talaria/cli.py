@@ -563,7 +563,7 @@ def calibrate(
             raise typer.BadParameter(str(exc), param_hint="--runtime/--model") from exc
     table = Table(title=f"fitted step time (profile {name!r})")
     for column in ("model", "samples", "overhead ms", "µs/token", "ns/pair", "µs/seq",
-                   "intake ms", "|resid| median", "|resid| max"):  # fmt: skip
+                   "intake ms", "mixed ms", "|resid| median", "|resid| max"):  # fmt: skip
         table.add_column(column, justify="right")
     for m, fit in run.fits.items():
         f = fit.fit
@@ -575,6 +575,7 @@ def calibrate(
             f"{f.s_per_pair * 1e9:.3f}",
             f"{f.s_per_seq * 1e6:.3f}",
             f"{f.call_overhead_s * 1e3:.3f}",
+            f"{f.mixed_step_s * 1e3:.3f}",
             f"{fit.median_abs_rel_residual:.1%}",
             f"{fit.max_abs_rel_residual:.1%}",
         )

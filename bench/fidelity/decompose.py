@@ -3,8 +3,8 @@
     .venv-vllm/bin/python bench/fidelity/decompose.py out/fidelity [out/fidelity-2 ...]
 
 Reads each run's comparison (fidelity.json: every call's predicted parts) and the proxy's store
-(live.db: the runtime's own split of every call, on its clock) and breaks each call's latency
-into the same parts on both sides:
+(live.db: the runtime's own split of every call, on its clock, and vLLM's EngineCore timestamps
+of it) and breaks each call's latency into the same parts on both sides:
 
 - queue: arrival at the node → admitted (slot waits included);
 - intake + prefill: admitted → first token;
@@ -15,6 +15,19 @@ into the same parts on both sides:
 For each part it prints the medians of the measured and predicted seconds, the median of
 (predicted − measured) per call, and that part's share of the summed |error| over calls
 (Σ|pred − meas| of the part ÷ Σ over parts): which term holds the per-call error.
+
+Where the store has the engine's own timestamps (``calls.engine_*``, ``core.types.EngineTimes``)
+a second table splits the measured intake + prefill and decode into the engine's part and the
+host's:
+
+- intake: admitted → queued in the engine (the runtime and vLLM's front end hand it over);
+- engine queue + prefill: queued → the engine's first-token output;
+- first-token delivery: that output → the runtime hears of it;
+- engine decode: the engine's first-token → last-token outputs;
+- decode delivery: the runtime's decode − the engine's (the last output's delivery lag minus
+  the first's);
+
+each against the prediction of the part it belongs to (the replay's intake + prefill, decode).
 """
 
 from __future__ import annotations
@@ -27,36 +40,58 @@ from pathlib import Path
 from typing import Any
 
 PARTS = ("queue", "intake + prefill", "decode", "hop")
+ENGINE_PARTS = (
+    ("intake", "intake + prefill"),
+    ("engine queue + prefill", "intake + prefill"),
+    ("first-token delivery", "intake + prefill"),
+    ("engine decode", "decode"),
+    ("decode delivery", "decode"),
+)
+"""Measured sub-part → the predicted part it belongs to."""
 
 
 def parts(out: Path) -> list[dict[str, tuple[float, float]]]:
-    """Per call: part → (measured s, predicted s)."""
+    """Per call: part → (measured s, predicted s); the engine-timed sub-parts, where the store
+    has them, → (measured s, nan)."""
     doc = json.loads((out / "fidelity.json").read_text())
     db = sqlite3.connect(out / "live.db")
+    columns = {r[1] for r in db.execute("pragma table_info(calls)")}
+    engine = "engine_decode_s" in columns
+    extra = ", engine_intake_s, engine_queue_s, engine_prefill_s, engine_decode_s" if engine else ""
     rows = {
         (r[0], r[1]): r[2:]
         for r in db.execute(
-            "select session_id, call_index, queue_s, prefill_s, decode_s from calls "
-            "where status = 'ok'"
+            "select session_id, call_index, queue_s, prefill_s, decode_s"
+            f"{extra} from calls where status = 'ok'"
         )
     }
     out_rows = []
     for c in doc["calls"]:
-        queue_s, prefill_s, decode_s = rows[(c["session_id"], c["call_index"])]
+        row = rows[(c["session_id"], c["call_index"])]
+        queue_s, prefill_s, decode_s = row[:3]
         hop_s = c["measured_latency_s"] - (queue_s + prefill_s + decode_s)
-        out_rows.append(
-            {
-                "queue": (queue_s, c["predicted_queue_s"]),
-                "intake + prefill": (prefill_s, c["predicted_prefill_s"]),
-                "decode": (decode_s, c["predicted_decode_s"]),
-                "hop": (hop_s, c["predicted_hop_s"]),
+        call = {
+            "queue": (queue_s, c["predicted_queue_s"]),
+            "intake + prefill": (prefill_s, c["predicted_prefill_s"]),
+            "decode": (decode_s, c["predicted_decode_s"]),
+            "hop": (hop_s, c["predicted_hop_s"]),
+        }
+        if engine and row[6] is not None:
+            intake, e_queue, e_prefill, e_decode = row[3:7]
+            nan = float("nan")
+            call |= {
+                "intake": (intake, nan),
+                "engine queue + prefill": (e_queue + e_prefill, nan),
+                "first-token delivery": (prefill_s - intake - e_queue - e_prefill, nan),
+                "engine decode": (e_decode, nan),
+                "decode delivery": (decode_s - e_decode, nan),
             }
-        )
+        out_rows.append(call)
     return out_rows
 
 
 def table(calls: list[dict[str, tuple[float, float]]]) -> str:
-    total = sum(abs(p - m) for c in calls for m, p in c.values())
+    total = sum(abs(c[p][1] - c[p][0]) for c in calls for p in PARTS)
     lines = [
         "| part | measured, median ms | predicted, median ms | pred − meas, median ms "
         "| share of Σ|error| |",
@@ -74,10 +109,39 @@ def table(calls: list[dict[str, tuple[float, float]]]) -> str:
     return "\n".join(lines)
 
 
+def engine_table(calls: list[dict[str, tuple[float, float]]]) -> str:
+    """The engine-timed split of the measured parts (module docstring), calls that have it."""
+    timed = [c for c in calls if "engine decode" in c]
+    if not timed:
+        return "(no engine timestamps in the store)"
+    lines = [
+        f"{len(timed)} calls with the engine's own timestamps",
+        "| measured part | of | median ms | mean ms | p90 ms |",
+        "|---|---|---|---|---|",
+    ]
+    for part, whole in ENGINE_PARTS:
+        values = sorted(c[part][0] * 1e3 for c in timed)
+        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+        lines.append(
+            f"| {part} | {whole} | {st.median(values):.1f} | {st.fmean(values):.1f} | {p90:.1f} |"
+        )
+    engine_err = [c["decode"][1] - c["engine decode"][0] for c in timed]
+    host_err = [c["decode"][1] - c["decode"][0] for c in timed]
+    lines.append(
+        f"\npredicted decode − engine decode, median {st.median(engine_err) * 1e3:+.1f} ms "
+        f"(|·| median {st.median(abs(e) for e in engine_err) * 1e3:.1f}); predicted decode − "
+        f"runtime decode, median {st.median(host_err) * 1e3:+.1f} ms "
+        f"(|·| median {st.median(abs(e) for e in host_err) * 1e3:.1f})"
+    )
+    return "\n".join(lines)
+
+
 def main(args: list[str]) -> dict[str, Any]:
     calls = [c for a in args for c in parts(Path(a))]
     print(f"{len(calls)} calls from {len(args)} run(s)")
     print(table(calls))
+    print()
+    print(engine_table(calls))
     return {"calls": len(calls)}
 
 

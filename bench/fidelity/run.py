@@ -55,7 +55,7 @@ from talaria.core.trace import SessionTrace, read_trace
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import SchedulerConfig
-from talaria.sim.fidelity import FidelityWorkload, compare, fidelity_workload
+from talaria.sim.fidelity import FidelityWorkload, compare, fidelity_workload, repeatability
 from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import Transport, replay
 
@@ -163,8 +163,9 @@ def words(rng: random.Random, n: int) -> str:
     return " ".join(out)[:n]
 
 
-async def drive(base_url: str, sessions: list[SessionTrace], seed: int) -> None:
-    """One agent per session, closed loop: send, wait for the answer, sleep the tool gap."""
+async def drive(base_url: str, sessions: list[SessionTrace], text_seed: str) -> None:
+    """One agent per session, closed loop: send, wait for the answer, sleep the tool gap. The
+    words are drawn from ``text_seed`` (token counts come from the workload alone)."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="fidelity", max_retries=0,
                                 timeout=600)  # fmt: skip
     loop = asyncio.get_running_loop()
@@ -173,7 +174,7 @@ async def drive(base_url: str, sessions: list[SessionTrace], seed: int) -> None:
 
     async def agent(session: SessionTrace) -> None:
         nonlocal done
-        rng = random.Random(f"{seed}/{session.session_id}")
+        rng = random.Random(f"{text_seed}/{session.session_id}")
         await asyncio.sleep(max(0.0, t0 + session.start_s - loop.time()))
         messages: list[Any] = []
         last = len(session.calls) - 1
@@ -255,36 +256,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         runtime.stop()
 
-    # 3-4. the live run on a runtime that estimates with the calibrated profile
+    # 3-5. the live run(s) on a runtime that estimates with the calibrated profile, exported
     runtime, url = start_runtime(out, "live", args.policy, args.quantum_s, profile, bool(pinned))
-    db = f"sqlite+aiosqlite:///{out / 'live.db'}"
     try:
-        port = free_port()
-        proxy = Service(
-            "proxy",
-            ["serve", "--runtime", url, "--port", str(port), "--database-url", db],
-            out / "proxy.log",
-        )
-        try:
-            calls = sum(s.num_calls for s in workload)
-            log(f"driving {len(workload)} sessions, {calls} calls through the proxy")
-            live_started = time.perf_counter()
-            asyncio.run(drive(f"http://127.0.0.1:{port}/v1", workload, args.seed))
-            live_s = time.perf_counter() - live_started
-        finally:
-            proxy.stop()
+        lives, live_s = [], []
+        for r in range(args.repeats):
+            trace, seconds = live_run(url, workload, args.seed, r, repeat_dir(out, r))
+            lives.append(trace)
+            live_s.append(seconds)
     finally:
         runtime.stop()
-
-    # 5. export
-    trace_path = out / "live.jsonl"
-    subprocess.run(
-        [str(TALARIA), "trace", "export", "--db", db, "--out", str(trace_path)], check=True
-    )
-    live = read_trace(trace_path)
+    live = lives[0]
 
     # 6. replay with the calibrated and the default profile, compare
     doc = replay_and_compare(live, profile, args.policy, args.quantum_s)
+    if len(lives) > 1:
+        doc["repeats"] = repeats_doc(lives, profile, args.policy, args.quantum_s)
     doc["run"] = {
         "sessions": len(live),
         "calls": sum(s.num_calls for s in live),
@@ -293,13 +280,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "quantum_s": args.quantum_s,
         "seed": args.seed,
         "workload": {k: v for k, v in vars(spec).items()},
-        "live_wall_s": live_s,
+        "live_wall_s": live_s[0],
+        "repeats": args.repeats,
         "total_wall_s": time.perf_counter() - started,
         "quick_calibration": args.quick_calibration,
         "serving_cpus": pinned,
         "calibration": json.loads((out / "calibration.json").read_text()),
     }
     return doc
+
+
+def repeat_dir(out: Path, repeat: int) -> Path:
+    """Where live run ``repeat`` keeps its store and trace: OUT itself for the first."""
+    return out if repeat == 0 else out / f"repeat-{repeat}"
+
+
+def live_run(
+    url: str, workload: list[SessionTrace], seed: int, repeat: int, where: Path
+) -> tuple[list[SessionTrace], float]:
+    """One live run of ``workload`` through a fresh proxy (its store ``where/live.db``) on the
+    runtime at ``url``, exported to ``where/live.jsonl``; returns the trace and the run's wall
+    seconds. Repeats draw other words (``drive``'s text seed), so that no repeat finds an
+    earlier one's prompts in vLLM's prefix cache."""
+    where.mkdir(parents=True, exist_ok=True)
+    db = f"sqlite+aiosqlite:///{where / 'live.db'}"
+    port = free_port()
+    proxy = Service(
+        "proxy",
+        ["serve", "--runtime", url, "--port", str(port), "--database-url", db],
+        where / "proxy.log",
+    )
+    try:
+        calls = sum(s.num_calls for s in workload)
+        log(f"live run {repeat}: driving {len(workload)} sessions, {calls} calls through the proxy")
+        started = time.perf_counter()
+        text_seed = str(seed) if repeat == 0 else f"{seed}/repeat-{repeat}"
+        asyncio.run(drive(f"http://127.0.0.1:{port}/v1", workload, text_seed))
+        seconds = time.perf_counter() - started
+    finally:
+        proxy.stop()
+    trace_path = where / "live.jsonl"
+    subprocess.run(
+        [str(TALARIA), "trace", "export", "--db", db, "--out", str(trace_path)], check=True
+    )
+    return read_trace(trace_path), seconds
+
+
+def repeats_doc(
+    lives: list[list[SessionTrace]], profile: Path, policy: str, quantum_s: float
+) -> dict[str, Any]:
+    """Several live runs of one workload: how well they predict each other (``repeatability``,
+    the floor under the simulator's error here) and the simulator's figures against each."""
+    return {
+        "runs": len(lives),
+        "live_vs_live": repeatability(lives),
+        "predicted_vs_live": [
+            replay_and_compare(live, profile, policy, quantum_s)["figures"] for live in lives
+        ],
+    }
 
 
 def replay_and_compare(
@@ -331,8 +369,12 @@ def replay_only(out: Path, policy: str, quantum_s: float) -> dict[str, Any]:
     """Redo step 6 on a finished run's directory (its live.jsonl and profile.toml), keeping its
     run record: to compare a changed simulator against the same live run."""
     old = json.loads((out / "fidelity.json").read_text())
-    doc = replay_and_compare(read_trace(out / "live.jsonl"), out / "profile.toml", policy,
-                             quantum_s)  # fmt: skip
+    profile = out / "profile.toml"
+    doc = replay_and_compare(read_trace(out / "live.jsonl"), profile, policy, quantum_s)
+    repeats = int(old["run"].get("repeats", 1))
+    if repeats > 1:
+        lives = [read_trace(repeat_dir(out, r) / "live.jsonl") for r in range(repeats)]
+        doc["repeats"] = repeats_doc(lives, profile, policy, quantum_s)
     doc["run"] = old["run"]
     return doc
 
@@ -374,6 +416,28 @@ def report(doc: dict[str, Any]) -> str:
     width = max(len(r[0]) for r in rows)
     lines = [f"{'':{width}}  {'calibrated':>22}  {'uncalibrated':>22}"]
     lines += [f"{a:{width}}  {b:>22}  {c:>22}" for a, b, c in rows]
+    if "repeats" in doc:
+        lines += ["", repeats_report(doc["repeats"])]
+    return "\n".join(lines)
+
+
+REPEAT_COLUMNS = (
+    ("p50 SCT", "p50_sct_rel_error"),
+    ("p95 SCT", "p95_sct_rel_error"),
+    ("call latency |err| median", "call_latency_median_rel_error"),
+    ("TTFT |err| median", "ttft_median_rel_error"),
+)
+
+
+def repeats_report(repeats: dict[str, Any]) -> str:
+    """Per live run: the other runs' median as its prediction, then the simulator's."""
+    head = "| live run | predicted by | " + " | ".join(c for c, _ in REPEAT_COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (2 + len(REPEAT_COLUMNS))]
+    pairs = zip(repeats["live_vs_live"], repeats["predicted_vs_live"], strict=True)
+    for r, (peers, sim) in enumerate(pairs):
+        for label, f in (("the other runs", peers), ("the simulator", sim)):
+            cells = " | ".join(f"{f[k]:.1%}" for _, k in REPEAT_COLUMNS)
+            lines.append(f"| {r} | {label} | {cells} |")
     return "\n".join(lines)
 
 
@@ -394,6 +458,13 @@ def main() -> None:
         help="Keep the serving processes off CPU 0, vLLM's engine core (default: on).",
     )
     parser.add_argument("--seeds", type=int, default=1, help="Run this many seeds from --seed.")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="Live runs of each seed's workload on one calibration (≥ 2: also how well the "
+        "runs predict each other, the floor under the simulator's error).",
+    )
     parser.add_argument(
         "--replay-only",
         action="store_true",

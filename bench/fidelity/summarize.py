@@ -59,12 +59,16 @@ def table(docs: list[dict[str, Any]]) -> str:
 
 
 def _entry(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    return {
+    entry = {
         "figures": doc["figures"],
         "uncalibrated_figures": doc["uncalibrated_figures"],
+        "recorded_arrivals_figures": doc.get("recorded_arrivals_figures"),
         "run": {k: v for k, v in doc["run"].items() if k != "calibration"},
         "source": str(path),
     }
+    if "repeats" in doc:
+        entry["repeats"] = doc["repeats"]
+    return entry
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from talaria.core.clock import Clock
 from talaria.core.types import (
     CallRequest,
     CallResult,
+    EngineTimes,
     Finished,
     FirstToken,
     GenerationEvent,
@@ -69,6 +70,10 @@ class _Seq:
     ready: bool = False
     output_done: int = 0
     first_token_s: float | None = None
+    queued_s: float | None = None
+    """When it became ready (intake and KV moves done) to join a step."""
+    scheduled_s: float | None = None
+    """When the first step that took a chunk of it began."""
     first: asyncio.Future[float] = field(default_factory=lambda: _loop().create_future())
     done: asyncio.Future[CallResult] = field(default_factory=lambda: _loop().create_future())
     deltas: asyncio.Queue[TokenDelta] | None = None
@@ -329,6 +334,7 @@ class SimEngine:
 
     def _set_ready(self, seq: _Seq) -> None:
         seq.ready = True
+        seq.queued_s = self._clock.now()
         self._wake.set()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._serve())
@@ -386,6 +392,10 @@ class SimEngine:
     async def _mixed_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         prefill = [PrefillChunk(take, seq.context) for seq, take in chunks]
         dt = self._cost.step_time_s(prefill, sum(s.context for s in decoding), len(decoding))
+        start = self._clock.now()
+        for seq, _ in chunks:
+            if seq.scheduled_s is None:
+                seq.scheduled_s = start
         self.busy_s += dt  # the GPU's work: co-residents' steps stretch, the work does not
         await self._clock.sleep(self._step_s(dt))
         self.steps += 1
@@ -461,6 +471,7 @@ class SimEngine:
             entry.pins -= 1
             entry.last_used_s = now
             assert seq.first_token_s is not None
+            assert seq.queued_s is not None and seq.scheduled_s is not None
             seq.done.set_result(
                 CallResult(
                     request_id=request.request_id,
@@ -479,6 +490,7 @@ class SimEngine:
                     recomputed_tokens=seq.recomputed_tokens,
                     sp_admitted=seq.admission.sp_admitted,
                     output=seq.reply.output if seq.reply is not None else None,
+                    engine=EngineTimes(seq.queued_s, seq.scheduled_s, seq.first_token_s, now),
                 )
             )
 

@@ -23,6 +23,7 @@ TRUTH = {
     "s_per_pair": 1e-8,
     "s_per_seq": 4e-4,
     "call_overhead_s": 4e-3,
+    "mixed_step_s": 6e-3,
 }
 NODE = """
 [node]
@@ -67,10 +68,12 @@ def test_calibrating_a_simulated_engine_recovers_its_step_time(tmp_path: Path) -
     # wall-clock timing on a shared machine: the big terms within 20%, every term non-negative
     assert fit.overhead_s == pytest.approx(TRUTH["overhead_s"], rel=0.2)
     assert fit.call_overhead_s == pytest.approx(TRUTH["call_overhead_s"], rel=0.5, abs=2e-3)
+    # the simulated engine's own timestamps time its mixed steps
+    assert fit.mixed_step_s == pytest.approx(TRUTH["mixed_step_s"], rel=0.5, abs=2e-3)
     assert all(getattr(fit, c) >= 0 for c in COEFFICIENTS)
     doc = json.loads(report.read_text())
     samples = doc["models"]["tiny-a"]["samples"]
-    assert {s["kind"] for s in samples} == {"prefill", "decode"}
+    assert {s["kind"] for s in samples} == {"prefill", "decode", "mixed"}
     assert doc["models"]["tiny-a"]["median_abs_rel_residual"] < 0.1
     assert doc["switches_measurable"] is True  # simulated engines move weights at a switch
 

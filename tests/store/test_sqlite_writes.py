@@ -37,15 +37,21 @@ def test_commits_leave_checkpoints_to_the_checkpointer(tmp_path: Path) -> None:
         assert db.execute("SELECT count(*) FROM hints").fetchone()[0] == 400 * 20
 
 
-def test_the_writer_thread_writes_a_calls_slot_wait(tmp_path: Path) -> None:
+def test_the_writer_thread_writes_a_calls_slot_wait_and_engine_parts(tmp_path: Path) -> None:
     path = tmp_path / "c.db"
     upgrade(f"sqlite+aiosqlite:///{path}")
     writes = SqliteWrites(path, None, checkpoint_interval_s=3600)
-    record = CallRecord("r", "s", 0, "m", "n0", T0, T0, "ok", queue_s=2.0, slot_wait_s=1.5)
+    record = CallRecord(
+        "r", "s", 0, "m", "n0", T0, T0, "ok", queue_s=2.0, slot_wait_s=1.5,
+        engine_intake_s=0.25, engine_queue_s=0.125, engine_prefill_s=0.5, engine_decode_s=4.0,
+    )  # fmt: skip
     try:
         asyncio.run(writes.write_batch([SessionRecord("s", "t", "m", T0, T0), record]))
     finally:
         writes.close()
     with sqlite3.connect(path) as db:
-        row = db.execute("SELECT queue_s, slot_wait_s FROM calls WHERE request_id = 'r'")
-        assert row.fetchone() == (2.0, 1.5)
+        row = db.execute(
+            "SELECT queue_s, slot_wait_s, engine_intake_s, engine_queue_s, engine_prefill_s,"
+            " engine_decode_s FROM calls WHERE request_id = 'r'"
+        )
+        assert row.fetchone() == (2.0, 1.5, 0.25, 0.125, 0.5, 4.0)

@@ -58,7 +58,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0005"
+    assert await migrate.current_async(db_url) == migrate.head() == "0006"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -100,31 +100,36 @@ async def _columns(engine: AsyncEngine, table: str) -> list[str]:
         return await conn.run_sync(lambda c: [col["name"] for col in inspect(c).get_columns(table)])
 
 
+async def _insert_call(engine: AsyncEngine) -> None:
+    """One session with one call (queue_s 1.5) in the columns every revision has."""
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    async with engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO sessions (session_id, tenant_id, external_id, model, state,"
+                " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
+                " output_tokens) VALUES ('s', 't', 's', 'm', 'active', :at, :at, 1, 0, 0, 0)"
+            ),
+            {"at": at},
+        )
+        await conn.execute(
+            text(
+                "INSERT INTO calls (request_id, session_id, call_index, model, arrived_at,"
+                " status, queue_s, prompt_tokens, cached_tokens, output_tokens, stream)"
+                " VALUES ('r', 's', 0, 'm', :at, 'ok', 1.5, 0, 0, 0, false)"
+            ),
+            {"at": at},
+        )
+
+
 @pytest.mark.asyncio
 async def test_0004_adds_and_drops_calls_slot_wait_keeping_existing_calls(db_url: str) -> None:
     """A call recorded before 0004 reads back with a null ``slot_wait_s``; the downgrade drops
     the column and keeps the call."""
     await migrate.upgrade_async(db_url, "0003")
     engine = make_engine(db_url)
-    at = datetime(2026, 11, 1, tzinfo=UTC)
     try:
-        async with engine.begin() as conn:
-            await conn.execute(
-                text(
-                    "INSERT INTO sessions (session_id, tenant_id, external_id, model, state,"
-                    " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
-                    " output_tokens) VALUES ('s', 't', 's', 'm', 'active', :at, :at, 1, 0, 0, 0)"
-                ),
-                {"at": at},
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO calls (request_id, session_id, call_index, model, arrived_at,"
-                    " status, queue_s, prompt_tokens, cached_tokens, output_tokens, stream)"
-                    " VALUES ('r', 's', 0, 'm', :at, 'ok', 1.5, 0, 0, 0, false)"
-                ),
-                {"at": at},
-            )
+        await _insert_call(engine)
         assert "slot_wait_s" not in await _columns(engine, "calls")
         await migrate.upgrade_async(db_url)
         async with engine.connect() as conn:
@@ -132,6 +137,38 @@ async def test_0004_adds_and_drops_calls_slot_wait_keeping_existing_calls(db_url
         assert tuple(row) == (1.5, None)
         await asyncio.to_thread(migrate.downgrade, db_url, "0003")
         assert "slot_wait_s" not in await _columns(engine, "calls")
+        async with engine.connect() as conn:
+            kept = (await conn.execute(text("SELECT request_id, queue_s FROM calls"))).one()
+        assert tuple(kept) == ("r", 1.5)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_0006_adds_and_drops_the_engine_timed_parts_keeping_existing_calls(
+    db_url: str,
+) -> None:
+    """A call recorded before 0006 reads back with null engine-timed parts; the downgrade drops
+    the four columns and keeps the call."""
+    engine_columns = {"engine_intake_s", "engine_queue_s", "engine_prefill_s", "engine_decode_s"}
+    await migrate.upgrade_async(db_url, "0005")
+    engine = make_engine(db_url)
+    try:
+        await _insert_call(engine)
+        assert not engine_columns & set(await _columns(engine, "calls"))
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    text(
+                        "SELECT queue_s, engine_intake_s, engine_queue_s, engine_prefill_s,"
+                        " engine_decode_s FROM calls"
+                    )
+                )
+            ).one()
+        assert tuple(row) == (1.5, None, None, None, None)
+        await asyncio.to_thread(migrate.downgrade, db_url, "0005")
+        assert not engine_columns & set(await _columns(engine, "calls"))
         async with engine.connect() as conn:
             kept = (await conn.execute(text("SELECT request_id, queue_s FROM calls"))).one()
         assert tuple(kept) == ("r", 1.5)
@@ -162,9 +199,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0005" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0006" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0005" in out and "head: 0005" in out
+    assert "current: 0006" in out and "head: 0006" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -174,7 +211,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0005"
+    assert migrate.current(url) == "0006"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -185,7 +222,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0005"
+    assert migrate.current(url) == "0006"
 
 
 def test_default_sqlite_url_honours_data_dir(

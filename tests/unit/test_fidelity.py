@@ -12,7 +12,13 @@ from talaria.core.trace import SessionTrace
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import SchedulerConfig
-from talaria.sim.fidelity import FidelityWorkload, compare, fidelity_workload, measured_sct_s
+from talaria.sim.fidelity import (
+    FidelityWorkload,
+    compare,
+    fidelity_workload,
+    measured_sct_s,
+    repeatability,
+)
 from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import ReplayOutcome, replay
 
@@ -97,6 +103,51 @@ def test_measured_sct_runs_from_the_first_send_to_the_last_answer() -> None:
     assert measured_sct_s(replace(session, calls=tuple(calls))) == pytest.approx(16.5)
     with pytest.raises(ValueError, match="no measured latency"):
         measured_sct_s(session)
+
+
+def _renamed(sessions: list[SessionTrace], tag: str) -> list[SessionTrace]:
+    """The same sessions under other ids, as another run's store keys them."""
+    return [
+        replace(
+            s,
+            session_id=f"{tag}{i}",
+            calls=tuple(replace(c, session_id=f"{tag}{i}") for c in s.calls),
+        )
+        for i, s in enumerate(sessions)
+    ]
+
+
+def test_identical_live_runs_predict_each_other_exactly() -> None:
+    sessions = fidelity_workload(SPEC, 0)
+    measured = _as_measured(sessions, _replay(sessions), 1.0)
+    runs = [measured, _renamed(measured[::-1], "x"), _renamed(measured, "y")]
+    for f in repeatability(runs):
+        assert f["calls"] == 20 and f["sessions"] == 4
+        assert f["call_latency_median_rel_error"] == pytest.approx(0.0, abs=1e-12)
+        assert f["ttft_median_rel_error"] == pytest.approx(0.0, abs=1e-12)
+        assert f["p50_sct_rel_error"] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_each_run_is_predicted_by_the_median_of_the_others() -> None:
+    """Three runs at 0.9×, 1× and 1.2× one timing: the 1× run's peers' median is 1.05×; the
+    slow run's is 0.95× (the median of 0.9 and 1.0), so it reads 1 − 0.95/1.2 off."""
+    sessions = fidelity_workload(SPEC, 0)
+    outcome = _replay(sessions)
+    runs = [_as_measured(sessions, outcome, k) for k in (0.9, 1.0, 1.2)]
+    low, mid, high = repeatability(runs)
+    assert mid["call_latency_median_rel_error"] == pytest.approx(0.05)
+    assert high["call_latency_median_signed_rel_error"] == pytest.approx(0.95 / 1.2 - 1)
+    assert low["ttft_median_rel_error"] == pytest.approx(1.1 / 0.9 - 1)
+
+
+def test_repeatability_refuses_runs_of_other_workloads() -> None:
+    one = fidelity_workload(SPEC, 0)
+    measured = _as_measured(one, _replay(one), 1.0)
+    with pytest.raises(ValueError, match="at least two"):
+        repeatability([measured])
+    other = fidelity_workload(SPEC, 1)
+    with pytest.raises(ValueError, match="not of one workload"):
+        repeatability([measured, _as_measured(other, _replay(other), 1.0)])
 
 
 def test_the_comparison_plots_as_a_png(tmp_path: Path) -> None:

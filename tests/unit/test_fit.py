@@ -15,13 +15,18 @@ from talaria.sim.calibrate import ModelCalibration
 from talaria.sim.fit import COEFFICIENTS, FitReport, StepSample, fit_steps, profile_toml
 
 TRUE = StepFit(
-    overhead_s=3e-3, s_per_token=1e-5, s_per_pair=3e-9, s_per_seq=8e-5, call_overhead_s=2.5e-3
+    overhead_s=3e-3,
+    s_per_token=1e-5,
+    s_per_pair=3e-9,
+    s_per_seq=8e-5,
+    call_overhead_s=2.5e-3,
+    mixed_step_s=4e-3,
 )
 
 
-def _grid(fit: StepFit, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
-    """Prefill and decode samples like talaria calibrate's, timed by ``fit`` (× lognormal-ish
-    noise of relative size ``noise``)."""
+def _grid(fit: StepFit, noise: float = 0.0, seed: int = 0, mixed: bool = True) -> list[StepSample]:
+    """Prefill, decode and (with ``mixed``) mixed samples like talaria calibrate's, timed by
+    ``fit`` (× lognormal-ish noise of relative size ``noise``)."""
     rng = random.Random(seed)
     samples = []
     for prompt in (32, 128, 512, 1024, 1536):
@@ -35,6 +40,11 @@ def _grid(fit: StepFit, noise: float = 0.0, seed: int = 0) -> list[StepSample]:
             pairs = float(batch * context)
             t = fit.step_time_s(batch, pairs, batch)
             samples.append(StepSample("decode", batch, pairs, batch, t * (1 + noise * rng.gauss())))
+    for batch in (1, 4, 8) if mixed else ():
+        for prompt in (64, 256):
+            n, pairs, seqs = batch + prompt, batch * 512 + prompt * prompt / 2, batch + 1
+            t = fit.step_time_s(n, pairs, seqs, mixed=True) * (1 + noise * rng.gauss())
+            samples.append(StepSample("mixed", n, pairs, seqs, t, mixed=1))
     return samples
 
 
@@ -43,7 +53,13 @@ def test_exact_samples_give_back_the_coefficients() -> None:
     for name in COEFFICIENTS:
         assert getattr(report.fit, name) == pytest.approx(getattr(TRUE, name), rel=1e-6)
     assert report.max_abs_rel_residual < 1e-9
-    assert report.samples == 25
+    assert report.samples == 31
+
+
+def test_without_mixed_samples_a_mixed_step_costs_nothing_extra() -> None:
+    report = fit_steps(_grid(replace(TRUE, mixed_step_s=0.0), mixed=False))
+    assert report.fit.mixed_step_s == 0.0
+    assert report.fit.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
 
 
 def test_noisy_samples_land_near_the_coefficients() -> None:
@@ -56,7 +72,9 @@ def test_noisy_samples_land_near_the_coefficients() -> None:
 def test_a_coefficient_the_data_pushes_below_zero_is_pinned_at_zero() -> None:
     no_pairs = StepFit(4e-3, 2e-5, 0.0, 1e-4, 3e-3)
     samples = [
-        StepSample(s.kind, s.tokens, s.pairs, s.seqs, s.seconds * (1 - 1e-7 * s.pairs), s.intake)
+        StepSample(
+            s.kind, s.tokens, s.pairs, s.seqs, s.seconds * (1 - 1e-7 * s.pairs), s.intake, s.mixed
+        )
         for s in _grid(no_pairs)
     ]  # time falling slightly with pairs: unconstrained least squares would go negative
     report = fit_steps(samples)
@@ -67,7 +85,7 @@ def test_a_coefficient_the_data_pushes_below_zero_is_pinned_at_zero() -> None:
 @pytest.mark.parametrize(
     ("samples", "message"),
     [
-        ([StepSample("decode", 1, 1.0, 1, 0.01)] * 4, "at least 5"),
+        ([StepSample("decode", 1, 1.0, 1, 0.01)] * 5, "at least 6"),
         ([StepSample("decode", 1, 1.0, 1, 0.0)] * 6, "positive"),
     ],
 )
@@ -100,7 +118,12 @@ def test_a_fitted_model_times_steps_by_its_fit_and_others_by_the_roofline() -> N
     pairs = 300 * 200 + 300 * 300 / 2 + 1000  # the chunk + one decoding sequence at 1000
     assert fitted.step_time_s([chunk], 1000, 1) == pytest.approx(
         TRUE.overhead_s + TRUE.s_per_token * 301 + TRUE.s_per_pair * pairs + TRUE.s_per_seq * 2
-    )
+        + TRUE.mixed_step_s  # a chunk beside a decoding sequence: a mixed step
+    )  # fmt: skip
+    alone = 300 * 200 + 300 * 300 / 2
+    assert fitted.step_time_s([chunk], 0, 0) == pytest.approx(
+        TRUE.overhead_s + TRUE.s_per_token * 300 + TRUE.s_per_pair * alone + TRUE.s_per_seq
+    )  # a prefill alone is not mixed
     assert fitted.decode_step_time_s(4, 4000) == pytest.approx(TRUE.step_time_s(4, 4000, 4))
     assert fitted.call_overhead_s() == TRUE.call_overhead_s
     assert roofline.fit is None and roofline.call_overhead_s() == 0.0

@@ -4,6 +4,7 @@ children, and tenants that never share a session or its cached prefix."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 
@@ -11,8 +12,8 @@ from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
-from talaria.core.types import CallResult
-from talaria.proxy.gateway import Gateway, PreparedCall
+from talaria.core.types import CallResult, EngineTimes, KvSource
+from talaria.proxy.gateway import Gateway, PreparedCall, _engine_parts
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import CallRecord, Record, ReservationRecord, SessionRecord
 from talaria.proxy.runtime_client import InProcessRuntime
@@ -158,6 +159,23 @@ def test_a_calls_record_has_its_slot_wait_in_wall_seconds(time_scale: float) -> 
         record = records[result.request_id]
         assert record.slot_wait_s == pytest.approx(result.slot_wait_s / time_scale)
         assert record.queue_s == pytest.approx(result.queue_s / time_scale)
+
+
+@pytest.mark.parametrize("time_scale", [1.0, 4.0])
+def test_a_calls_engine_timed_parts_are_recorded_in_wall_seconds(time_scale: float) -> None:
+    result = CallResult(
+        "r", "s", "m", "n0", 10, 0, 4, arrival_s=1.0, admitted_s=2.0, first_token_s=3.5,
+        finished_s=6.0, kv_source=KvSource.NEW, restored_bytes=0.0, recomputed_tokens=0,
+        sp_admitted=False, engine=EngineTimes(2.5, 2.75, 3.25, 5.75),
+    )  # fmt: skip
+    wall = lambda s: s / time_scale  # noqa: E731
+    assert _engine_parts(result, wall) == {
+        "engine_intake_s": 0.5 / time_scale,
+        "engine_queue_s": 0.25 / time_scale,
+        "engine_prefill_s": 0.5 / time_scale,
+        "engine_decode_s": 2.5 / time_scale,
+    }
+    assert _engine_parts(replace(result, engine=None), wall) == {}
 
 
 def test_a_reservation_expires_when_the_session_stays_away() -> None:

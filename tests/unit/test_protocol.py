@@ -40,7 +40,15 @@ from talaria.core.status import (
     SessionKvStatus,
     SlotView,
 )
-from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
+from talaria.core.types import (
+    CallRequest,
+    CallResult,
+    EngineTimes,
+    Finished,
+    FirstToken,
+    KvSource,
+    TokenDelta,
+)
 
 
 def _wire(data: dict[str, Any]) -> dict[str, Any]:
@@ -163,6 +171,7 @@ DELTA = OutputDelta(
         Finished(RESULT),
         Finished(CallResult(**{**RESULT.__dict__, "output": None})),
         Finished(CallResult(**{**RESULT.__dict__, "slot_wait_s": 0.0})),
+        Finished(CallResult(**{**RESULT.__dict__, "engine": EngineTimes(1.6, 1.7, 1.9, 2.9)})),
         ErrorEvent("engine crashed"),
         ErrorEvent("too long", "context_length_exceeded", "messages"),
     ],
@@ -177,6 +186,13 @@ def test_a_result_from_before_slot_wait_decodes_with_none_waited() -> None:
     assert event_from_dict(document) == Finished(
         CallResult(**{**RESULT.__dict__, "slot_wait_s": 0})
     )
+
+
+def test_a_result_from_before_engine_times_decodes_without_them() -> None:
+    timed = CallResult(**{**RESULT.__dict__, "engine": EngineTimes(1.6, 1.7, 1.9, 2.9)})
+    document = _wire(event_to_dict(Finished(timed)))
+    del document["result"]["engine"]
+    assert event_from_dict(document) == Finished(RESULT)
 
 
 def test_unknown_or_broken_events_are_refused() -> None:

@@ -37,6 +37,7 @@ from talaria.runtime.engines.vllm import (
     VLLMEngine,
     VLLMEngineOptions,
     build_vllm_engine,
+    cpu_has_native_bf16,
     tiny_model_dir,
     vllm_engine_args,
 )
@@ -60,11 +61,27 @@ class FakeCompletion:
 
 
 @dataclass
+class FakeStats:
+    """vLLM's ``RequestStateStats`` timestamps, on the fake engine's own clock."""
+
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+
+
+@dataclass
 class FakeOutput:
     request_id: str
     num_cached_tokens: int
     outputs: list[FakeCompletion]
     finished: bool
+    metrics: FakeStats | None = None
+
+
+ENGINE_CLOCK_OFFSET_S = 1000.0
+"""The fake EngineCore's clock reads this much more than the runtime's (another process's
+monotonic clock need not share its origin with the loop's)."""
 
 
 @dataclass
@@ -76,6 +93,13 @@ class FakeLLM:
     calls: list[tuple[Any, ...]] = field(default_factory=list)
     cache: list[list[int]] = field(default_factory=list)
     shut: bool = False
+    delivery_lag_s: float = 0.0
+    """Each output reaches the engine this long after the fake EngineCore stamped it."""
+    stats: bool = True
+    """Whether outputs carry ``metrics`` (vLLM with ``disable_log_stats`` has none)."""
+
+    def engine_now(self) -> float:
+        return self.clock.now() + ENGINE_CLOCK_OFFSET_S
 
     async def sleep(self, level: int = 1) -> None:
         self.calls.append(("sleep", level))
@@ -108,11 +132,14 @@ class FakeLLM:
         self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[FakeOutput]:
         self.calls.append(("generate", request_id, priority, sampling_params, prompt))
+        stats = FakeStats(queued_ts=self.engine_now()) if self.stats else None
         ids = list(prompt["prompt_token_ids"])
         cached = self._cached(ids)
         reply = [BYTE_OFFSET + b for b in REPLY.encode()]
         out: list[int] = []
         n = sampling_params["max_tokens"]
+        if stats is not None:
+            stats.scheduled_ts = self.engine_now()
         await self.clock.sleep((len(ids) - cached) * 1e-4)
         for i in range(n):
             await self.clock.sleep(STEP_S)
@@ -120,10 +147,20 @@ class FakeLLM:
             done = i == n - 1
             if done:
                 self.cache.append(ids + out)
-            yield FakeOutput(request_id, cached, [FakeCompletion([out[-1]])], done)
+            if stats is not None:
+                stamped = self.engine_now() - self.delivery_lag_s
+                stats.first_token_ts = stats.first_token_ts or stamped
+                stats.last_token_ts = stamped
+            yield FakeOutput(request_id, cached, [FakeCompletion([out[-1]])], done, stats)
 
 
+@dataclass
 class FakeApi:
+    llm: FakeLLM
+
+    def engine_now(self) -> float:
+        return self.llm.engine_now()
+
     def tokens_prompt(self, ids: list[int]) -> dict[str, Any]:
         return {"prompt_token_ids": ids}
 
@@ -162,7 +199,7 @@ def make_engine(
         kv_shape=SHAPE,
         tokenizer=ByteTokenizer(),
         options=options,
-        api=FakeApi(),
+        api=FakeApi(llm),
     )
     return engine, llm
 
@@ -406,6 +443,41 @@ def test_cached_tokens_and_text_flow_into_events_and_results() -> None:
         assert admission.cached_tokens == expected  # the prediction matched
         assert head.kv_source is done.result.kv_source is KvSource.HBM
         assert done.result.recomputed_tokens == 0 and done.result.restored_bytes == 0.0
+
+    virtual(body)
+
+
+@pytest.mark.parametrize("lag_s", [0.0, 0.004])
+def test_results_carry_the_engines_own_timestamps_on_the_runtime_clock(lag_s: float) -> None:
+    """vLLM's EngineCore stamps on a clock of its own; the result carries them moved onto the
+    runtime's clock, so the host's delivery lag is what separates them from the runtime's
+    own first-token and finish times."""
+
+    async def body(clock: LoopClock) -> None:
+        engine, llm = make_engine("a", clock, sleep_mode=True)
+        llm.delivery_lag_s = lag_s
+        await engine.start()
+        await engine.activate()
+        _, result = await serve(engine, request("r1", messages=(SYSTEM, USER), max_out=5))
+        times = result.engine
+        assert times is not None
+        assert times.queued_s == pytest.approx(result.admitted_s)  # the fake hands over at once
+        assert times.scheduled_s == pytest.approx(times.queued_s)
+        assert result.first_token_s - times.first_token_s == pytest.approx(lag_s)
+        assert result.finished_s - times.last_token_s == pytest.approx(lag_s)
+        assert times.last_token_s - times.first_token_s == pytest.approx(4 * STEP_S)
+
+    virtual(body)
+
+
+def test_an_engine_without_stats_reports_no_engine_times() -> None:
+    async def body(clock: LoopClock) -> None:
+        engine, llm = make_engine("a", clock, sleep_mode=True)
+        llm.stats = False
+        await engine.start()
+        await engine.activate()
+        _, result = await serve(engine, request("r1", messages=(SYSTEM, USER), max_out=3))
+        assert result.engine is None
 
     virtual(body)
 
@@ -693,9 +765,16 @@ def test_engine_args_and_factory_without_vllm() -> None:
     assert args["load_format"] == "dummy" and args["enforce_eager"] is True
     assert args["skip_tokenizer_init"] and args["enable_prefix_caching"]
     assert args["scheduling_policy"] == "priority" and "enable_sleep_mode" not in args
+    assert "dtype" not in args  # the model's own (bfloat16 for the tiny ones)
     gpu = vllm_engine_args(tiny, sleep_mode=True, max_model_len=4096, gpu_memory_utilization=0.5)
     assert gpu["enable_sleep_mode"] is True and "enforce_eager" not in gpu
     assert gpu["gpu_memory_utilization"] == 0.5
+    emulated = vllm_engine_args(tiny, sleep_mode=False, max_model_len=2048, native_bf16=False)
+    assert emulated["dtype"] == "float32"
+    chosen = {"native_bf16": False, "dtype": "bfloat16"}
+    assert vllm_engine_args(tiny, sleep_mode=False, max_model_len=2048, **chosen)["dtype"] == (
+        "bfloat16"
+    )  # the node's own choice wins
 
     clock = LoopClock()
     engine = build_vllm_engine(tiny, "tiny-a", clock, "node0", sleep_mode=False)
@@ -714,6 +793,19 @@ def test_engine_args_and_factory_without_vllm() -> None:
     assert toml_like.recompute_s(4) == 2.0
     assert toml_like._opt.sampling["allowed_token_ids"] == list(TEXT_IDS)
     assert ByteTokenizer().decode(TEXT_IDS) == "\n" + "".join(map(chr, range(32, 127)))
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "native"),
+    [
+        ("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n", False),  # AVX2 only (Zen 3)
+        ("flags\t\t: avx2 avx512f avx512_bf16\n", True),  # Zen 4, Cooper Lake
+        ("flags\t\t: avx2 avx512f amx_bf16 amx_tile\n", True),  # Sapphire Rapids
+        ("processor\t: 0\nFeatures\t: fp asimd\n", True),  # no x86 flags line: unknown
+    ],
+)
+def test_native_bf16_is_read_from_the_cpu_flags(cpuinfo: str, native: bool) -> None:
+    assert cpu_has_native_bf16(cpuinfo) is native
 
 
 def test_kv_shape_from_config() -> None:

@@ -173,6 +173,14 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
         and head.delta.text + "".join(d.delta.text for d in deltas) == result.output.text
     )
     assert result.first_token_s <= result.finished_s
+    # vLLM's own EngineCore timestamps, on the runtime's clock: in order, inside the call, and
+    # the host passes each output on within milliseconds
+    times = result.engine
+    assert times is not None
+    assert result.admitted_s <= times.queued_s <= times.scheduled_s <= times.first_token_s
+    assert times.first_token_s <= times.last_token_s <= result.finished_s
+    assert 0 <= result.first_token_s - times.first_token_s < 0.5
+    assert 0 <= result.finished_s - times.last_token_s < 0.5
 
     first_token, finished = more
     assert isinstance(first_token, FirstToken) and isinstance(finished, Finished)

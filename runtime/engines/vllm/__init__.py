@@ -67,6 +67,7 @@ from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP
 from talaria.runtime.engines.vllm.build import (
     MODELS_DIR,
     build_vllm_engine,
+    cpu_has_native_bf16,
     has_weights,
     tiny_model_dir,
     vllm_engine_args,
@@ -84,6 +85,7 @@ __all__ = [
     "VLLMEngine",
     "VLLMEngineOptions",
     "build_vllm_engine",
+    "cpu_has_native_bf16",
     "has_weights",
     "tiny_model_dir",
     "vllm_engine_args",

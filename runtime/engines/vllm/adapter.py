@@ -4,8 +4,11 @@ pass fakes)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
+
+from talaria.core.types import EngineTimes
 
 PRIORITY_SP = 0
 """vLLM priority of an SP-admitted call (lower runs first under ``scheduling_policy="priority"``):
@@ -36,6 +39,10 @@ class VllmApi(Protocol):
 
     def sampling_params(self, *, max_tokens: int, ignore_eos: bool, **extra: Any) -> Any: ...
 
+    def engine_now(self) -> float:
+        """Now on the clock vLLM's EngineCore stamps its outputs with."""
+        ...
+
 
 class RealVllmApi:
     """``TokensPrompt`` and ``SamplingParams`` from vLLM (imported on first use). Outputs come
@@ -58,6 +65,26 @@ class RealVllmApi:
             output_kind=RequestOutputKind.DELTA,
             **extra,
         )
+
+    def engine_now(self) -> float:
+        """``time.monotonic()``: vLLM stamps ``EngineCoreOutputs`` and its request events with
+        it, in the EngineCore process; on one machine every process reads the same clock."""
+        return time.monotonic()
+
+
+def engine_times(metrics: Any, engine_now: float, clock_now: float) -> EngineTimes | None:
+    """vLLM's per-request ``RequestStateStats`` (``RequestOutput.metrics``, kept while vLLM logs
+    stats, its default) as ``EngineTimes`` on the runtime's clock: t = clock_now − (engine_now −
+    t_engine), both clocks read together and running at one rate. None while any of the four
+    timestamps is unset (0) or the engine keeps no stats."""
+    stamps = [
+        getattr(metrics, name, 0.0)
+        for name in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
+    ]
+    if metrics is None or not all(isinstance(t, float) and t > 0 for t in stamps):
+        return None
+    queued, scheduled, first, last = (clock_now - (engine_now - t) for t in stamps)
+    return EngineTimes(queued, scheduled, first, last)
 
 
 def sleep_mode_available() -> bool:

@@ -43,6 +43,25 @@ def _read_config(model_dir: str | Path) -> dict[str, Any]:
     return dict(json.loads(Path(hf_hub_download(str(model_dir), "config.json")).read_text()))
 
 
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+"""x86 CPU flags (``/proc/cpuinfo``) of native bfloat16 arithmetic, the ones vLLM's CPU
+backend checks (``torch.cpu._is_avx512_bf16_supported``, ``_is_amx_tile_supported``)."""
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes in bfloat16 natively: a ``NATIVE_BF16_FLAGS`` flag in
+    ``cpuinfo`` (default: ``/proc/cpuinfo``); True where that cannot be read, so nothing changes
+    on a machine this cannot tell about. Without it, PyTorch emulates bf16 matrix products, ~50×
+    slower than float32 (docs/sources.md §6)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = {f for line in cpuinfo.splitlines() if line.startswith("flags") for f in line.split()}
+    return not flags or bool(flags & NATIVE_BF16_FLAGS)
+
+
 def has_weights(model_dir: str | Path) -> bool:
     path = Path(model_dir)
     if not path.is_dir():
@@ -93,14 +112,16 @@ def vllm_engine_args(
     sleep_mode: bool,
     max_model_len: int,
     served_name: str | None = None,
+    native_bf16: bool = True,
     **engine_args: Any,
 ) -> dict[str, Any]:
     """``AsyncEngineArgs`` fields for one engine: prefix caching and priority scheduling;
     vLLM's own tokenizer for a model that has one (its chat calls go through vLLM's serving
     layer, served as ``served_name``), else our own tokenization (``skip_tokenizer_init``: the
     tiny test models' byte tokenizer); random weights (``load_format="dummy"``) for a directory
-    holding only ``config.json``; sleep mode on the GPU path, eager mode on the CPU path
-    (docs/sources.md §6). ``engine_args`` override any of them."""
+    holding only ``config.json``; sleep mode on the GPU path, eager mode on the CPU path, and
+    there float32 weights where the CPU has no native bfloat16 (``native_bf16``, see
+    ``cpu_has_native_bf16``) (docs/sources.md §6). ``engine_args`` override any of them."""
     own_tokenizer = Path(model_dir).is_dir() and not has_tokenizer_files(model_dir)
     args: dict[str, Any] = {
         "model": str(model_dir),
@@ -117,6 +138,8 @@ def vllm_engine_args(
         args["enable_sleep_mode"] = True
     else:
         args["enforce_eager"] = True
+        if not native_bf16:
+            args["dtype"] = "float32"
     args.update(engine_args)
     return args
 
@@ -162,7 +185,12 @@ def build_vllm_engine(
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     tp = int(engine_args.get("tensor_parallel_size", 1))
     args = vllm_engine_args(
-        model_dir, sleep_mode=gpu, max_model_len=max_model_len, served_name=name, **engine_args
+        model_dir,
+        sleep_mode=gpu,
+        max_model_len=max_model_len,
+        served_name=name,
+        native_bf16=gpu or cpu_has_native_bf16(),
+        **engine_args,
     )
     config = _read_config(model_dir)
     shape = KvShape.from_config(

@@ -18,6 +18,7 @@ from talaria.core.types import (
     CallRejected,
     CallRequest,
     CallResult,
+    EngineTimes,
     Finished,
     FirstToken,
     GenerationEvent,
@@ -34,6 +35,7 @@ from talaria.runtime.engines.vllm.adapter import (
     VllmApi,
     aclose,
     config_int,
+    engine_times,
     no_shutdown,
 )
 from talaria.runtime.engines.vllm.chat import (
@@ -439,6 +441,7 @@ class VLLMEngine:
         source = admission.kv_source
         finished = False
         finish_reason: FinishReason = "stop"
+        metrics: Any = None
         self._begin_busy()
         stream = llm.generate(
             self._api.tokens_prompt(ids), params, request_id=request_id, priority=priority
@@ -448,6 +451,7 @@ class VLLMEngine:
                 num_cached = getattr(out, "num_cached_tokens", None)
                 if num_cached is not None:
                     cached = int(num_cached)
+                metrics = getattr(out, "metrics", None) or metrics
                 outputs = getattr(out, "outputs", None) or ()
                 new = [int(t) for t in outputs[0].token_ids] if outputs else []
                 finished = bool(getattr(out, "finished", False))
@@ -487,6 +491,7 @@ class VLLMEngine:
             source,
             first_s,
             ModelOutput(text=decoder.text, finish_reason=finish_reason),
+            engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
         )
 
     async def _generate_chat(
@@ -559,9 +564,11 @@ class VLLMEngine:
         *,
         prompt_tokens: int | None = None,
         output_tokens: int | None = None,
+        engine: EngineTimes | None = None,
     ) -> Finished:
         """The call's result; its prompt and output ids become the session's KV record.
-        Token counts default to the ids' lengths (vLLM's own counts when it reports them)."""
+        Token counts default to the ids' lengths (vLLM's own counts when it reports them);
+        ``engine``: vLLM's own timestamps of the call, where it gave them."""
         request = admission.request
         recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
         self._memory.remember(request.session_id, ids + out_ids, self.epoch)
@@ -583,6 +590,7 @@ class VLLMEngine:
                 recomputed_tokens=recomputed,
                 sp_admitted=admission.sp_admitted,
                 output=output,
+                engine=engine,
             )
         )
 

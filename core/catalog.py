@@ -152,7 +152,9 @@ class StepFit:
     ``idle_wake`` adds to the intake of a call that finds the engine idle: points
     (idle seconds, extra seconds), interpolated linearly and held flat past both ends (an
     engine that has slept longer answers its next call later; ``talaria calibrate`` measures
-    the ladder)."""
+    the ladder). ``new_shape_s`` adds to a step whose token count n the engine has not run
+    before (vLLM's CPU build builds its matrix-product kernels per shape and keeps them: a
+    prefill of a fresh size costs ~10 ms more the first time; docs/fidelity.md)."""
 
     overhead_s: float
     s_per_token: float
@@ -161,6 +163,7 @@ class StepFit:
     call_overhead_s: float = 0.0
     idle_wake: tuple[tuple[float, float], ...] = ()
     mixed_step_s: float = 0.0
+    new_shape_s: float = 0.0
 
     def __post_init__(self) -> None:
         points = tuple((float(i), float(e)) for i, e in self.idle_wake)

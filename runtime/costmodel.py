@@ -173,6 +173,11 @@ class CostModel:
         step = self.decode_step_time_s
         return sum(step(batch, batch * (context_tokens + i)) for i in range(output_tokens))
 
+    def new_shape_s(self) -> float:
+        """Extra time of a step whose token count the engine runs for the first time: the
+        fit's ``new_shape_s``; 0 for the roofline."""
+        return self.fit.new_shape_s if self.fit is not None else 0.0
+
     def call_overhead_s(self, idle_s: float = 0.0) -> float:
         """Per-call intake latency before the first step, for a call that finds the engine
         idle for ``idle_s`` (0: busy): the fit's call_overhead_s + wake_s(idle_s); 0 for the

@@ -20,6 +20,10 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
   scheduled → first token, no intake), n = B + P, pairs = the decoders' contexts then +
   P²/2, seqs = B + 1; the fit's ``mixed_step_s`` is what such a step costs beyond its tokens
   (an engine without timestamps of its own gives no mixed samples).
+- **First use of a shape**: the prefill and mixed points run once unrecorded before the
+  measured passes, so those time steps of shapes the engine has run; then prefills of fresh
+  sizes (``shape_tokens``), each twice: ``StepFit.new_shape_s`` = median(first − second)
+  (engine-timed; vLLM's CPU build builds a step's kernels per token count).
 - **Idle wake-up**: calls of 64 tokens sent after the engine has been idle for each of
   ``idle_gaps_s``; the median admission → first token minus that at the shortest idle gives
   ``StepFit.idle_wake`` (an agent's calls come after tool gaps, so they often find the
@@ -68,6 +72,9 @@ class CalibrationPlan:
     mixed_points: tuple[tuple[int, int], ...] = ((1, 64), (4, 64), (4, 256), (8, 128))
     """(decoding batch B, prompt tokens P) of the mixed-step measurements."""
     mixed_context: int = 512
+    shape_tokens: tuple[int, ...] = (97, 163, 229, 293, 359, 421)
+    """Fresh prefill sizes for the first-use-of-a-shape measurement (``shape_pair``): sizes no
+    other measurement of the plan uses."""
     repeats: int = 3
     idle_gaps_s: tuple[float, ...] = (0.0, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
     """Idle times before a call, for the wake-up ladder (``StepFit.idle_wake``)."""
@@ -108,8 +115,10 @@ class CalibrationPlan:
         """Measurements of one model; ``others``: models it is measured beside (co-resident)."""
         points = self.prefill_points(max_model_len) + self.decode_points(max_model_len)
         points += self.mixed_points_for(max_model_len)
+        warm = len(self.prefill_points(max_model_len)) + len(self.mixed_points_for(max_model_len))
         coresident = others * len(self.coresident_points) * self.coresident_repeats
-        return len(points) * self.repeats + len(self.idle_gaps_s) + coresident
+        shapes = len(self.shape_tokens)
+        return warm + len(points) * self.repeats + len(self.idle_gaps_s) + shapes + coresident
 
     def mixed_points_for(self, max_model_len: int) -> list[tuple[int, int]]:
         """(B, P) with the decoders' context + output and the prompt within max_model_len."""
@@ -124,6 +133,7 @@ QUICK_PLAN = CalibrationPlan(
     decode_contexts=(64, 768),
     decode_tokens=32,
     mixed_points=((4, 128),),
+    shape_tokens=(97, 229, 359),
     repeats=1,
     idle_gaps_s=(0.0, 0.1, 1.0),
     idle_repeats=3,
@@ -143,12 +153,20 @@ class ModelCalibration:
     intake_s: list[float] = field(default_factory=list)
     """Engine-timed intakes of the prefill calls (``Calibrator.prefill``); empty without the
     engine's timestamps (the fit's ``call_overhead_s`` is then fitted from whole prefills)."""
+    shape_pairs: list[tuple[int, float, float]] = field(default_factory=list)
+    """(tokens, first step s, repeated step s) of ``Calibrator.shape_pair``."""
+
+    def new_shape_s(self) -> float:
+        """median(first − repeated step) over the shape pairs, floored at 0 (0: none)."""
+        if not self.shape_pairs:
+            return 0.0
+        return max(0.0, statistics.median(first - again for _, first, again in self.shape_pairs))
 
     def fit(self) -> FitReport:
-        """The step fit of ``samples``, with the idle ladder and, where measured, the median
-        engine-timed intake as ``call_overhead_s``."""
+        """The step fit of ``samples``, with the idle ladder, the first use of a shape and,
+        where measured, the median engine-timed intake as ``call_overhead_s``."""
         report = fit_steps(self.samples)
-        fit = replace(report.fit, idle_wake=self.idle_wake())
+        fit = replace(report.fit, idle_wake=self.idle_wake(), new_shape_s=self.new_shape_s())
         if self.intake_s:
             fit = replace(fit, call_overhead_s=statistics.median(self.intake_s))
         return replace(report, fit=fit)
@@ -290,6 +308,38 @@ class Calibrator:
         pairs = sum(contexts) / len(contexts) * batch
         return StepSample("decode", batch, pairs, batch, statistics.fmean(slopes))
 
+    async def _prefill_and_mixed(
+        self, model: str, max_model_len: int, out: ModelCalibration | None, tick: Tick
+    ) -> None:
+        """The prefill and mixed points once, recorded into ``out`` (None: a warm-up pass)."""
+        for prompt, cached in self._plan.prefill_points(max_model_len):
+            sample, intake = await self.prefill(model, prompt, cached)
+            if out is not None:
+                out.samples.append(sample)
+                if intake is not None:
+                    out.intake_s.append(intake)
+            tick(model, 0)
+        for batch, prompt in self._plan.mixed_points_for(max_model_len):
+            mixed = await self.mixed(model, batch, prompt)
+            if out is not None and mixed is not None:
+                out.samples.append(mixed)
+            tick(model, 0)
+
+    async def shape_pair(self, model: str, tokens: int) -> tuple[int, float, float] | None:
+        """A prefill of ``tokens`` fresh tokens (a size no other measurement uses), then the
+        same again: (tokens, first step s, second step s), engine-timed; None without the
+        engine's timestamps. The difference is the first use of a step shape."""
+        steps = []
+        for _ in range(2):
+            trace = await self._call(
+                self._request(model, self._session(model), 0, tokens, 1, False)
+            )
+            times = trace.result.engine
+            if times is None:
+                return None
+            steps.append(times.first_token_s - times.scheduled_s)
+        return tokens, steps[0], steps[1]
+
     async def mixed(self, model: str, batch: int, prompt: int) -> StepSample | None:
         """One call of ``prompt`` fresh tokens joining ``batch`` sequences decoding at the
         plan's ``mixed_context``: its engine-timed first step (module docstring). None when
@@ -372,21 +422,20 @@ class Calibrator:
         out = ModelCalibration(model)
         total = self._plan.count(max_model_len, others)
         await self.warm_up(model)
+        # An unrecorded pass of the prefill and mixed points first: the measured passes then
+        # time steps of shapes the engine has run (decode samples are slopes over many steps of
+        # one shape), and the first use of a shape is measured apart (``shape_pair``).
+        await self._prefill_and_mixed(model, max_model_len, None, lambda m, t: tick(m, total))
         for _ in range(self._plan.repeats):
-            for prompt, cached in self._plan.prefill_points(max_model_len):
-                sample, intake = await self.prefill(model, prompt, cached)
-                out.samples.append(sample)
-                if intake is not None:
-                    out.intake_s.append(intake)
-                tick(model, total)
+            await self._prefill_and_mixed(model, max_model_len, out, lambda m, t: tick(m, total))
             for batch, context in self._plan.decode_points(max_model_len):
                 out.samples.append(await self.decode(model, batch, context))
                 tick(model, total)
-            for batch, prompt in self._plan.mixed_points_for(max_model_len):
-                mixed = await self.mixed(model, batch, prompt)
-                if mixed is not None:
-                    out.samples.append(mixed)
-                tick(model, total)
+        for tokens in self._plan.shape_tokens:
+            pair = await self.shape_pair(model, tokens)
+            if pair is not None:
+                out.shape_pairs.append(pair)
+            tick(model, total)
         for gap in self._plan.idle_gaps_s:
             out.idle_ttft_s[gap] = [
                 await self.idle_ttft(model, gap) for _ in range(self._plan.idle_repeats)
@@ -475,6 +524,7 @@ class CalibrationRun:
                 "switch_s": cal.switch_s,
                 "idle_ttft_s": {str(k): v for k, v in cal.idle_ttft_s.items()},
                 "intake_s": cal.intake_s,
+                "shape_pairs": cal.shape_pairs,
                 "samples": [
                     {**asdict(s), "rel_residual": r}
                     for s, r in zip(cal.samples, fit.rel_residuals, strict=True)

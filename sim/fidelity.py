@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talaria.core.trace import SessionTrace, TraceCall
+from talaria.core.types import CallResult
 from talaria.sim.metrics import percentile
 from talaria.sim.replay import ReplayOutcome
 
@@ -99,6 +100,20 @@ def _abs_summary(errors: Sequence[float]) -> tuple[float, float]:
     return percentile(magnitudes, 50), percentile(magnitudes, 95)
 
 
+def _engine_parts(result: CallResult) -> dict[str, float]:
+    """The simulated engine's own split of admission → first token: until it was ready to
+    join a step (``predicted_intake_s``), until its first step began (``predicted_wait_s``),
+    that step (``predicted_step_s``)."""
+    t = result.engine
+    if t is None:
+        return {}
+    return {
+        "predicted_intake_s": t.queued_s - result.admitted_s,
+        "predicted_wait_s": t.scheduled_s - t.queued_s,
+        "predicted_step_s": t.first_token_s - t.scheduled_s,
+    }
+
+
 def compare(live: Sequence[SessionTrace], predicted: ReplayOutcome) -> dict[str, Any]:
     """Per-call and per-session predicted-vs-measured figures (module docstring)."""
     by_id = {s.session_id: s for s in predicted.sessions}
@@ -123,6 +138,7 @@ def compare(live: Sequence[SessionTrace], predicted: ReplayOutcome) -> dict[str,
                     "predicted_prefill_s": result.first_token_s - result.admitted_s,
                     "predicted_decode_s": result.finished_s - result.first_token_s,
                     "predicted_hop_s": hop,
+                    **_engine_parts(result),
                 }
             )
         gaps = sum(c.tool_gap_s or 0.0 for c in session.calls)

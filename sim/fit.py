@@ -156,6 +156,8 @@ def profile_toml(
             f'[profile.fitted."{model}"]',
         ]
         lines += [f"{c} = {getattr(report.fit, c):.6e}" for c in COEFFICIENTS]
+        if report.fit.new_shape_s:
+            lines.append(f"new_shape_s = {report.fit.new_shape_s:.6e}")
         if report.fit.idle_wake:
             points = ", ".join(f"[{i:g}, {e:.6e}]" for i, e in report.fit.idle_wake)
             lines.append(f"idle_wake = [{points}]")

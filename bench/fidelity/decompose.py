@@ -17,17 +17,16 @@ For each part it prints the medians of the measured and predicted seconds, the m
 (Σ|pred − meas| of the part ÷ Σ over parts): which term holds the per-call error.
 
 Where the store has the engine's own timestamps (``calls.engine_*``, ``core.types.EngineTimes``)
-a second table splits the measured intake + prefill and decode into the engine's part and the
-host's:
+a second table splits both sides at the engine's milestones (the simulated engine reports its
+own):
 
-- intake: admitted → queued in the engine (the runtime and vLLM's front end hand it over);
-- engine queue + prefill: queued → the engine's first-token output;
-- first-token delivery: that output → the runtime hears of it;
+- until its first step: admitted → the step that first took the call began (live: the runtime
+  and vLLM's front end hand it over, then it waits for the step in flight to end; replay: the
+  intake, then the wait for the next step boundary);
+- first step: that step, to the engine's first-token output;
+- first-token delivery: that output → the runtime hears of it (the replay has none);
 - engine decode: the engine's first-token → last-token outputs;
-- decode delivery: the runtime's decode − the engine's (the last output's delivery lag minus
-  the first's);
-
-each against the prediction of the part it belongs to (the replay's intake + prefill, decode).
+- decode delivery: the runtime's decode − the engine's (the replay has none).
 """
 
 from __future__ import annotations
@@ -41,18 +40,17 @@ from typing import Any
 
 PARTS = ("queue", "intake + prefill", "decode", "hop")
 ENGINE_PARTS = (
-    ("intake", "intake + prefill"),
-    ("engine queue + prefill", "intake + prefill"),
-    ("first-token delivery", "intake + prefill"),
-    ("engine decode", "decode"),
-    ("decode delivery", "decode"),
+    "until its first step",
+    "first step",
+    "first-token delivery",
+    "engine decode",
+    "decode delivery",
 )
-"""Measured sub-part → the predicted part it belongs to."""
 
 
 def parts(out: Path) -> list[dict[str, tuple[float, float]]]:
-    """Per call: part → (measured s, predicted s); the engine-timed sub-parts, where the store
-    has them, → (measured s, nan)."""
+    """Per call: part → (measured s, predicted s), the engine-timed parts too where both
+    sides have them."""
     doc = json.loads((out / "fidelity.json").read_text())
     db = sqlite3.connect(out / "live.db")
     columns = {r[1] for r in db.execute("pragma table_info(calls)")}
@@ -76,28 +74,31 @@ def parts(out: Path) -> list[dict[str, tuple[float, float]]]:
             "decode": (decode_s, c["predicted_decode_s"]),
             "hop": (hop_s, c["predicted_hop_s"]),
         }
-        if engine and row[6] is not None:
+        if engine and row[6] is not None and "predicted_step_s" in c:
             intake, e_queue, e_prefill, e_decode = row[3:7]
-            nan = float("nan")
             call |= {
-                "intake": (intake, nan),
-                "engine queue + prefill": (e_queue + e_prefill, nan),
-                "first-token delivery": (prefill_s - intake - e_queue - e_prefill, nan),
-                "engine decode": (e_decode, nan),
-                "decode delivery": (decode_s - e_decode, nan),
+                "until its first step": (
+                    intake + e_queue,
+                    c["predicted_intake_s"] + c["predicted_wait_s"],
+                ),
+                "first step": (e_prefill, c["predicted_step_s"]),
+                "first-token delivery": (prefill_s - intake - e_queue - e_prefill, 0.0),
+                "engine decode": (e_decode, c["predicted_decode_s"]),
+                "decode delivery": (decode_s - e_decode, 0.0),
             }
         out_rows.append(call)
     return out_rows
 
 
-def table(calls: list[dict[str, tuple[float, float]]]) -> str:
-    total = sum(abs(c[p][1] - c[p][0]) for c in calls for p in PARTS)
+def table(calls: list[dict[str, tuple[float, float]]], parts: tuple[str, ...] = PARTS) -> str:
+    """Medians per part and each part's share of the summed |error| (module docstring)."""
+    total = sum(abs(c[p][1] - c[p][0]) for c in calls for p in parts)
     lines = [
         "| part | measured, median ms | predicted, median ms | pred − meas, median ms "
         "| share of Σ|error| |",
         "|---|---|---|---|---|",
     ]
-    for part in PARTS:
+    for part in parts:
         meas = [c[part][0] for c in calls]
         pred = [c[part][1] for c in calls]
         diff = [p - m for m, p in zip(meas, pred, strict=True)]
@@ -110,30 +111,11 @@ def table(calls: list[dict[str, tuple[float, float]]]) -> str:
 
 
 def engine_table(calls: list[dict[str, tuple[float, float]]]) -> str:
-    """The engine-timed split of the measured parts (module docstring), calls that have it."""
-    timed = [c for c in calls if "engine decode" in c]
+    """The parts at the engine's milestones (module docstring), for the calls that have them."""
+    timed = [c for c in calls if "first step" in c]
     if not timed:
         return "(no engine timestamps in the store)"
-    lines = [
-        f"{len(timed)} calls with the engine's own timestamps",
-        "| measured part | of | median ms | mean ms | p90 ms |",
-        "|---|---|---|---|---|",
-    ]
-    for part, whole in ENGINE_PARTS:
-        values = sorted(c[part][0] * 1e3 for c in timed)
-        p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
-        lines.append(
-            f"| {part} | {whole} | {st.median(values):.1f} | {st.fmean(values):.1f} | {p90:.1f} |"
-        )
-    engine_err = [c["decode"][1] - c["engine decode"][0] for c in timed]
-    host_err = [c["decode"][1] - c["decode"][0] for c in timed]
-    lines.append(
-        f"\npredicted decode − engine decode, median {st.median(engine_err) * 1e3:+.1f} ms "
-        f"(|·| median {st.median(abs(e) for e in engine_err) * 1e3:.1f}); predicted decode − "
-        f"runtime decode, median {st.median(host_err) * 1e3:+.1f} ms "
-        f"(|·| median {st.median(abs(e) for e in host_err) * 1e3:.1f})"
-    )
-    return "\n".join(lines)
+    return f"{len(timed)} calls with the engine's own timestamps\n" + table(timed, ENGINE_PARTS)
 
 
 def main(args: list[str]) -> dict[str, Any]:

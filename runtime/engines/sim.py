@@ -121,6 +121,8 @@ class SimEngine:
         self._recompute_cache: dict[int, float] = {}
         self._idle_since = -math.inf
         """When the engine last ran out of work (−inf: never ran)."""
+        self._step_shapes: set[int] = set()
+        """Token counts of the steps run so far (``_shape_s``)."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -170,6 +172,14 @@ class SimEngine:
         profile = self._cost.profile
         host = profile.step_overhead_s if self._cost.fit is None else 0.0
         return self._device.stretch(self.model, step_s, host, profile.coresident_interference)
+
+    def _shape_s(self, tokens: int) -> float:
+        """The cost model's ``new_shape_s`` the first time the engine runs a step of ``tokens``
+        tokens, 0 after (the engine keeps what it built for that shape)."""
+        if tokens in self._step_shapes:
+            return 0.0
+        self._step_shapes.add(tokens)
+        return self._cost.new_shape_s()
 
     # -- admission -------------------------------------------------------------------------
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:
@@ -392,6 +402,7 @@ class SimEngine:
     async def _mixed_step(self, decoding: list[_Seq], chunks: list[tuple[_Seq, int]]) -> None:
         prefill = [PrefillChunk(take, seq.context) for seq, take in chunks]
         dt = self._cost.step_time_s(prefill, sum(s.context for s in decoding), len(decoding))
+        dt += self._shape_s(sum(c.tokens for c in prefill) + len(decoding))
         start = self._clock.now()
         for seq, _ in chunks:
             if seq.scheduled_s is None:
@@ -420,6 +431,8 @@ class SimEngine:
         total = done = 0.0
         for i in range(k):
             step = self._cost.decode_step_time_s(n, context + i * n)
+            if i == 0:
+                step += self._shape_s(n)
             done += step
             work.append(done)
             total += self._step_s(step)

@@ -17,6 +17,7 @@ from talaria.runtime.server import create_runtime_app
 from talaria.sim.fit import COEFFICIENTS
 from tests.integration.server import running_app
 
+NEW_SHAPE_S = 7e-3
 TRUTH = {
     "overhead_s": 8e-3,
     "s_per_token": 2e-5,
@@ -44,7 +45,7 @@ def _truth_profile(tmp: Path) -> Path:
     path = tmp / "truth.toml"
     path.write_text(
         '[profile]\nname = "truth"\nmax_num_batched_tokens = 2048\nblock_tokens = 128\n'
-        f'[profile.fitted."tiny-a"]\n{body}\n'
+        f'[profile.fitted."tiny-a"]\n{body}\nnew_shape_s = {NEW_SHAPE_S}\n'
     )
     return path
 
@@ -70,6 +71,7 @@ def test_calibrating_a_simulated_engine_recovers_its_step_time(tmp_path: Path) -
     assert fit.call_overhead_s == pytest.approx(TRUTH["call_overhead_s"], rel=0.5, abs=2e-3)
     # the simulated engine's own timestamps time its mixed steps
     assert fit.mixed_step_s == pytest.approx(TRUTH["mixed_step_s"], rel=0.5, abs=2e-3)
+    assert fit.new_shape_s == pytest.approx(NEW_SHAPE_S, rel=0.2)
     assert all(getattr(fit, c) >= 0 for c in COEFFICIENTS)
     doc = json.loads(report.read_text())
     samples = doc["models"]["tiny-a"]["samples"]

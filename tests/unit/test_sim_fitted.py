@@ -55,3 +55,28 @@ def test_each_call_pays_intake_plus_the_wake_up_for_the_idle_time_before_it(poli
         previous_context = call.prompt_tokens + call.output_tokens
     waits = [r.first_token_s - r.admitted_s for r in results]
     assert waits[2] > waits[1]  # 0.5 s idle costs more than 0.05 s
+
+
+def test_a_step_of_a_token_count_the_engine_has_not_run_pays_the_new_shape_cost_once() -> None:
+    """Two sessions whose first calls prefill the same 300 tokens, then one of 301: the first
+    and the third step each run a new shape; the second repeats the first's."""
+    shaped = StepFit(3e-3, 1e-5, 4e-9, 1e-4, 2e-3, new_shape_s=0.01)
+    catalog = load_catalog()
+    catalog.profiles["cal"] = EfficiencyProfile(
+        name="cal", max_num_batched_tokens=2048, block_tokens=128, fitted={"tiny-a": shaped}
+    )
+    layout = [("node0", NodeSetup("cpu-vllm", "cal", ("tiny-a",)))]
+    sessions = [
+        SessionTrace(sid, "tiny-a", start, (TraceCall(sid, 0, "tiny-a", start, n, n, 1, None),))
+        for sid, start, n in (("a", 0.0, 300), ("b", 1.0, 300), ("c", 2.0, 301))
+    ]
+    outcome = replay(sessions, catalog, layout, policy_flags("talaria"), SchedulerConfig(5.0))
+    steps = {}
+    for session in outcome.sessions:
+        (result,) = session.calls
+        assert result.engine is not None
+        steps[session.session_id] = result.engine.first_token_s - result.engine.scheduled_s
+    for sid, n in (("a", 300), ("c", 301)):
+        alone = shaped.step_time_s(n, n * n / 2, 1)
+        assert steps[sid] == pytest.approx(alone + shaped.new_shape_s, abs=1e-9)
+    assert steps["b"] == pytest.approx(shaped.step_time_s(300, 300 * 300 / 2, 1), abs=1e-9)

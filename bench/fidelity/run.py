@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the e2e tests' process helpers
 import summarize  # bench/fidelity/summarize.py, next to this file
 
-from tests.e2e.processes import child_pids
+from tests.e2e.processes import descendant_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TALARIA = Path(sys.executable).parent / "talaria"
@@ -218,10 +218,13 @@ def pin_serving_stack(enabled: bool) -> list[int] | None:
 
 
 def pin_engines(runtime_pid: int) -> int:
-    """Every thread of the runtime's child processes (vLLM's EngineCore, one per model) onto
-    CPU 0; returns the threads moved."""
+    """Every thread of every process below the runtime onto CPU 0: per model, vLLM's
+    EngineCore (the scheduler) and the worker process it starts, which runs the model; returns
+    the threads moved. (The worker is the EngineCore's child: pinning only the runtime's
+    children left the model on the serving CPU, where the HTTP stack and the agents slowed
+    its steps up to 2×: docs/fidelity.md.)"""
     moved = 0
-    for child in child_pids(runtime_pid):
+    for child in descendant_pids(runtime_pid):
         for task in Path(f"/proc/{child}/task").iterdir():
             try:
                 os.sched_setaffinity(int(task.name), {0})

@@ -44,6 +44,14 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def descendant_pids(pid: int) -> list[int]:
+    """Every process below ``pid``: its children, theirs, and so on (parents first)."""
+    out = []
+    for child in child_pids(pid):
+        out += [child, *descendant_pids(child)]
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -288,6 +288,10 @@ def test_durations_are_wall_seconds_under_a_scaled_clock(http: httpx.Client) -> 
     call = http.get(f"/admin/sessions/{sid}", headers=AUTH).json()["calls"][0]
     engine_s = call["queue_s"] + call["prefill_s"] + call["decode_s"]
     assert 0 < engine_s <= elapsed
+    # the engine's own split of the same call, in wall seconds too, inside the runtime's
+    first_step = call["engine_intake_s"] + call["engine_queue_s"] + call["engine_prefill_s"]
+    assert 0 < first_step == pytest.approx(call["prefill_s"])  # the simulated engine: no lag
+    assert 0 < call["engine_decode_s"] == pytest.approx(call["decode_s"])
 
 
 def test_a_utf8_session_header_is_a_400_not_mojibake(http: httpx.Client) -> None:

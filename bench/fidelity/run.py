@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the e2e tests' process helpers
 import summarize  # bench/fidelity/summarize.py, next to this file
 
-from tests.e2e.processes import descendant_pids
+from tests.e2e.processes import child_pids, descendant_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TALARIA = Path(sys.executable).parent / "talaria"
@@ -201,9 +201,9 @@ async def drive(base_url: str, sessions: list[SessionTrace], text_seed: str) -> 
 
 def pin_serving_stack(enabled: bool) -> list[int] | None:
     """Keep this process and every child (runtime, proxy, calibrate) off CPU 0, which
-    ``pin_engines`` then gives to vLLM's engine processes alone: the engine computes alone,
-    as it does on a GPU, instead of sharing a core with the HTTP stack and the agents.
-    vLLM's own OpenMP binding is turned off (``nobind``) so that it does not undo this."""
+    ``pin_engines`` then gives to vLLM's model workers alone: the models compute alone, as on
+    a GPU, instead of sharing a core with the HTTP stack and the agents. vLLM's own OpenMP
+    binding is turned off (``nobind``) so that it does not undo this."""
     cpus = sorted(os.sched_getaffinity(0))
     if not enabled:
         return None
@@ -218,19 +218,23 @@ def pin_serving_stack(enabled: bool) -> list[int] | None:
 
 
 def pin_engines(runtime_pid: int) -> int:
-    """Every thread of every process below the runtime onto CPU 0: per model, vLLM's
-    EngineCore (the scheduler) and the worker process it starts, which runs the model; returns
-    the threads moved. (The worker is the EngineCore's child: pinning only the runtime's
-    children left the model on the serving CPU, where the HTTP stack and the agents slowed
-    its steps up to 2×: docs/fidelity.md.)"""
+    """Every thread of vLLM's model workers onto CPU 0; returns the threads moved.
+
+    Per model, the runtime starts vLLM's EngineCore (scheduling, a child of the runtime), which
+    starts the worker process that runs the model (its child). CPU 0 is the device: the workers
+    compute there, co-resident engines sharing it as they would share a GPU. The EngineCores
+    stay with the serving stack on the other CPUs, as on a GPU node the scheduler runs on host
+    cores. (Pinning only the runtime's children had left the model on the serving CPU, where
+    the HTTP stack and the agents slowed its steps up to 2×: docs/fidelity.md.)"""
     moved = 0
-    for child in descendant_pids(runtime_pid):
-        for task in Path(f"/proc/{child}/task").iterdir():
-            try:
-                os.sched_setaffinity(int(task.name), {0})
-                moved += 1
-            except OSError:
-                pass  # a thread that has just ended
+    for core in child_pids(runtime_pid):
+        for worker in descendant_pids(core):
+            for task in Path(f"/proc/{worker}/task").iterdir():
+                try:
+                    os.sched_setaffinity(int(task.name), {0})
+                    moved += 1
+                except OSError:
+                    pass  # a thread that has just ended
     return moved
 
 
@@ -489,6 +493,8 @@ def main() -> None:
     docs = [json.loads(p.read_text()) for p in paths]
     if len(docs) > 1:
         print(summarize.table(docs))
+        if args.repeats > 1:
+            print(summarize.repeats_table(docs))
     if args.write_docs:
         summarize.write_docs(docs, paths)
 

@@ -45,6 +45,32 @@ def _cells(figures: dict[str, Any]) -> str:
     )
 
 
+REPEAT_KEYS = (
+    ("call latency |err| median", "call_latency_median_rel_error"),
+    ("TTFT |err| median", "ttft_median_rel_error"),
+    ("p50 SCT err", "p50_sct_rel_error"),
+    ("p95 SCT err", "p95_sct_rel_error"),
+)
+
+
+def repeats_table(docs: list[dict[str, Any]]) -> str:
+    """Per run with repeats: the median over its live runs of each error, predicted by the
+    other live runs (the floor) and by the simulator."""
+    head = " | ".join(f"{c}: live runs / simulator" for c, _ in REPEAT_KEYS)
+    lines = [f"| run | live runs | {head} |", "|" + "---|" * (2 + len(REPEAT_KEYS))]
+    for doc in docs:
+        rep = doc.get("repeats")
+        if rep is None:
+            continue
+        cells = []
+        for _, key in REPEAT_KEYS:
+            floor = statistics.median(f[key] for f in rep["live_vs_live"])
+            sim = statistics.median(f[key] for f in rep["predicted_vs_live"])
+            cells.append(f"{floor:.1%} / {sim:.1%}")
+        lines.append(f"| {_label(doc['run'])} | {rep['runs']} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def table(docs: list[dict[str, Any]]) -> str:
     lines = ["| run | " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * 7]
     for doc in docs:
@@ -83,6 +109,9 @@ def main() -> None:
     docs = [json.loads(p.read_text()) for p in args.runs]
     others = [json.loads(p.read_text()) for p in args.also]
     print(table(docs))
+    if any("repeats" in d for d in docs):
+        print()
+        print(repeats_table(docs))
     if others:
         print()
         print(table(others))

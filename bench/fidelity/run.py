@@ -226,15 +226,19 @@ def pin_engines(runtime_pid: int) -> int:
     stay with the serving stack on the other CPUs, as on a GPU node the scheduler runs on host
     cores. (Pinning only the runtime's children had left the model on the serving CPU, where
     the HTTP stack and the agents slowed its steps up to 2×: docs/fidelity.md.)"""
+    return sum(pin_threads(descendant_pids(core), {0}) for core in child_pids(runtime_pid))
+
+
+def pin_threads(pids: list[int], cpus: set[int]) -> int:
+    """Every thread of ``pids`` onto ``cpus``; returns the threads moved."""
     moved = 0
-    for core in child_pids(runtime_pid):
-        for worker in descendant_pids(core):
-            for task in Path(f"/proc/{worker}/task").iterdir():
-                try:
-                    os.sched_setaffinity(int(task.name), {0})
-                    moved += 1
-                except OSError:
-                    pass  # a thread that has just ended
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                os.sched_setaffinity(int(task.name), cpus)
+                moved += 1
+            except OSError:
+                pass  # a thread that has just ended
     return moved
 
 

@@ -3,17 +3,20 @@
     bash scripts/vllm-venv.sh
     .venv-vllm/bin/python bench/fidelity/run.py                  # 8 sessions × 10 calls
     .venv-vllm/bin/python bench/fidelity/run.py --sessions 16 --calls 12 --seed 1 --out DIR
-    .venv-vllm/bin/python bench/fidelity/run.py --seed 3 --seeds 5 --write-docs   # seeds 3–7
+    .venv-vllm/bin/python bench/fidelity/run.py --seed 3 --seeds 5 --repeats 3 --write-docs
     .venv-vllm/bin/python bench/fidelity/summarize.py --write-docs DIR/fidelity.json ...
 
 With ``--seeds N`` it runs seeds ``--seed`` … ``--seed + N − 1`` one after another (each in
 ``OUT/seed-S``), prints every error's median and worst run, and with ``--write-docs`` writes
-docs/fidelity.json from them.
+docs/fidelity.json from them. With ``--repeats R`` each seed's workload runs live R times on
+one calibrated runtime (``OUT/repeat-r`` for r ≥ 1), and each live run is predicted by the
+others too: how well the machine repeats itself, the floor under the simulator's error.
 
 Every part is real and talks HTTP in its own process:
 
 1. ``talaria runtime`` with two vLLM engines (CPU build, tiny random-weight Llamas, the
-   ``talaria`` scheduler at quantum ``--quantum-s``);
+   ``talaria`` scheduler at quantum ``--quantum-s``); with ``--pin`` (the default) vLLM's model
+   workers get CPU 0 and everything else the other CPUs (``pin_engines``);
 2. ``talaria calibrate`` against it → a profile TOML (step-time fit per model);
 3. the runtime restarted with that profile, so the live scheduler's service estimates (SP
    admission) are the ones the simulator uses;

@@ -154,7 +154,7 @@ class StepFit:
     engine that has slept longer answers its next call later; ``talaria calibrate`` measures
     the ladder). ``new_shape_s`` adds to a step whose token count n the engine has not run
     before (vLLM's CPU build builds its matrix-product kernels per shape and keeps them: a
-    prefill of a fresh size costs ~10 ms more the first time; docs/fidelity.md)."""
+    prefill of a fresh size costs 4–6 ms more the first time here; docs/fidelity.md)."""
 
     overhead_s: float
     s_per_token: float

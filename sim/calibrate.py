@@ -309,21 +309,27 @@ class Calibrator:
         return StepSample("decode", batch, pairs, batch, statistics.fmean(slopes))
 
     async def _prefill_and_mixed(
-        self, model: str, max_model_len: int, out: ModelCalibration | None, tick: Tick
+        self,
+        model: str,
+        max_model_len: int,
+        out: ModelCalibration | None,
+        tick: Tick,
+        total: int,
     ) -> None:
-        """The prefill and mixed points once, recorded into ``out`` (None: a warm-up pass)."""
+        """The prefill and mixed points once, recorded into ``out`` (None: a warm-up pass);
+        ``tick(model, total)`` after each."""
         for prompt, cached in self._plan.prefill_points(max_model_len):
             sample, intake = await self.prefill(model, prompt, cached)
             if out is not None:
                 out.samples.append(sample)
                 if intake is not None:
                     out.intake_s.append(intake)
-            tick(model, 0)
+            tick(model, total)
         for batch, prompt in self._plan.mixed_points_for(max_model_len):
             mixed = await self.mixed(model, batch, prompt)
             if out is not None and mixed is not None:
                 out.samples.append(mixed)
-            tick(model, 0)
+            tick(model, total)
 
     async def shape_pair(self, model: str, tokens: int) -> tuple[int, float, float] | None:
         """A prefill of ``tokens`` fresh tokens (a size no other measurement uses), then the
@@ -425,9 +431,9 @@ class Calibrator:
         # An unrecorded pass of the prefill and mixed points first: the measured passes then
         # time steps of shapes the engine has run (decode samples are slopes over many steps of
         # one shape), and the first use of a shape is measured apart (``shape_pair``).
-        await self._prefill_and_mixed(model, max_model_len, None, lambda m, t: tick(m, total))
+        await self._prefill_and_mixed(model, max_model_len, None, tick, total)
         for _ in range(self._plan.repeats):
-            await self._prefill_and_mixed(model, max_model_len, out, lambda m, t: tick(m, total))
+            await self._prefill_and_mixed(model, max_model_len, out, tick, total)
             for batch, context in self._plan.decode_points(max_model_len):
                 out.samples.append(await self.decode(model, batch, context))
                 tick(model, total)

@@ -211,7 +211,7 @@ def error_figures(
     """The module docstring's error figures from per-call (``measured_latency_s``,
     ``predicted_latency_s``, ``measured_ttft_s``, ``predicted_ttft_s``) and per-session
     (``measured_sct_s``, ``predicted_sct_s``, ``tool_s``) records; "predicted" may be another
-    live run of the same workload (bench/fidelity/repeat.py)."""
+    live run of the same workload (``repeatability``)."""
     lat = [_rel(c["predicted_latency_s"], c["measured_latency_s"]) for c in calls]
     ttft = [_rel(c["predicted_ttft_s"], c["measured_ttft_s"]) for c in calls]
     sct = [_rel(s["predicted_sct_s"], s["measured_sct_s"]) for s in sessions]

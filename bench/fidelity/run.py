@@ -469,7 +469,8 @@ def main() -> None:
         "--pin",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="Keep the serving processes off CPU 0, vLLM's engine core (default: on).",
+        help="vLLM's model workers on CPU 0, every other process off it (pin_engines; "
+        "default: on).",
     )
     parser.add_argument("--seeds", type=int, default=1, help="Run this many seeds from --seed.")
     parser.add_argument(
@@ -488,6 +489,8 @@ def main() -> None:
         "--write-docs", action="store_true", help="Write docs/fidelity.json from the runs."
     )
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats takes 1 or more")
     if args.seeds <= 1:
         paths = [_one(args)]
     else:

@@ -77,11 +77,13 @@ def engine_times(metrics: Any, engine_now: float, clock_now: float) -> EngineTim
     stats, its default) as ``EngineTimes`` on the runtime's clock: t = clock_now − (engine_now −
     t_engine), both clocks read together and running at one rate. None while any of the four
     timestamps is unset (0) or the engine keeps no stats."""
+    if metrics is None:
+        return None
     stamps = [
         getattr(metrics, name, 0.0)
         for name in ("queued_ts", "scheduled_ts", "first_token_ts", "last_token_ts")
     ]
-    if metrics is None or not all(isinstance(t, float) and t > 0 for t in stamps):
+    if not all(isinstance(t, float) and t > 0 for t in stamps):
         return None
     queued, scheduled, first, last = (clock_now - (engine_now - t) for t in stamps)
     return EngineTimes(queued, scheduled, first, last)

@@ -58,6 +58,7 @@ calls, strict tools, logprobs."""
 
 _REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
 _RESULT_FIELDS = {f.name for f in fields(CallResult)}
+_ENGINE_FIELDS = {f.name for f in fields(EngineTimes)}
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
 STATUS_EXTRA_KEYS = ("v", "model_names", "slots", "engines")
 """Status document keys beyond ``InstanceStatus``'s fields."""
@@ -208,7 +209,11 @@ def result_from_dict(data: Mapping[str, Any]) -> CallResult:
     output = known.get("output")
     known["output"] = None if output is None else output_from_dict(output)
     engine = known.get("engine")
-    known["engine"] = None if engine is None else EngineTimes(**engine)
+    known["engine"] = (
+        None
+        if engine is None
+        else EngineTimes(**{k: v for k, v in engine.items() if k in _ENGINE_FIELDS})
+    )
     return CallResult(**known)
 
 

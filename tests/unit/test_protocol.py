@@ -195,6 +195,13 @@ def test_a_result_from_before_engine_times_decodes_without_them() -> None:
     assert event_from_dict(document) == Finished(RESULT)
 
 
+def test_engine_times_from_a_newer_peer_keep_what_this_one_knows() -> None:
+    timed = CallResult(**{**RESULT.__dict__, "engine": EngineTimes(1.6, 1.7, 1.9, 2.9)})
+    document = _wire(event_to_dict(Finished(timed)))
+    document["result"]["engine"]["preempted_s"] = 2.0
+    assert event_from_dict(document) == Finished(timed)
+
+
 def test_unknown_or_broken_events_are_refused() -> None:
     with pytest.raises(ProtocolError, match="unexpected event"):
         event_from_dict({"type": "gossip"})

@@ -25,8 +25,10 @@ bindir() {
 }
 
 as_pg() {
+    # From /: user postgres may not enter the caller's folder (a mktemp -d clone is 0700), and
+    # PostgreSQL's tools warn when they cannot change back to it. Every path here is absolute.
     if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
+        (cd / && runuser -u postgres -- "$@")
     else
         "$@"
     fi
@@ -73,6 +75,7 @@ start)
     ;;
 stop)
     if [ -f "$dir/data/postmaster.pid" ]; then
+        dir=$(cd "$dir" && pwd)
         as_pg "$BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
     fi
     ;;

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
+from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.api import admin, anthropic, openai
 from talaria.proxy.api import responses as responses_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
@@ -257,8 +258,20 @@ def create_app(
             cfg.drain_timeout_s,
             leave=cluster.membership.stop if cluster else None,
         )
+        watchdog = LoopWatchdog(stall_s=cfg.loop_stall_s)
+        watchdog.start()
         app.state.talaria = ProxyContext(
-            cfg, gateway, store, writer, metrics, auth, responses, stored, shutdown, cluster
+            cfg,
+            gateway,
+            store,
+            writer,
+            metrics,
+            auth,
+            responses,
+            stored,
+            shutdown,
+            watchdog,
+            cluster,
         )
         sweeper = (
             asyncio.get_running_loop().create_task(_end_stale_sessions(store, cfg))
@@ -275,6 +288,7 @@ def create_app(
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
             await shutdown.finish()
+            watchdog.stop()
             if cluster is not None:
                 await cluster.close()
             for client in clients:
@@ -300,9 +314,12 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:
-        """Liveness: the process serves HTTP."""
+        """Liveness: the process serves HTTP and its event loop has not been blocked for
+        ``loop_stall_s`` within the last minute (else 503 with how long, and when)."""
         ctx = context(request)
-        return json_response({"ok": True, "instances": [r.name for r in ctx.gateway.runtimes]})
+        loop = ctx.watchdog.health()
+        body = {"ok": loop["ok"], "loop": loop, "instances": [r.name for r in ctx.gateway.runtimes]}
+        return json_response(body, 200 if loop["ok"] else 503)
 
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:

@@ -57,6 +57,7 @@ from talaria.proxy.records import (
 )
 from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, route
 from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.schema_check import SchemaCheck
 from talaria.proxy.sessions.book import SessionBook, SessionState
 from talaria.proxy.sessions.conversation import (
     EMPTY,
@@ -264,6 +265,7 @@ class Gateway:
         self._owned: Callable[[str], bool] | None = None
         self._adopt: Callable[[str, str], Awaitable[AdoptableSession | None]] | None = None
         self._inflight: dict[str, int] = {}
+        self._schemas = SchemaCheck()
         self.reservations = SessionReservations()
         """Soft reservations and learned tool gaps, by session key (clock seconds)."""
         self.sessions = SessionBook(on_forget=self.reservations.end)
@@ -389,6 +391,8 @@ class Gateway:
     async def open_call(self, call: PreparedCall) -> CallHandle:
         """Find the session, route the call and start it; raises ApiError before anything
         runs."""
+        tools = tools_fingerprint(call.call.tools)
+        self._schemas.check(call.call, tools.digest, call.api)
         prompt_tokens = call.call.prompt_tokens()
         window = self._windows.get(call.model)
         if window is not None and prompt_tokens + call.max_tokens > window:
@@ -426,7 +430,6 @@ class Gateway:
         state = found.state
         if state.route_key is None:
             state.route_key = call.route_key
-        tools = tools_fingerprint(call.call.tools)
         shared: int | None = found.shared_tokens
         if found.how == "adopted":
             shared = None  # unknown here: the runtime's own record of the session decides

@@ -123,6 +123,12 @@ class ProxySettings(BaseSettings):
     replica_ttl_s: float = Field(
         5.0, gt=0, description="A replica not heard from for this long is taken as gone (s)"
     )
+    loop_stall_s: float = Field(
+        5.0,
+        gt=0,
+        description="An event loop blocked this long is a stall: logged with its stack, and "
+        "/healthz answers 503 during it and for 60 s after",
+    )
     freeze_gc: bool = Field(
         False,
         description="gc.freeze() after start-up (talaria serve sets it): the "

@@ -9,27 +9,34 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   close reason, admissions) and per-model ``engines`` info;
 - ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
   ``.../moved``;
-- ``GET /healthz`` (liveness), ``GET /readyz`` (engines started, not draining).
+- ``GET /healthz`` (liveness: 503 while the event loop is blocked and for a minute after,
+  core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining).
 
-Draining: on SIGTERM uvicorn stops accepting connections and waits for in-flight requests —
-streams included — before the lifespan stops the node and shuts the engines down; readiness
-reports 503 from then on.
+Draining (:func:`serve_runtime`): on SIGTERM uvicorn stops accepting connections and waits up
+to the drain timeout D for in-flight requests — streams included — before the lifespan stops
+the node and shuts the engines down; readiness reports 503 from then on. The signal also arms
+an exit deadline at D + ``ENGINE_SHUTDOWN_S``: a process whose loop is blocked, or whose engines
+do not stop, is ended then.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
+from talaria.core.loop_watchdog import ExitDeadline, LoopWatchdog
 from talaria.core.protocol import (
     ErrorEvent,
     ProtocolError,
@@ -49,6 +56,10 @@ from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
 log = logging.getLogger("talaria.runtime")
 
+ENGINE_SHUTDOWN_S = 30.0
+"""After the drain timeout, what stopping the node and shutting the engines down gets (vLLM's
+engine shutdown takes seconds per engine) before the process is ended."""
+
 RECENT_SLOTS = 100
 """How many of the latest slots ``/v1/runtime/status`` lists (model, times, admissions)."""
 
@@ -57,6 +68,7 @@ RECENT_SLOTS = 100
 class RuntimeState:
     config: NodeConfig
     node: NodeScheduler
+    watchdog: LoopWatchdog
     ready: bool = False
 
 
@@ -73,11 +85,14 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             log.info("starting engine %s", name)
             await engine.start()
         built.node.start()
-        state = RuntimeState(config, built.node, ready=True)
+        watchdog = LoopWatchdog()
+        watchdog.start()
+        state = RuntimeState(config, built.node, watchdog, ready=True)
         app.state.runtime = state
         try:
             yield
         finally:
+            watchdog.stop()
             state.ready = False
             await built.node.stop()
             for engine in built.engines.values():
@@ -90,8 +105,9 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         return runtime
 
     @app.get("/healthz")
-    async def healthz() -> Response:
-        return _json({"ok": True})
+    async def healthz(request: Request) -> Response:
+        loop = state_of(request).watchdog.health()
+        return _json({"ok": loop["ok"], "loop": loop}, 200 if loop["ok"] else 503)
 
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
@@ -153,6 +169,37 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         return _json({"ok": True})
 
     return app
+
+
+class _DeadlineServer(uvicorn.Server):
+    """uvicorn that arms an exit deadline when told to exit."""
+
+    def __init__(self, config: uvicorn.Config, exit_after_s: float) -> None:
+        super().__init__(config)
+        self._exit_after_s = exit_after_s
+        self._deadline = ExitDeadline()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._deadline.arm(self._exit_after_s)
+        super().handle_exit(sig, frame)
+
+
+def serve_runtime(
+    app: FastAPI, host: str, port: int, log_level: str, drain_timeout_s: float
+) -> None:
+    """Run the runtime server until SIGTERM / SIGINT, then drain within ``drain_timeout_s``;
+    the process ends by ``drain_timeout_s + ENGINE_SHUTDOWN_S`` whatever happens."""
+    # loop="asyncio": the scheduler's clock is loop.time(), which uvloop rounds to whole
+    # milliseconds; the standard loop reads time.monotonic(), fine enough to time engine steps.
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=max(1, math.ceil(drain_timeout_s)),
+        loop="asyncio",
+    )
+    _DeadlineServer(config, drain_timeout_s + ENGINE_SHUTDOWN_S).run()
 
 
 async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes]:

@@ -812,14 +812,20 @@ def runtime_server(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
     catalog_dirs: CatalogOpt = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    drain_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="On SIGTERM, how long calls in flight get to finish; the process ends "
+            "within this plus 30 s (engine shutdown) whatever happens.",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run one node's runtime server: its engines (simulated or vLLM) behind the slot scheduler,
     serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). SIGTERM drains:
     no new connections, in-flight calls finish, then the engines shut down."""
-    import uvicorn
-
     from talaria.runtime.config import NodeConfigError, load_node_config
-    from talaria.runtime.server import create_runtime_app
+    from talaria.runtime.server import create_runtime_app, serve_runtime
 
     try:
         node = load_node_config(config)
@@ -831,16 +837,7 @@ def runtime_server(
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
     )
     app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
-    # loop="asyncio": the scheduler's clock is loop.time(), which uvloop rounds to whole
-    # milliseconds; the standard loop reads time.monotonic(), fine enough to time engine steps.
-    uvicorn.run(
-        app_,
-        host=host,
-        port=port,
-        log_level=log_level,
-        timeout_graceful_shutdown=600,
-        loop="asyncio",
-    )
+    serve_runtime(app_, host, port, log_level, drain_timeout_s)
 
 
 def _register_db() -> None:

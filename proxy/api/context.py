@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.auth import Authenticator
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.errors import ApiError, bad_request
@@ -34,6 +35,8 @@ class ProxyContext:
     responses: ResponseStore
     stored: StoreService
     shutdown: Shutdown
+    watchdog: LoopWatchdog
+    """Watches the event loop for stalls (/healthz)."""
     cluster: Cluster | None = None
     """This replica's peers, when several share the database (proxy/cluster/)."""
 

@@ -282,6 +282,9 @@ class SimEngine:
     ) -> Admission | None:
         if not self._active:
             raise RuntimeError(f"engine {self.model} is not active")
+        # First, so that a reply it cannot write (CallRejected: a schema past the builder's
+        # budget, core/schema_instance.py) refuses the call before anything changed.
+        reply = ReplyStream(*plan_reply(request, self._replies)) if _writes_reply(request) else None
         source, cached, entry = self._reuse(request)
         offloaded = self._evict_for(self.needed_bytes(request), keep=request.session_id)
         if offloaded is None:
@@ -303,11 +306,9 @@ class SimEngine:
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
         idle = 0.0 if self._seqs else now - self._idle_since
         shared = request.shared_prefix_tokens or 0
-        reply: ReplyStream | None = None
         if request.output_tokens is not None:
             output_tokens = request.output_tokens
-        elif request.live:
-            reply = ReplyStream(*plan_reply(request, self._replies))
+        elif reply is not None:
             output_tokens = reply.tokens
         else:
             output_tokens = request.max_output_tokens
@@ -588,3 +589,9 @@ class SimEngine:
         self._stop_staging_task()
         self._memory.unstage(self.model)
         self._staged_bytes_done = 0.0
+
+
+def _writes_reply(request: CallRequest) -> bool:
+    """Whether the engine writes the reply's content: a live call whose length is not given
+    (a replayed trace entry has its length and no content)."""
+    return request.output_tokens is None and request.live

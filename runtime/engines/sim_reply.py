@@ -7,7 +7,7 @@ live call's reply (a replayed trace entry has no content and gets none):
   allows, and the conversation holds fewer than ``ReplyPolicy.tool_calls_before_answer`` earlier
   tool calls, the reply calls one harmless offered tool (``pick_tool``: listing, then reading,
   then a shell given ``ls``; never one that writes, edits, deletes or spawns) with arguments
-  valid against its JSON schema (schema_instance.py). ``required`` or a named ``tool_choice``
+  valid against its JSON schema (core/schema_instance.py). ``required`` or a named ``tool_choice``
   forces a call.
 - **Then a final answer**, so a headless agent run ends by itself: placeholder words starting
   with ``[simulated]``, as many as a seeded reply length (lognormal, median 150 tokens, sigma
@@ -41,8 +41,8 @@ from talaria.core.calls import (
     count_tool_calls,
     estimate_tokens,
 )
+from talaria.core.schema_instance import instance, name_words, response_schema
 from talaria.core.types import CallRequest
-from talaria.runtime.engines.schema_instance import instance, name_words
 
 OUTPUT_MEDIAN_TOKENS = 150.0
 OUTPUT_SIGMA = 0.9
@@ -150,10 +150,9 @@ def _json_answer(request: CallRequest) -> str | None:
     fmt = request.sampling.response_format
     if not fmt or fmt.get("type") == "text":
         return None
-    if fmt.get("type") == "json_schema":
-        spec = fmt.get("json_schema") or {}
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        return json.dumps(instance(schema or {"type": "object"}))
+    schema = response_schema(fmt)
+    if schema is not None:
+        return json.dumps(instance(schema))
     return json.dumps({"simulated": True})
 
 

@@ -44,7 +44,14 @@ from talaria.core.status import (
     SessionKvStatus,
     SlotView,
 )
-from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent, KvSource
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
+    Finished,
+    GenerationEvent,
+    KvSource,
+)
 from talaria.runtime.engine import Admission, Engine
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.flags import SchedulerFlags
@@ -593,10 +600,17 @@ class NodeScheduler:
                 continue
             if not self._fits(engine, waiting.request):
                 break  # FIFO: later calls do not overtake one that waits for memory
-            admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
-            if admission is None:
-                self._cancel_staging()
+            try:
                 admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
+                if admission is None:
+                    self._cancel_staging()
+                    admission = engine.try_admit(
+                        waiting.request, waiting.arrival_s, verdict is None
+                    )
+            except CallRejected as exc:  # this call only: the engine cannot serve it as asked
+                queue.remove(waiting)
+                waiting.result.set_exception(exc)
+                continue
             if admission is None:
                 break
             queue.remove(waiting)

@@ -23,6 +23,7 @@ from talaria.proxy.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import RunningProxy, running_proxy
+from tests.unit.test_schema_instance import SCHEMAS
 
 ADMIN = "adm"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -216,6 +217,39 @@ def test_arbitrary_headers_and_hints_never_break_a_session(
     )
     assert hinted.status_code < 500, hinted.text
     _session_works(http, sid)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schema=SCHEMAS, api=st.sampled_from(["chat-tool", "chat-format", "messages", "responses"]))
+def test_arbitrary_tool_and_format_schemas_are_answered_below_500(
+    http: httpx.Client, schema: Any, api: str
+) -> None:
+    """Whatever schema a tool or response format carries (huge minimums, recursive $refs, big
+    literals), the call is answered — served, or refused with a 400 — never a 5xx or a hang,
+    and /healthz answers after it."""
+    user = [{"role": "user", "content": "list the files"}]
+    if api == "chat-tool":
+        tool = {"type": "function", "function": {"name": "ls", "parameters": schema}}
+        path, body = "/v1/chat/completions", {"model": MODEL, "messages": user, "tools": [tool]}
+    elif api == "chat-format":
+        fmt = {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}
+        path, body = "/v1/chat/completions", _body(response_format=fmt)
+    elif api == "messages":
+        tool = {"name": "ls", "input_schema": schema}
+        path, body = "/v1/messages", {"model": MODEL, "max_tokens": 64, "messages": user,
+                                      "tools": [tool]}  # fmt: skip
+    else:
+        tool = {"type": "function", "name": "ls", "parameters": schema}
+        path, body = "/v1/responses", {"model": MODEL, "input": "ls", "tools": [tool]}
+    answer = http.post(path, content=json.dumps(body, allow_nan=True),
+                       headers={"content-type": "application/json"})  # fmt: skip
+    assert answer.status_code < 500, answer.text
+    assert http.get("/healthz").status_code == 200
 
 
 def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from talaria.core.calls import (
     ToolChoice,
     ToolSpec,
 )
+from talaria.core.schema_instance import instance
 from talaria.core.types import CallRequest
-from talaria.runtime.engines.schema_instance import instance
 from talaria.runtime.engines.sim_reply import ReplyPolicy, ReplyStream, pick_tool, plan_reply
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent_tools"

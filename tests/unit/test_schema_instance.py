@@ -1,0 +1,193 @@
+"""The schema builder's budget (core/schema_instance.py): every schema a client can send is
+either built within MAX_INSTANCE_VALUES values and MAX_INSTANCE_CHARS characters or refused
+with SchemaTooLarge, and the schemas real agents send are built as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from talaria.core.calls import ToolSpec
+from talaria.core.schema_instance import (
+    MAX_INSTANCE_CHARS,
+    MAX_INSTANCE_VALUES,
+    InstanceBudget,
+    SchemaTooLarge,
+    check_schemas,
+    instance,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent_tools"
+
+SELF_TWICE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "required": ["a", "b"],
+            "properties": {"a": {"$ref": "#/$defs/node"}, "b": {"$ref": "#/$defs/node"}},
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+"""Requires itself twice: 2^depth values without a budget (2^8 = 256 at MAX_DEPTH: fine)."""
+
+SELF_MANY = {
+    "$defs": {
+        "n": {
+            "type": "object",
+            "required": [f"k{i}" for i in range(40)],
+            "properties": {f"k{i}": {"$ref": "#/$defs/n"} for i in range(40)},
+        }
+    },
+    "$ref": "#/$defs/n",
+}
+"""40^8 values without a budget."""
+
+BOMBS: dict[str, Any] = {
+    "minItems 1e9": {"type": "array", "minItems": 10**9, "items": {"type": "string"}},
+    "minLength 1e12": {"type": "string", "minLength": 10**12},
+    "nested minItems": {
+        "type": "array",
+        "minItems": 5000,
+        "items": {"type": "array", "minItems": 5000, "items": {"type": "integer"}},
+    },
+    "arrays past the depth limit": {
+        "type": "array",
+        "minItems": 9000,
+        "items": {
+            "type": "array",
+            "minItems": 9000,
+            "items": {"type": "array", "minItems": 9000, "items": {}},
+        },
+    },
+    "recursive $ref": SELF_MANY,
+    "a big default repeated": {
+        "type": "array",
+        "minItems": 5000,
+        "items": {"type": "string", "default": "x" * 50_000},
+    },
+    "a huge integer minimum repeated": {
+        "type": "array",
+        "minItems": 5000,
+        "items": {"type": "integer", "minimum": 10**4000},
+    },
+    "a long key repeated": {
+        "type": "array",
+        "minItems": 5000,
+        "items": {"type": "object", "required": ["k" * 5000], "properties": {}},
+    },
+}
+
+
+@pytest.mark.parametrize("schema", BOMBS.values(), ids=BOMBS.keys())
+def test_a_schema_bomb_is_refused(schema: dict[str, Any]) -> None:
+    with pytest.raises(SchemaTooLarge) as refused:
+        instance(schema)
+    assert refused.value.code == "schema_too_large"
+
+
+def test_a_self_requiring_schema_within_the_depth_limit_is_built() -> None:
+    built = instance(SELF_TWICE)
+    assert isinstance(built, dict) and set(built) == {"a", "b"}
+
+
+def test_a_large_but_bounded_instance_is_built() -> None:
+    built = instance({"type": "array", "minItems": 500, "items": {"type": "integer"}})
+    assert built == [1] * 500
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "qwen-code"])
+def test_the_schemas_agents_send_pass(agent: str) -> None:
+    tools = json.loads((FIXTURES / f"{agent}.json").read_text())
+    specs = [
+        ToolSpec(t["name"], parameters=t.get("input_schema") or t.get("parameters") or {})
+        for t in tools
+    ]
+    check_schemas(specs, None, "response_format")
+    for spec in specs:  # far inside the budget (the module docstring's "at most 4 values")
+        budget = InstanceBudget()
+        instance(spec.parameters, budget=budget)
+        assert MAX_INSTANCE_VALUES - budget.values <= 4
+
+
+def test_check_schemas_names_the_tool_or_the_format() -> None:
+    good = ToolSpec("read", parameters={"type": "object"})
+    bomb = ToolSpec("list", parameters=BOMBS["minItems 1e9"])
+    with pytest.raises(SchemaTooLarge) as refused:
+        check_schemas([good, bomb], None, "response_format")
+    assert refused.value.param == "tools[1]" and "'list'" in str(refused.value)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": BOMBS["recursive $ref"]}}
+    with pytest.raises(SchemaTooLarge) as refused:
+        check_schemas([good], fmt, "text.format")
+    assert refused.value.param == "text.format"
+    check_schemas([good], {"type": "json_object"}, "response_format")
+
+
+# -- any schema: built within the budget, or refused -----------------------------------------
+
+KEYS = st.sampled_from(["a", "path", "command", "k" * 300, "\x00"])
+NUMBERS = st.one_of(
+    st.integers(-(10**5), 10**5),
+    st.integers(10**300, 10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+)
+COUNTS = st.one_of(st.integers(0, 50), st.integers(1000, 10**12))
+LITERALS = st.recursive(
+    st.one_of(st.none(), st.booleans(), NUMBERS, st.text(max_size=5), st.just("y" * 20_000)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def _schemas(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.just("array"), "items": inner}, optional={"minItems": COUNTS}
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("object"), "properties": st.dictionaries(KEYS, inner, max_size=3)},
+            optional={"required": st.lists(KEYS, max_size=3)},
+        ),
+        st.fixed_dictionaries({"anyOf": st.lists(inner, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"allOf": st.lists(inner, min_size=1, max_size=3)}),
+        st.fixed_dictionaries({"$ref": st.sampled_from(["#", "#/$defs/x", "#/nowhere"])}),
+    )
+
+
+LEAVES = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["string", "integer", "number", "boolean", "null"])},
+        optional={
+            "minLength": COUNTS,
+            "maxLength": st.integers(-5, 50),
+            "minimum": NUMBERS,
+            "maximum": NUMBERS,
+            "exclusiveMinimum": NUMBERS,
+        },
+    ),
+    st.fixed_dictionaries({"const": LITERALS}),
+    st.fixed_dictionaries({"default": LITERALS}),
+    st.fixed_dictionaries({"enum": st.lists(LITERALS, min_size=1, max_size=2)}),
+    st.just({}),
+    st.just(True),
+)
+SCHEMAS = st.recursive(LEAVES, _schemas, max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=SCHEMAS, defs=SCHEMAS)
+def test_any_schema_is_built_within_the_budget_or_refused(schema: Any, defs: Any) -> None:
+    if isinstance(schema, dict):
+        schema = {**schema, "$defs": {"x": defs}}
+    try:
+        built = instance(schema)
+    except SchemaTooLarge:
+        return
+    text = json.dumps(built)
+    # every character of a string may escape to 6 (\u0000); each other value: ≤ 32 characters
+    assert len(text) <= 6 * MAX_INSTANCE_CHARS + 32 * MAX_INSTANCE_VALUES

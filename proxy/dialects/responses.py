@@ -7,7 +7,8 @@ Request → ``Call``:
   text), ``function_call`` items → the assistant's ``tool_calls`` (merged with the assistant
   text and ``reasoning`` items around them into one assistant message, as the model produced
   them), ``function_call_output`` → a ``tool`` message. Other item types (built-in tool calls,
-  compaction) are skipped; ``item_reference`` is refused.
+  compaction) are skipped; ``item_reference`` is refused. Fields an item type does not define
+  are dropped as the request is parsed (responses_items.py), so they are never stored.
 - ``previous_response_id``: the stored response's input items and output items come first
   (its ``instructions`` are not carried over, as OpenAI documents).
 - function ``tools`` (built-in ones such as web search are left out; Codex's ``namespace``
@@ -43,10 +44,9 @@ from talaria.proxy.dialects.common import (
     parse,
     sse,
 )
+from talaria.proxy.dialects.responses_items import TEXT_PARTS, item_kind, stored_item
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import CallHandle, CallOutcome
-
-TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
 
 
 class ResponsesRequest(BaseModel):
@@ -76,7 +76,8 @@ class ResponsesRequest(BaseModel):
 class ParsedResponses:
     body: ResponsesRequest
     items: list[dict[str, Any]]
-    """This request's own input items (each given an ``id``)."""
+    """This request's own input items, with only the fields their type defines
+    (responses_items.py), each given an ``id``."""
 
 
 def parse_request(raw: Any, request_id: str) -> ParsedResponses:
@@ -90,7 +91,7 @@ def parse_request(raw: Any, request_id: str) -> ParsedResponses:
             }
         ]
     else:
-        items = [dict(item) for item in body.input]
+        items = [stored_item(item) for item in body.input]
     for i, item in enumerate(items):
         item.setdefault("id", f"in_{request_id}_{i}")
     return ParsedResponses(body, items)
@@ -131,7 +132,7 @@ def messages_of(instructions: str | None, items: list[dict[str, Any]]) -> tuple[
         return turn
 
     for i, item in enumerate(items):
-        kind = item.get("type") or ("message" if "role" in item else None)
+        kind = item_kind(item)
         where = f"input.{i}"
         if kind == "message":
             role = item.get("role")

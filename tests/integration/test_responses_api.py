@@ -174,6 +174,39 @@ def test_delete_and_unknown_ids(client: openai.OpenAI) -> None:
     assert info.value.body["param"] == "previous_response_id"  # type: ignore[index]
 
 
+def test_unknown_fields_of_input_items_are_not_stored(proxy: RunningProxy) -> None:
+    """Fields an item type does not define (at the item and in its content parts) are not in
+    the stored input items, nor carried into a continuation; the fields it defines are."""
+    junk = "j" * 50_000
+    items = [
+        {"type": "message", "role": "user", "junk": junk,
+         "content": [{"type": "input_text", "text": "read it", "junk": junk}]},
+        {"type": "function_call", "call_id": "c1", "name": "read_file",
+         "arguments": '{"path": "a"}', "junk": junk},
+        {"type": "function_call_output", "call_id": "c1", "output": "# a", "junk": junk},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed", "action": junk},
+    ]  # fmt: skip
+    first = httpx.post(proxy.v1 + "/responses", json={"model": MODEL, "input": items}, timeout=30)
+    assert first.status_code == 200, first.text
+    follow = httpx.post(
+        proxy.v1 + "/responses",
+        json={"model": MODEL, "input": "go on", "previous_response_id": first.json()["id"]},
+        timeout=30,
+    )
+    assert follow.status_code == 200, follow.text
+    for response_id, count in ((first.json()["id"], 4), (follow.json()["id"], 6)):
+        listed = httpx.get(proxy.v1 + f"/responses/{response_id}/input_items?order=asc")
+        assert listed.status_code == 200
+        stored = listed.json()["data"]
+        assert len(stored) == count and junk not in listed.text
+        assert stored[0]["content"] == [{"type": "input_text", "text": "read it"}]
+        assert {k: stored[1][k] for k in ("call_id", "name", "arguments")} == {
+            "call_id": "c1", "name": "read_file", "arguments": '{"path": "a"}'
+        }  # fmt: skip
+        assert stored[2]["output"] == "# a"
+        assert stored[3] == {"type": "web_search_call", "id": "ws_1", "status": "completed"}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [

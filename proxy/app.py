@@ -237,8 +237,14 @@ def create_app(
         )
         gateway.start()
         responses = ResponseStore(
-            writer, store, enabled=cfg.store_responses, ttl_s=cfg.responses_ttl_s
+            writer,
+            store,
+            enabled=cfg.store_responses,
+            ttl_s=cfg.responses_ttl_s,
+            tenant_quota_bytes=cfg.responses_tenant_quota_bytes,
+            max_bytes=cfg.responses_max_bytes,
         )
+        await responses.start()  # the storage quota's totals, read before serving
         purger = asyncio.get_running_loop().create_task(_purge_responses(responses))
         auth = Authenticator(
             cfg.api_keys, store, allow_open=cfg.allow_open, metrics_token=cfg.metrics_token
@@ -287,6 +293,7 @@ def create_app(
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
+            await responses.close()
             await shutdown.finish()
             watchdog.stop()
             if cluster is not None:

@@ -120,6 +120,9 @@ class ResponseRecord:
     """The response object as the client got it."""
     input_items: list[Any]
     """Its input items, expanded through ``previous_response_id`` (each with an ``id``)."""
+    size_bytes: int
+    """The encoded size of all its fields (proxy/responses_quota.py ``stored_bytes``): what it
+    counts against its tenant's storage quota."""
 
 
 Record = (

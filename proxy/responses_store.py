@@ -7,23 +7,60 @@ through its predecessors, so that a continuation reads one row. Nothing is kept 
 with ``store: false`` (what Codex sends), nor for any request when
 ``TALARIA_STORE_RESPONSES=false``.
 
+Bounds: every stored response counts its bytes against its tenant's quota and a global cap
+(proxy/responses_quota.py: a ``store: true`` call past either is refused with 429 before it
+runs, by :meth:`ResponseStore.admit`); the totals are read from the store at start and every
+``REFRESH_S``, and deletions and expiry free them.
+
 The record is committed with the call's own records (the gateway submits it); the most recent
-responses are also kept in memory (``cache_size``), so a client that continues at once never
-waits for the writer, and a lookup that misses the cache flushes the writer before it reads.
+responses are also kept in memory, at most ``cache_size`` of them and ``cache_max_bytes`` of
+their ``size_bytes`` (a response larger than that is not kept), so a client that continues
+at once never waits for the writer, and a lookup that misses the cache flushes the writer
+before it reads.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections import OrderedDict
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from talaria.proxy.records import ResponseRecord
+from talaria.proxy.responses_quota import (
+    REFRESH_S,
+    Hold,
+    StorageQuota,
+    json_bytes,
+    stored_bytes,
+)
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.views import StoredResponseView
 from talaria.proxy.store.writer import BatchWriter
 
+log = logging.getLogger("talaria.proxy.responses")
+
 DEFAULT_TTL_S = 7 * 24 * 3600.0
+CACHE_SIZE = 256
+CACHE_MAX_BYTES = 64 * 2**20
+"""The cache serves continuations that arrive before the writer committed their predecessor
+(a miss costs a flush and one row read, not an error), so it needs only the latest responses:
+64 MiB holds the last 256 of 256 KiB (a long agent turn's items) and bounds what a tenant's
+large responses can take of the proxy's memory (their Python objects take a small multiple of
+the encoded bytes)."""
+
+
+@dataclass
+class Pending:
+    """A ``store: true`` call admitted against the quota: its input items, measured."""
+
+    tenant_id: str
+    input_items: list[Any]
+    input_bytes: int
+    hold: Hold
 
 
 class ResponseStore:
@@ -34,46 +71,108 @@ class ResponseStore:
         *,
         enabled: bool = True,
         ttl_s: float = DEFAULT_TTL_S,
-        cache_size: int = 256,
+        tenant_quota_bytes: int,
+        max_bytes: int,
+        cache_size: int = CACHE_SIZE,
+        cache_max_bytes: int = CACHE_MAX_BYTES,
     ) -> None:
         self.enabled = enabled
         self._writer = writer
         self._store = store
         self._ttl = timedelta(seconds=ttl_s)
+        self.quota = StorageQuota(tenant_quota_bytes, max_bytes)
         self._cache_size = cache_size
-        self._cache: OrderedDict[str, tuple[ResponseRecord, bool]] = OrderedDict()
-        """id → (record, deleted)."""
+        self._cache_max_bytes = cache_max_bytes
+        self._cache: OrderedDict[str, ResponseRecord] = OrderedDict()
+        self._cache_bytes = 0
+        self._refresher: asyncio.Task[None] | None = None
+
+    @property
+    def cache_bytes(self) -> int:
+        """``size_bytes`` of the responses in memory."""
+        return self._cache_bytes
+
+    @property
+    def cache_entries(self) -> int:
+        """Responses in memory."""
+        return len(self._cache)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Read the quota's totals from the store (before serving), then every
+        ``REFRESH_S``."""
+        if not self.enabled:
+            return
+        await self.refresh()
+        self._refresher = asyncio.get_running_loop().create_task(self._refresh_often())
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+
+    async def refresh(self) -> None:
+        """The quota's totals from the store: every record submitted before is flushed first,
+        so the totals include this process's additions up to the mark."""
+        mark = self.quota.begin_refresh()
+        await self._writer.flush()
+        totals = await self._store.response_bytes(datetime.now(UTC))
+        self.quota.finish_refresh(mark, totals)
+
+    async def _refresh_often(self) -> None:
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            try:
+                await self.refresh()
+            except Exception as exc:  # the store may be down: keep counting locally
+                log.warning("reading the stored responses' sizes failed: %r", exc)
+
+    # -- a call's response ------------------------------------------------------------------
+    def admit(self, tenant_id: str, response: dict[str, Any], input_items: list[Any]) -> Pending:
+        """Admit a ``store: true`` call whose response will be ``response`` (so far without
+        output) and ``input_items``; ApiError 429 past the tenant's quota or the cap."""
+        input_bytes = json_bytes(input_items)
+        estimate = stored_bytes(
+            response, input_bytes, str(response["id"]), tenant_id, "", str(response["model"])
+        )
+        hold = self.quota.reserve(tenant_id, estimate, datetime.now(UTC))
+        return Pending(tenant_id, input_items, input_bytes, hold)
+
+    def release(self, pending: Pending) -> None:
+        """The call is over: its estimate stops counting (it does already once prepared)."""
+        self.quota.release(pending.hold)
 
     def prepare(
-        self,
-        *,
-        tenant_id: str,
-        session_id: str,
-        response: dict[str, Any],
-        input_items: list[Any],
+        self, pending: Pending, *, session_id: str, response: dict[str, Any]
     ) -> ResponseRecord:
         """The record that keeps ``response`` (the gateway commits it with the call's own
-        records); remembered in memory at once."""
+        records); counted in the quota and remembered in memory at once."""
         now = datetime.now(UTC)
+        response_id, model = str(response["id"]), str(response["model"])
         record = ResponseRecord(
-            response_id=str(response["id"]),
-            tenant_id=tenant_id,
+            response_id=response_id,
+            tenant_id=pending.tenant_id,
             session_id=session_id,
-            model=str(response["model"]),
+            model=model,
             created_at=now,
             expires_at=now + self._ttl,
             response=response,
-            input_items=input_items,
+            input_items=pending.input_items,
+            size_bytes=stored_bytes(
+                response, pending.input_bytes, response_id, pending.tenant_id, session_id, model
+            ),
         )
-        self._remember(record, deleted=False)
+        self.quota.settle(pending.hold, response_id, record.size_bytes, record.expires_at)
+        self._remember(record)
         return record
 
+    # -- reads and deletes ------------------------------------------------------------------
     async def load(self, tenant_id: str, response_id: str) -> StoredResponseView | None:
         now = datetime.now(UTC)
-        cached = self._cache.get(response_id)
-        if cached is not None:
-            record, deleted = cached
-            if deleted or record.tenant_id != tenant_id or record.expires_at <= now:
+        record = self._cache.get(response_id)
+        if record is not None:
+            if record.tenant_id != tenant_id or record.expires_at <= now:
                 return None
             return StoredResponseView(response_id, record.response, record.input_items)
         await self._writer.flush()
@@ -83,18 +182,30 @@ class ResponseStore:
         if await self.load(tenant_id, response_id) is None:
             return False
         await self._writer.flush()
-        deleted = await self._store.delete_response(tenant_id, response_id)
-        cached = self._cache.get(response_id)
-        if cached is not None:
-            self._cache[response_id] = (cached[0], True)
-        return deleted
+        freed = await self._store.delete_response(tenant_id, response_id)
+        record = self._cache.pop(response_id, None)
+        if record is not None:
+            self._cache_bytes -= record.size_bytes
+        if freed is None:
+            return False
+        self.quota.freed(tenant_id, response_id, freed)
+        return True
 
     async def purge(self) -> int:
-        """Delete what expired (the store's rows; the cache drops expired entries as read)."""
+        """Delete what expired (the store's rows; the cache drops expired entries as read,
+        the quota at its next refresh)."""
         return await self._store.purge_responses(datetime.now(UTC))
 
-    def _remember(self, record: ResponseRecord, deleted: bool) -> None:
-        self._cache[record.response_id] = (record, deleted)
-        self._cache.move_to_end(record.response_id)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+    def _remember(self, record: ResponseRecord) -> None:
+        """Keep ``record`` in memory, unless it alone is larger than ``cache_max_bytes``; the
+        oldest go beyond ``cache_size`` entries or ``cache_max_bytes`` bytes."""
+        replaced = self._cache.pop(record.response_id, None)
+        if replaced is not None:
+            self._cache_bytes -= replaced.size_bytes
+        if record.size_bytes > self._cache_max_bytes:
+            return
+        self._cache[record.response_id] = record
+        self._cache_bytes += record.size_bytes
+        while len(self._cache) > self._cache_size or self._cache_bytes > self._cache_max_bytes:
+            _, oldest = self._cache.popitem(last=False)
+            self._cache_bytes -= oldest.size_bytes

@@ -82,6 +82,17 @@ class ProxySettings(BaseSettings):
         True, description="Keep Responses API objects for previous_response_id (false: never)"
     )
     responses_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="How long they are kept")
+    responses_tenant_quota_bytes: int = Field(
+        256 * 2**20,
+        gt=0,
+        description="Bytes one tenant's stored responses may take; a store: true call past "
+        "it gets 429 (docs/operations.md, Bounds, quotas and timeouts)",
+    )
+    responses_max_bytes: int = Field(
+        4 * 2**30,
+        gt=0,
+        description="Bytes all stored responses may take; a store: true call past it gets 429",
+    )
     # the session store: durability and faults (docs/operations.md)
     durability: Literal["commit", "async"] = Field(
         "commit",

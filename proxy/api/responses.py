@@ -16,12 +16,14 @@ from talaria.proxy.api.schemas import RESPONSES, request_body
 from talaria.proxy.dialects.responses import (
     final_response,
     parse_request,
+    response_object,
     response_stream,
     to_call,
 )
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import CallOutcome
 from talaria.proxy.records import Record
+from talaria.proxy.responses_store import Pending
 from talaria.proxy.store.views import StoredResponseView
 
 router = APIRouter()
@@ -51,21 +53,31 @@ async def create(request: Request) -> Response:
     call = to_call(parsed, history)
     stored = parsed.body.store and ctx.responses.enabled
     created = time.time()
+    pending: Pending | None = None
+    if stored:  # 429 up front past the storage quota (proxy/responses_quota.py)
+        so_far = response_object(
+            parsed, request_id, created, status="completed", output=[], usage_doc=None,
+            stored=True,
+        )  # fmt: skip
+        pending = ctx.responses.admit(tenant, so_far, [*history, *parsed.items])
 
     def keep(outcome: CallOutcome) -> list[Record]:
         """The stored response, committed with the call's records."""
-        return [
-            ctx.responses.prepare(
-                tenant_id=tenant,
-                session_id=handle.session_key,
-                response=final_response(parsed, outcome, request_id, created, True),
-                input_items=[*history, *parsed.items],
-            )
-        ]
+        assert pending is not None
+        response = final_response(parsed, outcome, request_id, created, True)
+        return [ctx.responses.prepare(pending, session_id=handle.session_key, response=response)]
 
-    handle, headers = await open_call(
-        request, ctx, tenant, "responses", call, raw, keep if stored else None
-    )
+    try:
+        handle, headers = await open_call(
+            request, ctx, tenant, "responses", call, raw, keep if pending else None
+        )
+    except BaseException:
+        if pending is not None:
+            ctx.responses.release(pending)
+        raise
+    if pending is not None:  # a call that fails stores nothing: its estimate goes
+        held = pending
+        handle.task.add_done_callback(lambda _: ctx.responses.release(held))
     if call.stream:
         return StreamingResponse(
             response_stream(handle, parsed, request_id, created, stored),

@@ -361,6 +361,7 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
                     "expires_at": as_utc(rec.expires_at),
                     "response": dict(rec.response),
                     "input_items": list(rec.input_items),
+                    "size_bytes": rec.size_bytes,
                 },
             )
         else:  # pragma: no cover - guarded by the Record union

@@ -385,13 +385,32 @@ class SqlStore:
                 return None
             return StoredResponseView(row.response_id, dict(row.response), list(row.input_items))
 
-    async def delete_response(self, tenant_id: str, response_id: str) -> bool:
+    async def delete_response(self, tenant_id: str, response_id: str) -> int | None:
+        """Delete the tenant's stored response; returns its ``size_bytes`` (None: it has no
+        such response)."""
         async with self._sessionmaker() as db, db.begin():
             row = await db.get(StoredResponse, response_id)
             if row is None or row.tenant_id != tenant_id:
-                return False
+                return None
             await db.delete(row)
-            return True
+            return row.size_bytes
+
+    async def response_bytes(self, now: datetime) -> dict[str, tuple[int, datetime]]:
+        """Per tenant, ``SUM(size_bytes)`` of its stored responses not expired by ``now``
+        and the earliest ``expires_at`` among them (tenants without any are absent). Reads
+        only the index on (tenant_id, expires_at, size_bytes)."""
+        query = (
+            select(
+                StoredResponse.tenant_id,
+                func.sum(StoredResponse.size_bytes),
+                func.min(StoredResponse.expires_at),
+            )
+            .where(StoredResponse.expires_at > as_utc(now))
+            .group_by(StoredResponse.tenant_id)
+        )
+        async with self._sessionmaker() as db:
+            rows = (await db.execute(query)).all()
+        return {tenant: (int(total), as_utc(oldest)) for tenant, total, oldest in rows}
 
     async def purge_responses(self, now: datetime) -> int:
         """Delete every stored response that expired by ``now``; returns how many."""

@@ -58,7 +58,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0006"
+    assert await migrate.current_async(db_url) == migrate.head() == "0007"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -177,6 +177,41 @@ async def test_0006_adds_and_drops_the_engine_timed_parts_keeping_existing_calls
 
 
 @pytest.mark.asyncio
+async def test_0007_sizes_the_stored_responses_and_drops_the_size_again(db_url: str) -> None:
+    """A response stored before 0007 gets the bytes of its columns' text as its size (so the
+    quota counts it); the downgrade drops the column and its index and keeps the response."""
+    await migrate.upgrade_async(db_url, "0006")
+    engine = make_engine(db_url)
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    strings = ("resp_1", "t", "ses_1", "glm")
+    response, items = '{"id":"resp_1","output":[]}', '[{"type":"message","content":"hé"}]'
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO responses (response_id, tenant_id, session_id, model,"
+                    " created_at, expires_at, response, input_items)"
+                    " VALUES ('resp_1', 't', 'ses_1', 'glm', :at, :at, :response, :items)"
+                ),
+                {"at": at, "response": response, "items": items},
+            )
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            size = (await conn.execute(text("SELECT size_bytes FROM responses"))).scalar()
+        expected = sum(len(s.encode()) for s in (response, items, *strings)) + 16
+        assert size == expected
+        await asyncio.to_thread(migrate.downgrade, db_url, "0006")
+        assert "size_bytes" not in await _columns(engine, "responses")
+        async with engine.connect() as conn:
+            kept = (await conn.execute(text("SELECT response_id FROM responses"))).scalar()
+            indexes = await conn.run_sync(lambda c: inspect(c).get_indexes("responses"))
+        assert kept == "resp_1"
+        assert {i["name"] for i in indexes} == {"ix_responses_tenant_id", "ix_responses_expires_at"}
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -199,9 +234,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0006" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0007" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0006" in out and "head: 0006" in out
+    assert "current: 0007" in out and "head: 0007" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -211,7 +246,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0006"
+    assert migrate.current(url) == "0007"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -222,7 +257,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0006"
+    assert migrate.current(url) == "0007"
 
 
 def test_default_sqlite_url_honours_data_dir(

@@ -230,6 +230,7 @@ def create_app(
             routing_seed=cfg.routing_seed,
             context_windows=windows,
             max_inflight_per_tenant=cfg.max_inflight_per_tenant,
+            max_sessions_per_tenant=cfg.max_sessions_per_tenant,
             session_idle_timeout_s=cfg.session_idle_timeout_s,
             durable=cfg.durability == "commit",
             commit_timeout_s=cfg.commit_timeout_s,

@@ -75,6 +75,19 @@ def too_many_requests(limit: int) -> ApiError:
     )
 
 
+def too_many_sessions(limit: int, retry_after_s: float) -> ApiError:
+    """A call that would open a session past the tenant's live sessions (continuations of
+    live sessions are never refused)."""
+    return ApiError(
+        429,
+        f"Too many live sessions for this key (limit {limit}); continue or end one "
+        "(POST /v1/sessions/{id}/end), or retry once one has ended.",
+        type="rate_limit_error",
+        code="too_many_sessions",
+        retry_after_s=retry_after_s,
+    )
+
+
 def unavailable(message: str, retry_after_s: float = 1.0) -> ApiError:
     return ApiError(
         503, message, type="server_error", code="runtime_unavailable", retry_after_s=retry_after_s

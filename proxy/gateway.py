@@ -45,7 +45,13 @@ from talaria.core.types import (
     FirstToken,
     TokenDelta,
 )
-from talaria.proxy.errors import ApiError, bad_request, too_many_requests, unavailable
+from talaria.proxy.errors import (
+    ApiError,
+    bad_request,
+    too_many_requests,
+    too_many_sessions,
+    unavailable,
+)
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import (
     CallRecord,
@@ -58,7 +64,12 @@ from talaria.proxy.records import (
 from talaria.proxy.routing import NoInstanceError, RouteRequest, RoutingConfig, route
 from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.schema_check import SchemaCheck
-from talaria.proxy.sessions.book import SessionBook, SessionState
+from talaria.proxy.sessions.book import (
+    DEFAULT_MAX_PER_TENANT,
+    SessionBook,
+    SessionLimit,
+    SessionState,
+)
 from talaria.proxy.sessions.conversation import (
     EMPTY,
     Conversation,
@@ -240,6 +251,7 @@ class Gateway:
         routing_seed: int = 0,
         context_windows: dict[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
+        max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
         session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         durable: bool = True,
         commit_timeout_s: float = 30.0,
@@ -268,7 +280,9 @@ class Gateway:
         self._schemas = SchemaCheck()
         self.reservations = SessionReservations()
         """Soft reservations and learned tool gaps, by session key (clock seconds)."""
-        self.sessions = SessionBook(on_forget=self.reservations.end)
+        self.sessions = SessionBook(
+            on_forget=self.reservations.end, max_per_tenant=max_sessions_per_tenant
+        )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -418,15 +432,19 @@ class Gateway:
         await self._take_over(call, now_s)
         messages = call.call.messages
         conversation = Conversation.of(messages) if messages is not None else EMPTY
-        found = self.sessions.resolve(
-            tenant_id=call.tenant_id,
-            identity=call.identity,
-            model=call.model,
-            conversation=conversation,
-            now_s=now_s,
-            now_at=now_at,
-            match=messages is not None,
-        )
+        try:
+            found = self.sessions.resolve(
+                tenant_id=call.tenant_id,
+                identity=call.identity,
+                model=call.model,
+                conversation=conversation,
+                now_s=now_s,
+                now_at=now_at,
+                match=messages is not None,
+            )
+        except SessionLimit as full:  # Retry-After: when its least recent one may idle out
+            idle_in_s = full.oldest_activity_s + self._idle_timeout_s - now_s
+            raise too_many_sessions(full.limit, self._wall_s(idle_in_s)) from full
         state = found.state
         if state.route_key is None:
             state.route_key = call.route_key

@@ -68,6 +68,12 @@ class ProxySettings(BaseSettings):
         512, gt=0, description="Calls one tenant may have running; more get 429"
     )
     max_output_tokens: int = Field(4096, gt=0, description="Cap when a request sets none")
+    max_sessions_per_tenant: int = Field(
+        10_000,
+        gt=0,
+        description="Live sessions (implicit and named) one tenant may have; a call that "
+        "would open one more gets 429",
+    )
     status_ttl_s: float = Field(
         0.05, ge=0, description="How long a runtime's status is reused for routing (s)"
     )

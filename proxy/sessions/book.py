@@ -22,6 +22,12 @@ continuation; a *prompt* match at ``i`` is a retry when nothing follows, or a co
 whose reply the agent rewrote when the next message is the assistant's. The longest match wins
 (a history match before a prompt match at the same ``i``). Cost: at most two dictionary
 lookups per message of the call, whatever the number of sessions.
+
+Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
+beyond it) and ``max_per_tenant`` per tenant, implicit, named and children alike: a call that
+would open one more gets :class:`SessionLimit` (the gateway's 429); calls that continue,
+retry or take over a live session are never refused. The conversation index holds two
+entries per session (its last prompt, its last prompt + reply).
 """
 
 from __future__ import annotations
@@ -41,6 +47,22 @@ Kind = Literal["prompt", "history"]
 IndexKey = tuple[str, str, Kind, bytes]
 """(tenant, model, kind, chain value)."""
 How = Literal["new", "continued", "retry", "child", "adopted"]
+
+
+DEFAULT_MAX_PER_TENANT = 10_000
+"""Live sessions per tenant (``TALARIA_MAX_SESSIONS_PER_TENANT``): a tenth of the book's
+capacity, so one tenant cannot push the others' sessions out."""
+
+
+class SessionLimit(Exception):
+    """A call would open a session past its tenant's ``limit`` of live sessions."""
+
+    def __init__(self, tenant_id: str, limit: int, oldest_activity_s: float) -> None:
+        super().__init__(f"tenant {tenant_id} has {limit} live sessions")
+        self.limit = limit
+        self.oldest_activity_s = oldest_activity_s
+        """Clock time of the last call of the tenant's least recently used session: it may
+        idle out first."""
 
 
 def new_key() -> str:
@@ -109,11 +131,17 @@ class SessionBook:
     (ended, handed off, or evicted), so that state kept elsewhere by key goes with it."""
 
     def __init__(
-        self, capacity: int = 100_000, on_forget: Callable[[str], object] | None = None
+        self,
+        capacity: int = 100_000,
+        on_forget: Callable[[str], object] | None = None,
+        max_per_tenant: int = DEFAULT_MAX_PER_TENANT,
     ) -> None:
         self._capacity = capacity
         self._on_forget = on_forget
+        self._max_per_tenant = max_per_tenant
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
+        self._by_tenant: dict[str, OrderedDict[str, None]] = {}
+        """Each tenant's live session keys, least recently used first."""
         self._roots: dict[tuple[str, str], str] = {}
         self._children: dict[str, set[str]] = {}
         self._index: dict[IndexKey, list[str]] = {}
@@ -121,6 +149,10 @@ class SessionBook:
     # -- lookups --------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def count(self, tenant_id: str) -> int:
+        """The tenant's live sessions."""
+        return len(self._by_tenant.get(tenant_id, ()))
 
     def __iter__(self) -> Iterator[SessionState]:
         return iter(list(self._sessions.values()))
@@ -183,6 +215,10 @@ class SessionBook:
         elif identity.parent_session_id is not None:  # the parent's key, else its id as given
             parent = self.named(tenant_id, identity.parent_session_id)
             parent_key = parent.key if parent is not None else identity.parent_session_id
+        owned = self._by_tenant.get(tenant_id)
+        if owned is not None and len(owned) >= self._max_per_tenant:
+            oldest = self._sessions[next(iter(owned))]
+            raise SessionLimit(tenant_id, self._max_per_tenant, oldest.last_activity_s)
         key = new_key()
         explicit = identity.session_id is not None
         state = SessionState(
@@ -197,7 +233,7 @@ class SessionBook:
             root_key=root.key if root is not None else key,
             last_activity_s=now_s,
         )
-        self._sessions[key] = state
+        self._hold(state)
         if root is not None:
             self._children.setdefault(root.key, set()).add(key)
         elif explicit:
@@ -267,10 +303,16 @@ class SessionBook:
     def _touch(self, state: SessionState, now_s: float) -> None:
         state.last_activity_s = now_s
         self._sessions.move_to_end(state.key)
+        self._by_tenant[state.tenant_id].move_to_end(state.key)
+
+    def _hold(self, state: SessionState) -> None:
+        self._sessions[state.key] = state
+        self._by_tenant.setdefault(state.tenant_id, OrderedDict())[state.key] = None
 
     def adopt(self, state: SessionState) -> None:
-        """Hold ``state``, a root session another replica held before (it keeps its key)."""
-        self._sessions[state.key] = state
+        """Hold ``state``, a root session another replica held before (it keeps its key; past
+        the tenant's cap too: it continues a session)."""
+        self._hold(state)
         self._roots[(state.tenant_id, state.external_id)] = state.key
         self._evict()
 
@@ -278,7 +320,11 @@ class SessionBook:
     def forget(self, state: SessionState) -> None:
         """Remove an ended session from every map."""
         state.ended = True
-        self._sessions.pop(state.key, None)
+        if self._sessions.pop(state.key, None) is not None:
+            owned = self._by_tenant[state.tenant_id]
+            del owned[state.key]
+            if not owned:
+                del self._by_tenant[state.tenant_id]
         for kind in ("prompt", "history"):
             self._unindex(state, kind)
         if self._roots.get((state.tenant_id, state.external_id)) == state.key:

@@ -680,11 +680,14 @@ class Gateway:
         arrived_at: datetime,
         finished_at: datetime,
     ) -> int:
-        """Record a finished call; returns the sequence number of its last record."""
+        """Record a finished call; returns the sequence number of its last record. A session
+        that ended while the call ran (its client's or an admin's end) stays ended: the call
+        is recorded, and nothing more of the session is kept (no index entry, no reservation,
+        no session record that would reopen it)."""
         result, output = outcome.result, outcome.output
         state.last_instance = runtime.name
         state.last_finish_reason = output.finish_reason
-        if call.call.messages is not None:
+        if call.call.messages is not None and not state.ended:
             reply = fingerprint(output.as_message())
             self.sessions.call_finished(state, conversation, reply, self._clock.now())
         wall = self._wall_s
@@ -716,6 +719,8 @@ class Gateway:
         if call.extra_records is not None:
             for record in call.extra_records(outcome):
                 self._submit(record)
+        if state.ended:
+            return self._last_seq
         single = call.call.messages is None and not call.identity.explicit
         final = call.identity.final or single
         taken = self.reservations.finished(

@@ -269,3 +269,25 @@ def test_tenants_never_share_a_session_or_its_prefix() -> None:
         assert gateway.sessions.named("B", first.result.session_id) is None
 
     _run(scenario)
+
+
+@pytest.mark.parametrize("tool", [True, False])
+def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool: bool) -> None:
+    """Its call finishes and is recorded, but the session keeps no reservation or learned gap
+    in memory, takes no reservation, and no later session record reopens it."""
+    keys: list[str] = []
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        handle = await gateway.open_call(_call(0, tool=tool))
+        keys.append(handle.session_key)
+        assert await gateway.end_session("s1", "client", "t")
+        await handle.outcome()
+        assert handle.session_key not in gateway.reservations and len(gateway.sessions) == 0
+        again = await (await gateway.open_call(_call(1, tool=tool))).outcome()
+        assert again.result.session_id != handle.session_key  # a new session
+
+    sink, _ = _run(scenario)
+    mine = [r for r in sink.records if getattr(r, "session_id", None) == keys[0]]
+    assert [r.state for r in mine if isinstance(r, SessionRecord)] == ["ended"]
+    assert [r.status for r in mine if isinstance(r, CallRecord)] == ["ok"]
+    assert not [r for r in mine if isinstance(r, ReservationRecord)]

@@ -147,7 +147,8 @@ class ResponseStore:
         self, pending: Pending, *, session_id: str, response: dict[str, Any]
     ) -> ResponseRecord:
         """The record that keeps ``response`` (the gateway commits it with the call's own
-        records); counted in the quota and remembered in memory at once."""
+        records); counted in the quota and remembered in memory at once, unless the id is
+        another tenant's (which the store keeps too: proxy/store/batch.py)."""
         now = datetime.now(UTC)
         response_id, model = str(response["id"]), str(response["model"])
         record = ResponseRecord(
@@ -164,7 +165,9 @@ class ResponseStore:
             ),
         )
         self.quota.settle(pending.hold, response_id, record.size_bytes, record.expires_at)
-        self._remember(record)
+        cached = self._cache.get(response_id)
+        if cached is None or cached.tenant_id == pending.tenant_id:
+            self._remember(record)
         return record
 
     # -- reads and deletes ------------------------------------------------------------------

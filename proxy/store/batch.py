@@ -8,6 +8,13 @@ sessions before the calls that reference them. No ORM unit of work: the writer r
 proxy's event loop, and per-object bookkeeping there cost every request in flight (a batch of
 16 calls took 5 ms of the loop with ORM objects).
 
+Nothing is ever upserted across tenants: a record whose row exists with another tenant (or,
+for a call, in another session, which sessions are per tenant) is dropped (and logged). The
+UPDATE of a session, call or stored response also matches the owner it was loaded with
+(``WHERE key = :key AND tenant_id = :loaded_tenant``, as ``ON CONFLICT ... DO UPDATE ...
+WHERE`` would), so a row that another transaction gave another owner meanwhile is left alone
+too. Only a session's placeholder (tenant ``unknown``, below) takes a tenant.
+
 Rules (the writer may retry a batch, so applying one twice must give the same rows):
 
 - ``SessionRecord``: inserted if missing, else updated: model, tenant, parent (when given),
@@ -16,21 +23,22 @@ Rules (the writer may retry a batch, so applying one twice must give the same ro
   written after the end), except that a record with state ``active`` whose ``last_call_at``
   is after ``ended_at`` reopens it (a new call arrived after the end): state ``active``,
   ``ended_at`` and ``end_reason`` cleared.
-- ``CallRecord``: upserted by ``request_id``. On first insert the session's ``calls`` goes up
-  by one and its token counters by the call's tokens; a re-write (a retried batch, or the same
-  call written again when it finished) moves the token counters by the difference only, so
-  nothing is counted twice. A call for a session that has no row yet gets a placeholder session
-  (tenant ``unknown``) that the session's own record later fills in.
+- ``CallRecord``: upserted by ``request_id`` within its session. On first insert the session's
+  ``calls`` goes up by one and its token counters by the call's tokens; a re-write (a retried
+  batch, or the same call written again when it finished) moves the token counters by the
+  difference only, so nothing is counted twice. A call for a session that has no row yet gets
+  a placeholder session (tenant ``unknown``) that the session's own record later fills in.
 - ``DecisionRecord`` and ``HintRecord``: inserted (``created_at`` defaults to now).
 - ``ReservationRecord``: upserted by ``reservation_id``; release fields are set when given and
   never cleared by a later record without them.
 - ``InstanceRecord``: upserted by name, every field replaced.
-- ``ResponseRecord``: upserted by ``response_id``, every field replaced.
+- ``ResponseRecord``: upserted by ``response_id`` within its tenant, every field replaced.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -66,6 +74,8 @@ _IN_CHUNK = 500  # keys per IN (...) list: well under SQLite's and asyncpg's par
 
 Row = dict[str, Any]
 _KEY = "b_primary_key"  # the bind name of the key in an UPDATE ... WHERE key = :b_primary_key
+_OWNER = "b_owner"  # ... AND owner = :b_owner: the owner column's value as loaded
+log = logging.getLogger(__name__)
 
 
 def _table(model: type[Base]) -> Table:
@@ -81,20 +91,30 @@ def _select_by_keys(model: type[Base], key: str) -> Select[Any]:
 
 
 @functools.cache
-def _update_by_key(model: type[Base], key: str, columns: tuple[str, ...]) -> Update:
-    """``UPDATE table SET column = :column, ... WHERE key = :b_primary_key``, built once."""
+def _update_by_key(
+    model: type[Base], key: str, owner: str | None, columns: tuple[str, ...]
+) -> Update:
+    """``UPDATE table SET column = :column, ... WHERE key = :b_primary_key [AND owner =
+    :b_owner]``, built once: a row whose owner (tenant, or a call's session) changed since it
+    was loaded is left as it is."""
     table = _table(model)
     by_key = update(table).where(table.c[key] == bindparam(_KEY))
+    if owner is not None:
+        by_key = by_key.where(table.c[owner] == bindparam(_OWNER))
     return by_key.values({c: bindparam(c) for c in columns if c != key})
 
 
 @dataclass
 class _Table:
-    """One table's rows touched by a batch: loaded ones and new ones, by primary key."""
+    """One table's rows touched by a batch: loaded ones and new ones, by primary key.
+    ``owner``: the column that says whose a row is (a tenant, or a call's session), if any."""
 
     model: type[Base]
     key: str
+    owner: str | None = None
     rows: dict[str, Row] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
+    """The owner of each loaded row, as loaded."""
     new: dict[str, Row] = field(default_factory=dict)
     changed: set[str] = field(default_factory=set)
 
@@ -119,6 +139,8 @@ class _Table:
             result = db.execute(query, {"keys": chunk})
             for row in result.mappings():
                 self.rows[row[self.key]] = dict(row)
+                if self.owner is not None:
+                    self.owners[row[self.key]] = row[self.owner]
 
     def write(self, db: Connection) -> None:
         """One INSERT of the new rows, one UPDATE (by primary key) of the changed, each an
@@ -128,16 +150,27 @@ class _Table:
             db.execute(insert(table), list(self.new.values()))
         if self.changed:
             rows = [self.rows[k] for k in sorted(self.changed)]
-            statement = _update_by_key(self.model, self.key, tuple(rows[0]))
-            db.execute(statement, [{**row, _KEY: row[self.key]} for row in rows])
+            statement = _update_by_key(self.model, self.key, self.owner, tuple(rows[0]))
+            params = [{**row, _KEY: row[self.key]} for row in rows]
+            if self.owner is not None:
+                for param in params:
+                    param[_OWNER] = self.owners[param[_KEY]]
+            db.execute(statement, params)
 
 
 def _opt(value: datetime | None) -> datetime | None:
     return None if value is None else as_utc(value)
 
 
+def _refused(kind: str, key: str, owner: str) -> None:
+    log.warning("dropped a %s record for %s: that row is another %s's", kind, key, owner)
+
+
 def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
     row = sessions.get(rec.session_id)
+    if row is not None and row["tenant_id"] not in (rec.tenant_id, UNKNOWN_TENANT):
+        _refused("session", rec.session_id, "tenant")
+        return
     if row is None:
         sessions.add(
             {
@@ -237,12 +270,15 @@ _TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
 
 
 def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
+    row = calls.get(rec.request_id)
+    if row is not None and row["session_id"] != rec.session_id:
+        _refused("call", rec.request_id, "session")
+        return
     session = sessions.get(rec.session_id)
     if session is None:
         session = sessions.add(_placeholder_session(rec))
     sessions.touch(rec.session_id)
     fields = _call_fields(rec)
-    row = calls.get(rec.request_id)
     if row is None:
         calls.add(fields)
         session["calls"] += 1
@@ -250,9 +286,8 @@ def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
             session[name] += fields[name]
         return
     calls.touch(rec.request_id)
-    if row["session_id"] == rec.session_id:
-        for name in _TOKENS:
-            session[name] += fields[name] - row[name]
+    for name in _TOKENS:
+        session[name] += fields[name] - row[name]
     row.update(fields)
 
 
@@ -294,11 +329,11 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     ``AsyncConnection.run_sync`` runs it on PostgreSQL (asyncpg), and the SQLite writer thread
     on its own connection (proxy/store/sqlite_writes.py)."""
     now = datetime.now(UTC)
-    sessions = _Table(SessionRow, "session_id")
-    calls = _Table(CallRow, "request_id")
+    sessions = _Table(SessionRow, "session_id", "tenant_id")
+    calls = _Table(CallRow, "request_id", "session_id")
     reservations = _Table(ReservationRow, "reservation_id")
     instances = _Table(InstanceRow, "name")
-    responses = _Table(StoredResponse, "response_id")
+    responses = _Table(StoredResponse, "response_id", "tenant_id")
     sessions.load(db, (r.session_id for r in records if isinstance(r, SessionRecord | CallRecord)))
     calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
     reservations.load(db, (r.reservation_id for r in records if isinstance(r, ReservationRecord)))
@@ -349,6 +384,10 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
                 },
             )
         elif isinstance(rec, ResponseRecord):
+            existing = responses.get(rec.response_id)
+            if existing is not None and existing["tenant_id"] != rec.tenant_id:
+                _refused("response", rec.response_id, "tenant")
+                continue
             _replace(
                 responses,
                 rec.response_id,

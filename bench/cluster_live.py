@@ -53,6 +53,7 @@ import json
 import math
 import os
 import random
+import secrets
 import shutil
 import signal
 import string
@@ -235,9 +236,14 @@ def start(
     for runtime in runtimes:
         args += ["--runtime", runtime.base_url]
     proxies = []
+    secret = secrets.token_urlsafe(32)  # the replicas sign their forwards with it
     for i in range(replicas):
         port = free_port()
-        env = {"TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}", "TALARIA_ADMIN_TOKEN": ADMIN}
+        env = {
+            "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
+            "TALARIA_ADMIN_TOKEN": ADMIN,
+            "TALARIA_CLUSTER_SECRET": secret,
+        }
         data = work / f"replica{i}"
         data.mkdir()
         log(f"starting proxy replica {i + 1}/{replicas} on port {port}")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import statistics
 import sys
@@ -121,11 +122,15 @@ def main() -> None:
             (work / "node.toml").write_text(NODE)
             runtime = stack.enter_context(talaria_runtime(work / "node.toml"))
             replicas: dict[str, ServeProcess] = {}
+            secret = secrets.token_urlsafe(32)  # the replicas sign their forwards with it
             for name in ("A", "B"):
                 port = free_port()
                 data = work / name
                 data.mkdir()
-                env = {"TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}"}
+                env = {
+                    "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
+                    "TALARIA_CLUSTER_SECRET": secret,
+                }
                 args_ = ["--database-url", url, "--runtime", runtime.base_url]
                 replicas[name] = stack.enter_context(talaria_serve(args_, env, data, port=port))
             for served in replicas.values():  # both see each other before the first call

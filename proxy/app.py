@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from contextlib import asynccontextmanager
@@ -24,7 +25,8 @@ from talaria.proxy.api import admin, anthropic, openai
 from talaria.proxy.api import responses as responses_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
-from talaria.proxy.cluster.forward import FORWARDED_BY, REQUEST_ID, Cluster, Forwarded
+from talaria.proxy.cluster import trust
+from talaria.proxy.cluster.forward import Cluster, Forwarded
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
@@ -55,7 +57,9 @@ class RequestIdMiddleware:
     """Gives every request an id (``request.state.request_id``) and every response the
     ``x-request-id`` header — errors and streams included — and counts every response in
     ``talaria_requests_total`` by route (the path template; "unmatched" for unknown paths,
-    so a scanner cannot grow the label set) and status."""
+    so a scanner cannot grow the label set) and status. A request with Talaria's internal
+    headers is refused (400) unless it is a peer replica's signed forward (proxy/cluster/
+    trust.py), which keeps the peer's request id (``request.state.forward``)."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
@@ -64,8 +68,14 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _forwarded_request_id(scope) or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = request_id
+        state = scope.setdefault("state", {})
+        try:
+            forward = _forward(scope)
+            refused = None
+        except trust.Refused as exc:
+            forward, refused = None, ApiError(400, str(exc), code="internal_header")
+        request_id = forward.request_id if forward is not None else uuid.uuid4().hex
+        state["request_id"], state["forward"] = request_id, forward
         header = (b"x-request-id", request_id.encode())
 
         started = False
@@ -78,6 +88,9 @@ class RequestIdMiddleware:
                 _count(scope, message["status"])
             await send(message)
 
+        if refused is not None:  # before anything runs
+            await _error_response(scope["path"], refused)(scope, receive, send_with_id)
+            return
         try:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:  # an error no handler answered: answered here, with the id
@@ -86,13 +99,22 @@ class RequestIdMiddleware:
             await _error_response(scope["path"], _unexpected(exc))(scope, receive, send_with_id)
 
 
-def _forwarded_request_id(scope: Scope) -> str | None:
-    """The id a peer replica gave the request it forwarded here (so both record one id)."""
-    headers = dict(scope.get("headers") or ())
-    if FORWARDED_BY.encode() not in headers:
+def _forward(scope: Scope) -> trust.Forward | None:
+    """The peer's verified forward; None for a client's request; ``trust.Refused``."""
+    found = trust.internal_headers(scope["headers"])
+    if not found:
         return None
-    given = headers.get(REQUEST_ID.encode(), b"").decode("latin-1")
-    return given if given.isalnum() and len(given) <= 64 else None
+    ctx = getattr(scope["app"].state, "talaria", None)
+    cluster = ctx.cluster if ctx is not None else None
+    path = scope.get("raw_path") or scope["path"].encode()
+    return trust.verify(
+        found,
+        scope["method"],
+        path.decode("latin-1"),
+        scope.get("query_string", b"").decode("latin-1"),
+        cluster.secret if cluster is not None else None,
+        time.time(),
+    )
 
 
 def _unexpected(exc: Exception) -> ApiError:
@@ -152,7 +174,8 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
         )
 
     gateway.use_replicas(lambda key: membership.owner_of(key) is None, adopt)
-    return Cluster(membership)
+    assert cfg.cluster_secret is not None  # ProxySettings requires it with replica_url
+    return Cluster(membership, cfg.cluster_secret)
 
 
 STALE_SWEEP_S = 60.0

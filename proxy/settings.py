@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from talaria.proxy.cluster.trust import MIN_SECRET_CHARS
 
 PAPER_MODELS = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
@@ -20,7 +22,10 @@ def _split(value: object) -> object:
 
 
 class ProxySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TALARIA_", extra="ignore")
+    # errors never echo their input: it holds secrets (keys, tokens, the cluster secret)
+    model_config = SettingsConfigDict(
+        env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True
+    )
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite in the user data dir"
@@ -140,6 +145,13 @@ class ProxySettings(BaseSettings):
     replica_ttl_s: float = Field(
         5.0, gt=0, description="A replica not heard from for this long is taken as gone (s)"
     )
+    cluster_secret: str | None = Field(
+        None,
+        min_length=MIN_SECRET_CHARS,
+        description="Shared secret of the replicas (at least 32 characters, the same on "
+        "every one): they sign the requests they forward to each other with it; required "
+        "with replica_url",
+    )
     loop_stall_s: float = Field(
         5.0,
         gt=0,
@@ -156,3 +168,13 @@ class ProxySettings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)
+
+    @model_validator(mode="after")
+    def _replicas_share_a_secret(self) -> ProxySettings:
+        if self.replica_url is not None and self.cluster_secret is None:
+            raise ValueError(
+                "TALARIA_REPLICA_URL needs TALARIA_CLUSTER_SECRET: a secret of at least "
+                f"{MIN_SECRET_CHARS} characters, the same on every replica (for example "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        return self

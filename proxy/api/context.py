@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.auth import Authenticator
 from talaria.proxy.cluster.forward import Cluster
+from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
 from talaria.proxy.errors import ApiError, bad_request
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
@@ -60,7 +61,8 @@ async def read_json(request: Request, max_bytes: int) -> Any:
 
 async def read_bytes(request: Request, max_bytes: int) -> bytes:
     """The body's bytes (413 past ``max_bytes``, as :func:`read_json`), also kept in
-    ``request.state.body`` (a replica forwards them as they came)."""
+    ``request.state.body`` (a replica forwards them as they came). A peer's forward must
+    come with the body it signed (proxy/cluster/trust.py): 400 otherwise."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -72,6 +74,13 @@ async def read_bytes(request: Request, max_bytes: int) -> bytes:
             raise _too_large(max_bytes)
         chunks.append(chunk)
     body = b"".join(chunks)
+    forward: Forward | None = getattr(request.state, "forward", None)
+    if forward is not None and body_digest(body) != forward.body_sha256:
+        raise bad_request(
+            f"The body does not match its {BODY_SHA256}: "
+            "x-talaria-* headers are internal to Talaria's replicas.",
+            code="internal_header",
+        )
     request.state.body = body
     return body
 

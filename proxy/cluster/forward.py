@@ -2,9 +2,9 @@
 session this replica does not hold.
 
 A forwarded request is the client's: same method, path, query and headers (its credentials
-included: the owner authenticates it again), the body's bytes as they came,
-plus ``x-talaria-forwarded-by`` (a forwarded request is never forwarded again) and the
-request id, which the owner keeps, so both replicas log and record the same id. The owner's
+included: the owner authenticates it again), the body's bytes as they came, plus the signed
+internal headers of trust.py: who forwarded it (a forwarded request is never forwarded again)
+and the request id, which the owner keeps, so both replicas log and record the same id. The owner's
 answer streams back unchanged: status, headers, body bytes (SSE included).
 
 If the owner cannot be reached (connection refused or timed out), it is left out (membership)
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,13 +26,12 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
+from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.errors import ApiError
 
 log = logging.getLogger("talaria.proxy.cluster")
 
-FORWARDED_BY = "x-talaria-forwarded-by"
-REQUEST_ID = "x-talaria-request-id"
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -44,6 +44,7 @@ HOP_BY_HOP = {
     "host",
     "content-length",
 }
+NOT_FORWARDED = HOP_BY_HOP | set(trust.INTERNAL)
 RETRY_AFTER_S = 1.0
 
 
@@ -56,14 +57,16 @@ class Forwarded(Exception):
 
 
 def was_forwarded(request: Request) -> bool:
-    return FORWARDED_BY in request.headers
+    """Whether a peer forwarded this request (its signature checked: proxy/app.py)."""
+    return getattr(request.state, "forward", None) is not None
 
 
 class Cluster:
     """This replica's view of its peers, and the HTTP client that reaches them."""
 
-    def __init__(self, membership: Membership, connect_timeout_s: float = 2.0) -> None:
+    def __init__(self, membership: Membership, secret: str, connect_timeout_s: float = 2.0) -> None:
         self.membership = membership
+        self.secret = secret
         self._client = httpx.AsyncClient(
             timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=60.0, pool=10.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
@@ -129,9 +132,8 @@ class Cluster:
         return None
 
     async def _send(self, request: Request, url: str, content: bytes) -> httpx.Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers[FORWARDED_BY] = self.name
-        headers[REQUEST_ID] = request.state.request_id
+        """Send the request to ``url``, signed (trust.py); the answer's headers."""
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         outgoing = self._client.build_request(
             request.method,
             url + request.url.path,
@@ -139,6 +141,11 @@ class Cluster:
             headers=headers,
             content=content,
         )
+        path, _, query = outgoing.url.raw_path.decode("latin-1").partition("?")
+        forward = trust.Forward(
+            request.state.request_id, self.name, int(time.time()), trust.body_digest(content)
+        )
+        outgoing.headers.update(trust.sign(self.secret, request.method, path, query, forward))
         return await self._client.send(outgoing, stream=True)
 
 

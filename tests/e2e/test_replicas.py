@@ -6,7 +6,9 @@ calls in flight, and a node drained mid-load fails nothing."""
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -17,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.owner import owner, route_key
 from tests.e2e.processes import (
     Postgres,
@@ -27,6 +30,7 @@ from tests.e2e.processes import (
 )
 
 ADMIN = "replicas-admin-token"
+CLUSTER_SECRET = "replicas-cluster-secret-0123456789abcdef"
 MODEL = "glm-4.5-fp8"
 NODE_TOML = """
 [node]
@@ -50,13 +54,16 @@ class Deployment:
     serve_args: list[str]
     data: Path
 
-    def add_replica(self, port: int | None = None) -> ServeProcess:
-        """Start one more replica (as an autoscaler would) and wait until all see it."""
+    def add_replica(self, port: int | None = None, **env: str) -> ServeProcess:
+        """Start one more replica (as an autoscaler would; ``env``: more settings) and wait
+        until all see it."""
         port = port or free_port()
         env = {
             "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
             "TALARIA_ADMIN_TOKEN": ADMIN,
+            "TALARIA_CLUSTER_SECRET": CLUSTER_SECRET,
             "TALARIA_REPLICA_HEARTBEAT_S": "0.2",
+            **env,
         }
         data = self.data / f"replica{len(self.replicas)}"
         data.mkdir()
@@ -383,3 +390,63 @@ def _owner(session: Session, replicas: list[str]) -> str:
     key = route_key("local", session.name, None)  # loopback callers without a key: "local"
     assert key is not None
     return owner(key, replicas)
+
+
+# --- the trust boundary and the forwarding timeouts (issue 23, findings 2 and 4) -----------
+
+
+def _owned_by(replica: str, replicas: list[str], n: int, tag: str) -> list[str]:
+    """``n`` explicit session ids that ``replica`` owns among ``replicas``."""
+    names: list[str] = []
+    while len(names) < n:
+        candidate = f"{tag}-{uuid.uuid4().hex[:8]}"
+        if _owner(Session(candidate, explicit=True), replicas) == replica:
+            names.append(candidate)
+    return names
+
+
+def _chat(stream: bool = False) -> dict[str, Any]:
+    messages = [{"role": "user", "content": "Fix the failing test."}]
+    return {"model": MODEL, "messages": messages, "max_tokens": 12, "stream": stream}
+
+
+@pytest.mark.replicas(2)
+def test_a_forged_forward_to_a_replica_is_refused_and_a_signed_one_is_served(
+    deployment: Deployment,
+) -> None:
+    """A request posing as a peer's forward — no signature, a wrong one, a stale one, or a
+    body other than the one signed — is a 400 before anything runs; one signed with the
+    replicas' secret is served where it lands, under the id it names; real forwarding works."""
+    here, there = (r.base_url for r in deployment.replicas)
+    path = "/v1/chat/completions"
+    body = json.dumps(_chat()).encode()
+
+    def signed(secret: str, rid: str, at: float, content: bytes = body) -> dict[str, str]:
+        forward = trust.Forward(rid, there, int(at), trust.body_digest(content))
+        return {"content-type": "application/json", **trust.sign(secret, "POST", path, "", forward)}
+
+    now = time.time()
+    forged = {
+        "unsigned": {"x-talaria-forwarded-by": there, "x-talaria-request-id": "f00d"},
+        "wrong secret": signed("w" * 40, "f00d", now),
+        "stale": signed(CLUSTER_SECRET, "f00d", now - 2 * trust.MAX_AGE_S),
+        "other body": signed(CLUSTER_SECRET, "f00d", now, b'{"model": "other"}'),
+    }
+    with httpx.Client(base_url=here, timeout=30) as http:
+        for case, headers in forged.items():
+            response = http.post(path, content=body, headers=headers)
+            assert response.status_code == 400, (case, response.text)
+            error = response.json()["error"]
+            assert error["code"] == "internal_header", case
+            assert "internal to Talaria's replicas" in error["message"], case
+        assert deployment.admin(0, "/admin/sessions")["data"] == []  # nothing ran
+
+        rid = uuid.uuid4().hex
+        peer = http.post(path, content=body, headers=signed(CLUSTER_SECRET, rid, time.time()))
+        assert peer.status_code == 200, peer.text
+        assert peer.headers["x-request-id"] == rid and "x-talaria-replica" not in peer.headers
+
+        (sid,) = _owned_by(there, [here, there], 1, "fwd")
+        relayed = http.post(path, json=_chat(), headers={"x-talaria-session-id": sid})
+        assert relayed.status_code == 200, relayed.text
+        assert relayed.headers["x-talaria-replica"] == there

@@ -196,6 +196,7 @@ def test_proxy_secrets_come_from_the_secret() -> None:
         "TALARIA_API_KEYS": ("api-keys", True),
         "TALARIA_ADMIN_TOKEN": ("admin-token", True),
         "TALARIA_METRICS_TOKEN": ("metrics-token", True),
+        "TALARIA_CLUSTER_SECRET": ("cluster-secret", False),
     }
     for name, (key, optional) in keys.items():
         ref = env[name]["valueFrom"]["secretKeyRef"]
@@ -211,6 +212,7 @@ def test_proxy_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, entry in env.items():
         if "value" in entry:
             monkeypatch.setenv(name, entry["value"])
+    monkeypatch.setenv("TALARIA_CLUSTER_SECRET", "c" * 32)  # from the Secret
     settings = ProxySettings()
     assert settings.auto_migrate is False  # the Job migrates, not the replicas
     assert settings.drain_timeout_s == 30.0
@@ -439,6 +441,27 @@ def _render_module() -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_chart_gives_the_replicas_a_cluster_secret() -> None:
+    """Without secrets.existingSecret the chart's Secret holds a cluster secret: the one
+    given (at least 32 characters, else the chart refuses to render) or a generated one."""
+    pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (optional)")
+    render = _render_module()
+
+    def secret(**values: str) -> str:
+        rendered = render.render_chart(
+            {"database": {"url": "postgresql+asyncpg://u:p@db/t"}, "secrets": values}
+        )
+        (doc,) = [d for d in yaml.safe_load_all(rendered["talaria/templates/secret.yaml"]) if d]
+        value: str = doc["stringData"]["cluster-secret"]
+        return value
+
+    generated = secret()
+    assert len(generated) >= 32 and generated.isalnum()
+    assert secret(clusterSecret="k" * 40) == "k" * 40
+    with pytest.raises(Exception, match="at least 32 characters"):
+        secret(clusterSecret="short")
 
 
 def test_manifests_are_the_rendered_chart() -> None:

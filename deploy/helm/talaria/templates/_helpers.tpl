@@ -55,6 +55,21 @@ true
 {{- end }}
 {{- end }}
 
+{{/* The chart's cluster secret: secrets.clusterSecret, else the one its Secret already holds
+(so that an upgrade keeps it), else a new random one. */}}
+{{- define "talaria.clusterSecret" -}}
+{{- if .Values.secrets.clusterSecret }}
+{{- .Values.secrets.clusterSecret }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "talaria.fullname" .) }}
+{{- if and $existing $existing.data (hasKey $existing.data "cluster-secret") }}
+{{- index $existing.data "cluster-secret" | b64dec }}
+{{- else }}
+{{- randAlphaNum 48 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "talaria.proxy.image" -}}
 {{- printf "%s:%s" .Values.proxy.image.repository (.Values.proxy.image.tag | default .Chart.AppVersion) }}
 {{- end }}
@@ -99,6 +114,9 @@ capabilities:
 {{- define "talaria.checkValues" -}}
 {{- if not (or .Values.secrets.existingSecret .Values.database.url) }}
 {{- fail "set database.url (postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE) or secrets.existingSecret (a Secret with the key database-url): the proxies and the migration Job need the database" }}
+{{- end }}
+{{- if and .Values.secrets.clusterSecret (lt (len .Values.secrets.clusterSecret) 32) }}
+{{- fail "secrets.clusterSecret must have at least 32 characters (or leave it empty: the chart generates one)" }}
 {{- end }}
 {{- if and .Values.proxy.autoscaling.enabled (lt (int .Values.proxy.autoscaling.minReplicas) 1) }}
 {{- fail "proxy.autoscaling.minReplicas must be at least 1" }}

@@ -175,7 +175,9 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
 
     gateway.use_replicas(lambda key: membership.owner_of(key) is None, adopt)
     assert cfg.cluster_secret is not None  # ProxySettings requires it with replica_url
-    return Cluster(membership, cfg.cluster_secret)
+    cluster = Cluster(membership, cfg.cluster_secret, cfg.replica_read_timeout_s)
+    cluster.start()
+    return cluster
 
 
 STALE_SWEEP_S = 60.0
@@ -287,6 +289,7 @@ def create_app(
             stored.dead_letters,
             cfg.drain_timeout_s,
             leave=cluster.membership.stop if cluster else None,
+            relays=cluster.abort_relays if cluster else None,
         )
         watchdog = LoopWatchdog(stall_s=cfg.loop_stall_s)
         watchdog.start()

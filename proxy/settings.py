@@ -152,6 +152,12 @@ class ProxySettings(BaseSettings):
         "every one): they sign the requests they forward to each other with it; required "
         "with replica_url",
     )
+    replica_read_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="Longest wait between two bytes of a call forwarded to its owner replica "
+        "(s); past it the client gets 503 replica_unavailable",
+    )
     loop_stall_s: float = Field(
         5.0,
         gt=0,

@@ -5,6 +5,7 @@ On SIGTERM / SIGINT (``talaria serve``, proxy/serve.py, calls :meth:`Shutdown.be
 1. uvicorn stops accepting connections and closes idle ones; calls in flight go on.
 2. At D − R (R = :func:`flush_reserve_s`), the calls still running are aborted: each client
    gets a 503 "shutting down, retry" (an error event in a stream), each call an error record.
+   So are the calls a replica still relays to their owners (proxy/cluster/forward.py).
 3. The lifespan's shutdown (:meth:`Shutdown.finish`) closes the gateway, then gives the writer
    what is left until D to commit the queue. Records it cannot write by then (the database is
    down) are spilled to the dead-letter file, never dropped.
@@ -42,11 +43,14 @@ class Shutdown:
         dead_letters: DeadLetters,
         drain_timeout_s: float,
         leave: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        relays: Callable[[], int] | None = None,
     ) -> None:
         """``leave``: run when the drain begins (a replica leaves its peers, so that they
-        stop forwarding calls to it)."""
+        stop forwarding calls to it). ``relays``: aborts the calls a replica relays to its
+        peers, with the same 503; returns how many."""
         self._gateway = gateway
         self._leave = leave
+        self._relays = relays
         self._leaving: asyncio.Task[None] | None = None
         self._writer = writer
         self._dead_letters = dead_letters
@@ -79,6 +83,8 @@ class Shutdown:
 
     def _abort_calls(self) -> None:
         aborted = self._gateway.abort_calls()
+        if self._relays is not None:
+            aborted += self._relays()
         if aborted:
             log.warning("drain timeout: aborted %d calls still running (503 to clients)", aborted)
 

@@ -4,13 +4,26 @@ session this replica does not hold.
 A forwarded request is the client's: same method, path, query and headers (its credentials
 included: the owner authenticates it again), the body's bytes as they came, plus the signed
 internal headers of trust.py: who forwarded it (a forwarded request is never forwarded again)
-and the request id, which the owner keeps, so both replicas log and record the same id. The owner's
-answer streams back unchanged: status, headers, body bytes (SSE included).
+and the request id, which the owner keeps, so both replicas log and record the same id. The
+owner's answer streams back unchanged: status, headers, body bytes (SSE included).
 
-If the owner cannot be reached (connection refused or timed out), it is left out (membership)
-and the next owner is tried: nothing was sent, so nothing can run twice. If it fails after the
-request was sent, the client gets a 502 with ``Retry-After``: the call may or may not have run
-there, and only the client may decide to send it again.
+Every hop has a timeout (docs/operations.md, "Bounds, quotas and timeouts"):
+
+- connecting: :data:`CONNECT_TIMEOUT_S`. An owner that cannot be reached (connection refused
+  or timed out) is left out (membership) and the next owner is tried: nothing was sent, so
+  nothing can run twice;
+- sending the request: :data:`WRITE_TIMEOUT_S`;
+- a hint, an end or an admin end asked of the peers: :data:`PEER_READ_TIMEOUT_S` for the
+  answer (a peer that does not answer is skipped);
+- a call: ``replica_read_timeout_s`` between two bytes of the answer (a long non-streaming
+  call sends nothing until it is done), while the watch of relays.py ends the relay as soon
+  as its owner leaves the live set or stops answering its /healthz.
+
+A call that fails once it was sent (the owner broke the connection, timed out, or is gone)
+gets a 503 ``replica_unavailable`` with ``Retry-After``; once the owner's answer has begun, a
+stream ends with an error event in the API's format instead. The call may or may not have run
+there: only the client may decide to send it again. The drain aborts every relay with the
+shutdown's 503 (:meth:`Cluster.abort_relays`).
 """
 
 from __future__ import annotations
@@ -18,17 +31,20 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from starlette.background import BackgroundTask
 
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
+from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
+from talaria.proxy.dialects.anthropic import error_body as anthropic_error
+from talaria.proxy.dialects.common import sse
 from talaria.proxy.errors import ApiError
+from talaria.proxy.gateway import SHUTDOWN
 
 log = logging.getLogger("talaria.proxy.cluster")
 
@@ -45,7 +61,11 @@ HOP_BY_HOP = {
     "content-length",
 }
 NOT_FORWARDED = HOP_BY_HOP | set(trust.INTERNAL)
-RETRY_AFTER_S = 1.0
+CONNECT_TIMEOUT_S = 2.0
+WRITE_TIMEOUT_S = 10.0
+PEER_READ_TIMEOUT_S = 3.0
+MESSAGES_PREFIX = "/v1/messages"
+"""Anthropic's routes (proxy/api/anthropic.py PREFIX): their errors take its envelope."""
 
 
 class Forwarded(Exception):
@@ -61,23 +81,42 @@ def was_forwarded(request: Request) -> bool:
     return getattr(request.state, "forward", None) is not None
 
 
+def _timeout(read_s: float) -> httpx.Timeout:
+    return httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=read_s, write=WRITE_TIMEOUT_S, pool=None)
+
+
 class Cluster:
     """This replica's view of its peers, and the HTTP client that reaches them."""
 
-    def __init__(self, membership: Membership, secret: str, connect_timeout_s: float = 2.0) -> None:
+    def __init__(self, membership: Membership, secret: str, read_timeout_s: float) -> None:
         self.membership = membership
         self.secret = secret
+        self._call_timeout = _timeout(read_timeout_s)
+        self._peer_timeout = _timeout(PEER_READ_TIMEOUT_S)
         self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=connect_timeout_s, read=None, write=60.0, pool=10.0),
+            timeout=self._peer_timeout,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
+        self.relays = Relays(membership, self._client)
 
     @property
     def name(self) -> str:
         return self.membership.name
 
+    def start(self) -> None:
+        self.relays.start()
+
     async def close(self) -> None:
+        await self.relays.stop()
         await self._client.aclose()
+
+    def abort_relays(self) -> int:
+        """The drain: every call relayed now gets the shutdown's 503; returns how many."""
+        return self.relays.abort_all(
+            lambda: ApiError(
+                503, SHUTDOWN, type="server_error", code="replica_unavailable", retry_after_s=1.0
+            )
+        )
 
     async def forward(self, request: Request, body: Any, key: str | None) -> Response | None:
         """The owner's answer, when ``key``'s owner is another replica; None when this replica
@@ -88,37 +127,87 @@ class Cluster:
         content = raw if isinstance(raw, bytes) else json.dumps(body).encode()
         while (target := self.membership.owner_of(key)) is not None:
             name, url = target
+            relay = self.relays.open(name, url)
             try:
-                upstream = await self._send(request, url, content)
-            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                log.warning("replica %s unreachable (%r): choosing the next owner", name, exc)
-                self.membership.mark_down(name)
+                upstream = await self._open(request, relay, content)
+            except BaseException:
+                self.relays.close(relay)
+                raise
+            if upstream is None:
+                self.relays.close(relay)
                 continue
-            except httpx.HTTPError as exc:
-                raise ApiError(
-                    502,
-                    f"Replica {name}, which holds this session, failed: {exc.__class__.__name__}. "
-                    "The call may not have run; retry it.",
-                    type="server_error",
-                    code="replica_failed",
-                    retry_after_s=RETRY_AFTER_S,
-                ) from exc
-            return _relay(upstream, name)
+            return StreamingResponse(
+                self._body(request.url.path, upstream, relay),
+                status_code=upstream.status_code,
+                headers=_headers(upstream, name),
+            )
         return None
+
+    async def _open(self, request: Request, relay: Relay, content: bytes) -> httpx.Response | None:
+        """The owner's answer (its body to follow); None when it could not be reached."""
+        try:
+            async with relay.waiting():
+                return await self._send(request, relay.url, content, self._call_timeout)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            log.warning("replica %s unreachable (%r): choosing the next owner", relay.target, exc)
+            self.membership.mark_down(relay.target)
+            return None
+        except httpx.HTTPError as exc:
+            raise _failed(relay, exc) from exc
+
+    async def _body(
+        self, path: str, upstream: httpx.Response, relay: Relay
+    ) -> AsyncIterator[bytes]:
+        """The owner's body, chunk by chunk. A stream (SSE) is passed on in whole events,
+        so that when the relay fails it can end with an error event of its own; any other
+        body is cut off (the exception breaks the client's connection: no truncated 200)."""
+        chunks = upstream.aiter_raw()
+        events = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        held = b""
+        try:
+            while True:
+                try:
+                    async with relay.waiting():
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except (ApiError, httpx.HTTPError) as exc:
+                    error = exc if isinstance(exc, ApiError) else _failed(relay, exc)
+                    log.warning("relay to %s ended: %s", relay.target, error.message)
+                    if not events:
+                        raise
+                    yield stream_error(path, error)
+                    return
+                if not events:
+                    yield chunk
+                    continue
+                held += chunk
+                end = held.rfind(b"\n\n") + 2
+                if end > 1:
+                    yield held[:end]
+                    held = held[end:]
+            if held:
+                yield held
+        finally:
+            self.relays.close(relay)
+            await upstream.aclose()
 
     async def ask_peers(
         self, request: Request, body: Any, answered: Callable[[int, Any], bool]
     ) -> Response | None:
-        """Send the request to each live peer in turn until one's answer is ``answered``
+        """Send the request to each reachable peer in turn until one's answer is ``answered``
         (status, JSON): for a session this replica does not hold (a hint, an end). None if no
         peer has it, or the request was itself forwarded."""
         if was_forwarded(request):
             return None
         content = b"" if body is None else json.dumps(body).encode()
-        for name, url in sorted(self.membership.peers.items()):
+        for name, url in sorted(self.membership.reachable().items()):
             try:
-                upstream = await self._send(request, url, content)
-                payload = await upstream.aread()
+                upstream = await self._send(request, url, content, self._peer_timeout)
+                try:
+                    payload = await upstream.aread()
+                finally:
+                    await upstream.aclose()
             except httpx.HTTPError as exc:
                 log.warning("replica %s did not answer (%r)", name, exc)
                 continue
@@ -131,7 +220,9 @@ class Cluster:
                 return Response(payload, upstream.status_code, headers=headers)
         return None
 
-    async def _send(self, request: Request, url: str, content: bytes) -> httpx.Response:
+    async def _send(
+        self, request: Request, url: str, content: bytes, timeout: httpx.Timeout
+    ) -> httpx.Response:
         """Send the request to ``url``, signed (trust.py); the answer's headers."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
         outgoing = self._client.build_request(
@@ -140,6 +231,7 @@ class Cluster:
             params=request.query_params,
             headers=headers,
             content=content,
+            timeout=timeout,
         )
         path, _, query = outgoing.url.raw_path.decode("latin-1").partition("?")
         forward = trust.Forward(
@@ -147,6 +239,22 @@ class Cluster:
         )
         outgoing.headers.update(trust.sign(self.secret, request.method, path, query, forward))
         return await self._client.send(outgoing, stream=True)
+
+
+def _failed(relay: Relay, exc: httpx.HTTPError) -> ApiError:
+    return owner_gone(relay.target, f"failed: {exc.__class__.__name__}")
+
+
+def stream_error(path: str, error: ApiError) -> bytes:
+    """``error`` as the last event of a stream in the format of the API at ``path``:
+    Anthropic's ``error`` event on the Messages routes, the Responses API's ``error`` event,
+    else OpenAI's ``data: {"error": ...}`` frame."""
+    if path.startswith(MESSAGES_PREFIX):
+        return sse(anthropic_error(error)[1], "error")
+    if path.startswith("/v1/responses"):
+        doc = {"type": "error", "code": error.code, "message": error.message, "param": None}
+        return sse(doc, "error")
+    return error.sse()
 
 
 def _headers(upstream: httpx.Response, replica: str) -> dict[str, str]:
@@ -159,12 +267,3 @@ def _headers(upstream: httpx.Response, replica: str) -> dict[str, str]:
     }
     kept["x-talaria-replica"] = replica
     return kept
-
-
-def _relay(upstream: httpx.Response, replica: str) -> Response:
-    return StreamingResponse(
-        upstream.aiter_raw(),
-        status_code=upstream.status_code,
-        headers=_headers(upstream, replica),
-        background=BackgroundTask(upstream.aclose),
-    )

@@ -68,13 +68,18 @@ class Membership:
         self._on_drained(await self._store.drained())
 
     def mark_down(self, name: str) -> None:
-        """A forward to ``name`` could not connect: leave it out for ``ttl_s``."""
+        """A forward to ``name`` could not connect, or its /healthz did not answer (relays.py):
+        leave it out for ``ttl_s``."""
         self._down_until[name] = time.monotonic() + self._ttl_s
+
+    def reachable(self) -> dict[str, str]:
+        """Live peers not marked down: name → URL."""
+        now = time.monotonic()
+        return {n: u for n, u in self._peers.items() if self._down_until.get(n, 0) <= now}
 
     def owner_of(self, key: str) -> tuple[str, str] | None:
         """(name, URL) of the replica that owns ``key``; None when it is this one."""
-        now = time.monotonic()
-        candidates = {n: u for n, u in self._peers.items() if self._down_until.get(n, 0) <= now}
+        candidates = self.reachable()
         chosen = owner(key, [self.name, *candidates])
         return None if chosen == self.name else (chosen, candidates[chosen])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import tempfile
 import time
 import uuid
@@ -21,6 +22,7 @@ import pytest
 
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.owner import owner, route_key
+from talaria.proxy.gateway import SHUTDOWN
 from tests.e2e.processes import (
     Postgres,
     ServeProcess,
@@ -28,6 +30,7 @@ from tests.e2e.processes import (
     talaria_runtime,
     talaria_serve,
 )
+from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
 
 ADMIN = "replicas-admin-token"
 CLUSTER_SECRET = "replicas-cluster-secret-0123456789abcdef"
@@ -241,8 +244,9 @@ def test_a_replica_killed_mid_load_fails_only_its_calls_in_flight(
     failed = [(s.name, f) for s in sessions for f in s.failures]
     assert failed, "no call was in flight on the killed replica"
     for name, failure in failed:
-        # a call sent to the victim lost its connection; one forwarded to it got a clean 502
-        assert failure.startswith(victim.base_url) or " 502 " in failure, (name, failure)
+        # a call sent to the victim lost its connection; one forwarded to it got a clean 503
+        assert failure.startswith(victim.base_url) or " 503 " in failure, (name, failure)
+        assert failure.startswith(victim.base_url) or "replica_unavailable" in failure
     for session in sessions:  # each failed at most its round-3 call: the later ones succeeded
         assert len(session.failures) <= 1
         assert len(session.request_ids) >= 6
@@ -450,3 +454,116 @@ def test_a_forged_forward_to_a_replica_is_refused_and_a_signed_one_is_served(
         relayed = http.post(path, json=_chat(), headers={"x-talaria-session-id": sid})
         assert relayed.status_code == 200, relayed.text
         assert relayed.headers["x-talaria-replica"] == there
+
+
+STOPPED_BOUND_S = 5.0 + 3.0
+"""A call forwarded to a stopped owner is answered within replica_ttl_s (5 s) + 3 s."""
+
+
+@pytest.mark.replicas(2)
+def test_calls_to_a_stopped_owner_are_answered_within_a_bound(
+    deployment: Deployment,
+) -> None:
+    """SIGSTOP the owner of some sessions and send their calls (chat, streamed chat,
+    Messages) to the other replica: each is answered — a 503 ``replica_unavailable`` (529 on
+    Messages) with Retry-After, or served by the next owner — within STOPPED_BOUND_S, not
+    when the owner resumes; the calls after that are served."""
+    here, there = (r.base_url for r in deployment.replicas)
+    stopped = deployment.replicas[1]
+    sessions = _owned_by(there, [here, there], 12, "stop")
+    answers: list[tuple[str, int, float, str]] = []
+
+    async def one(client: httpx.AsyncClient, i: int, sid: str) -> None:
+        kind = ("chat", "stream", "messages")[i % 3]
+        path = "/v1/messages" if kind == "messages" else "/v1/chat/completions"
+        body = _chat(stream=kind == "stream")
+        started = time.monotonic()
+        response = await client.post(here + path, json=body, headers={"x-talaria-session-id": sid})
+        answers.append((kind, response.status_code, time.monotonic() - started, response.text))
+        if response.status_code != 200:
+            assert response.headers["retry-after"] == "1"
+            doc = response.json()
+            if kind == "messages":
+                assert (response.status_code, doc["error"]["type"]) == (529, "overloaded_error")
+            else:
+                assert (response.status_code, doc["error"]["code"]) == (503, "replica_unavailable")
+
+    async def run() -> None:
+        async with httpx.AsyncClient(timeout=120) as client:
+            warm = await client.post(
+                here + "/v1/chat/completions", json=_chat(), headers={"x-talaria-session-id": "w"}
+            )
+            assert warm.status_code == 200
+            stopped.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.gather(*(one(client, i, s) for i, s in enumerate(sessions[:6])))
+                first = len(answers)
+                await asyncio.gather(*(one(client, i, s) for i, s in enumerate(sessions[6:])))
+            finally:
+                stopped.process.send_signal(signal.SIGCONT)
+            later = answers[first:]
+            assert [status for _, status, _, _ in later] == [200] * len(later), later
+
+    asyncio.run(run())
+    print("\nstopped owner: (kind, status, seconds)", [a[:3] for a in answers])
+    for kind, status, seconds, text in answers:
+        assert status in (200, 503, 529), (kind, status, text)
+        assert seconds <= STOPPED_BOUND_S, (kind, status, seconds)
+    assert any(status != 200 for _, status, _, _ in answers), "no call waited on the owner"
+
+
+def _connected_to(port: int) -> bool:
+    """Whether some loopback TCP connection to ``port`` is established (/proc/net/tcp)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "01" and int(fields[2].split(":")[1], 16) == port:
+            return True
+    return False
+
+
+@pytest.mark.replicas(1)
+def test_sigterm_of_the_forwarding_replica_gives_its_relayed_call_a_503(
+    deployment: Deployment,
+) -> None:
+    """The forwarding replica is told to stop (SIGTERM) while it relays a call to an owner
+    that does not answer: its drain aborts the relay at D − R (D = 2 s) and the client gets
+    the drain's 503 "shutting down, retry", not a 500 or a hang; the replica exits cleanly."""
+    owner_ = deployment.replicas[0]
+    forwarder = deployment.add_replica(TALARIA_DRAIN_TIMEOUT_S="2")
+    (sid,) = _owned_by(owner_.base_url, [owner_.base_url, forwarder.base_url], 1, "term")
+    owner_port = int(owner_.base_url.rsplit(":", 1)[1])
+    assert not _connected_to(owner_port)
+
+    async def run() -> tuple[httpx.Response, float]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            call = asyncio.ensure_future(
+                client.post(
+                    forwarder.base_url + "/v1/chat/completions",
+                    json=_chat(),
+                    headers={"x-talaria-session-id": sid},
+                )
+            )
+            for _ in range(1000):  # until the forwarder has connected to the owner (bounded)
+                if _connected_to(owner_port):
+                    break
+                await asyncio.sleep(0.005)
+            else:
+                pytest.fail("the forwarder never connected to the owner")
+            forwarder.sigterm()
+            signalled = time.monotonic()
+            response = await call
+            return response, time.monotonic() - signalled
+
+    owner_.process.send_signal(signal.SIGSTOP)
+    try:
+        response, seconds = asyncio.run(run())
+        assert forwarder.wait(timeout_s=30) in STOPPED_BY_SIGTERM
+    finally:
+        owner_.process.send_signal(signal.SIGCONT)
+    print(f"\nrelay answered {seconds:.2f} s after SIGTERM: {response.status_code}")
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["message"]) == ("replica_unavailable", SHUTDOWN)
+    assert response.headers["retry-after"] == "1"
+    assert seconds <= 2.0  # the drain's abort at D − R = 1.5 s
+    assert "Finished server process" in "".join(forwarder.output)

@@ -454,6 +454,11 @@ def test_a_forged_forward_to_a_replica_is_refused_and_a_signed_one_is_served(
         relayed = http.post(path, json=_chat(), headers={"x-talaria-session-id": sid})
         assert relayed.status_code == 200, relayed.text
         assert relayed.headers["x-talaria-replica"] == there
+        # a hint (with a body) and an end (without) asked of the peers are signed too
+        hint = http.post(f"/v1/sessions/{sid}/hints", json={"expected_s": 2})
+        assert hint.status_code == 200 and hint.headers["x-talaria-replica"] == there
+        end = http.post(f"/v1/sessions/{sid}/end")
+        assert end.json()["ended"] is True and end.headers["x-talaria-replica"] == there
 
 
 STOPPED_BOUND_S = 5.0 + 3.0

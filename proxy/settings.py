@@ -10,6 +10,9 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from talaria.core.body_deadline import BODY_TIMEOUT_S
+from talaria.core.http_edge import HEADER_TIMEOUT_S
+
 PAPER_MODELS = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
 
@@ -122,6 +125,25 @@ class ProxySettings(BaseSettings):
     )
     replica_ttl_s: float = Field(
         5.0, gt=0, description="A replica not heard from for this long is taken as gone (s)"
+    )
+    # the HTTP edge (core/http_edge.py, core/body_deadline.py; docs/operations.md, Bounds)
+    header_timeout_s: float = Field(
+        HEADER_TIMEOUT_S,
+        gt=0,
+        description="A connection whose request line and headers have not arrived this long "
+        "after it opened (or after its previous response) is closed (s)",
+    )
+    body_timeout_s: float = Field(
+        BODY_TIMEOUT_S,
+        gt=0,
+        description="A request whose whole body has not arrived this long after the proxy "
+        "began to read it gets 408 (s)",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Open connections past which a new one gets 503 at once; unset: half "
+        "the process's descriptor limit",
     )
     freeze_gc: bool = Field(
         False,

@@ -11,6 +11,9 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   ``.../moved``;
 - ``GET /healthz`` (liveness), ``GET /readyz`` (engines started, not draining).
 
+A request body that takes longer than ``BODY_TIMEOUT_S`` to arrive gets 408 (core/body_deadline.py);
+``talaria runtime`` bounds request heads and connections too (core/http_edge.py).
+
 Draining: on SIGTERM uvicorn stops accepting connections and waits for in-flight requests —
 streams included — before the lifespan stops the node and shuts the engines down; readiness
 reports 503 from then on.
@@ -28,6 +31,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from talaria.core.body_deadline import BODY_TIMEOUT_S, BodyDeadline, BodyTimeout
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
 from talaria.core.protocol import (
@@ -84,6 +88,13 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
                 await engine.shutdown()
 
     app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyDeadline, timeout_s=BODY_TIMEOUT_S)
+
+    @app.exception_handler(BodyTimeout)
+    async def body_timeout(request: Request, exc: BodyTimeout) -> Response:
+        response = _json({"error": str(exc)}, 408)
+        response.headers["connection"] = "close"
+        return response
 
     def state_of(request: Request) -> RuntimeState:
         runtime: RuntimeState = request.app.state.runtime

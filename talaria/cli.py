@@ -695,6 +695,7 @@ def serve(
     """
     import os
 
+    from talaria.core.http_edge import EdgeBounds
     from talaria.proxy import serve as serving
     from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
@@ -748,6 +749,7 @@ def serve(
         port=port,
         log_level=log_level,
         drain_timeout_s=settings.drain_timeout_s,
+        bounds=EdgeBounds(settings.header_timeout_s, settings.max_connections),
     )
 
 
@@ -818,6 +820,7 @@ def runtime_server(
     no new connections, in-flight calls finish, then the engines shut down."""
     import uvicorn
 
+    from talaria.core.http_edge import BoundedConfig, EdgeBounds
     from talaria.runtime.config import NodeConfigError, load_node_config
     from talaria.runtime.server import create_runtime_app
 
@@ -833,14 +836,16 @@ def runtime_server(
     app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
     # loop="asyncio": the scheduler's clock is loop.time(), which uvloop rounds to whole
     # milliseconds; the standard loop reads time.monotonic(), fine enough to time engine steps.
-    uvicorn.run(
+    bounded = BoundedConfig(
         app_,
+        EdgeBounds(),
         host=host,
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=600,
         loop="asyncio",
     )
+    uvicorn.Server(bounded).run()
 
 
 def _register_db() -> None:

@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from talaria.cli import app
+from talaria.core.http_edge import EdgeBounds
 
 runner = CliRunner()
 
@@ -199,7 +200,13 @@ def test_serve_finds_models_in_the_settings_catalog_path(
     result = runner.invoke(app, ["serve", "--models", "my-model,tiny-a", "--port", "8123"])
     assert result.exit_code == 0, result.output
     assert started == [
-        {"host": "127.0.0.1", "port": 8123, "log_level": "info", "drain_timeout_s": 30.0}
+        {
+            "host": "127.0.0.1",
+            "port": 8123,
+            "log_level": "info",
+            "drain_timeout_s": 30.0,
+            "bounds": EdgeBounds(header_timeout_s=10.0, max_connections=None),
+        }
     ]
 
 

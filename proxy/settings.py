@@ -13,6 +13,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from talaria.core.body_deadline import BODY_TIMEOUT_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
 
+MIN_ADMIN_TOKEN_CHARS = 16
+"""A shorter ``TALARIA_ADMIN_TOKEN`` is refused at start (with failed sign-ins throttled to
+five a minute per address, 16 random characters are beyond guessing)."""
+
 PAPER_MODELS = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
 
@@ -23,7 +27,9 @@ def _split(value: object) -> object:
 
 
 class ProxySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TALARIA_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True
+    )  # hide_input_in_errors: a refused value (a short admin token, a URL) is not echoed
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default: SQLite in the user data dir"
@@ -32,7 +38,11 @@ class ProxySettings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted API keys (besides keys in the store)"
     )
-    admin_token: str | None = Field(None, description="Bearer token of /admin; unset = off")
+    admin_token: str | None = Field(
+        None,
+        description=f"Bearer token of /admin; unset = off; at least {MIN_ADMIN_TOKEN_CHARS} "
+        "characters",
+    )
     allow_open: bool = Field(
         False,
         description="With no usable API key, serve every caller (remote ones too) without a "
@@ -150,6 +160,16 @@ class ProxySettings(BaseSettings):
         description="gc.freeze() after start-up (talaria serve sets it): the "
         "objects of start-up leave the collector's scans, which otherwise stall the loop",
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        if value and len(value) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"TALARIA_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters "
+                f"(it has {len(value)}); e.g. `openssl rand -hex 24`"
+            )
+        return value
 
     @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")
     @classmethod

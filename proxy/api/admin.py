@@ -20,7 +20,7 @@ from fastapi.responses import Response
 
 from talaria.core.status import InstanceStatus
 from talaria.proxy.api.context import ProxyContext, context, json_response
-from talaria.proxy.console.routes import console_auth, signed_in
+from talaria.proxy.console.routes import client_address, console_auth, signed_in
 from talaria.proxy.errors import ApiError, unavailable
 from talaria.proxy.store.repository import SESSION_STATES
 from talaria.proxy.store.views import SessionDetail
@@ -54,16 +54,30 @@ async def _read(ctx: ProxyContext, read: Callable[[], Awaitable[T]]) -> T:
 
 def _admin(request: Request) -> ProxyContext:
     """The context, once the caller proves to be the operator: the admin token as a bearer
-    token, or the console's signed-in cookie (proxy/console/auth.py) — then, for a request
-    that changes something, with the console's CSRF token in ``x-csrf-token``."""
+    token (a wrong one counts as a failed sign-in of its address, proxy/console/throttle.py),
+    or the console's signed-in cookie (proxy/console/auth.py) — then, for a request that
+    changes something, with the console's CSRF token in ``x-csrf-token``."""
     ctx = context(request)
     token = ctx.settings.admin_token
     if not token:
         raise ApiError(404, "The admin API is off (set TALARIA_ADMIN_TOKEN).", code="not_found")
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
-        return ctx
+    if scheme.lower() == "bearer":
+        throttle, address = console_auth(request).throttle, client_address(request)
+        wait_s = throttle.retry_after_s(address)
+        if wait_s is not None:
+            raise ApiError(
+                429,
+                f"Too many failed sign-ins from this address; retry in {wait_s} s.",
+                type="rate_limit_error",
+                code="too_many_sign_ins",
+                retry_after_s=wait_s,
+            )
+        if hmac.compare_digest(value.strip().encode(), token.encode()):
+            throttle.succeeded(address)
+            return ctx
+        throttle.failed(address)
     login = signed_in(request)
     if login is None:
         raise ApiError(401, "Admin token required.", type="authentication_error")

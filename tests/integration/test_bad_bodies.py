@@ -21,7 +21,9 @@ MODEL = "bench-model"
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     tmp = tmp_path_factory.mktemp("bad-bodies")
-    cfg = ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp}/b.db", admin_token="adm")
+    cfg = ProxySettings(
+        database_url=f"sqlite+aiosqlite:///{tmp}/b.db", admin_token="admin-secret-token"
+    )
     with running_proxy(cfg, runtimes=[InstantRuntime((MODEL,), output_tokens=4)]) as running:
         yield running
 

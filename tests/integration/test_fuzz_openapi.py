@@ -42,7 +42,7 @@ from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 
 MODEL = "bench-model"
-ADMIN = "adm"
+ADMIN = "admin-secret-token"
 LIVE_SESSION = "fuzz-live-session"
 
 OPERATIONS = [

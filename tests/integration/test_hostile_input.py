@@ -24,7 +24,7 @@ from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import RunningProxy, running_proxy
 
-ADMIN = "adm"
+ADMIN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 MODEL = "glm-4.5-fp8"
 SCALE = 200.0

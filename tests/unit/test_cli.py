@@ -403,3 +403,22 @@ def test_serve_on_a_non_loopback_host_starts_with_a_key(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert len(started) == 2
+
+
+def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 6.1 of the security review: both ``talaria serve`` and ``create_app`` refuse
+    a TALARIA_ADMIN_TOKEN under 16 characters, without echoing it."""
+    from talaria.proxy.app import create_app
+    from talaria.proxy.settings import ProxySettings
+
+    started = _no_uvicorn(monkeypatch)
+    monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "adm")
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and not started
+    text = _flat(result.output)
+    assert "TALARIA_ADMIN_TOKEN must be at least 16 characters (it has 3)" in text
+    assert "'adm'" not in text
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        create_app()
+    monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "x" * 16)
+    assert ProxySettings().admin_token == "x" * 16

@@ -1,5 +1,7 @@
 """Admin API under /admin: bearer ``TALARIA_ADMIN_TOKEN``; without a token it is off (404).
 
+A session id may hold ``/``: the session routes take it as a path (``{session_id:path}``).
+
 Reads flush the batched writer first, so what a caller just did is visible. A read (flush
 included) that takes longer than ``admin_read_timeout_s``, or that the store fails, is a 503
 with ``Retry-After``: the admin API never hangs on a store that is down.
@@ -135,7 +137,7 @@ async def list_sessions(
     return json_response({"data": data, "next_cursor": page.next_cursor})
 
 
-@router.get("/sessions/{session_id}")
+@router.get("/sessions/{session_id:path}")
 async def get_session(session_id: str, request: Request) -> Response:
     ctx = _admin(request)
     detail = await _read(ctx, lambda: ctx.store.get_session(session_id))
@@ -186,7 +188,7 @@ def timeline(detail: SessionDetail) -> dict[str, Any]:
     }
 
 
-@router.post("/sessions/{session_id}/end")
+@router.post("/sessions/{session_id:path}/end")
 async def end_session(session_id: str, request: Request) -> Response:
     """End a session: a live one (its reservation and KV released on its instance), else a
     stored one that is still open (one a stopped proxy left)."""

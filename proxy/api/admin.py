@@ -24,7 +24,7 @@ from talaria.core.status import InstanceStatus
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.console.routes import client_address, console_auth, signed_in
 from talaria.proxy.errors import ApiError, unavailable
-from talaria.proxy.store.repository import SESSION_STATES
+from talaria.proxy.store.repository import SESSION_STATES, AmbiguousSession
 from talaria.proxy.store.views import SessionDetail
 
 router = APIRouter(prefix="/admin")
@@ -138,9 +138,19 @@ async def list_sessions(
 
 
 @router.get("/sessions/{session_id:path}")
-async def get_session(session_id: str, request: Request) -> Response:
+async def get_session(session_id: str, request: Request, tenant: str | None = None) -> Response:
+    """A session by its key, or by a client's id (its newest session; ``tenant``, a name or
+    an id, picks whose when several tenants use that id: without it, 409 listing them)."""
     ctx = _admin(request)
-    detail = await _read(ctx, lambda: ctx.store.get_session(session_id))
+    try:
+        detail = await _read(ctx, lambda: ctx.store.get_session(session_id, tenant))
+    except AmbiguousSession as exc:
+        raise ApiError(
+            409,
+            f"{exc}; pick one with ?tenant= (its name or id), or use the session's key.",
+            code="ambiguous_session",
+            param="tenant",
+        ) from exc
     if detail is None:
         raise ApiError(404, f"No session {session_id!r}.", code="session_not_found")
     return json_response(timeline(detail))

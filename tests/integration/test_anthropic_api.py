@@ -108,8 +108,8 @@ def test_stream_event_sequence(proxy: RunningProxy) -> None:
 def test_stream_helper_and_thinking(client: anthropic.Anthropic) -> None:
     with client.messages.stream(
         model=MODEL,
-        max_tokens=256,
-        thinking={"type": "enabled", "budget_tokens": 128},
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},  # Anthropic's least budget
         messages=[{"role": "user", "content": "think, then answer"}],
     ) as stream:
         text = "".join(stream.text_stream)

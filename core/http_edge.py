@@ -41,6 +41,9 @@ HEADER_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class EdgeBounds:
+    """A server's bounds: ``talaria serve`` takes them from its settings, ``talaria runtime``
+    runs the defaults."""
+
     header_timeout_s: float = HEADER_TIMEOUT_S
     max_connections: int | None = None
     """None: core/connection_gate.py's default, half the descriptor limit."""
@@ -65,14 +68,6 @@ def protocol_class() -> type[asyncio.Protocol]:
     from talaria.core.http_edge_httptools import BoundedHttpToolsProtocol
 
     return BoundedHttpToolsProtocol
-
-
-def edge_of(config: uvicorn.Config) -> tuple[float, Gate | None]:
-    """The header timeout and the gate of ``config`` (the defaults, no bound, for a plain
-    uvicorn Config)."""
-    if isinstance(config, BoundedConfig):
-        return config.header_timeout_s, config.gate
-    return HEADER_TIMEOUT_S, None
 
 
 class HeaderDeadline:
@@ -113,17 +108,19 @@ class BoundedH11Protocol(H11Protocol):
 
     def __init__(
         self,
-        config: uvicorn.Config,
+        config: BoundedConfig,
         server_state: ServerState,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        timeout_s, self._gate = edge_of(config)
-        self._deadline = HeaderDeadline(self.loop, timeout_s, self._idle, self._close_idle)
+        self._gate = config.gate
+        self._deadline = HeaderDeadline(
+            self.loop, config.header_timeout_s, self._idle, self._close_idle
+        )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self._gate and self._gate.refuse_if_full(transport, len(self.connections)):
+        if self._gate.refuse_if_full(transport, len(self.connections)):
             return
         super().connection_made(transport)
         self._deadline.arm()

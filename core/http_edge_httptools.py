@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from talaria.core.http_edge import HeaderDeadline, edge_of
+from talaria.core.http_edge import BoundedConfig, HeaderDeadline
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -18,17 +17,19 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(
         self,
-        config: uvicorn.Config,
+        config: BoundedConfig,
         server_state: ServerState,
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         super().__init__(config, server_state, app_state, _loop)
-        timeout_s, self._gate = edge_of(config)
-        self._deadline = HeaderDeadline(self.loop, timeout_s, self._idle, self._close_idle)
+        self._gate = config.gate
+        self._deadline = HeaderDeadline(
+            self.loop, config.header_timeout_s, self._idle, self._close_idle
+        )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self._gate and self._gate.refuse_if_full(transport, len(self.connections)):
+        if self._gate.refuse_if_full(transport, len(self.connections)):
             return
         super().connection_made(transport)
         self._deadline.arm()

@@ -56,13 +56,13 @@ def serve(
     port: int,
     log_level: str,
     drain_timeout_s: float,
-    bounds: EdgeBounds | None = None,
+    bounds: EdgeBounds,
 ) -> None:
     """Run ``app`` until SIGTERM / SIGINT, then drain within ``drain_timeout_s``; its
     connections under ``bounds`` (core/http_edge.py)."""
     config = BoundedConfig(
         app,
-        bounds or EdgeBounds(),
+        bounds,
         host=host,
         port=port,
         log_level=log_level,

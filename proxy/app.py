@@ -17,7 +17,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from talaria.core.body_deadline import BodyDeadline, BodyTimeout
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.core.loop_watchdog import LoopWatchdog
@@ -93,10 +95,23 @@ class RequestIdMiddleware:
             return
         try:
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # the client left mid-body: no one to answer, not our error
+            log.warning(
+                "client went away before its request body arrived: %s %s (request %s)",
+                scope["method"],
+                scope["path"],
+                request_id,
+            )
+            _count(scope, CLIENT_CLOSED)
         except Exception as exc:  # an error no handler answered: answered here, with the id
             if started:
                 raise
             await _error_response(scope["path"], _unexpected(exc))(scope, receive, send_with_id)
+
+
+CLIENT_CLOSED = 499
+"""The status ``talaria_requests_total`` counts for a client that disconnected before its
+request's body arrived (nginx's "client closed request"; nothing is sent)."""
 
 
 def _forward(scope: Scope) -> trust.Forward | None:
@@ -337,6 +352,7 @@ def create_app(
         redoc_url=None,
     )
     app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(BodyDeadline, timeout_s=cfg.body_timeout_s)
     app.include_router(openai.router)
     app.include_router(anthropic.router)
     app.include_router(responses_api.router)
@@ -394,6 +410,13 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
         return _error_response(request.url.path, exc)
+
+    @app.exception_handler(BodyTimeout)
+    async def body_timeout(request: Request, exc: BodyTimeout) -> Response:
+        error = ApiError(408, str(exc), code="request_timeout")
+        response = _error_response(request.url.path, error)
+        response.headers["connection"] = "close"  # the rest of the body is not waited for
+        return response
 
     @app.exception_handler(Forwarded)
     async def forwarded(request: Request, exc: Forwarded) -> Response:

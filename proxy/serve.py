@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
+from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline
 from talaria.proxy.shutdown import flush_reserve_s
 
@@ -64,10 +65,19 @@ class DrainingServer(uvicorn.Server):
             self._loop.call_soon_threadsafe(ctx.shutdown.begin)
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str, drain_timeout_s: float) -> None:
-    """Run ``app`` until SIGTERM / SIGINT, then drain within ``drain_timeout_s``."""
-    config = uvicorn.Config(
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    log_level: str,
+    drain_timeout_s: float,
+    bounds: EdgeBounds,
+) -> None:
+    """Run ``app`` until SIGTERM / SIGINT, then drain within ``drain_timeout_s``; its
+    connections under ``bounds`` (core/http_edge.py)."""
+    config = BoundedConfig(
         app,
+        bounds,
         host=host,
         port=port,
         log_level=log_level,

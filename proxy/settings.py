@@ -10,7 +10,13 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from talaria.core.body_deadline import BODY_TIMEOUT_S
+from talaria.core.http_edge import HEADER_TIMEOUT_S
 from talaria.proxy.cluster.trust import MIN_SECRET_CHARS
+
+MIN_ADMIN_TOKEN_CHARS = 16
+"""A shorter ``TALARIA_ADMIN_TOKEN`` is refused at start (with failed sign-ins throttled to
+five a minute per address, 16 random characters are beyond guessing)."""
 
 PAPER_MODELS = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16", "qwen3-coder-480b-a35b-fp8"]
 
@@ -34,7 +40,11 @@ class ProxySettings(BaseSettings):
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Accepted API keys (besides keys in the store)"
     )
-    admin_token: str | None = Field(None, description="Bearer token of /admin; unset = off")
+    admin_token: str | None = Field(
+        None,
+        description=f"Bearer token of /admin; unset = off; at least {MIN_ADMIN_TOKEN_CHARS} "
+        "characters",
+    )
     allow_open: bool = Field(
         False,
         description="With no usable API key, serve every caller (remote ones too) without a "
@@ -164,11 +174,40 @@ class ProxySettings(BaseSettings):
         description="An event loop blocked this long is a stall: logged with its stack, and "
         "/healthz answers 503 during it and for 60 s after",
     )
+    # the HTTP edge (core/http_edge.py, core/body_deadline.py; docs/operations.md, Bounds)
+    header_timeout_s: float = Field(
+        HEADER_TIMEOUT_S,
+        gt=0,
+        description="A connection whose request line and headers have not arrived this long "
+        "after it opened (or after its previous response) is closed (s)",
+    )
+    body_timeout_s: float = Field(
+        BODY_TIMEOUT_S,
+        gt=0,
+        description="A request whose whole body has not arrived this long after the proxy "
+        "began to read it gets 408 (s)",
+    )
+    max_connections: int | None = Field(
+        None,
+        ge=1,
+        description="Open connections past which a new one gets 503 at once; unset: half "
+        "the process's descriptor limit",
+    )
     freeze_gc: bool = Field(
         False,
         description="gc.freeze() after start-up (talaria serve sets it): the "
         "objects of start-up leave the collector's scans, which otherwise stall the loop",
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _long_enough(cls, value: str | None) -> str | None:
+        if value and len(value) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"TALARIA_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters "
+                f"(it has {len(value)}); e.g. `openssl rand -hex 24`"
+            )
+        return value
 
     @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")
     @classmethod

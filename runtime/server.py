@@ -17,6 +17,9 @@ to the drain timeout D for in-flight requests — streams included — before th
 the node and shuts the engines down; readiness reports 503 from then on. The signal also arms
 an exit deadline at D + ``ENGINE_SHUTDOWN_S``: a process whose loop is blocked, or whose engines
 do not stop, is ended then.
+
+A request body that takes longer than ``BODY_TIMEOUT_S`` to arrive gets 408 (core/body_deadline.py);
+``talaria runtime`` bounds request heads and connections too (core/http_edge.py).
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from talaria.core.body_deadline import BODY_TIMEOUT_S, BodyDeadline, BodyTimeout
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
+from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline, LoopWatchdog
 from talaria.core.protocol import (
     ErrorEvent,
@@ -99,6 +104,13 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
                 await engine.shutdown()
 
     app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyDeadline, timeout_s=BODY_TIMEOUT_S)
+
+    @app.exception_handler(BodyTimeout)
+    async def body_timeout(request: Request, exc: BodyTimeout) -> Response:
+        response = _json({"error": str(exc)}, 408)
+        response.headers["connection"] = "close"
+        return response
 
     def state_of(request: Request) -> RuntimeState:
         runtime: RuntimeState = request.app.state.runtime
@@ -191,8 +203,9 @@ def serve_runtime(
     the process ends by ``drain_timeout_s + ENGINE_SHUTDOWN_S`` whatever happens."""
     # loop="asyncio": the scheduler's clock is loop.time(), which uvloop rounds to whole
     # milliseconds; the standard loop reads time.monotonic(), fine enough to time engine steps.
-    config = uvicorn.Config(
+    config = BoundedConfig(
         app,
+        EdgeBounds(),
         host=host,
         port=port,
         log_level=log_level,

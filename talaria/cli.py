@@ -695,6 +695,7 @@ def serve(
     """
     import os
 
+    from talaria.core.http_edge import EdgeBounds
     from talaria.proxy import serve as serving
     from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
@@ -748,6 +749,7 @@ def serve(
         port=port,
         log_level=log_level,
         drain_timeout_s=settings.drain_timeout_s,
+        bounds=EdgeBounds(settings.header_timeout_s, settings.max_connections),
     )
 
 

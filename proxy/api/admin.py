@@ -1,5 +1,7 @@
 """Admin API under /admin: bearer ``TALARIA_ADMIN_TOKEN``; without a token it is off (404).
 
+A session id may hold ``/``: the session routes take it as a path (``{session_id:path}``).
+
 Reads flush the batched writer first, so what a caller just did is visible. A read (flush
 included) that takes longer than ``admin_read_timeout_s``, or that the store fails, is a 503
 with ``Retry-After``: the admin API never hangs on a store that is down.
@@ -20,9 +22,9 @@ from fastapi.responses import Response
 
 from talaria.core.status import InstanceStatus
 from talaria.proxy.api.context import ProxyContext, context, json_response
-from talaria.proxy.console.routes import console_auth, signed_in
+from talaria.proxy.console.routes import client_address, console_auth, signed_in
 from talaria.proxy.errors import ApiError, unavailable
-from talaria.proxy.store.repository import SESSION_STATES
+from talaria.proxy.store.repository import SESSION_STATES, AmbiguousSession
 from talaria.proxy.store.views import SessionDetail
 
 router = APIRouter(prefix="/admin")
@@ -54,16 +56,30 @@ async def _read(ctx: ProxyContext, read: Callable[[], Awaitable[T]]) -> T:
 
 def _admin(request: Request) -> ProxyContext:
     """The context, once the caller proves to be the operator: the admin token as a bearer
-    token, or the console's signed-in cookie (proxy/console/auth.py) — then, for a request
-    that changes something, with the console's CSRF token in ``x-csrf-token``."""
+    token (a wrong one counts as a failed sign-in of its address, proxy/console/throttle.py),
+    or the console's signed-in cookie (proxy/console/auth.py) — then, for a request that
+    changes something, with the console's CSRF token in ``x-csrf-token``."""
     ctx = context(request)
     token = ctx.settings.admin_token
     if not token:
         raise ApiError(404, "The admin API is off (set TALARIA_ADMIN_TOKEN).", code="not_found")
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
-    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
-        return ctx
+    if scheme.lower() == "bearer":
+        throttle, address = console_auth(request).throttle, client_address(request)
+        wait_s = throttle.retry_after_s(address)
+        if wait_s is not None:
+            raise ApiError(
+                429,
+                f"Too many failed sign-ins from this address; retry in {wait_s} s.",
+                type="rate_limit_error",
+                code="too_many_sign_ins",
+                retry_after_s=wait_s,
+            )
+        if hmac.compare_digest(value.strip().encode(), token.encode()):
+            throttle.succeeded(address)
+            return ctx
+        throttle.failed(address)
     login = signed_in(request)
     if login is None:
         raise ApiError(401, "Admin token required.", type="authentication_error")
@@ -121,10 +137,20 @@ async def list_sessions(
     return json_response({"data": data, "next_cursor": page.next_cursor})
 
 
-@router.get("/sessions/{session_id}")
-async def get_session(session_id: str, request: Request) -> Response:
+@router.get("/sessions/{session_id:path}")
+async def get_session(session_id: str, request: Request, tenant: str | None = None) -> Response:
+    """A session by its key, or by a client's id (its newest session; ``tenant``, a name or
+    an id, picks whose when several tenants use that id: without it, 409 listing them)."""
     ctx = _admin(request)
-    detail = await _read(ctx, lambda: ctx.store.get_session(session_id))
+    try:
+        detail = await _read(ctx, lambda: ctx.store.get_session(session_id, tenant))
+    except AmbiguousSession as exc:
+        raise ApiError(
+            409,
+            f"{exc}; pick one with ?tenant= (its name or id), or use the session's key.",
+            code="ambiguous_session",
+            param="tenant",
+        ) from exc
     if detail is None:
         raise ApiError(404, f"No session {session_id!r}.", code="session_not_found")
     return json_response(timeline(detail))
@@ -172,7 +198,7 @@ def timeline(detail: SessionDetail) -> dict[str, Any]:
     }
 
 
-@router.post("/sessions/{session_id}/end")
+@router.post("/sessions/{session_id:path}/end")
 async def end_session(session_id: str, request: Request) -> Response:
     """End a session: a live one (its reservation and KV released on its instance), else a
     stored one that is still open (one a stopped proxy left)."""

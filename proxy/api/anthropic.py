@@ -24,7 +24,8 @@ PREFIX = "/v1/messages"
 @router.post(PREFIX, openapi_extra=request_body(MESSAGES))
 async def messages(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
-    call = parse_messages(raw)
+    beta = request.headers.get("anthropic-beta", "")
+    call = parse_messages(raw, interleaved_thinking="interleaved-thinking" in beta)
     handle, headers = await open_call(request, ctx, tenant, "messages", call, raw)
     request_id = request.state.request_id
     if call.stream:

@@ -1,4 +1,7 @@
-"""OpenAI-compatible routes: chat completions, completions, models, session hints and ends."""
+"""OpenAI-compatible routes: chat completions, completions, models, session hints and ends.
+
+A session id may hold ``/`` (it is any printable ASCII): the session routes take the id as a
+path (``{session_id:path}``, the action matched at the end), sent as is or as ``%2F``."""
 
 from __future__ import annotations
 
@@ -110,7 +113,7 @@ class HintRequest(BaseModel):
 
 
 @router.post(
-    "/v1/sessions/{session_id}/hints",
+    "/v1/sessions/{session_id:path}/hints",
     openapi_extra=request_body(HintRequest.model_json_schema()),
 )
 async def session_hint(session_id: str, request: Request) -> Response:
@@ -125,7 +128,7 @@ async def session_hint(session_id: str, request: Request) -> Response:
     return json_response({"session_id": session_id, "accepted": True})
 
 
-@router.post("/v1/sessions/{session_id}/end")
+@router.post("/v1/sessions/{session_id:path}/end")
 async def session_end(session_id: str, request: Request) -> Response:
     ctx = context(request)
     tenant = await tenant_of(ctx, request)

@@ -12,8 +12,8 @@ Extra fields are allowed everywhere, as the parsers allow them.
 tests/integration/test_fuzz_openapi.py holds them to that: schemathesis generates bodies from
 the live document and sends them to a proxy, and a body valid here must be answered 2xx or
 refused only for what no schema states (a tool choice naming a tool the request does not offer,
-an unknown model, stored response or session); bodies shaped as the SDKs send them must
-validate here.
+a thinking budget not below ``max_tokens``, an unknown model, stored response or session);
+bodies shaped as the SDKs send them must validate here.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from talaria.proxy.dialects.anthropic import MIN_THINKING_BUDGET
 from talaria.proxy.sessions.identity import MAX_SESSION_ID_CHARS
 
 Schema = dict[str, Any]
@@ -297,7 +298,17 @@ _ANTHROPIC_TOOL_CHOICE = _nullable(
 _THINKING = _nullable(
     {
         "anyOf": [
-            _obj({"type": _const("enabled"), "budget_tokens": POSITIVE}, ("type", "budget_tokens")),
+            _obj(
+                {
+                    "type": _const("enabled"),
+                    "budget_tokens": {
+                        "type": "integer",
+                        "minimum": MIN_THINKING_BUDGET,
+                        "description": "less than max_tokens (but with interleaved thinking)",
+                    },
+                },
+                ("type", "budget_tokens"),
+            ),
             _obj({"type": {"type": "string", "enum": ["disabled", "adaptive"]}}, ("type",)),
         ]
     }
@@ -335,14 +346,10 @@ MESSAGES = _obj(
 )
 
 COUNT_TOKENS = _obj(
-    {
-        "model": NAME,
-        "messages": {"type": "array", "items": ANTHROPIC_MESSAGE},
-        "system": _ANTHROPIC_SYSTEM,
-        "tools": _nullable({"type": "array", "items": _ANTHROPIC_TOOL}),
-    },
+    {k: v for k, v in MESSAGES["properties"].items() if k != "max_tokens"},
     ("model", "messages"),
     title="CountTokensRequest",
+    description="A Messages request without max_tokens",
 )
 
 # -- OpenAI Responses -------------------------------------------------------------------------

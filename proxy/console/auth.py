@@ -17,6 +17,9 @@ a browser send the cookie on a top-level form post in some browsers, never this 
 
 Signing out revokes the cookie's nonce in this process (a copy of the cookie stops working
 here at once; on other replicas at its expiry, ``CONSOLE_LOGIN_S``).
+
+Failed sign-ins (the form, or a wrong bearer token on /admin) are throttled per address
+(proxy/console/throttle.py): five a minute, then 429.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
+
+from talaria.proxy.console.throttle import SignInThrottle
 
 COOKIE = "talaria_console"
 CONSOLE_LOGIN_S = 8 * 3600
@@ -52,6 +57,7 @@ class ConsoleAuth:
         self._token = admin_token
         self._login_s = login_s
         self._revoked: dict[str, int] = {}  # nonce → expiry, until it would have expired anyway
+        self.throttle = SignInThrottle()
 
     @property
     def login_s(self) -> int:

@@ -88,12 +88,25 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[-1] for k, v in fields.items()}
 
 
+def client_address(request: Request) -> str:
+    """The peer address that failed sign-ins are counted against."""
+    return request.client.host if request.client else "unknown"
+
+
 @router.post("/login", include_in_schema=False)
 async def login(request: Request) -> Response:
     auth = console_auth(request)
     form = await _form(request)
+    address = client_address(request)
+    wait_s = auth.throttle.retry_after_s(address)
+    if wait_s is not None:
+        page = _page("login.html", 429, error=f"Too many failed sign-ins; retry in {wait_s} s.")
+        page.headers["retry-after"] = str(wait_s)
+        return page
     if not auth.token_matches(form.get("token", "")):
+        auth.throttle.failed(address)
         return _page("login.html", 401, error="That is not the admin token.")
+    auth.throttle.succeeded(address)
     cookie, _ = auth.issue()
     response = RedirectResponse("/console", status_code=303, headers=SECURITY_HEADERS)
     response.set_cookie(

@@ -13,8 +13,11 @@ Request → ``Call`` (the same conversion vLLM's Anthropic front end makes into 
   self-hosted engine runs, are left out); ``tool_choice`` ``auto | any | tool | none`` →
   auto, required, named, none;
 - ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``stop_sequences``; ``thinking``
-  enabled or adaptive asks for reasoning; ``metadata``, ``cache_control`` (prefix reuse is
-  automatic here), ``context_management``, ``output_config``, ``service_tier`` accepted.
+  enabled (a budget of at least 1024 tokens, below ``max_tokens`` but with interleaved
+  thinking) or adaptive asks for reasoning; ``stream`` is a JSON boolean; ``metadata``,
+  ``cache_control`` (prefix reuse is automatic here), ``context_management``,
+  ``output_config``, ``service_tier`` accepted;
+- ``count_tokens`` is validated as a Messages request without ``max_tokens``.
 
 Output → a ``message`` whose content is ``thinking``, ``text`` and ``tool_use`` blocks, or the
 SSE events ``message_start``, ``ping``, ``content_block_start`` / ``_delta``
@@ -28,9 +31,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from talaria.core.calls import (
     Call,
@@ -90,15 +93,17 @@ class ToolIn(BaseModel):
     type: str | None = None
 
 
-class MessagesRequest(BaseModel):
+class CountTokensRequest(BaseModel):
+    """A Messages request without ``max_tokens``: what ``count_tokens`` validates (as
+    Anthropic's does, so that a body it accepts is one ``/v1/messages`` would take)."""
+
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
     messages: list[MessageIn]
-    max_tokens: int = Field(ge=1)
     system: str | list[Block] | None = None
     stop_sequences: list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)
@@ -108,13 +113,8 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1)
-    messages: list[MessageIn]
-    system: str | list[Block] | None = None
-    tools: list[ToolIn] | None = None
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
 
 
 def _text_of(blocks: str | list[Block] | list[dict[str, Any]] | None) -> str:
@@ -266,6 +266,40 @@ def _tool_choice(value: dict[str, Any] | None, tools: tuple[ToolSpec, ...]) -> T
     raise invalid('tool_choice.type must be "auto", "any", "tool" or "none".', "tool_choice")
 
 
+MIN_THINKING_BUDGET = 1024
+"""Anthropic's least ``thinking.budget_tokens``."""
+
+
+def _check_thinking(
+    thinking: dict[str, Any] | None, max_tokens: int | None, interleaved: bool
+) -> None:
+    """``thinking`` as Anthropic takes it: ``{"type": "disabled"}``, ``{"type": "adaptive"}``,
+    or ``{"type": "enabled", "budget_tokens": N}`` with N a whole number of at least 1024 and,
+    but with interleaved thinking (the ``anthropic-beta`` header, where the budget spans a
+    whole turn), less than ``max_tokens``."""
+    if thinking is None or thinking.get("type") in ("disabled", "adaptive"):
+        return
+    if thinking.get("type") != "enabled":
+        raise invalid('thinking.type must be "enabled", "disabled" or "adaptive".', "thinking.type")
+    budget = thinking.get("budget_tokens")
+    if not _whole(budget) or budget < MIN_THINKING_BUDGET:
+        raise invalid(
+            f"thinking.budget_tokens must be an integer of at least {MIN_THINKING_BUDGET}.",
+            "thinking.budget_tokens",
+        )
+    if max_tokens is not None and not interleaved and budget >= max_tokens:
+        raise invalid(
+            "thinking.budget_tokens must be less than max_tokens.", "thinking.budget_tokens"
+        )
+
+
+def _whole(value: object) -> TypeGuard[int | float]:
+    """An integer, or a float without a fraction (JSON schema's integer); not a boolean."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+
+
 def _effort(thinking: dict[str, Any] | None) -> str | None:
     """``thinking`` as a reasoning effort: disabled → none; enabled or adaptive → medium (its
     ``budget_tokens`` has no equivalent in the chat template); absent → the model's default."""
@@ -275,17 +309,29 @@ def _effort(thinking: dict[str, Any] | None) -> str | None:
     return "medium" if kind in ("enabled", "adaptive") else None
 
 
-def parse_messages(raw: Any) -> Call:
-    body = parse(MessagesRequest, raw, status=400)
+def _checked(
+    body: CountTokensRequest, max_tokens: int | None, interleaved: bool
+) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
+    """What a Messages request and a count_tokens request must both satisfy beyond their
+    fields' types: messages, tool choice, thinking. Their tools and tool choice."""
     if not body.messages:
         raise invalid("messages: at least one message is required.", "messages")
     tools = tools_of(body.tools)
+    choice = _tool_choice(body.tool_choice, tools)
+    _check_thinking(body.thinking, max_tokens, interleaved)
+    return tools, choice
+
+
+def parse_messages(raw: Any, *, interleaved_thinking: bool = False) -> Call:
+    """``interleaved_thinking``: the request's ``anthropic-beta`` names it."""
+    body = parse(MessagesRequest, raw, status=400)
+    tools, choice = _checked(body, body.max_tokens, interleaved_thinking)
     parallel = (body.tool_choice or {}).get("disable_parallel_tool_use")
     return Call(
         model=body.model,
         messages=messages_of(body.system, body.messages),
         tools=tools,
-        tool_choice=_tool_choice(body.tool_choice, tools),
+        tool_choice=choice,
         sampling=Sampling(
             temperature=body.temperature,
             top_p=body.top_p,
@@ -300,11 +346,14 @@ def parse_messages(raw: Any) -> Call:
 
 
 def parse_count_tokens(raw: Any) -> Call:
+    """Validated as a Messages request without ``max_tokens``."""
     body = parse(CountTokensRequest, raw, status=400)
+    tools, choice = _checked(body, None, interleaved=False)
     return Call(
         model=body.model,
         messages=messages_of(body.system, body.messages),
-        tools=tools_of(body.tools),
+        tools=tools,
+        tool_choice=choice,
     )
 
 

@@ -17,7 +17,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from talaria.core.calls import (
     Call,
@@ -69,7 +69,7 @@ class ChatMessage(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class OpenAICommon(BaseModel):
@@ -78,7 +78,7 @@ class OpenAICommon(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
@@ -114,11 +114,11 @@ class ChatCompletionRequest(OpenAICommon):
     max_completion_tokens: int | None = Field(None, ge=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: dict[str, Any] | None = None
     reasoning_effort: str | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

@@ -33,7 +33,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from talaria.core.calls import Call, Message, ModelOutput, OutputDelta, Sampling, ToolSpec
 from talaria.proxy.dialects.common import (
@@ -57,10 +57,10 @@ class ResponsesRequest(BaseModel):
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
+    parallel_tool_calls: StrictBool = True
     previous_response_id: str | None = None
-    store: bool = True
-    stream: bool = False
+    store: StrictBool = True
+    stream: StrictBool = False
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)

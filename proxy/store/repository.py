@@ -218,21 +218,26 @@ class SqlStore:
         self, session_id: str, tenant_id: str | None = None
     ) -> SessionDetail | None:
         """The session and everything recorded about it: ``session_id`` is the proxy's key, or
-        the client's id (its newest session without a parent then). None if there is no such
-        session, or it belongs to another tenant than ``tenant_id`` (when given)."""
+        the client's id (its newest session without a parent then). ``tenant_id``: a tenant's
+        id or name. None if there is no such session, or it belongs to another tenant than
+        ``tenant_id`` (when given). A client's id that sessions of several tenants use, with
+        no ``tenant_id``, raises :class:`AmbiguousSession` (it would be a guess which)."""
         async with self._sessionmaker() as db:
+            tenants = None if tenant_id is None else await _tenant_ids(db, tenant_id)
             row = await db.get(SessionRow, session_id)
             if row is None:  # the client's id: its newest session
                 query = select(SessionRow).where(SessionRow.external_id == session_id)
-                if tenant_id is not None:
-                    query = query.where(SessionRow.tenant_id == tenant_id)
+                if tenants is not None:
+                    query = query.where(SessionRow.tenant_id.in_(tenants))
+                else:
+                    await _one_tenant_uses(db, session_id)
                 query = query.order_by(  # its newest root, not one of its children
                     SessionRow.parent_session_id.is_not(None),
                     SessionRow.started_at.desc(),
                     SessionRow.session_id.desc(),
                 )
                 row = await db.scalar(query.limit(1))
-            if row is None or (tenant_id is not None and row.tenant_id != tenant_id):
+            if row is None or (tenants is not None and row.tenant_id not in tenants):
                 return None
             session_id = row.session_id
             calls = await db.scalars(
@@ -523,3 +528,35 @@ class SqlStore:
             query = query.where(ApiKey.revoked_at.is_(None))
         async with self._sessionmaker() as db:
             return int(await db.scalar(query) or 0)
+
+
+class AmbiguousSession(ValueError):
+    """A client's session id that sessions of several tenants use: ``tenants`` lists each as
+    (id, name)."""
+
+    def __init__(self, external_id: str, tenants: list[tuple[str, str | None]]) -> None:
+        named = ", ".join(f"{name} (id {tid})" if name else tid for tid, name in tenants)
+        super().__init__(
+            f"The client id {external_id!r} is used by sessions of {len(tenants)} tenants: {named}"
+        )
+        self.tenants = tenants
+
+
+async def _tenant_ids(db: AsyncSession, tenant: str) -> set[str]:
+    """The ids ``tenant`` names: itself, and the id of the tenant so named."""
+    named = await db.scalar(select(Tenant.id).where(Tenant.name == tenant))
+    return {tenant} if named is None else {tenant, named}
+
+
+async def _one_tenant_uses(db: AsyncSession, external_id: str) -> None:
+    """Raise :class:`AmbiguousSession` when sessions of several tenants have ``external_id``."""
+    rows = await db.execute(
+        select(SessionRow.tenant_id, Tenant.name)
+        .outerjoin(Tenant, Tenant.id == SessionRow.tenant_id)
+        .where(SessionRow.external_id == external_id)
+        .distinct()
+        .order_by(Tenant.name, SessionRow.tenant_id)
+    )
+    tenants: list[tuple[str, str | None]] = [(tid, name) for tid, name in rows]
+    if len(tenants) > 1:
+        raise AmbiguousSession(external_id, tenants)

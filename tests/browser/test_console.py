@@ -248,6 +248,55 @@ def test_replay_results_open_in_the_console(console: Console, page: Page, tmp_pa
     expect(page.locator("#replay-error")).to_contain_text("not a talaria replay document")
 
 
+MARKUP = "<img src=x onerror=document.title='pwned'><b>bold</b>"
+"""Markup a replay document's strings may hold: it must show as text (the console builds the
+replay view's DOM from its parts, never from markup)."""
+
+
+def test_a_replay_document_holding_markup_shows_it_as_text(console: Console, page: Page) -> None:
+    timeline = [{"node": MARKUP, "model": MARKUP, "start_s": 0.0, "switch_s": 1.0, "end_s": 4.0}]
+    policy = {
+        "p50_sct_s": 1.0,
+        "p95_sct_s": 2.0,
+        "mean_sct_s": 1.5,
+        "switches": MARKUP,
+        "sct_s": {"s0": 1.0, "s1": 2.0},
+        "timeline": timeline,
+    }
+    doc = {
+        "policies": {MARKUP: policy},
+        "preset": MARKUP,
+        "seed": MARKUP,
+        "sessions": MARKUP,
+        "calls": MARKUP,
+    }
+    sign_in(page, console)
+    page.get_by_role("link", name="Replay results").click()
+    page.get_by_label("Results document (JSON)").set_input_files(
+        files=[
+            {
+                "name": f"{MARKUP}.json",
+                "mimeType": "application/json",
+                "buffer": json.dumps(doc).encode(),
+            }
+        ]
+    )
+    replay = page.locator("#replay")
+    expect(replay.locator("#replay-table tbody tr")).to_have_count(1)
+    assert replay.locator("img, b").count() == 0  # no element came from the document
+    cells = replay.locator("#replay-table tbody td")
+    expect(cells.nth(0)).to_have_text(MARKUP)
+    expect(cells.nth(4)).to_have_text(MARKUP)
+    expect(replay.locator("h2").first).to_have_text(f"{MARKUP}.json")
+    expect(replay.locator("p").first).to_contain_text(f"preset {MARKUP}, seed {MARKUP}")
+    expect(replay.locator("p").first).to_contain_text(f"{MARKUP} sessions, {MARKUP} calls")
+    expect(replay.locator("#timelines h2")).to_have_text(
+        f"{MARKUP}: 1 model slots, 1.00 s switching"
+    )
+    expect(replay.locator("#timelines .legend span").first).to_have_text(MARKUP)
+    assert page.title() != "pwned"
+
+
 def test_a_500_call_session_is_drawn_whole(console: Console, page: Page) -> None:
     session = f"long-{uuid.uuid4().hex[:8]}"
     run_session(console, session, calls=500, max_tokens=8)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -91,14 +92,20 @@ def _pump(stream: Any, lines: queue.Queue[str | None], keep: list[str]) -> None:
 
 @contextmanager
 def talaria_serve(
-    args: list[str], env: dict[str, str], data_dir: Path, port: int = 0
+    args: list[str],
+    env: dict[str, str],
+    data_dir: Path,
+    port: int = 0,
+    max_descriptors: int | None = None,
 ) -> Iterator[ServeProcess]:
     """Start ``talaria serve --port PORT ARGS`` (0: any free port) with ``env`` on top of this
     process's environment (minus any TALARIA_* setting) and its data dir in ``data_dir``; wait
-    until it listens; on exit terminate it (and kill it if it does not stop within 60 s)."""
+    until it listens; on exit terminate it (and kill it if it does not stop within 60 s).
+    ``max_descriptors``: its ``RLIMIT_NOFILE`` (soft and hard)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     full_env = {**base, "TALARIA_DATA_DIR": str(data_dir), **env}
-    with _listening([*talaria_command(), "serve", "--port", str(port), *args], full_env) as served:
+    command = [*talaria_command(), "serve", "--port", str(port), *args]
+    with _listening(command, full_env, max_descriptors) as served:
         yield served
 
 
@@ -112,13 +119,19 @@ def talaria_runtime(config: Path) -> Iterator[ServeProcess]:
 
 
 @contextmanager
-def _listening(command: list[str], full_env: dict[str, str]) -> Iterator[ServeProcess]:
+def _listening(
+    command: list[str], full_env: dict[str, str], max_descriptors: int | None = None
+) -> Iterator[ServeProcess]:
+    def limit_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_descriptors, max_descriptors))
+
     process = subprocess.Popen(
         command,
         env=full_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=None if max_descriptors is None else limit_descriptors,
     )
     lines: queue.Queue[str | None] = queue.Queue()
     seen: list[str] = []

@@ -25,7 +25,7 @@ from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, StatusLog, running_proxy
 
 MODEL = "glm-4.5-fp8"
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 TIMEOUT_S = 120
 TASK = "list the files in this directory"
 

@@ -23,7 +23,7 @@ from tests.e2e.processes import talaria_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-ADMIN = "e2e-admin"
+ADMIN = "e2e-admin-secret-token"
 RUN_S = 120.0
 
 

@@ -123,7 +123,7 @@ def test_sigterm_with_a_call_waiting_for_its_slot_exits_within_the_drain_timeout
     drain timeout, the waiting call's client gets a 503 and its call an error row."""
     url = f"sqlite+aiosqlite:///{tmp_path}/slot.db"
     models = ["glm-4.5-fp8", "qwen3-235b-a22b-bf16"]
-    env = {"TALARIA_DRAIN_TIMEOUT_S": "4", "TALARIA_ADMIN_TOKEN": "adm"}
+    env = {"TALARIA_DRAIN_TIMEOUT_S": "4", "TALARIA_ADMIN_TOKEN": "admin-secret-token"}
     args = ["--models", ",".join(models), "--database-url", url]
     with talaria_serve(args, env, tmp_path) as served:
         answers: dict[str, httpx.Response] = {}
@@ -139,7 +139,7 @@ def test_sigterm_with_a_call_waiting_for_its_slot_exits_within_the_drain_timeout
         callers = [threading.Thread(target=call, args=(m,)) for m in models]
         for caller in callers:
             caller.start()
-        admin = {"Authorization": "Bearer adm"}
+        admin = {"Authorization": "Bearer admin-secret-token"}
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # both calls are in the node (bounded wait)
             node = httpx.get(served.base_url + "/admin/instances", headers=admin).json()

@@ -17,7 +17,7 @@ import pytest
 from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
 LIST_FILES = {
     "name": "list_files",
@@ -108,8 +108,8 @@ def test_stream_event_sequence(proxy: RunningProxy) -> None:
 def test_stream_helper_and_thinking(client: anthropic.Anthropic) -> None:
     with client.messages.stream(
         model=MODEL,
-        max_tokens=256,
-        thinking={"type": "enabled", "budget_tokens": 128},
+        max_tokens=2048,
+        thinking={"type": "enabled", "budget_tokens": 1024},  # Anthropic's least budget
         messages=[{"role": "user", "content": "think, then answer"}],
     ) as stream:
         text = "".join(stream.text_stream)

@@ -21,7 +21,9 @@ MODEL = "bench-model"
 @pytest.fixture(scope="module")
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     tmp = tmp_path_factory.mktemp("bad-bodies")
-    cfg = ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp}/b.db", admin_token="adm")
+    cfg = ProxySettings(
+        database_url=f"sqlite+aiosqlite:///{tmp}/b.db", admin_token="admin-secret-token"
+    )
     with running_proxy(cfg, runtimes=[InstantRuntime((MODEL,), output_tokens=4)]) as running:
         yield running
 
@@ -37,6 +39,26 @@ def _result(content: Any) -> dict[str, Any]:
 
 def _namespace(tools: Any) -> dict[str, Any]:
     return {"model": MODEL, "input": "hi", "tools": [{"type": "namespace", "tools": tools}]}
+
+
+_CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "x"}]}
+
+
+def _user_thinking(thinking: Any, max_tokens: int = 2048) -> dict[str, Any]:
+    return {
+        **_user({"type": "text", "text": "think"}),
+        "max_tokens": max_tokens,
+        "thinking": thinking,
+    }
+
+
+def _thinking(budget: Any, max_tokens: int) -> dict[str, Any]:
+    return _user_thinking({"type": "enabled", "budget_tokens": budget}, max_tokens)
+
+
+def _count(**fields: Any) -> dict[str, Any]:
+    """A count_tokens body (a Messages body without max_tokens) with ``fields``."""
+    return {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **fields}
 
 
 LONE = '"\\ud800"'
@@ -120,6 +142,61 @@ CASES: list[tuple[str, str, int, str]] = [
         200,
         "",
     ),  # a surrogate pair is one character (an emoji)
+    # lenient 200s of the security review (finding 6.5): a thinking budget Anthropic refuses
+    ("/v1/messages", json.dumps(_thinking(-1, 2048)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_thinking(1023, 2048)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_thinking("2000", 4096)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_thinking(2048, 2048)), 400, "less than max_tokens"),
+    ("/v1/messages", json.dumps(_thinking(1024, 2048)), 200, ""),
+    ("/v1/messages", json.dumps(_thinking(1024.0, 2048)), 200, ""),  # JSON schema's integer
+    ("/v1/messages", json.dumps(_thinking(1024.5, 2048)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_thinking(float("inf"), 2048)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_thinking(True, 2048)), 400, "at least 1024"),
+    ("/v1/messages", json.dumps(_user_thinking({"type": "sometimes"})), 400, "thinking.type"),
+    ("/v1/messages", json.dumps(_user_thinking({"type": "adaptive"})), 200, ""),
+    # stream must be a JSON boolean on every API (pydantic's lax mode took "yes", 1, "true")
+    *[
+        (path, json.dumps({**body, "stream": value}), status, "stream")
+        for path, body, status in (
+            ("/v1/chat/completions", _CHAT, 422),
+            ("/v1/completions", {"model": MODEL, "prompt": "x"}, 422),
+            ("/v1/messages", _user({"type": "text", "text": "x"}), 400),
+            ("/v1/responses", {"model": MODEL, "input": "x"}, 400),
+        )
+        for value in ("yes", "true", 1)
+    ],
+    ("/v1/chat/completions", json.dumps({**_CHAT, "stream": False}), 200, ""),
+    ("/v1/chat/completions", json.dumps({**_CHAT, "logprobs": "no"}), 422, "logprobs"),
+    ("/v1/responses", json.dumps({"model": MODEL, "input": "x", "store": 0}), 400, "store"),
+    # count_tokens: validated as a Messages request without max_tokens
+    ("/v1/messages/count_tokens", json.dumps({"model": MODEL, "messages": []}), 400, "messages"),
+    ("/v1/messages/count_tokens", json.dumps(_count(stream="yes")), 400, "stream"),
+    ("/v1/messages/count_tokens", json.dumps(_count(temperature=5)), 400, "temperature"),
+    (
+        "/v1/messages/count_tokens",
+        json.dumps(_count(tool_choice={"type": "x"})),
+        400,
+        "tool_choice",
+    ),
+    (
+        "/v1/messages/count_tokens",
+        json.dumps(_count(tool_choice={"type": "tool", "name": "absent"})),
+        400,
+        "not among the tools",
+    ),
+    (
+        "/v1/messages/count_tokens",
+        json.dumps(_count(thinking={"type": "enabled", "budget_tokens": -1})),
+        400,
+        "at least 1024",
+    ),
+    ("/v1/messages/count_tokens", json.dumps(_count(messages=[{"role": "x"}])), 400, "messages"),
+    (
+        "/v1/messages/count_tokens",
+        json.dumps(_count(thinking={"type": "enabled", "budget_tokens": 4096})),
+        200,
+        "",
+    ),  # no max_tokens to be less than
 ]
 
 
@@ -181,3 +258,12 @@ def test_deeply_nested_json_text(proxy: RunningProxy, path: str, body: dict[str,
     arguments) that nests too deep to read is taken as plain text: the call is answered."""
     reply = httpx.post(proxy.base_url + path, json=body)
     assert reply.status_code == 200, reply.text
+
+
+def test_interleaved_thinking_may_budget_past_max_tokens(proxy: RunningProxy) -> None:
+    """With the interleaved-thinking beta the budget spans the whole turn (Anthropic's rule),
+    so it may reach max_tokens; without it, 400."""
+    body = _thinking(4096, 2048)
+    beta = {"anthropic-beta": "interleaved-thinking-2025-05-14,fine-grained-tool-streaming"}
+    assert httpx.post(proxy.base_url + "/v1/messages", json=body, headers=beta).is_success
+    assert httpx.post(proxy.base_url + "/v1/messages", json=body).status_code == 400

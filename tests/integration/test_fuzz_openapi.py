@@ -5,7 +5,8 @@ Whatever is sent, the proxy answers without a 5xx, every response carries ``x-re
 and every error is in the envelope of the API addressed (Anthropic's on ``/v1/messages``,
 OpenAI's elsewhere). The request-body schemas (proxy/api/schemas.py) are held honest both
 ways: a positive body is answered 2xx, or refused only for what no schema states (a tool choice
-naming a tool the request does not offer, an unknown stored response or session), every call
+naming a tool the request does not offer, a thinking budget not below ``max_tokens``, an
+unknown stored response or session), every call
 route answers 2xx at least once; and the bodies real clients send validate against them
 (``test_schemas_accept_what_clients_send``).
 
@@ -42,7 +43,7 @@ from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 
 MODEL = "bench-model"
-ADMIN = "adm"
+ADMIN = "admin-secret-token"
 LIVE_SESSION = "fuzz-live-session"
 
 OPERATIONS = [
@@ -89,6 +90,7 @@ SEMANTIC = (
     "which is not among the tools",  # tool_choice names a tool the request does not offer
     "Response with id",  # an unknown previous_response_id or stored response (404)
     "No live session",  # a hint for a session that is not live (404)
+    "must be less than max_tokens",  # a thinking budget not below the request's max_tokens
 )
 """Refusals of a body valid against the schema that no JSON schema can state."""
 
@@ -376,7 +378,7 @@ CLIENT_BODIES: list[tuple[str, dict[str, Any]]] = [
         "/v1/messages",
         {
             "model": MODEL,
-            "max_tokens": 1024,
+            "max_tokens": 2048,
             "system": [
                 {"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}
             ],

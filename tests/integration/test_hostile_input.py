@@ -25,7 +25,7 @@ from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import RunningProxy, running_proxy
 from tests.unit.test_schema_instance import SCHEMAS
 
-ADMIN = "adm"
+ADMIN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 MODEL = "glm-4.5-fp8"
 SCALE = 200.0
@@ -255,7 +255,8 @@ def test_arbitrary_tool_and_format_schemas_are_answered_below_500(
 def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:
     """Tenants A and B both call their session "task-1" with the same prompt: two sessions,
     and B's first call finds none of A's prefix in the cache (cached_tokens 0 where A's own
-    continuation gets its history back). B cannot end, hint or read A's session."""
+    continuation gets its history back). B cannot end, hint or read A's session. The admin API
+    does not pick one of the two by the shared id: 409 naming both tenants, or ``?tenant=``."""
     url = f"sqlite+aiosqlite:///{tmp_path}/t.db"
 
     async def keys() -> tuple[str, str]:
@@ -305,6 +306,20 @@ def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:
         listed = http.get("/admin/sessions?tenant=tenant-a", headers=AUTH).json()["data"]
         keys = {s["session_id"] for s in listed}  # A's (a branch of it is a child), never B's
         assert a_key in keys and first_b.headers["x-talaria-session-key"] not in keys
+        # the admin reads "task-1": whose? Not a silent pick: 409 naming both, or ?tenant=
+        both = http.get("/admin/sessions/task-1", headers=AUTH)
+        assert both.status_code == 409, both.text
+        error = both.json()["error"]
+        assert error["code"] == "ambiguous_session" and error["param"] == "tenant"
+        assert "tenant-a (id " in error["message"] and "tenant-b (id " in error["message"]
+        for tenant, key in (
+            ("tenant-a", a_key),
+            ("tenant-b", first_b.headers["x-talaria-session-key"]),
+        ):
+            picked = http.get(f"/admin/sessions/task-1?tenant={tenant}", headers=AUTH)
+            assert picked.json()["session"]["session_id"] == key, picked.text
+        tenant_b = http.get(f"/admin/sessions/{a_key}?tenant=tenant-b", headers=AUTH)
+        assert tenant_b.status_code == 404  # a key of another tenant than the one asked
 
 
 def test_durations_are_wall_seconds_under_a_scaled_clock(http: httpx.Client) -> None:

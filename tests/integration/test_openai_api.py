@@ -18,7 +18,7 @@ from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.store.conftest import reset_postgres
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
 TOOLS = [
     {

@@ -18,7 +18,7 @@ import pytest
 from talaria.proxy.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
 READ_FILE = {
     "type": "function",

@@ -80,7 +80,7 @@ def test_runtime_status_and_generate_stream(runtime_url: str) -> None:
 def test_proxy_over_http_runtime(runtime_url: str, tmp_path: Path) -> None:
     settings = ProxySettings(
         database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
-        admin_token="a",
+        admin_token="admin-secret-token",
         runtimes=[runtime_url],
     )
     with running_proxy(settings) as proxy:
@@ -105,7 +105,8 @@ def test_proxy_over_http_runtime(runtime_url: str, tmp_path: Path) -> None:
         )
         assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
         instances = httpx.get(
-            proxy.base_url + "/admin/instances", headers={"Authorization": "Bearer a"}
+            proxy.base_url + "/admin/instances",
+            headers={"Authorization": "Bearer admin-secret-token"},
         ).json()["data"]
         assert instances[0]["name"] == "rt-a" and instances[0]["kind"] == "http"
 

@@ -20,7 +20,7 @@ from talaria.proxy.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import running_proxy
 
-ADMIN = "adm"
+ADMIN = "admin-secret-token"
 MODEL = "bench-model"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}
 

@@ -21,7 +21,7 @@ from talaria.core.trace import read_trace
 from talaria.proxy.settings import ProxySettings
 from tests.integration.server import running_proxy
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 MODEL = "gpt-oss-120b"
 SESSIONS = ("agent-a", "agent-b")
 

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-ADMIN = "admin-secret"
+ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
 TOOLS: list[dict[str, Any]] = [
     {

@@ -16,7 +16,7 @@ from talaria.proxy.records import (
     ReservationRecord,
     SessionRecord,
 )
-from talaria.proxy.store.repository import SqlStore, hash_key
+from talaria.proxy.store.repository import AmbiguousSession, SqlStore, hash_key
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -67,6 +67,29 @@ async def test_session_and_calls_round_trip(store: SqlStore) -> None:
     assert await store.get_session("missing") is None
     assert await store.get_session("s1", tenant_id="other") is None
     assert await store.get_session("s1", tenant_id="acme") is not None
+
+
+@pytest.mark.asyncio
+async def test_a_client_id_two_tenants_use_is_not_resolved_to_either(store: SqlStore) -> None:
+    """The admin's read by a client's id: with two tenants' sessions of that id, which one
+    is meant is not guessed (AmbiguousSession names both); a tenant, by name or id, picks."""
+    a = await store.create_tenant("tenant-a")
+    b = await store.create_tenant("tenant-b")
+    later = T0 + timedelta(seconds=1)
+    await store.write_batch(
+        [
+            session("k-a", tenant_id=a, external_id="task-1"),
+            session("k-b", at=later, tenant_id=b, external_id="task-1"),
+        ]
+    )
+    with pytest.raises(AmbiguousSession) as raised:
+        await store.get_session("task-1")
+    assert raised.value.tenants == [(a, "tenant-a"), (b, "tenant-b")]
+    for tenant, key in (("tenant-a", "k-a"), (b, "k-b")):
+        picked = await store.get_session("task-1", tenant_id=tenant)
+        assert picked is not None and picked.session.session_id == key
+    assert await store.get_session("k-a") is not None  # a key is never ambiguous
+    assert await store.get_session("k-a", tenant_id="tenant-b") is None
 
 
 @pytest.mark.asyncio

@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from talaria.cli import app
+from talaria.core.http_edge import EdgeBounds
 
 runner = CliRunner()
 
@@ -199,7 +200,13 @@ def test_serve_finds_models_in_the_settings_catalog_path(
     result = runner.invoke(app, ["serve", "--models", "my-model,tiny-a", "--port", "8123"])
     assert result.exit_code == 0, result.output
     assert started == [
-        {"host": "127.0.0.1", "port": 8123, "log_level": "info", "drain_timeout_s": 30.0}
+        {
+            "host": "127.0.0.1",
+            "port": 8123,
+            "log_level": "info",
+            "drain_timeout_s": 30.0,
+            "bounds": EdgeBounds(header_timeout_s=10.0, max_connections=None),
+        }
     ]
 
 
@@ -396,3 +403,22 @@ def test_serve_on_a_non_loopback_host_starts_with_a_key(
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert len(started) == 2
+
+
+def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 6.1 of the security review: both ``talaria serve`` and ``create_app`` refuse
+    a TALARIA_ADMIN_TOKEN under 16 characters, without echoing it."""
+    from talaria.proxy.app import create_app
+    from talaria.proxy.settings import ProxySettings
+
+    started = _no_uvicorn(monkeypatch)
+    monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "adm")
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and not started
+    text = _flat(result.output)
+    assert "TALARIA_ADMIN_TOKEN must be at least 16 characters (it has 3)" in text
+    assert "'adm'" not in text
+    with pytest.raises(ValueError, match="at least 16 characters"):
+        create_app()
+    monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "x" * 16)
+    assert ProxySettings().admin_token == "x" * 16

@@ -1,4 +1,5 @@
-"""The console's signed cookie and CSRF tokens (proxy/console/auth.py)."""
+"""The console's signed cookie and CSRF tokens (proxy/console/auth.py), and the throttle of
+failed sign-ins (proxy/console/throttle.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from talaria.proxy.console.auth import CONSOLE_LOGIN_S, ConsoleAuth
+from talaria.proxy.console.throttle import MAX_FAILURES, WINDOW_S, SignInThrottle
 
 NOW = 1_800_000_000.0
 
@@ -74,3 +76,44 @@ def test_the_admin_token_is_compared_whole() -> None:
     assert auth.token_matches("admin-token")
     for wrong in ("", "admin", "admin-token ", "ädmin-token"):
         assert not auth.token_matches(wrong)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_five_failed_sign_ins_a_minute_then_a_wait_until_the_oldest_is_a_minute_old() -> None:
+    clock = _Clock()
+    throttle = SignInThrottle(clock=clock)
+    for _ in range(MAX_FAILURES):
+        assert throttle.retry_after_s("10.0.0.1") is None
+        throttle.failed("10.0.0.1")
+        clock.now += 2
+    assert throttle.retry_after_s("10.0.0.1") == WINDOW_S - 2 * MAX_FAILURES
+    assert throttle.retry_after_s("10.0.0.2") is None  # per address
+    clock.now = 1000.0 + WINDOW_S  # the first failure has left the window
+    assert throttle.retry_after_s("10.0.0.1") is None
+    throttle.failed("10.0.0.1")
+    assert throttle.retry_after_s("10.0.0.1") == 2
+
+
+def test_a_success_forgets_the_failures() -> None:
+    throttle = SignInThrottle(clock=_Clock())
+    for _ in range(MAX_FAILURES - 1):
+        throttle.failed("a")
+    throttle.succeeded("a")
+    throttle.failed("a")
+    assert throttle.retry_after_s("a") is None
+
+
+def test_the_table_of_addresses_is_bounded_least_recently_seen_out() -> None:
+    throttle = SignInThrottle(max_failures=1, max_addresses=3, clock=_Clock())
+    for address in ("a", "b", "c"):
+        throttle.failed(address)
+    assert throttle.retry_after_s("a") is not None  # seen again: "b" is now the oldest
+    throttle.failed("d")
+    assert [throttle.retry_after_s(x) is not None for x in "abcd"] == [True, False, True, True]

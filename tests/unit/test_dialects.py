@@ -89,11 +89,11 @@ def test_anthropic_request_normalized() -> None:
     call = anthropic.parse_messages(
         {
             "model": "m",
-            "max_tokens": 100,
+            "max_tokens": 2048,
             "system": [{"type": "text", "text": "be brief"}, {"type": "text", "text": "be kind"}],
             "stop_sequences": ["END"],
             "top_k": 5,
-            "thinking": {"type": "enabled", "budget_tokens": 50},
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
             "tool_choice": {"type": "any"},
             "tools": [
                 {"name": "ls", "input_schema": {"type": "object"}},

@@ -71,6 +71,7 @@ def test_a_blocked_loop_is_seen_and_logged_with_its_stack(caplog: pytest.LogCapt
 SPIN_PROXY = """
 import sys
 from fastapi import FastAPI
+from talaria.core.http_edge import EdgeBounds
 from talaria.proxy.serve import serve
 
 app = FastAPI()
@@ -81,7 +82,7 @@ async def block():
     while True:
         pass
 
-serve(app, "127.0.0.1", {port}, "info", drain_timeout_s=1.0)
+serve(app, "127.0.0.1", {port}, "info", drain_timeout_s=1.0, bounds=EdgeBounds())
 """
 
 SPIN_RUNTIME = """

@@ -53,7 +53,9 @@ def runtime_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def proxy(runtime_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     tmp = tmp_path_factory.mktemp("vllm-proxy")
     settings = ProxySettings(
-        database_url=f"sqlite+aiosqlite:///{tmp}/p.db", admin_token="a", runtimes=[runtime_url]
+        database_url=f"sqlite+aiosqlite:///{tmp}/p.db",
+        admin_token="admin-secret-token",
+        runtimes=[runtime_url],
     )
     with running_proxy(settings) as running:
         yield running
@@ -95,7 +97,8 @@ def test_session_through_proxy_runtime_and_vllm(proxy: RunningProxy, runtime_url
     assert text and not text.startswith("[simulated]")  # real (random) tokens, detokenized
     assert chunks[-1].usage.completion_tokens == 10
     detail = httpx.get(
-        proxy.base_url + "/admin/sessions/vllm-s1", headers={"Authorization": "Bearer a"}
+        proxy.base_url + "/admin/sessions/vllm-s1",
+        headers={"Authorization": "Bearer admin-secret-token"},
     ).json()
     assert [c["instance"] for c in detail["calls"]] == ["cpu-node"] * 4
     assert detail["calls"][-1]["cached_tokens"] > 0

@@ -78,7 +78,9 @@ def proxy(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     config.write_text(NODE.format(path=model_dir))
     with running_runtime(config) as url:
         settings = ProxySettings(
-            database_url=f"sqlite+aiosqlite:///{tmp}/p.db", admin_token="a", runtimes=[url]
+            database_url=f"sqlite+aiosqlite:///{tmp}/p.db",
+            admin_token="admin-secret-token",
+            runtimes=[url],
         )
         with running_proxy(settings) as running:
             yield running

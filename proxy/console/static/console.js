@@ -113,10 +113,22 @@ function modelColour(models, name) {
   return MODEL_PALETTE[i % MODEL_PALETTE.length];
 }
 
+// An element built from its parts, never from markup: strings and numbers among the children
+// become text nodes, attribute values are set as values. What a page shows from a file (the
+// replay view) or from the admin API is text, whatever characters it holds.
+function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  node.append(...children.flat().filter((c) => c != null).map((c) => (c instanceof Node ? c : String(c))));
+  return node;
+}
+
+function legendNode(items) {
+  return h("div", { class: "legend" }, items.map(([label, colour]) => h("span", { "data-swatch": colour }, label)));
+}
+
 function legend(items) {
-  return `<div class="legend">${items
-    .map(([label, colour]) => `<span data-swatch="${esc(colour)}">${esc(label)}</span>`)
-    .join("")}</div>`;
+  return legendNode(items).outerHTML;
 }
 
 function sctSoFar(s) {
@@ -645,7 +657,7 @@ function drawSlots(card, inst, models) {
   const slots = inst.recent_slots || [];
   const bars = slotBars(slots, inst.now_s, "slots", models);
   const used = [...new Set(slots.map((s) => s.model))];
-  part(card, "slot-legend").innerHTML = legend([...used.map((m) => [m, modelColour(models, m)]), ["switch (faded)", "#9aa5b1"]]);
+  part(card, "slot-legend").replaceChildren(legendNode([...used.map((m) => [m, modelColour(models, m)]), ["switch (faded)", "#9aa5b1"]]));
   card.dataset.slots = String(slots.length);
   const minX = Math.min(-60, ...bars.map((b) => b.x[0]));
   let chart = card._chart;
@@ -705,21 +717,25 @@ function replayView() {
 
 const REFERENCES = { oracle: [6, 3], dedicated: [2, 2] };
 
+// The document is a local file, anyone's: everything in it is shown as text (h()).
 function renderReplay(doc, name) {
   const box = document.getElementById("replay");
   const rows = Object.entries(doc.policies);
   for (const ref of Object.keys(REFERENCES)) if (doc[ref]) rows.push([ref, doc[ref]]);
-  box.innerHTML = `
-    <h2>${esc(name)}</h2>
-    <p>${doc.preset ? `preset ${esc(doc.preset)}` : ""}${doc.seed != null ? `, seed ${doc.seed}` : ""}${doc.trace ? `trace ${esc(doc.trace)}` : ""} ·
-      ${doc.sessions} sessions, ${doc.calls} calls</p>
-    <table id="replay-table"><thead><tr><th scope="col">Policy</th><th scope="col" class="num">p50 SCT</th>
-      <th scope="col" class="num">p95 SCT</th><th scope="col" class="num">Mean SCT</th><th scope="col" class="num">Switches</th></tr></thead>
-      <tbody>${rows.map(([p, s]) => `<tr><td>${esc(p)}</td><td class="num">${seconds(s.p50_sct_s)}</td><td class="num">${seconds(s.p95_sct_s)}</td>
-        <td class="num">${seconds(s.mean_sct_s)}</td><td class="num">${s.switches ?? "—"}</td></tr>`).join("")}</tbody></table>
-    <h2>Session completion time (CDF)</h2>
-    <div class="chart-box" data-height="380"><canvas id="cdf" role="img" aria-label="CDF of session completion time per policy; the table above gives p50 and p95"></canvas></div>
-    <div id="timelines"></div>`;
+  const about = `${doc.preset ? `preset ${doc.preset}` : ""}${doc.seed != null ? `, seed ${doc.seed}` : ""}${doc.trace ? `trace ${doc.trace}` : ""}`;
+  const num = (text) => h("td", { class: "num" }, text);
+  const heads = ["p50 SCT", "p95 SCT", "Mean SCT", "Switches"].map((t) => h("th", { scope: "col", class: "num" }, t));
+  box.replaceChildren(
+    h("h2", {}, name),
+    h("p", {}, `${about} · ${doc.sessions} sessions, ${doc.calls} calls`),
+    h("table", { id: "replay-table" },
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, "Policy"), heads)),
+      h("tbody", {}, rows.map(([p, s]) => h("tr", {}, h("td", {}, p), num(seconds(s.p50_sct_s)), num(seconds(s.p95_sct_s)),
+        num(seconds(s.mean_sct_s)), num(s.switches ?? "—"))))),
+    h("h2", {}, "Session completion time (CDF)"),
+    h("div", { class: "chart-box", "data-height": 380 },
+      h("canvas", { id: "cdf", role: "img", "aria-label": "CDF of session completion time per policy; the table above gives p50 and p95" })),
+    h("div", { id: "timelines" }));
   const curves = rows.map(([p, s], i) => {
     const xs = Object.values(s.sct_s || {}).map(Number).sort((a, b) => a - b);
     return {
@@ -755,9 +771,10 @@ function renderReplay(doc, name) {
     const nodes = [...new Set(s.timeline.map((t) => String(t.node)))];
     const bars = nodes.flatMap((n) => slotBars(s.timeline.filter((t) => String(t.node) === n), 0, n, models));
     const switching = s.timeline.reduce((a, t) => a + t.switch_s, 0);
-    const section = el(`<section><h2>${esc(p)}: ${s.timeline.length} model slots, ${seconds(switching)} switching</h2>
-      <div data-part="legend"></div>
-      <div class="chart-box" data-height="${60 + 40 * nodes.length}"><canvas role="img" aria-label="Model slots of ${esc(p)} per node"></canvas></div></section>`);
+    const section = h("section", {},
+      h("h2", {}, `${p}: ${s.timeline.length} model slots, ${seconds(switching)} switching`),
+      legendNode([...new Set(s.timeline.map((t) => t.model))].map((m) => [m, modelColour(models, m)]).concat([["switch (faded)", "#9aa5b1"]])),
+      h("div", { class: "chart-box", "data-height": 60 + 40 * nodes.length }, h("canvas", { role: "img", "aria-label": `Model slots of ${p} per node` })));
     holder.append(section);
     charts.push(new Chart(section.querySelector("canvas"), {
       type: "bar",
@@ -772,7 +789,6 @@ function renderReplay(doc, name) {
         },
       },
     }));
-    section.querySelector('[data-part="legend"]').innerHTML = legend([...new Set(s.timeline.map((t) => t.model))].map((m) => [m, modelColour(models, m)]).concat([["switch (faded)", "#9aa5b1"]]));
   }
 }
 

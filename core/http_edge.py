@@ -1,0 +1,141 @@
+"""The connection edge of both servers (``talaria serve``, ``talaria runtime``): uvicorn's HTTP
+protocol with a deadline on each request's head and a bound on open connections.
+
+uvicorn closes a kept-alive connection that stays silent for ``timeout_keep_alive``, but
+nothing bounds a connection that has begun a request and then sends its request line or its
+headers a byte at a time: a few hundred of those hold as many descriptors for ever, and past
+the process's descriptor limit ``accept`` fails, so every other client waits. Two rules:
+
+- **Header deadline.** The request line and headers must arrive whole within
+  ``header_timeout_s`` of the connection opening, or of the previous response on a kept-alive
+  connection; otherwise the connection is closed (nothing is answered: the request is not
+  known yet). A request whose head arrived is not bounded here (its body: core/body_deadline.py).
+- **Connection bound.** Past ``max_connections`` open connections (default: half the
+  process's descriptor limit), a new one is answered at once with ``503`` (``Retry-After: 1``,
+  ``Connection: close``, OpenAI's error envelope, as the request is not read yet) and closed,
+  so a flood turns into quick 503s instead of connections left waiting in the kernel's backlog
+  for a descriptor (core/connection_gate.py, which also sizes the listen backlog). uvicorn's
+  own ``limit_concurrency`` is checked only once a request's head has arrived, so a
+  connection that never sends one still holds its descriptor: it does not bound this.
+
+Imported only by the servers: it needs uvicorn (both the proxy and the runtime extras have it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
+
+from talaria.core.connection_gate import Gate, accept_backlog, default_max_connections
+
+HEADER_TIMEOUT_S = 10.0
+"""Default time for a request's line and headers to arrive (s)."""
+
+
+@dataclass(frozen=True)
+class EdgeBounds:
+    """A server's bounds: ``talaria serve`` takes them from its settings, ``talaria runtime``
+    runs the defaults."""
+
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    max_connections: int | None = None
+    """None: core/connection_gate.py's default, half the descriptor limit."""
+
+
+class BoundedConfig(uvicorn.Config):
+    """uvicorn's Config with :class:`EdgeBounds`, the bounded HTTP protocol (httptools when
+    it is installed, as uvicorn's ``auto`` picks, else h11), the :class:`Gate` of its
+    connection bound, and the listen backlog that bound leaves room for."""
+
+    def __init__(self, app: Any, bounds: EdgeBounds, **kwargs: Any) -> None:
+        limit = bounds.max_connections or default_max_connections()
+        super().__init__(app, http=protocol_class(), backlog=accept_backlog(limit), **kwargs)
+        self.header_timeout_s = bounds.header_timeout_s
+        self.gate = Gate(limit)
+
+
+def protocol_class() -> type[asyncio.Protocol]:
+    """The bounded protocol over httptools when it is installed, else over h11."""
+    if importlib.util.find_spec("httptools") is None:
+        return BoundedH11Protocol
+    from talaria.core.http_edge_httptools import BoundedHttpToolsProtocol
+
+    return BoundedHttpToolsProtocol
+
+
+class HeaderDeadline:
+    """One connection's clock: :meth:`arm` when it starts waiting for a request head (opened,
+    or a response finished); when ``timeout_s`` passes and the connection is still ``idle`` (no
+    request in progress: its head never arrived), ``close`` it."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        timeout_s: float,
+        idle: Callable[[], bool],
+        close: Callable[[], None],
+    ) -> None:
+        self._loop = loop
+        self._timeout_s = timeout_s
+        self._idle = idle
+        self._close = close
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        self.cancel()
+        self._timer = self._loop.call_later(self._timeout_s, self._expire)
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._idle():
+            self._close()
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with the header deadline and the connection bound."""
+
+    def __init__(
+        self,
+        config: BoundedConfig,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._gate = config.gate
+        self._deadline = HeaderDeadline(
+            self.loop, config.header_timeout_s, self._idle, self._close_idle
+        )
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self._gate.refuse_if_full(transport, len(self.connections)):
+            return
+        super().connection_made(transport)
+        self._deadline.arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._deadline.arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._deadline.cancel()
+        super().connection_lost(exc)
+
+    def _idle(self) -> bool:
+        return self.cycle is None or self.cycle.response_complete
+
+    def _close_idle(self) -> None:
+        self.transport.close()

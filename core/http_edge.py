@@ -27,7 +27,7 @@ import asyncio
 import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -103,8 +103,15 @@ class HeaderDeadline:
             self._close()
 
 
-class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with the header deadline and the connection bound."""
+class BoundedProtocol:
+    """The header deadline and the connection bound for a uvicorn HTTP protocol class, mixed in
+    ahead of it (``class X(BoundedProtocol, H11Protocol)``): one definition for h11 and
+    httptools (core/http_edge_httptools.py)."""
+
+    loop: asyncio.AbstractEventLoop
+    connections: set[Any]
+    transport: asyncio.Transport
+    cycle: Any
 
     def __init__(
         self,
@@ -113,29 +120,34 @@ class BoundedH11Protocol(H11Protocol):
         app_state: dict[str, Any],
         _loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
         self._gate = config.gate
         self._deadline = HeaderDeadline(
             self.loop, config.header_timeout_s, self._idle, self._close_idle
         )
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if self._gate.refuse_if_full(transport, len(self.connections)):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a stream server's transports are Transports (asyncio.Protocol's own signature)
+        if self._gate.refuse_if_full(cast(asyncio.Transport, transport), len(self.connections)):
             return
-        super().connection_made(transport)
+        super().connection_made(transport)  # type: ignore[misc]
         self._deadline.arm()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._deadline.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._deadline.cancel()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _idle(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
 
     def _close_idle(self) -> None:
         self.transport.close()
+
+
+class BoundedH11Protocol(BoundedProtocol, H11Protocol):
+    """uvicorn's h11 protocol with the header deadline and the connection bound."""

@@ -33,6 +33,9 @@ class BodyTimeout(Exception):
 
 
 class BodyDeadline:
+    """ASGI middleware: the whole body must arrive within ``timeout_s`` seconds (loop time)
+    of the app's first read, else that read raises :class:`BodyTimeout`."""
+
     def __init__(self, app: App, timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.app = app
         self.timeout_s = timeout_s

@@ -109,6 +109,7 @@ class Call:
 
     @property
     def wants_reasoning(self) -> bool:
+        """The caller asked for reasoning: an effort other than None or ``"none"``."""
         return self.reasoning_effort not in (None, "none")
 
     def prompt_tokens(self) -> int:
@@ -122,6 +123,8 @@ class Call:
 
 @dataclass(frozen=True)
 class ToolCall:
+    """One whole tool call of a reply: its id, the tool's name and the arguments."""
+
     id: str
     name: str
     arguments: str
@@ -160,6 +163,7 @@ class OutputDelta:
 
     @property
     def empty(self) -> bool:
+        """The delta carries nothing: no text, reasoning, tool-call fragment or logprob."""
         return not (self.text or self.reasoning or self.tool_calls or self.logprobs)
 
 
@@ -216,6 +220,7 @@ class OutputAccumulator:
         self._logprobs: list[TokenLogprob] = []
 
     def add(self, delta: OutputDelta) -> None:
+        """Fold in the next delta, in the order the engine produced it."""
         self._text.append(delta.text)
         self._reasoning.append(delta.reasoning)
         self._logprobs.extend(delta.logprobs)
@@ -225,6 +230,8 @@ class OutputAccumulator:
             self._calls.setdefault(part.index, []).append(part.arguments)
 
     def output(self, finish_reason: FinishReason) -> ModelOutput:
+        """The reply so far, ending for ``finish_reason``; a tool call whose first fragment
+        (id and name) never came is left out."""
         calls = tuple(
             ToolCall(*self._heads[i], "".join(self._calls[i]))
             for i in sorted(self._calls)

@@ -1,11 +1,12 @@
 """Model catalog and server specs, loaded from TOML data files.
 
-The package ships ``data/models/*.toml`` (one model per file) and ``data/servers/*.toml`` (one
-server per file); every figure in them carries its source in a comment. Users add their own
-files in any directory passed as ``extra_dirs`` (or listed in ``TALARIA_CATALOG_PATH``,
-``os.pathsep``-separated); a directory may hold ``models/`` and ``servers/`` subfolders or the
-TOML files directly (a file with a ``[server]`` table is a server, one with ``[model]`` a model).
-A user file with the same ``name`` as a shipped one replaces it.
+The package ships ``data/models/*.toml`` (one model per file), ``data/servers/*.toml`` (one
+server per file) and ``data/profiles/*.toml`` (efficiency profiles); every figure in them
+carries its source in a comment. Users add their own files in any directory passed as
+``extra_dirs`` (or listed in ``TALARIA_CATALOG_PATH``, ``os.pathsep``-separated); a directory
+may hold ``models/``, ``servers/`` and ``profiles/`` subfolders or the TOML files directly (a
+file with a ``[server]`` table is a server, one with ``[model]`` a model, one with
+``[profile]`` a profile). A user file with the same ``name`` as a shipped one replaces it.
 """
 
 from __future__ import annotations
@@ -70,10 +71,12 @@ class ModelSpec:
 
     @property
     def is_moe(self) -> bool:
+        """A mixture-of-experts model (it has routed experts)."""
         return self.num_experts > 0
 
     @property
     def is_mla(self) -> bool:
+        """The model uses multi-head latent attention (an MLA KV latent rank is set)."""
         return self.mla_kv_lora_rank > 0
 
     @property
@@ -95,6 +98,7 @@ class ModelSpec:
 
     @property
     def bytes_per_param(self) -> float:
+        """Average weight bytes per parameter: weight_bytes / total_params."""
         return self.weight_bytes / self.total_params
 
 
@@ -117,6 +121,7 @@ class ServerSpec:
 
     @property
     def hbm_bytes(self) -> float:
+        """HBM of the whole server, bytes: gpus × hbm_bytes_per_gpu."""
         return self.gpus * self.hbm_bytes_per_gpu
 
     @property
@@ -221,11 +226,14 @@ class EfficiencyProfile:
 
 @dataclass
 class Catalog:
+    """The loaded models, servers and efficiency profiles, each by name."""
+
     models: dict[str, ModelSpec] = field(default_factory=dict)
     servers: dict[str, ServerSpec] = field(default_factory=dict)
     profiles: dict[str, EfficiencyProfile] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSpec:
+        """The model named ``name``; :class:`CatalogError` listing the known ones if none."""
         try:
             return self.models[name]
         except KeyError as exc:
@@ -233,6 +241,7 @@ class Catalog:
             raise CatalogError(f"unknown model {name!r}; known: {known}") from exc
 
     def server(self, name: str) -> ServerSpec:
+        """The server named ``name``; :class:`CatalogError` listing the known ones if none."""
         try:
             return self.servers[name]
         except KeyError as exc:
@@ -240,6 +249,7 @@ class Catalog:
             raise CatalogError(f"unknown server {name!r}; known: {known}") from exc
 
     def profile(self, name: str) -> EfficiencyProfile:
+        """The efficiency profile named ``name``; :class:`CatalogError` if none."""
         try:
             return self.profiles[name]
         except KeyError as exc:

@@ -21,9 +21,15 @@ T = TypeVar("T")
 
 
 class Clock(Protocol):
-    def now(self) -> float: ...
+    """What scheduler and policy code reads time from (clock seconds; see the module doc)."""
 
-    async def sleep(self, dt_s: float) -> None: ...
+    def now(self) -> float:
+        """The current clock time, seconds (an arbitrary origin: only differences count)."""
+        ...
+
+    async def sleep(self, dt_s: float) -> None:
+        """Wait ``dt_s`` clock seconds (a negative ``dt_s`` waits none)."""
+        ...
 
     async def wait_event(self, event: asyncio.Event, timeout_s: float | None) -> bool:
         """Wait until ``event`` is set (True) or ``timeout_s`` clock seconds pass (False)."""
@@ -39,12 +45,16 @@ class LoopClock:
         self.scale = scale
 
     def now(self) -> float:
+        """Clock seconds: loop.time() × scale."""
         return asyncio.get_running_loop().time() * self.scale
 
     async def sleep(self, dt_s: float) -> None:
+        """Wait ``dt_s`` clock seconds: max(0, dt_s) / scale loop seconds."""
         await asyncio.sleep(max(0.0, dt_s) / self.scale)
 
     async def wait_event(self, event: asyncio.Event, timeout_s: float | None) -> bool:
+        """Wait until ``event`` is set (True) or ``timeout_s`` clock seconds pass (False);
+        None waits without a limit."""
         if event.is_set():
             return True
         if timeout_s is None:
@@ -107,6 +117,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def run_in_executor(  # type: ignore[override]
         self, executor: Any, func: Any, *args: Any
     ) -> asyncio.Future[Any]:
+        """As the base loop's, counting the job in ``thread_jobs`` until it finishes (the
+        selector waits for it in real time instead of advancing virtual time)."""
         future = super().run_in_executor(executor, func, *args)
         self.thread_jobs += 1
 
@@ -117,9 +129,11 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return future
 
     def time(self) -> float:
+        """Virtual seconds since the loop was made (starts at 0)."""
         return self._virtual_now_s
 
     def advance(self, dt_s: float) -> None:
+        """Move virtual time forward by ``dt_s`` seconds (the selector does, when idle)."""
         self._virtual_now_s += dt_s
 
 

@@ -107,6 +107,7 @@ class Refused(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Write the 503, then linger half-closed (within the budget) or close at once."""
         transport.write(refusal_response(self._gate.limit))
         if len(self._gate.lingering) >= self._gate.linger_budget or not transport.can_write_eof():
             transport.close()
@@ -116,12 +117,14 @@ class Refused(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(LINGER_S, transport.close)
 
     def data_received(self, data: bytes) -> None:
-        pass  # the request of a refused connection is not read
+        """Discard what the client sends: the request of a refused connection is not read."""
 
     def eof_received(self) -> bool:
-        return False  # the client closed: so does the transport
+        """The client closed: False, so the transport closes too."""
+        return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Leave the gate's lingering set and cancel the linger timer."""
         self._gate.lingering.discard(self)
         if self._timer is not None:
             self._timer.cancel()

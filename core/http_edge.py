@@ -89,10 +89,12 @@ class HeaderDeadline:
         self._timer: asyncio.TimerHandle | None = None
 
     def arm(self) -> None:
+        """Start (or restart) the ``timeout_s`` countdown, in loop seconds."""
         self.cancel()
         self._timer = self._loop.call_later(self._timeout_s, self._expire)
 
     def cancel(self) -> None:
+        """Stop the countdown, if one is running."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -127,6 +129,7 @@ class BoundedProtocol:
         )
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """Refuse the connection if the gate is full; else serve it and arm the deadline."""
         # a stream server's transports are Transports (asyncio.Protocol's own signature)
         if self._gate.refuse_if_full(cast(asyncio.Transport, transport), len(self.connections)):
             return
@@ -134,11 +137,13 @@ class BoundedProtocol:
         self._deadline.arm()
 
     def on_response_complete(self) -> None:
+        """A response is done: re-arm the deadline for the next request head."""
         super().on_response_complete()  # type: ignore[misc]
         if not self.transport.is_closing():
             self._deadline.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Cancel the deadline, then let uvicorn's protocol clean up."""
         self._deadline.cancel()
         super().connection_lost(exc)  # type: ignore[misc]
 

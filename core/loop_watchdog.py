@@ -38,6 +38,9 @@ EXIT_CODE = 70
 
 
 class LoopWatchdog:
+    """Watches one event loop from a thread for stalls (see the module docstring); times are
+    wall seconds (``time.monotonic``)."""
+
     def __init__(
         self,
         stall_s: float = DEFAULT_STALL_S,
@@ -65,6 +68,7 @@ class LoopWatchdog:
         threading.Thread(target=self._watch, name="loop-watchdog", daemon=True).start()
 
     def stop(self) -> None:
+        """Stop the heartbeat and the watchdog thread (within one ``interval_s``)."""
         self._stop.set()
 
     def _tick(self) -> None:
@@ -97,8 +101,10 @@ class LoopWatchdog:
             self._stalled_since, self._worst_lag_s = None, 0.0
 
     def health(self, now: float | None = None) -> dict[str, Any]:
-        """``{"ok": bool, "lag_s": ..., "blocked_s": ..., "ago_s": ...}``: not ok during a
-        stall and for ``remember_s`` after it; ``blocked_s`` is the stall's length."""
+        """``{"ok": True, "lag_s": ...}``, or ``{"ok": False, "blocked_s": ..., "ago_s": ...}``
+        during a stall and for ``remember_s`` after it: ``blocked_s`` is the stall's length so
+        far (or its whole length once it ended), ``ago_s`` how long ago it ended (0 while it
+        lasts); seconds."""
         now = time.monotonic() if now is None else now
         if self._stalled_since is not None:
             return {"ok": False, "blocked_s": round(now - self._stalled_since, 3), "ago_s": 0.0}
@@ -108,6 +114,7 @@ class LoopWatchdog:
         return {"ok": True, "lag_s": round(self.lag_s(), 3)}
 
     def loop_stack(self) -> str:
+        """The stack the watched loop's thread is running now (what blocks it in a stall)."""
         return thread_stack(self._loop_thread)
 
 

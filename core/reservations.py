@@ -23,6 +23,8 @@ DEFAULT_GAP_PRIOR_S = 3.2
 
 
 class ReleaseReason(StrEnum):
+    """Why a node's reservation was released (the node counts each)."""
+
     RETURNED = "returned"
     ENDED = "ended"
     EXPIRED = "expired"
@@ -32,21 +34,30 @@ class ReleaseReason(StrEnum):
 
 @dataclass
 class GapEstimator:
+    """A session's learned tool gap, seconds: (prior_s × prior_weight + Σ observed) /
+    (prior_weight + n)."""
+
     prior_s: float = DEFAULT_GAP_PRIOR_S
     prior_weight: float = 1.0
     total_s: float = 0.0
     count: int = 0
 
     def observe(self, gap_s: float) -> None:
+        """Add one observed gap, seconds (a negative one counts as 0)."""
         self.total_s += max(0.0, gap_s)
         self.count += 1
 
     def expected_s(self) -> float:
+        """The expected gap, seconds: the prior blended with the observed mean (formula above)."""
         return (self.prior_s * self.prior_weight + self.total_s) / (self.prior_weight + self.count)
 
 
 @dataclass(frozen=True)
 class Reservation:
+    """A node's hold on a session's KV and admission budget during its tool gap. ``session_id``
+    is the runtime's session (the proxy's session key; a trace's session id in a replay);
+    times are seconds of the node's clock, ``held_bytes`` bytes of HBM."""
+
     session_id: str
     model: str
     held_bytes: float
@@ -76,30 +87,38 @@ def plan_reservation(
 
 @dataclass
 class ReservationTable:
+    """A node's live reservations by session, and how many were released for each reason."""
+
     live: dict[str, Reservation] = field(default_factory=dict)
     released: dict[ReleaseReason, int] = field(
         default_factory=lambda: dict.fromkeys(ReleaseReason, 0)
     )
 
     def add(self, reservation: Reservation) -> None:
+        """Hold ``reservation`` (replacing the session's previous one, uncounted)."""
         self.live[reservation.session_id] = reservation
 
     def release(self, session_id: str, reason: ReleaseReason) -> Reservation | None:
+        """Drop the session's reservation, counting ``reason``; the one dropped, or None."""
         found = self.live.pop(session_id, None)
         if found is not None:
             self.released[reason] += 1
         return found
 
     def expired(self, now_s: float) -> list[Reservation]:
+        """The reservations whose expiry is at or before ``now_s`` (not released here)."""
         return [r for r in self.live.values() if r.expires_s <= now_s]
 
     def for_model(self, model: str) -> list[Reservation]:
+        """The live reservations of sessions on ``model``."""
         return [r for r in self.live.values() if r.model == model]
 
     def held_bytes(self, exclude_session: str | None = None) -> float:
+        """Bytes held by live reservations, leaving out ``exclude_session``'s own."""
         return sum(r.held_bytes for r in self.live.values() if r.session_id != exclude_session)
 
     def next_expiry_s(self) -> float | None:
+        """The earliest expiry among the live reservations, seconds; None when none is held."""
         return min((r.expires_s for r in self.live.values()), default=None)
 
 
@@ -116,7 +135,9 @@ class Settled(StrEnum):
 
 @dataclass(frozen=True)
 class SoftReservation:
-    """A proxy-level soft reservation: ``session``'s next call is expected on ``instance``."""
+    """A proxy-level soft reservation: ``session``'s next call is expected on ``instance``.
+    ``session`` is the proxy's session key (a trace's session id in the cluster replay); times
+    are seconds of the caller's clock."""
 
     session: str
     instance: str
@@ -126,6 +147,7 @@ class SoftReservation:
 
     @property
     def expected_return_s(self) -> float:
+        """When the session is expected back, seconds: created_s + expected_gap_s."""
         return self.created_s + self.expected_gap_s
 
     def live(self, now_s: float) -> bool:

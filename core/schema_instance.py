@@ -77,6 +77,7 @@ class InstanceBudget:
     chars: int = MAX_INSTANCE_CHARS
 
     def take(self, values: int = 0, chars: int = 0) -> None:
+        """Spend ``values`` values and ``chars`` characters; ``SchemaTooLarge`` if not left."""
         self.require(values, chars)
         self.values -= values
         self.chars -= chars
@@ -98,6 +99,8 @@ _DIR_NAMES = frozenset({"path", "dir", "directory", "dir_path", "cwd", "workdir"
 
 
 def name_words(name: str) -> set[str]:
+    """The lower-case words of a property name, split at camelCase and non-alphanumerics
+    (``"filePath"``, ``"file_path"`` → ``{"file", "path"}``)."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
     return {w for w in re.split(r"[^a-zA-Z0-9]+", spaced.lower()) if w}
 

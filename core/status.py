@@ -12,6 +12,8 @@ from typing import Any
 
 
 class ModelState(StrEnum):
+    """Where a model's weights are on an instance."""
+
     ACTIVE = "active"  # weights in HBM, serving now
     STAGED = "staged"  # weights (partly) staged in free HBM for the next switch
     HOST = "host"  # asleep: weights in host memory, a wake-up away
@@ -19,6 +21,8 @@ class ModelState(StrEnum):
 
 @dataclass(frozen=True)
 class ModelResidency:
+    """One model on an instance: where its weights are and how soon it would serve."""
+
     model: str
     state: ModelState
     next_slot_in_s: float
@@ -26,6 +30,7 @@ class ModelResidency:
     current slot if it is contended, plus a quantum and a switch for each model ahead of it in the
     round-robin order that has waiting calls, plus its own switch."""
     staged_fraction: float = 0.0
+    """Fraction of its weights already staged in HBM (0–1)."""
     switch_s: float = 0.0
     """Seconds a switch to this model would take now (wake, or the rest of staging + D2D)."""
     waiting_calls: int = 0
@@ -56,6 +61,9 @@ RECENT_SLOTS = 24
 
 @dataclass(frozen=True)
 class SessionKvStatus:
+    """Where one session's KV cache is on the instance, and what reusing it would cost
+    (seconds)."""
+
     location: str  # "hbm" or "host"
     tokens: int
     model: str
@@ -65,6 +73,10 @@ class SessionKvStatus:
 
 @dataclass(frozen=True)
 class InstanceStatus:
+    """One instance's snapshot at ``at_s`` (seconds of its clock): its models, the KV of its
+    sessions (keyed by the runtime's session id: the proxy's session key), its reservations,
+    queues and recent slots."""
+
     instance: str
     at_s: float
     active_model: str | None
@@ -82,13 +94,16 @@ class InstanceStatus:
 
     @property
     def reserved_bytes(self) -> float:
+        """Bytes held by all soft reservations on the instance."""
         return sum(self.reserved.values())
 
     def to_dict(self) -> dict[str, Any]:
+        """The snapshot as plain JSON-ready data (``from_dict`` reads it back)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> InstanceStatus:
+        """The snapshot ``to_dict`` wrote (nested dataclasses and enums rebuilt)."""
         models = {
             name: ModelResidency(**{**m, "state": ModelState(m["state"])})
             for name, m in data["models"].items()

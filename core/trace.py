@@ -74,10 +74,12 @@ class SessionTrace:
 
     @property
     def num_calls(self) -> int:
+        """How many calls the session has."""
         return len(self.calls)
 
     @property
     def total_output_tokens(self) -> int:
+        """Output tokens summed over the session's calls."""
         return sum(c.output_tokens for c in self.calls)
 
     @property

@@ -49,9 +49,14 @@ STORE_RETRY_AFTER_S = 2.0
 class KeyStore(Protocol):
     """What the authenticator needs of the store (``SqlStore`` has it)."""
 
-    async def tenant_for_key(self, plaintext: str) -> str | None: ...
+    async def tenant_for_key(self, plaintext: str) -> str | None:
+        """The tenant of an unrevoked key, or None."""
+        ...
 
-    async def count_api_keys(self, *, active_only: bool = False) -> int: ...
+    async def count_api_keys(self, *, active_only: bool = False) -> int:
+        """Keys ever created (revoked and deleted ones included); ``active_only``: usable
+        keys only."""
+        ...
 
 
 class Authenticator:

@@ -28,6 +28,7 @@ class ApiError(Exception):
         self.retry_after_s = retry_after_s
 
     def body(self) -> dict[str, Any]:
+        """The error in OpenAI's envelope (the JSON body of the response)."""
         return {
             "error": {
                 "message": self.message,
@@ -38,6 +39,8 @@ class ApiError(Exception):
         }
 
     def headers(self) -> dict[str, str]:
+        """``Retry-After`` in whole seconds (at least 1) when ``retry_after_s`` is set, else
+        none."""
         if self.retry_after_s is None:
             return {}
         return {"Retry-After": str(max(1, round(self.retry_after_s)))}
@@ -48,10 +51,12 @@ class ApiError(Exception):
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    """A 400 ``invalid_request_error``."""
     return ApiError(400, message, param=param, code=code)
 
 
 def unknown_model(model: str, known: list[str]) -> ApiError:
+    """A 404 ``model_not_found`` that lists the ``known`` models."""
     return ApiError(
         404,
         f"The model `{model}` does not exist or you do not have access to it. "
@@ -62,10 +67,12 @@ def unknown_model(model: str, known: list[str]) -> ApiError:
 
 
 def unauthorized(message: str = "Invalid or missing API key.") -> ApiError:
+    """A 401 ``invalid_api_key``."""
     return ApiError(401, message, type="authentication_error", code="invalid_api_key")
 
 
 def too_many_requests(limit: int) -> ApiError:
+    """A 429 for a key with ``limit`` calls in flight already (``Retry-After: 1``)."""
     return ApiError(
         429,
         f"Too many requests in flight for this key (limit {limit}). Retry shortly.",
@@ -89,6 +96,7 @@ def too_many_sessions(limit: int, retry_after_s: float) -> ApiError:
 
 
 def unavailable(message: str, retry_after_s: float = 1.0) -> ApiError:
+    """A 503 ``runtime_unavailable`` with ``Retry-After``."""
     return ApiError(
         503, message, type="server_error", code="runtime_unavailable", retry_after_s=retry_after_s
     )

@@ -89,6 +89,7 @@ def list_keys(
     help=f"Revoke a key (the proxy stops accepting it within 30 s). {CLOSED_FOR_GOOD}"
 )
 def revoke(key_id: KeyIdArg, url: UrlOpt = None) -> None:
+    """``talaria keys revoke KEY_ID`` (its help is the decorator's): exit 1 if no active key."""
     if not _with_store(url, lambda store: store.revoke_api_key(key_id)):
         typer.echo(f"no active key {key_id}", err=True)
         raise typer.Exit(1)
@@ -101,6 +102,7 @@ def revoke(key_id: KeyIdArg, url: UrlOpt = None) -> None:
     f"knows a key existed. {CLOSED_FOR_GOOD}"
 )
 def delete(key_id: KeyIdArg, url: UrlOpt = None) -> None:
+    """``talaria keys delete KEY_ID`` (its help is the decorator's): exit 1 if no such key."""
     if not _with_store(url, lambda store: store.delete_api_key(key_id)):
         typer.echo(f"no key {key_id} (or it is deleted already)", err=True)
         raise typer.Exit(1)

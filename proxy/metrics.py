@@ -9,6 +9,9 @@ SCT_BUCKETS_S = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
 
 class ProxyMetrics:
+    """The proxy's Prometheus counters, gauges and histograms (seconds, tokens), in a registry
+    of their own."""
+
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -60,6 +63,8 @@ class ProxyMetrics:
         )
 
     def tokens(self, prompt: int, cached: int) -> None:
+        """Count a finished call's prompt and cached tokens, and set the KV hit ratio:
+        Σ cached / Σ prompt since start."""
         self.prompt_tokens.inc(prompt)
         self.cached_tokens.inc(cached)
         total = self.prompt_tokens._value.get()
@@ -67,4 +72,5 @@ class ProxyMetrics:
             self.kv_hit_ratio.set(self.cached_tokens._value.get() / total)
 
     def render(self) -> bytes:
+        """The registry in Prometheus' text exposition format (the body of /metrics)."""
         return generate_latest(self.registry)

@@ -117,6 +117,7 @@ class StorageQuota:
         return max(0, self._base.get(tenant_id, 0) + self._local.get(tenant_id, 0))
 
     def used_all(self, now: datetime) -> int:
+        """Bytes all tenants' stored responses take (settled ones; not the estimates held)."""
         self._expire(now)
         return max(0, sum(self._base.values()) + sum(self._local.values()))
 

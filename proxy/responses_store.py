@@ -64,6 +64,9 @@ class Pending:
 
 
 class ResponseStore:
+    """The stored responses of the Responses API: quota, in-memory cache and store reads
+    (module docstring); ``ttl_s`` is wall seconds."""
+
     def __init__(
         self,
         writer: BatchWriter,
@@ -107,6 +110,7 @@ class ResponseStore:
         self._refresher = asyncio.get_running_loop().create_task(self._refresh_often())
 
     async def close(self) -> None:
+        """Stop refreshing the quota's totals."""
         if self._refresher is not None:
             self._refresher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,8 +151,9 @@ class ResponseStore:
         self, pending: Pending, *, session_id: str, response: dict[str, Any]
     ) -> ResponseRecord:
         """The record that keeps ``response`` (the gateway commits it with the call's own
-        records); counted in the quota and remembered in memory at once, unless the id is
-        another tenant's (which the store keeps too: proxy/store/batch.py)."""
+        records; ``session_id`` is the proxy's session key, not the client's id); counted in
+        the quota and remembered in memory at once, unless the id is another tenant's (which
+        the store keeps too: proxy/store/batch.py)."""
         now = datetime.now(UTC)
         response_id, model = str(response["id"]), str(response["model"])
         record = ResponseRecord(
@@ -172,6 +177,8 @@ class ResponseStore:
 
     # -- reads and deletes ------------------------------------------------------------------
     async def load(self, tenant_id: str, response_id: str) -> StoredResponseView | None:
+        """The tenant's unexpired stored response ``response_id``, from memory or else the
+        store (the writer flushed first); None if none."""
         now = datetime.now(UTC)
         record = self._cache.get(response_id)
         if record is not None:
@@ -182,6 +189,7 @@ class ResponseStore:
         return await self._store.get_response(tenant_id, response_id, now)
 
     async def delete(self, tenant_id: str, response_id: str) -> bool:
+        """Delete the tenant's stored response and free its bytes; False if there was none."""
         if await self.load(tenant_id, response_id) is None:
             return False
         await self._writer.flush()

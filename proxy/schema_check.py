@@ -24,6 +24,9 @@ FORMAT_PARAMS = {"responses": "text.format"}
 
 
 class SchemaCheck:
+    """The edge check of a call's schemas, remembering up to ``remember`` tool sets that
+    passed, by digest (least recently used out)."""
+
     def __init__(self, remember: int = REMEMBERED_TOOL_SETS) -> None:
         self._remember = remember
         self._passed: OrderedDict[bytes, None] = OrderedDict()

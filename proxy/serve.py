@@ -49,10 +49,12 @@ class DrainingServer(uvicorn.Server):
         self._deadline = ExitDeadline()
 
     async def startup(self, sockets: Any = None) -> None:
+        """uvicorn's start-up, remembering the running loop (the drain is scheduled on it)."""
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The signal handler: arm the exit deadline, let uvicorn stop, begin the drain."""
         if self._exit_after_s is not None:
             self._deadline.arm(self._exit_after_s)
         super().handle_exit(sig, frame)

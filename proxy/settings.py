@@ -1,6 +1,7 @@
 """Proxy settings: environment variables with the ``TALARIA_`` prefix, or arguments.
 
-Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``) are comma-separated.
+Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``, ``TALARIA_RUNTIMES``)
+are comma-separated.
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def _split(value: object) -> object:
 
 
 class ProxySettings(BaseSettings):
+    """Everything ``talaria serve`` and ``create_app`` are configured with: each field is the
+    ``TALARIA_<FIELD>`` environment variable, or an argument."""
+
     # errors never echo their input: it holds secrets (keys, tokens, the cluster secret)
     model_config = SettingsConfigDict(
         env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True

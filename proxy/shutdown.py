@@ -36,6 +36,9 @@ def flush_reserve_s(drain_timeout_s: float) -> float:
 
 
 class Shutdown:
+    """The drain of one proxy within ``drain_timeout_s`` (D, wall seconds): the module
+    docstring's steps."""
+
     def __init__(
         self,
         gateway: Gateway,

@@ -202,6 +202,7 @@ class TalariaLLM(CustomLLM):  # type: ignore[misc]  # LiteLLM's types are not fo
             return clients[key]
 
     def completion(self, model: str, messages: list[Any], *_: Any, **kwargs: Any) -> Any:
+        """One non-streaming chat completion, as LiteLLM's ``ModelResponse``."""
         call = _Call.of(model, messages, kwargs)
         try:
             reply = self._client(call).chat.completions.create(**call.create_kwargs(stream=False))
@@ -212,6 +213,7 @@ class TalariaLLM(CustomLLM):  # type: ignore[misc]  # LiteLLM's types are not fo
     def streaming(
         self, model: str, messages: list[Any], *_: Any, **kwargs: Any
     ) -> Iterator[dict[str, Any]]:
+        """One streaming chat completion, as LiteLLM's ``GenericStreamingChunk`` dicts."""
         call = _Call.of(model, messages, kwargs)
         try:
             stream = self._client(call).chat.completions.create(**call.create_kwargs(stream=True))
@@ -220,6 +222,7 @@ class TalariaLLM(CustomLLM):  # type: ignore[misc]  # LiteLLM's types are not fo
         return _sync_chunks(stream)
 
     async def acompletion(self, model: str, messages: list[Any], *_: Any, **kwargs: Any) -> Any:
+        """The async :meth:`completion` (one client per event loop)."""
         call = _Call.of(model, messages, kwargs)
         client = self._aclient(call)
         try:
@@ -231,6 +234,7 @@ class TalariaLLM(CustomLLM):  # type: ignore[misc]  # LiteLLM's types are not fo
     async def astreaming(
         self, model: str, messages: list[Any], *_: Any, **kwargs: Any
     ) -> AsyncIterator[dict[str, Any]]:
+        """The async :meth:`streaming` (one client per event loop)."""
         call = _Call.of(model, messages, kwargs)
         client = self._aclient(call)
         try:

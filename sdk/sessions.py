@@ -141,6 +141,7 @@ class Session:
 
     @property
     def ended(self) -> bool:
+        """:meth:`end` or :meth:`aend` has run on this session."""
         return self._ended_at is not None
 
     @property

@@ -30,6 +30,9 @@ from talaria.runtime.scheduling.node import NodeScheduler
 
 
 class Dispatcher:
+    """The replay's proxy over ``nodes``: routes each call with ``router`` and the seeded rng,
+    and keeps the sessions' soft reservations and last nodes (module docstring)."""
+
     def __init__(
         self,
         nodes: Sequence[NodeScheduler],

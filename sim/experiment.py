@@ -34,6 +34,9 @@ OnCall = Callable[[CallResult], None]
 
 @dataclass(frozen=True)
 class ExperimentSetup:
+    """What an experiment replays on: the server and efficiency profile (catalog names), the
+    workload's models, the shared nodes and their slot quantum (seconds), and the routing."""
+
     server: str
     profile: str
     models: tuple[str, ...]

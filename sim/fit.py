@@ -55,6 +55,8 @@ class StepSample:
 
 @dataclass(frozen=True)
 class FitReport:
+    """A fitted ``StepFit``, how many samples it came from, and how well it predicts them."""
+
     fit: StepFit
     samples: int
     rel_residuals: tuple[float, ...]
@@ -62,14 +64,17 @@ class FitReport:
 
     @property
     def median_abs_rel_residual(self) -> float:
+        """median |(predicted − measured) / measured| over the samples."""
         return float(np.median(np.abs(self.rel_residuals)))
 
     @property
     def max_abs_rel_residual(self) -> float:
+        """max |(predicted − measured) / measured| over the samples."""
         return float(np.max(np.abs(self.rel_residuals)))
 
     @property
     def rms_rel_residual(self) -> float:
+        """√(mean of ((predicted − measured) / measured)²) over the samples."""
         return math.sqrt(float(np.mean(np.square(self.rel_residuals))))
 
 

@@ -18,10 +18,12 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def mean(values: Sequence[float]) -> float:
+    """The arithmetic mean; NaN for no values."""
     return sum(values) / len(values) if values else math.nan
 
 
 def sct_summary(sct_s: Sequence[float]) -> dict[str, float]:
+    """p50, p95 and mean of the sessions' completion times (seconds in, seconds out)."""
     return {
         "p50_sct_s": percentile(sct_s, 50),
         "p95_sct_s": percentile(sct_s, 95),

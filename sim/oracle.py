@@ -1,8 +1,10 @@
 """The oracle bound: each session alone on its own node, its model resident, no queueing.
 
-SCT_oracle = Σ_i [prefill_time(p_i − c_i, c_i) + decode_time(o_i − 1, p_i, batch 1)] + Σ gaps,
-where c_i is the prefix reused from HBM (whole blocks of the previous prompt + output, never the
-last prompt token) and the prefill step samples the first output token. It is what the
+    SCT_oracle = Σ_i [call_overhead + prefill_time(p_i − c_i, c_i)
+                      + decode_time(o_i − 1, p_i, batch 1)] + Σ gaps,
+
+where c_i is the prefix reused from HBM (whole blocks of the previous prompt + output, never
+the last prompt token) and the prefill step samples the first output token. It is what the
 simulated engine itself takes for a lone session, so every replayed SCT is ≥ its oracle.
 """
 
@@ -13,6 +15,7 @@ from talaria.runtime.costmodel import CostModel
 
 
 def oracle_sct_s(session: SessionTrace, cost: CostModel) -> float:
+    """The session's oracle SCT, seconds (the module docstring's sum)."""
     block = cost.profile.block_tokens
     total = 0.0
     previous = 0

@@ -39,6 +39,8 @@ SINGLE_NODE_POLICIES: tuple[str, ...] = DEFAULT_POLICIES
 
 @dataclass(frozen=True)
 class Policy:
+    """A named replay policy: the router of the cluster and the nodes' scheduler flags."""
+
     name: str
     router: str
     flags: SchedulerFlags

@@ -12,6 +12,8 @@ from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec
 
 @dataclass(frozen=True)
 class Preset:
+    """A named replay setup (module docstring); ``quantum_s`` in seconds of virtual time."""
+
     name: str
     description: str
     workload: WorkloadSpec
@@ -105,6 +107,7 @@ PRESETS: dict[str, Preset] = {
 
 
 def get_preset(name: str) -> Preset:
+    """The preset named ``name``; ValueError listing the choices."""
     try:
         return PRESETS[name]
     except KeyError as exc:

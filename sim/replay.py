@@ -30,6 +30,9 @@ from talaria.sim.cluster import Dispatcher
 
 @dataclass
 class SessionOutcome:
+    """One replayed session: its trace's id and model, when its agent began and got its last
+    answer back (virtual seconds), and its calls' results."""
+
     session_id: str
     model: str
     start_s: float
@@ -38,11 +41,15 @@ class SessionOutcome:
 
     @property
     def sct_s(self) -> float:
+        """Session completion time, seconds: end_s − start_s (transport included)."""
         return self.end_s - self.start_s
 
 
 @dataclass
 class NodeOutcome:
+    """One node after a replay: its slots, busy times (s), peak memory use and capacities
+    (bytes), and its reservations released by reason."""
+
     name: str
     models: tuple[str, ...]
     slots: list[SlotRecord]
@@ -67,11 +74,15 @@ class Transport:
 
     @classmethod
     def of(cls, profile: EfficiencyProfile) -> Transport:
+        """The transport ``profile`` measured (``transport_forward_s``, ``transport_return_s``)."""
         return cls(profile.transport_forward_s, profile.transport_return_s)
 
 
 @dataclass
 class ReplayOutcome:
+    """What one replay produced: every session and node, the makespan (virtual seconds), and
+    the routing's counts."""
+
     sessions: list[SessionOutcome]
     nodes: list[NodeOutcome] = field(default_factory=list)
     makespan_s: float = 0.0

@@ -37,6 +37,8 @@ def _nodes(doc: dict[str, Any]) -> int:
 
 
 def experiment_table(doc: dict[str, Any]) -> Table:
+    """Per policy (then the dedicated reference and the oracle bound): SCT percentiles and
+    mean (s), speedups over ``round``, the ratio to the oracle, switches, KV and GPU counters."""
     nodes = _nodes(doc)
     where = f", {nodes} nodes" if nodes > 1 else ""
     table = Table(
@@ -116,6 +118,8 @@ def routing_table(doc: dict[str, Any]) -> Table | None:
 
 
 def sweep_table(rows: list[dict[str, Any]]) -> Table:
+    """One row per swept (param, value): round's and talaria's SCT p50/p95 (s), the speedups,
+    talaria ÷ dedicated and ÷ oracle at p50, each the median over the seeds."""
     seeds = rows[0].get("seeds", 1) if rows else 1
     table = Table(
         title=f"Sensitivity: round vs talaria, median over {seeds} seed(s) "

@@ -101,12 +101,15 @@ class Cluster:
 
     @property
     def name(self) -> str:
+        """This replica's name among its peers."""
         return self.membership.name
 
     def start(self) -> None:
+        """Start watching the owners of open relays."""
         self.relays.start()
 
     async def close(self) -> None:
+        """Stop the relay watch and close the HTTP client to the peers."""
         await self.relays.stop()
         await self._client.aclose()
 

@@ -23,6 +23,9 @@ log = logging.getLogger("talaria.proxy.cluster")
 
 
 class Membership:
+    """This replica's heartbeat and its view of the live peers and drained instances (module
+    docstring); ``heartbeat_s`` and ``ttl_s`` are wall seconds."""
+
     def __init__(
         self,
         store: SqlStore,
@@ -61,6 +64,8 @@ class Membership:
                 log.warning("replica heartbeat failed: %r", exc)
 
     async def beat(self) -> None:
+        """One round: write this replica's row, read the live peers (heard from within
+        ``ttl_s``) and hand the drained instances to ``on_drained``."""
         now = datetime.now(UTC)
         await self._store.heartbeat_replica(self.name, self.url, self._started_at, now)
         live = await self._store.live_replicas(now - timedelta(seconds=self._ttl_s))
@@ -84,6 +89,7 @@ class Membership:
         return None if chosen == self.name else (chosen, candidates[chosen])
 
     async def stop(self) -> None:
+        """Stop the heartbeat and delete this replica's row (a failure is only logged)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

@@ -12,7 +12,9 @@ The *route key* names a session before any replica has resolved it:
 
 The owner is the replica of highest weight (rendezvous hashing):
 
-    owner(key) = argmax over replicas r of  int(blake2b(key ‖ "|" ‖ r)[:8])
+    owner(key) = argmax over replicas r of  int(blake2b_8(key ‖ "|" ‖ r))
+
+(blake2b with an 8-byte digest, read as a big-endian integer; ties broken by name)
 
 so when a replica joins or leaves, only the keys it wins or held move (about 1/N of them),
 and every replica that sees the same live set picks the same owner.
@@ -30,7 +32,8 @@ from talaria.proxy.sessions.conversation import DIGEST_BYTES, fingerprint
 def route_key(
     tenant_id: str, session_id: str | None, messages: Sequence[Mapping[str, Any]] | None
 ) -> str | None:
-    """The session's route key (module docstring); None when the call keeps no session."""
+    """The session's route key (module docstring); ``session_id`` is the client's id as the
+    request named it (not the internal key). None when the call keeps no session."""
     if session_id is not None:
         return f"id|{tenant_id}|{session_id}"
     if not messages:
@@ -45,6 +48,8 @@ def route_key(
 
 
 def weight(key: str, replica: str) -> int:
+    """Rendezvous weight of ``replica`` for ``key``: blake2b (8-byte digest) of
+    ``key|replica``, as a big-endian integer."""
     return int.from_bytes(hashlib.blake2b(f"{key}|{replica}".encode(), digest_size=8).digest())
 
 

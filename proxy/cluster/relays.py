@@ -122,19 +122,23 @@ class Relays:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Start the watch: one :meth:`check` every ``watch_s`` seconds."""
         self._task = asyncio.get_running_loop().create_task(self._watch())
 
     async def stop(self) -> None:
+        """Stop the watch (the relays in flight are left as they are)."""
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
     def open(self, target: str, url: str) -> Relay:
+        """A new relay to replica ``target`` at ``url``, watched until :meth:`close`."""
         relay = Relay(target, url)
         self._relays.add(relay)
         return relay
 
     def close(self, relay: Relay) -> None:
+        """Stop watching ``relay`` (its call is done, or was never sent)."""
         self._relays.discard(relay)
 
     def abort_all(self, error: Callable[[], ApiError]) -> int:

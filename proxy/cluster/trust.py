@@ -57,6 +57,7 @@ class Forward:
 
 
 def body_digest(body: bytes) -> str:
+    """Hex SHA-256 of ``body`` (the ``x-talaria-body-sha256`` value)."""
     return hashlib.sha256(body).hexdigest()
 
 

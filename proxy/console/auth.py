@@ -61,6 +61,7 @@ class ConsoleAuth:
 
     @property
     def login_s(self) -> int:
+        """How long a sign-in lasts, seconds (the cookie's max-age)."""
         return self._login_s
 
     def token_matches(self, given: str) -> bool:
@@ -91,9 +92,11 @@ class ConsoleAuth:
         return ConsoleLogin(nonce, expires)
 
     def csrf_token(self, login: ConsoleLogin) -> str:
+        """The login's CSRF token: hex HMAC-SHA256(admin_token, "csrf|nonce")."""
         return _sign(self._token, f"csrf|{login.nonce}")
 
     def csrf_ok(self, login: ConsoleLogin, given: str | None) -> bool:
+        """Whether ``given`` is the login's CSRF token (constant time; None never is)."""
         return given is not None and hmac.compare_digest(
             given.encode(), self.csrf_token(login).encode()
         )

@@ -52,6 +52,8 @@ def console_auth(request: Request) -> ConsoleAuth:
 
 
 def signed_in(request: Request) -> ConsoleLogin | None:
+    """The login the request's console cookie proves; None without one, or with the console
+    off."""
     auth: ConsoleAuth | None = getattr(request.app.state, "console_auth", None)
     return auth.check(request.cookies.get(COOKIE)) if auth else None
 
@@ -70,6 +72,8 @@ def _page(name: str, status: int = 200, **values: str) -> HTMLResponse:
 
 @router.get("", include_in_schema=False)
 async def console_page(request: Request) -> Response:
+    """``GET /console``: the console (its CSRF token embedded) once signed in, else the
+    sign-in form."""
     auth = console_auth(request)
     login = signed_in(request)
     if login is None:
@@ -95,6 +99,8 @@ def client_address(request: Request) -> str:
 
 @router.post("/login", include_in_schema=False)
 async def login(request: Request) -> Response:
+    """``POST /console/login``: check the form's admin token (throttled per address) and set
+    the console cookie, then redirect to the console (303); 401 or 429 with the form again."""
     auth = console_auth(request)
     form = await _form(request)
     address = client_address(request)
@@ -123,6 +129,8 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout", include_in_schema=False)
 async def logout(request: Request) -> Response:
+    """``POST /console/logout``: revoke the login (its CSRF token required, else 403), clear
+    the cookie and redirect to the sign-in form (303)."""
     auth = console_auth(request)
     form = await _form(request)
     login = signed_in(request)

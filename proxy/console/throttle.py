@@ -22,6 +22,9 @@ MAX_ADDRESSES = 10_000
 
 
 class SignInThrottle:
+    """Failed sign-ins per address, and who must wait (the module docstring's rule); times
+    are seconds of ``clock``, monotonic by default."""
+
     def __init__(
         self,
         *,
@@ -44,6 +47,7 @@ class SignInThrottle:
         return max(1, math.ceil(times[0] + self._window_s - self._clock()))
 
     def failed(self, address: str) -> None:
+        """Count one failed sign-in of ``address`` now."""
         times = self._recent(address)
         if times is None:
             if len(self._failures) >= self._max_addresses:
@@ -52,6 +56,7 @@ class SignInThrottle:
         times.append(self._clock())
 
     def succeeded(self, address: str) -> None:
+        """``address`` signed in: forget its failures."""
         self._failures.pop(address, None)
 
     def _recent(self, address: str) -> deque[float] | None:

@@ -61,16 +61,21 @@ class SessionLimit(Exception):
         super().__init__(f"tenant {tenant_id} has {limit} live sessions")
         self.limit = limit
         self.oldest_activity_s = oldest_activity_s
-        """Clock time of the last call of the tenant's least recently used session: it may
-        idle out first."""
+        """Clock time (s) of the last call of the tenant's least recently used session: it
+        may idle out first."""
 
 
 def new_key() -> str:
+    """A fresh internal session key: ``ses_`` and 24 random hex digits."""
     return f"ses_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass
 class SessionState:
+    """One live session as this replica holds it. ``key`` is the internal key (``ses_<hex>``,
+    what the store and the runtime see); ``external_id`` is the client's id (its key for an
+    implicit session). Times ending in ``_s`` are seconds of the gateway's clock."""
+
     key: str
     tenant_id: str
     external_id: str
@@ -108,16 +113,21 @@ class SessionState:
 
     @property
     def is_root(self) -> bool:
+        """Not a child: the family's root is this session itself."""
         return self.root_key == self.key
 
     @property
     def session_id(self) -> str:
-        """The key (what the runtime and the store call this session)."""
+        """The internal key, not the client's id (what the runtime and the store call
+        ``session_id``; the client's id is ``external_id``)."""
         return self.key
 
 
 @dataclass(frozen=True)
 class Resolution:
+    """The session a call belongs to, and ``how`` it was found (new, continued, a retry, a
+    child, or adopted from another replica)."""
+
     state: SessionState
     how: How
     shared_tokens: int
@@ -158,6 +168,7 @@ class SessionBook:
         return iter(list(self._sessions.values()))
 
     def get(self, key: str) -> SessionState | None:
+        """The live session with internal key ``key`` (not a client's id: see :meth:`named`)."""
         return self._sessions.get(key)
 
     def named(self, tenant_id: str, external_id: str) -> SessionState | None:
@@ -173,6 +184,7 @@ class SessionBook:
         return [s for s in self._sessions.values() if s.external_id == external_id and s.is_root]
 
     def children(self, key: str) -> list[SessionState]:
+        """The live children of the root session with internal key ``key``, sorted by key."""
         return [
             self._sessions[k] for k in sorted(self._children.get(key, ())) if k in self._sessions
         ]
@@ -318,7 +330,8 @@ class SessionBook:
 
     # -- ends -----------------------------------------------------------------------------
     def forget(self, state: SessionState) -> None:
-        """Remove an ended session from every map."""
+        """Mark the session ended and remove it from every map (it ended, was handed off, or
+        is evicted), then run ``on_forget(key)``."""
         state.ended = True
         if self._sessions.pop(state.key, None) is not None:
             owned = self._by_tenant[state.tenant_id]

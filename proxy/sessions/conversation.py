@@ -27,6 +27,9 @@ DIGEST_BYTES = 16
 
 @dataclass(frozen=True)
 class Fingerprint:
+    """One message's digest (``DIGEST_BYTES`` bytes, see the module docstring), its estimated
+    tokens and its role."""
+
     digest: bytes
     tokens: int
     role: str
@@ -43,6 +46,7 @@ def canonical_arguments(arguments: Any) -> Any:
 
 
 def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
+    """The fingerprint of one OpenAI-form message (what it covers: the module docstring)."""
     role = str(message.get("role", ""))
     role = "system" if role == "developer" else role
     calls = []
@@ -70,6 +74,7 @@ def tools_fingerprint(tools: Sequence[ToolSpec]) -> Fingerprint:
 
 
 def fingerprints(messages: Sequence[Mapping[str, Any]]) -> list[Fingerprint]:
+    """The fingerprint of each message, in order."""
     return [fingerprint(m) for m in messages]
 
 
@@ -101,6 +106,7 @@ class Conversation:
 
     @classmethod
     def of(cls, messages: Sequence[Mapping[str, Any]]) -> Conversation:
+        """The conversation of these OpenAI-form messages."""
         prints = tuple(fingerprint(m) for m in messages)
         totals = [0]
         for p in prints:

@@ -47,18 +47,22 @@ class IdentityError(ValueError):
 
 @dataclass(frozen=True)
 class Identity:
-    """What a request says about its session. ``session_id`` None: implicit."""
+    """What a request says about its session. ``session_id`` is the client's id (or a key the
+    proxy sent back, which the book also accepts), never looked up here; None: implicit."""
 
     session_id: str | None
     source: str
     """Where the id came from ("talaria", "claude-code", "codex", "prompt_cache_key",
     "x-session-id", "x-litellm-session-id", "litellm_session_id"), or "implicit"."""
     parent_session_id: str | None = None
+    """The parent's id as the client gave it (``X-Talaria-Parent-Session-Id``)."""
     tool_gap_hint_s: float | None = None
+    """Tool time expected after this call, seconds (the header is in milliseconds)."""
     final: bool = False
 
     @property
     def explicit(self) -> bool:
+        """The request named its session (``session_id`` is not None)."""
         return self.session_id is not None
 
 

@@ -54,7 +54,8 @@ class ProxyMetrics:
         self.sessions_found = Counter(
             "talaria_session_calls",
             "Calls by how their session was found: new, continued (its conversation extended a "
-            "live session's), retry, child (a new sub-session of a named session)",
+            "live session's), retry, child (a new sub-session of a named session), adopted (the "
+            "first call of a session taken over from another replica)",
             ["how"], registry=r,
         )  # fmt: skip
         self.live_sessions = Gauge("talaria_live_sessions", "Sessions in memory", registry=r)

@@ -125,10 +125,7 @@ class Gateway:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
         tools = tools_fingerprint(call.call.tools)
-        prompt_tokens = self._admit(call, tools)
-        statuses = await self.pool.statuses(call.model)
-        if not statuses:
-            raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
+        prompt_tokens, statuses = await self._admit(call, tools)
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         await self._place(call, now_s)
         messages = call.call.messages
@@ -138,10 +135,13 @@ class Gateway:
         instance = decision.instance
         return self._run(call, found, conversation, shared, prompt_tokens, instance, now_s, now_at)
 
-    def _admit(self, call: PreparedCall, tools: Fingerprint) -> int:
-        """The call's prompt tokens, or the ApiError that refuses it: a schema past its
-        budget or a prompt past the context window (400), the shutdown or a store that
-        cannot take its records (503), the tenant's calls in flight at their bound (429)."""
+    async def _admit(
+        self, call: PreparedCall, tools: Fingerprint
+    ) -> tuple[int, list[InstanceStatus]]:
+        """The call's prompt tokens and the status of the instances that may run it, or the
+        ApiError that refuses it: a schema past its budget or a prompt past the context
+        window (400), the shutdown or a store that cannot take its records (503), the
+        tenant's calls in flight at their bound (429), no instance of its model (503)."""
         self._schemas.check(call.call, tools.digest, call.api)
         prompt_tokens = call.call.prompt_tokens()
         window = self.pool.context_window(call.model)
@@ -161,7 +161,10 @@ class Gateway:
             )
         if self._runner.inflight_of(call.tenant_id) >= self._max_inflight:
             raise too_many_requests(self._max_inflight)
-        return prompt_tokens
+        statuses = await self.pool.statuses(call.model)
+        if not statuses:
+            raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
+        return prompt_tokens, statuses
 
     async def _place(self, call: PreparedCall, now_s: float) -> None:
         """With replicas, hold the session the call names if another replica held it (this

@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import selectors
 from collections.abc import Coroutine
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -72,6 +73,32 @@ class LoopClock:
     def loop_delay(self, dt_s: float) -> float:
         """Loop seconds that correspond to ``dt_s`` clock seconds (for ``call_later``)."""
         return max(0.0, dt_s) / self.scale
+
+
+@dataclass(frozen=True)
+class TimeScale:
+    """Converts durations between wall seconds and clock seconds, the one place that does:
+    ``clock_s = wall_s × scale`` (``scale`` is a scaled ``LoopClock``'s; 1 for real or virtual
+    time). The proxy schedules in clock seconds and shows wall seconds (records, metrics,
+    ``/v1/models``); clients' hints come in wall seconds."""
+
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ValueError("time scale must be positive")
+
+    def wall(self, clock_s: float) -> float:
+        """Wall seconds of a duration in clock seconds: ``clock_s / scale``."""
+        return clock_s / self.scale
+
+    @overload
+    def clock(self, wall_s: float) -> float: ...
+    @overload
+    def clock(self, wall_s: None) -> None: ...
+    def clock(self, wall_s: float | None) -> float | None:
+        """Clock seconds of a duration given in wall seconds: ``wall_s × scale`` (None: None)."""
+        return None if wall_s is None else wall_s * self.scale
 
 
 class _VirtualSelector(selectors.DefaultSelector):

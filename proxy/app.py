@@ -29,13 +29,14 @@ from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.forward import Cluster, Forwarded
+from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
 from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import AdoptableSession, Gateway
+from talaria.proxy.gateway import Gateway
 from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord

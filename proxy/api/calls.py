@@ -4,18 +4,19 @@ model, identify the session, open the call, and the headers every reply carries.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
 
 from talaria.core.calls import Call
 from talaria.proxy.api.context import ProxyContext, context, parse_json, read_bytes
+from talaria.proxy.calls import Api, CallHandle, CallOutcome, PreparedCall
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import route_key
 from talaria.proxy.errors import ApiError, unknown_model
-from talaria.proxy.gateway import Api, CallHandle, CallOutcome, PreparedCall
 from talaria.proxy.records import Record
-from talaria.proxy.sessions.identity import Identity, IdentityError, identify
+from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
 
 
 async def tenant_of(ctx: ProxyContext, request: Request) -> str:
@@ -30,40 +31,54 @@ async def tenant_of(ctx: ProxyContext, request: Request) -> str:
 
 async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     """(context, tenant, JSON body): authentication first, so a stranger's body is not read.
-    With replicas, a call whose session a header names outright is forwarded to its owner
-    here, before its body is parsed (``early_route_key``)."""
+    The session's identity is computed here, once per request, and kept for ``open_call``
+    (``request.state.identified``). A call whose session a header names outright is placed
+    here, before its body is parsed: with replicas, forwarded to its owner."""
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
-    body = await read_bytes(request, ctx.settings.max_request_bytes)
-    if ctx.cluster is not None:
-        await forward_to_owner(request, ctx, early_route_key(request, tenant), None)
-    return ctx, tenant, parse_json(body)
+    raw = await read_bytes(request, ctx.settings.max_request_bytes)
+    if named_by_header(request.headers):  # the body cannot change the identity
+        known = _identify(request, {})
+        if known.identity is not None:
+            key = route_key(tenant, known.identity.session_id, None)
+            await forward_to_owner(request, ctx, key, None)
+            known = replace(known, placed=True)
+        body = parse_json(raw)
+    else:
+        body = parse_json(raw)
+        known = _identify(request, body)
+    request.state.identified = known
+    return ctx, tenant, body
 
 
-def early_route_key(request: Request, tenant: str) -> str | None:
-    """The route key when a header that outranks every body field names the session
-    (X-Talaria-Session-Id, X-Claude-Code-Session-Id: proxy/sessions/identity.py), so the
-    body cannot change it; else None (the key needs the parsed call)."""
+@dataclass(frozen=True)
+class Identified:
+    """A request's session identity as ``read_body`` found it: the identity, or the 400 of
+    a malformed id or hint (raised by ``open_call``, once the call is parsed)."""
+
+    identity: Identity | None
+    error: ApiError | None = None
+    placed: bool = False
+    """Whether the call was already placed (a header named its session: its owner was
+    looked up before the body was parsed)."""
+
+    def get(self) -> Identity:
+        """The identity, or its error raised."""
+        if self.identity is None:
+            assert self.error is not None
+            raise self.error
+        return self.identity
+
+
+def _identify(request: Request, body: Any) -> Identified:
     try:
-        identity = identify(request.headers, {})
-    except IdentityError:
-        return None  # refused with its 400 once the call is parsed
-    if identity.source not in HEADER_FIRST_SOURCES:
-        return None
-    return route_key(tenant, identity.session_id, None)
-
-
-HEADER_FIRST_SOURCES = ("talaria", "claude-code")
-
-
-def identity_of(request: Request, body: Any) -> Identity:
-    try:
-        return identify(request.headers, body if isinstance(body, dict) else {})
+        return Identified(identify(request.headers, body if isinstance(body, dict) else {}))
     except IdentityError as exc:
-        raise ApiError(400, str(exc), param=exc.field, code="invalid_session") from exc
+        return Identified(None, ApiError(400, str(exc), param=exc.field, code="invalid_session"))
 
 
 def check_model(ctx: ProxyContext, model: str) -> None:
+    """404 (``unknown_model``) unless some instance hosts ``model``."""
     if model not in ctx.gateway.models():
         raise unknown_model(model, ctx.gateway.models())
 
@@ -99,11 +114,15 @@ async def open_call(
     body: Any,
     extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None,
 ) -> tuple[CallHandle, dict[str, str]]:
-    """Start the call; returns its handle and the headers of the reply. ``extra_records``:
-    what the API stores with the call's records when it succeeds."""
-    identity = identity_of(request, body)
+    """Start the call (after ``read_body``): its session's identity (400 if malformed), its
+    place (with replicas, forwarded to the owner of a session its body identifies), its
+    model, then the gateway. Returns its handle and the headers of the reply.
+    ``extra_records``: what the API stores with the call's records when it succeeds."""
+    known: Identified = request.state.identified  # read_body's
+    identity = known.get()
     key = route_key(tenant, identity.session_id, call.messages)
-    await forward_to_owner(request, ctx, key, body)
+    if not known.placed:
+        await forward_to_owner(request, ctx, key, body)
     check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
@@ -125,3 +144,4 @@ async def open_call(
 
 
 SSE_HEADERS = {"cache-control": "no-cache"}
+"""What every streamed reply carries besides the call's own headers."""

@@ -13,6 +13,7 @@ from fastapi.responses import Response, StreamingResponse
 from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response
 from talaria.proxy.api.schemas import RESPONSES, request_body
+from talaria.proxy.calls import CallOutcome
 from talaria.proxy.dialects.responses import (
     final_response,
     parse_request,
@@ -21,7 +22,6 @@ from talaria.proxy.dialects.responses import (
     to_call,
 )
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallOutcome
 from talaria.proxy.records import Record
 from talaria.proxy.responses_store import Pending
 from talaria.proxy.store.views import StoredResponseView

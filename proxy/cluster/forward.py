@@ -38,13 +38,13 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
 from talaria.proxy.dialects.common import sse
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import SHUTDOWN
 
 log = logging.getLogger("talaria.proxy.cluster")
 

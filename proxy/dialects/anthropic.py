@@ -44,9 +44,9 @@ from talaria.core.calls import (
     ToolChoice,
     ToolSpec,
 )
+from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.dialects.common import invalid, output_events, parse, sse
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallHandle, CallOutcome
 
 THINKING_SIGNATURE = "talaria-unsigned"
 """Anthropic clients send thinking blocks back with their signature; no self-hosted model signs

@@ -28,6 +28,7 @@ from talaria.core.calls import (
     TokenLogprob,
     ToolSpec,
 )
+from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.dialects.common import (
     function_tool,
     invalid,
@@ -37,7 +38,6 @@ from talaria.proxy.dialects.common import (
     sse,
 )
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallHandle, CallOutcome
 
 
 class FunctionIn(BaseModel):

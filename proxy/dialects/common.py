@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from talaria.core.calls import OutputDelta, ToolChoice, ToolSpec
+from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallHandle, CallOutcome
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -13,10 +13,10 @@ from typing import Any
 from pydantic import Field
 
 from talaria.core.calls import Call, OutputDelta
+from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.dialects.chat import OpenAICommon, usage
 from talaria.proxy.dialects.common import invalid, output_events, parse, sse
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallHandle, CallOutcome
 
 
 class CompletionRequest(OpenAICommon):

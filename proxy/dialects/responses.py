@@ -36,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from talaria.core.calls import Call, Message, ModelOutput, OutputDelta, Sampling, ToolSpec
+from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.dialects.common import (
     function_tool,
     invalid,
@@ -46,7 +47,6 @@ from talaria.proxy.dialects.common import (
 )
 from talaria.proxy.dialects.responses_items import TEXT_PARTS, item_kind, stored_item
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import CallHandle, CallOutcome
 
 
 class ResponsesRequest(BaseModel):

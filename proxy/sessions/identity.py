@@ -94,12 +94,26 @@ def claude_code_session(metadata: Any) -> str | None:
     return legacy.group(1) if legacy else None
 
 
+OUTRANKING_HEADERS = ("x-talaria-session-id", "x-claude-code-session-id")
+"""The headers ranked above every body field (the first two rows of ``_explicit``)."""
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    return value if value and value.strip() else None
+
+
+def named_by_header(headers: Mapping[str, str]) -> bool:
+    """Whether a header that outranks every body field names the session: then
+    ``identify(headers, body)`` is ``identify(headers, {})``, known before the body is read."""
+    return any(_header(headers, name) is not None for name in OUTRANKING_HEADERS)
+
+
 def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str, str] | None:
     """(id, source, field) of the first explicit id, or None."""
 
     def header(name: str) -> str | None:
-        value = headers.get(name)
-        return value if value and value.strip() else None
+        return _header(headers, name)
 
     def field(name: str) -> str | None:
         value = body.get(name)

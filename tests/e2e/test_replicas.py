@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.owner import owner, route_key
-from talaria.proxy.gateway import SHUTDOWN
 from tests.e2e.processes import (
     Postgres,
     ServeProcess,

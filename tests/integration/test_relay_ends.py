@@ -17,11 +17,11 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import owner
 from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import SHUTDOWN
 from tests.integration.server import running_app
 
 FIRST = b'data: {"choices":[{"delta":{"content":"hel"}}]}\n\n'

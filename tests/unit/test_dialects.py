@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from talaria.core.calls import ModelOutput, ToolCall, ToolChoice
 from talaria.core.types import CallResult, KvSource
+from talaria.proxy.calls import CallOutcome
 from talaria.proxy.dialects import anthropic, chat, responses
-from talaria.proxy.gateway import CallOutcome
 from talaria.proxy.sessions.conversation import fingerprint
 
 _json_objects = st.dictionaries(

@@ -13,8 +13,10 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
 from talaria.core.types import CallResult, EngineTimes, KvSource
-from talaria.proxy.gateway import Gateway, PreparedCall, _engine_parts
+from talaria.proxy.calls import PreparedCall
+from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.recorder import engine_parts
 from talaria.proxy.records import CallRecord, Record, ReservationRecord, SessionRecord
 from talaria.proxy.runtime_client import InProcessRuntime
 from talaria.proxy.sessions.identity import Identity
@@ -169,13 +171,13 @@ def test_a_calls_engine_timed_parts_are_recorded_in_wall_seconds(time_scale: flo
         sp_admitted=False, engine=EngineTimes(2.5, 2.75, 3.25, 5.75),
     )  # fmt: skip
     wall = lambda s: s / time_scale  # noqa: E731
-    assert _engine_parts(result, wall) == {
+    assert engine_parts(result, wall) == {
         "engine_intake_s": 0.5 / time_scale,
         "engine_queue_s": 0.25 / time_scale,
         "engine_prefill_s": 0.5 / time_scale,
         "engine_decode_s": 2.5 / time_scale,
     }
-    assert _engine_parts(replace(result, engine=None), wall) == {}
+    assert engine_parts(replace(result, engine=None), wall) == {}
 
 
 def test_a_reservation_expires_when_the_session_stays_away() -> None:

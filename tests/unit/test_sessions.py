@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, chain, fingerprint, fingerprints
-from talaria.proxy.sessions.identity import Identity, IdentityError, identify
+from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
 
 UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
 
@@ -73,6 +73,37 @@ def test_malformed_ids_and_hints_name_their_field(
     with pytest.raises(IdentityError) as info:
         identify(headers, body)
     assert info.value.field == field
+
+
+_BODIES = [
+    {},
+    {"metadata": {"user_id": json.dumps({"session_id": UUID})}},
+    {"prompt_cache_key": "k", "litellm_session_id": "z"},
+]
+
+
+@pytest.mark.parametrize(
+    ("headers", "named"),
+    [
+        ({"x-talaria-session-id": "a"}, True),
+        ({"x-claude-code-session-id": UUID, "session-id": "c"}, True),
+        ({"x-talaria-session-id": "  ", "x-claude-code-session-id": UUID}, True),
+        ({"x-talaria-session-id": " "}, False),
+        ({"session-id": "s1"}, False),
+        ({"x-session-id": "x"}, False),
+        ({}, False),
+    ],
+)
+def test_a_session_named_by_an_outranking_header_is_known_before_the_body(
+    headers: dict[str, str], named: bool
+) -> None:
+    """``named_by_header``: the body cannot change the identity, so the API layer identifies
+    such a call (and places it among replicas) before it parses the body."""
+    assert named_by_header(headers) is named
+    if named:
+        assert all(identify(headers, body) == identify(headers, {}) for body in _BODIES)
+    else:
+        assert any(identify(headers, body) != identify(headers, {}) for body in _BODIES)
 
 
 def _call(name: str, args: Any, call_id: str = "c1") -> dict[str, Any]:

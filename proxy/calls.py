@@ -1,0 +1,92 @@
+"""The call contract between the API layer and the gateway: what a route hands in
+(:class:`PreparedCall`), what it gets back (:class:`CallHandle`, whose events end in a
+:class:`CallOutcome` or an ``ApiError``), and the messages a client is told when a call cannot
+finish."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from talaria.core.calls import Call, ModelOutput
+from talaria.core.types import CallResult
+from talaria.proxy.records import Record
+from talaria.proxy.sessions.identity import Identity
+
+Api = Literal["chat", "completions", "messages", "responses"]
+"""The dialect a call came through (``CallRecord.api``)."""
+
+SHUTDOWN = "The server is shutting down; retry the call."
+"""What a call refused or cut off by the shutdown answers (a 503)."""
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    """What the API layer extracted from a request: the normalized call, who sent it, and
+    through which dialect."""
+
+    request_id: str
+    tenant_id: str
+    identity: Identity
+    api: Api
+    call: Call
+    max_tokens: int
+    """The output limit: the call's own, or the server's default."""
+    extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
+    """Records the API adds to the call's own when it succeeds (the Responses API's stored
+    response), committed with them."""
+    route_key: str | None = None
+    """The session's key among proxy replicas (proxy/cluster/owner.py), when there are any."""
+
+    @property
+    def model(self) -> str:
+        """The model the call asks for."""
+        return self.call.model
+
+    @property
+    def stream(self) -> bool:
+        """Whether the client asked for a stream."""
+        return self.call.stream
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """A call that finished: the runtime's result, the instance that ran it, and the output
+    the engine wrote."""
+
+    result: CallResult
+    instance: str
+    output: ModelOutput
+
+
+EventKind = Literal["first", "delta", "done", "error"]
+Events = asyncio.Queue[tuple[EventKind, Any]]
+"""A running call's events, as :class:`CallHandle` describes them."""
+
+
+@dataclass
+class CallHandle:
+    """A running call: ``events`` receives ("first", OutputDelta | None), ("delta",
+    OutputDelta | None), ("done", CallOutcome) or ("error", ApiError); ``task`` runs to the
+    end regardless of who reads."""
+
+    events: Events
+    task: asyncio.Task[CallOutcome | None]
+    instance: str
+    session_id: str
+    """The client's id of the session (its key for an implicit session)."""
+    session_key: str
+    how: str
+    """How the session was found: new, continued, retry or child."""
+
+    async def outcome(self) -> CallOutcome:
+        """Wait for the call's end: its outcome, or its ``ApiError`` raised."""
+        while True:
+            kind, value = await self.events.get()
+            if kind == "done":
+                assert isinstance(value, CallOutcome)
+                return value
+            if kind == "error":
+                raise value

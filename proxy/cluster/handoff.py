@@ -1,0 +1,93 @@
+"""Sessions moving between proxy replicas when membership changes.
+
+- *Take-over*: a call names a session this replica does not hold, but the store shows it open:
+  another replica held it before this one became its owner. It is held here under the same
+  key, with its call count and last instance, so that it goes on as one session.
+- *Hand-off*: at each sweep, the sessions another replica owns now (one joined) are
+  forgotten, without ending them: their calls go there, and that replica takes them over.
+  Ending them would release their KV on the runtime under their new owner.
+
+An implicit session (no client id) is not taken over: its next call starts a new session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from talaria.core.clock import TimeScale
+from talaria.core.reservations import SessionReservations
+from talaria.proxy.calls import PreparedCall
+from talaria.proxy.sessions.book import SessionBook, SessionState
+
+
+@dataclass(frozen=True)
+class AdoptableSession:
+    """An open session as the store shows it, for a replica that takes it over."""
+
+    key: str
+    model: str
+    started_at: datetime
+    calls: int
+    last_instance: str | None
+
+
+Owned = Callable[[str], bool]
+"""``owned(route_key)``: whether this replica owns that session now."""
+Adopt = Callable[[str, str], Awaitable[AdoptableSession | None]]
+"""``adopt(tenant, client id)``: the open session another replica held, if any."""
+
+
+class Handoff:
+    """Take-over and hand-off of this replica's sessions (module docstring)."""
+
+    def __init__(
+        self,
+        sessions: SessionBook,
+        reservations: SessionReservations,
+        time: TimeScale,
+        owned: Owned,
+        adopt: Adopt,
+    ) -> None:
+        self._sessions = sessions
+        self._reservations = reservations
+        self._time = time
+        self._owned = owned
+        self._adopt = adopt
+
+    async def take_over(self, call: PreparedCall, now_s: float) -> None:
+        """Hold the session ``call`` names when another replica held it and this one does
+        not yet (nothing happens for an implicit call or a session held here)."""
+        sid = call.identity.session_id
+        if sid is None or self._sessions.named(call.tenant_id, sid):
+            return
+        stored = await self._adopt(call.tenant_id, sid)
+        if stored is None:
+            return
+        age_s = (datetime.now(UTC) - stored.started_at).total_seconds()
+        self._sessions.adopt(
+            SessionState(
+                key=stored.key,
+                tenant_id=call.tenant_id,
+                external_id=sid,
+                identity_source=call.identity.source,
+                model=stored.model,
+                started_at=stored.started_at,
+                started_s=now_s - self._time.clock(max(0.0, age_s)),
+                root_key=stored.key,
+                calls=stored.calls,
+                last_activity_s=now_s,
+                last_instance=stored.last_instance,
+                route_key=call.route_key,
+                adopted=True,
+            )
+        )
+        self._reservations.adopt(stored.key, stored.last_instance)
+
+    def hand_off(self) -> None:
+        """Forget, without ending them, the idle sessions another replica owns now."""
+        for state in list(self._sessions):
+            key = state.route_key
+            if key is not None and state.inflight == 0 and not self._owned(key):
+                self._sessions.forget(state)

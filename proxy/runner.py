@@ -1,0 +1,243 @@
+"""Running a routed call: the ``CallRequest`` the runtime gets, a task of its own per call (so a
+client that disconnects never loses the call or its records), the runtime's events passed on
+as they come, the outcome recorded, and, with durable acknowledgement, its records committed
+before the client hears that the call is done.
+
+The runner passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
+never writes output of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from talaria.core.calls import ModelOutput
+from talaria.core.clock import TimeScale
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    TokenDelta,
+)
+from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
+from talaria.proxy.errors import ApiError, bad_request, unavailable
+from talaria.proxy.recorder import Recorder
+from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.sessions.book import SessionState
+from talaria.proxy.sessions.conversation import Conversation
+from talaria.proxy.sessions.keeper import SessionKeeper
+
+log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+
+NOT_COMMITTED = (
+    "The call ran, but the session store has not committed its records in time (they are "
+    "kept, and written when the store recovers); retry the call."
+)
+SHUTDOWN_BEFORE_COMMIT = (
+    "The server is shutting down before this call's records were committed; retry the call."
+)
+
+
+def tenant_salt(tenant_id: str) -> str:
+    """The tenant's prefix-cache salt: a digest, so the runtime never learns tenant ids."""
+    return hashlib.blake2b(tenant_id.encode(), digest_size=12).hexdigest()
+
+
+def runtime_request(
+    call: PreparedCall,
+    state: SessionState,
+    shared_tokens: int | None,
+    prompt_tokens: int,
+    time: TimeScale,
+) -> CallRequest:
+    """What the runtime is asked to run: the call, under its session's key, with the
+    scheduling fields (call index, hints in clock seconds, the shared prefix estimate)."""
+    c = call.call
+    return CallRequest(
+        request_id=call.request_id,
+        session_id=state.key,
+        model=call.model,
+        prompt_tokens=prompt_tokens,
+        max_output_tokens=call.max_tokens,
+        call_index=state.calls,
+        expected_tool_gap_s=time.clock(call.identity.tool_gap_hint_s),
+        session_final=call.identity.final,
+        stream=call.stream,
+        shared_prefix_tokens=shared_tokens,
+        messages=c.messages,
+        prompt_text=c.prompt,
+        tools=c.tools,
+        tool_choice=c.tool_choice,
+        sampling=c.sampling,
+        reasoning_effort=c.reasoning_effort,
+        parallel_tool_calls=c.parallel_tool_calls,
+        template_kwargs=c.template_kwargs,
+        cache_salt=tenant_salt(call.tenant_id),
+    )
+
+
+class CallRunner:
+    """The running calls: their tasks, and how many each tenant has in flight."""
+
+    def __init__(self, recorder: Recorder, keeper: SessionKeeper) -> None:
+        self._recorder = recorder
+        self._keeper = keeper
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[str, int] = {}
+
+    @property
+    def running(self) -> int:
+        """Calls running now."""
+        return len(self._tasks)
+
+    def inflight_of(self, tenant_id: str) -> int:
+        """The tenant's calls running now."""
+        return self._inflight.get(tenant_id, 0)
+
+    def start(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        conversation: Conversation,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        arrived_at: datetime,
+    ) -> tuple[Events, asyncio.Task[CallOutcome | None]]:
+        """Start the call on ``runtime`` in a task of its own: its events and its task."""
+        self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
+        events: Events = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(
+            self._execute(call, state, conversation, request, runtime, events, arrived_at)
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return events, task
+
+    def abort(self) -> int:
+        """Cancel every running call (each ends with a 503 and an error record); how many."""
+        for task in self._tasks:
+            task.cancel()
+        return len(self._tasks)
+
+    async def close(self, timeout_s: float | None) -> None:
+        """Let the running calls finish for at most ``timeout_s`` (None: as long as they
+        take), then abort the rest."""
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        if late:
+            log.warning("aborting %d calls still running at shutdown", len(late))
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _execute(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        conversation: Conversation,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        events: Events,
+        arrived_at: datetime,
+    ) -> CallOutcome | None:
+        """Run the call; record its outcome; with durable acknowledgement, wait for the
+        records' commit; only then tell the client it is done. Cancelled (shutdown): the client
+        gets a 503 and the call an error record."""
+        try:
+            result = await _generate(runtime, request, events)
+        except asyncio.CancelledError:
+            self._fail(call, state, request, runtime, arrived_at, SHUTDOWN, events)
+            raise
+        except Exception as exc:  # a runtime fault fails this call only
+            self._fail(call, state, request, runtime, arrived_at, exc, events)
+            return None
+        finally:
+            state.inflight -= 1
+            self._inflight[call.tenant_id] -= 1
+        output = result.output or ModelOutput(finish_reason="stop")
+        outcome = CallOutcome(result, runtime.name, output)
+        seq: int | None = None
+        try:
+            seq = self._finish(call, state, conversation, request, outcome, arrived_at)
+        except Exception:  # bookkeeping must never cost the client its answer
+            log.exception("call %s: recording its outcome failed", call.request_id)
+        if seq is not None:
+            try:
+                committed = await self._recorder.committed(seq, call.request_id)
+            except asyncio.CancelledError:
+                events.put_nowait(("error", unavailable(SHUTDOWN_BEFORE_COMMIT)))
+                raise
+            if not committed:
+                events.put_nowait(("error", unavailable(NOT_COMMITTED)))
+                return outcome
+        events.put_nowait(("done", outcome))
+        return outcome
+
+    def _finish(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        conversation: Conversation,
+        request: CallRequest,
+        outcome: CallOutcome,
+        arrived_at: datetime,
+    ) -> int:
+        """Keep a finished call: the session continues from its reply, its records, then the
+        session's reservation or end. Returns the sequence number of its last record."""
+        finished_at = datetime.now(UTC)
+        self._keeper.replied(call, state, conversation, outcome.instance, outcome.output)
+        self._recorder.call_finished(call, state, request, outcome, arrived_at, finished_at)
+        self._keeper.after_call(call, state, outcome.instance, outcome.output, finished_at)
+        return self._recorder.last_seq
+
+    def _fail(
+        self,
+        call: PreparedCall,
+        state: SessionState,
+        request: CallRequest,
+        runtime: RuntimeClient,
+        arrived_at: datetime,
+        error: BaseException | str,
+        events: Events,
+    ) -> None:
+        """The call failed: an error record, then the error to the client (whatever happens to
+        the record)."""
+        if isinstance(error, str):
+            api_error, message = unavailable(error), error
+        else:
+            message = f"runtime {runtime.name} failed the call: {error!r}"
+            api_error = error if isinstance(error, ApiError) else unavailable(message)
+            if isinstance(error, CallRejected):
+                api_error = bad_request(str(error), param=error.param, code=error.code)
+        try:
+            self._recorder.call_failed(call, state, request, runtime.name, arrived_at, message)
+        except Exception:
+            log.exception("call %s: recording its failure failed", call.request_id)
+        finally:
+            events.put_nowait(("error", api_error))
+
+
+async def _generate(runtime: RuntimeClient, request: CallRequest, events: Events) -> CallResult:
+    """Pass the runtime's events on; the call's result (``RuntimeError`` if the runtime ended
+    without one). The runtime's stream is read to its end, and closed when the call is
+    cancelled."""
+    result: CallResult | None = None
+    async with contextlib.aclosing(runtime.generate(request)) as stream:
+        async for event in stream:
+            if isinstance(event, FirstToken):
+                events.put_nowait(("first", event.delta))
+            elif isinstance(event, TokenDelta):
+                events.put_nowait(("delta", event.delta))
+            elif isinstance(event, Finished):
+                result = event.result
+    if result is None:
+        raise RuntimeError("the runtime ended the call without a result")
+    return result

@@ -1,0 +1,85 @@
+"""The runtime pool: the runtime instances the proxy routes to, the models they host, their
+statuses, and the drains an operator set (a drained instance gets no new call)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from talaria.core.clock import TimeScale
+from talaria.core.status import InstanceStatus
+from talaria.proxy.runtime_client import RuntimeClient
+
+log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+
+
+class RuntimePool:
+    """The runtime clients by name; ``context_windows``: model → its context window (tokens)."""
+
+    def __init__(
+        self,
+        runtimes: Sequence[RuntimeClient],
+        time: TimeScale,
+        context_windows: dict[str, int] | None = None,
+    ) -> None:
+        self.runtimes = list(runtimes)
+        self._by_name = {r.name: r for r in self.runtimes}
+        self._time = time
+        self._windows = context_windows or {}
+        self._drained: frozenset[str] = frozenset()
+
+    def __getitem__(self, name: str) -> RuntimeClient:
+        """The runtime instance called ``name``."""
+        return self._by_name[name]
+
+    # -- catalog ------------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        """Every model some instance hosts, sorted."""
+        return sorted({m for r in self.runtimes for m in r.models})
+
+    def context_window(self, model: str) -> int | None:
+        """The model's context window in tokens (None: unknown)."""
+        return self._windows.get(model)
+
+    async def residency(self) -> dict[str, list[dict[str, Any]]]:
+        """model → [{instance, state, next_slot_in_s}] (for /v1/models; wall seconds)."""
+        out: dict[str, list[dict[str, Any]]] = {m: [] for m in self.models()}
+        for status in await self.statuses(None):
+            for name, res in status.models.items():
+                out.setdefault(name, []).append(
+                    {
+                        "instance": status.instance,
+                        "state": res.state.value,
+                        "next_slot_in_s": round(self._time.wall(res.next_slot_in_s), 3),
+                    }
+                )
+        return out
+
+    # -- statuses and drains ------------------------------------------------------------------
+    async def reachable(self) -> list[str]:
+        """The instances whose status answers now."""
+        return [status.instance for status in await self.statuses(None)]
+
+    @property
+    def drained(self) -> frozenset[str]:
+        """Runtime instances being drained: no new call is routed to them."""
+        return self._drained
+
+    def set_drained(self, names: set[str]) -> None:
+        """Drain exactly ``names`` from now on (the others serve again)."""
+        self._drained = frozenset(names)
+
+    async def statuses(self, model: str | None) -> list[InstanceStatus]:
+        """Status of every instance hosting ``model`` (all if None) that answers; an instance
+        that fails is left out of this decision (and logged), not fatal. For a call (a
+        ``model``), drained instances are left out too."""
+        statuses = []
+        for runtime in self.runtimes:
+            if model is not None and (model not in runtime.models or runtime.name in self._drained):
+                continue
+            try:
+                statuses.append(await runtime.status())
+            except Exception as exc:
+                log.warning("runtime %s: status failed: %r", runtime.name, exc)
+        return statuses

@@ -1,0 +1,206 @@
+"""A session's life around its calls: its soft reservation (released when the session comes
+back, taken when a reply asks for tools or the client hints a gap), hints, and its end (the
+client's, an admin's, a final call's, or idleness), each with its records and metrics.
+
+When to reserve, for how long, and how a reservation ends are
+``core.reservations.SessionReservations``' (the same rules as the simulator's cluster
+replay); here: their records and metrics, in wall seconds (``ReservationRecord``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+from talaria.core.calls import ModelOutput
+from talaria.core.clock import Clock, TimeScale
+from talaria.core.reservations import SessionReservations, Settled, SoftReservation
+from talaria.proxy.calls import PreparedCall
+from talaria.proxy.errors import ApiError
+from talaria.proxy.recorder import Recorder
+from talaria.proxy.records import HintRecord, ReservationRecord
+from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.sessions.book import SessionBook, SessionState
+from talaria.proxy.sessions.conversation import Conversation, fingerprint
+
+
+class SessionKeeper:
+    """Keeps ``sessions`` and their ``reservations`` between calls (module docstring);
+    ``idle_timeout_s``: clock seconds without a call after which a session ends."""
+
+    def __init__(
+        self,
+        sessions: SessionBook,
+        reservations: SessionReservations,
+        recorder: Recorder,
+        pool: RuntimePool,
+        clock: Clock,
+        time: TimeScale,
+        idle_timeout_s: float,
+    ) -> None:
+        self._sessions = sessions
+        self._reservations = reservations
+        self._recorder = recorder
+        self._metrics = recorder.metrics
+        self._pool = pool
+        self._clock = clock
+        self._time = time
+        self.idle_timeout_s = idle_timeout_s
+
+    # -- around a call ------------------------------------------------------------------------
+    async def routed(
+        self, state: SessionState, instance: str, now_s: float, now_at: datetime
+    ) -> None:
+        """The session's call goes to ``instance``: a reservation it held is settled (a hit
+        if it came back to the reserved instance), and the instance it left is told."""
+        settled = self._reservations.started(
+            state.key, instance, now_s, concurrent=state.inflight > 0
+        )
+        if settled is not None:
+            self._metrics.reservations.labels(settled.value).inc()
+            self._release(state, "expired" if settled is Settled.EXPIRED else "returned", now_at)
+        if state.last_instance is not None and state.last_instance != instance:
+            await self._pool[state.last_instance].session_moved(state.key)
+
+    def replied(
+        self, call: PreparedCall, state: SessionState, conversation: Conversation, instance: str,
+        output: ModelOutput,
+    ) -> None:  # fmt: skip
+        """The call's reply came from ``instance``: the session continues from it (unless it
+        ended while the call ran)."""
+        state.last_instance = instance
+        state.last_finish_reason = output.finish_reason
+        if call.call.messages is not None and not state.ended:
+            reply = fingerprint(output.as_message())
+            self._sessions.call_finished(state, conversation, reply, self._clock.now())
+
+    def after_call(
+        self, call: PreparedCall, state: SessionState, instance: str, output: ModelOutput,
+        finished_at: datetime,
+    ) -> None:  # fmt: skip
+        """After the call's records: end the session if the call was its last, else take a
+        reservation when the reply asks for tools (or the client hinted a gap); then the
+        session's record. A session that ended while the call ran stays ended: nothing more
+        of it is kept (no reservation, no session record that would reopen it)."""
+        if state.ended:
+            return
+        single = call.call.messages is None and not call.identity.explicit
+        final = call.identity.final or single
+        taken = self._reservations.finished(
+            state.key,
+            instance,
+            self._clock.now(),
+            final=final,
+            asks_tools=bool(output.tool_calls) or output.finish_reason == "tool_calls",
+            hint_s=self._time.clock(call.identity.tool_gap_hint_s),
+        )
+        if final:
+            self.end(state, "final", finished_at)
+            return
+        if taken is not None:
+            self._taken(state, taken, finished_at)
+        self._recorder.session(state, finished_at)
+
+    # -- reservations -------------------------------------------------------------------------
+    def _taken(self, state: SessionState, held: SoftReservation, now_at: datetime) -> None:
+        """Record a reservation just taken (releasing the one it replaces)."""
+        self._release(state, "replaced", now_at)
+        wall = self._time.wall
+        state.reservation = ReservationRecord(
+            reservation_id=uuid.uuid4().hex,
+            session_id=state.key,
+            instance=held.instance,
+            held_bytes=0.0,
+            created_at=now_at,
+            expected_return_at=now_at + timedelta(seconds=wall(held.expected_gap_s)),
+            expires_at=now_at + timedelta(seconds=wall(held.expires_s - held.created_s)),
+        )
+        self._metrics.reservations.labels("taken").inc()
+        self._recorder.submit(state.reservation)
+
+    def _release(self, state: SessionState, reason: str, now_at: datetime) -> None:
+        """Record the release of the session's reservation (if it has one recorded)."""
+        if state.reservation is None:
+            return
+        self._recorder.submit(replace(state.reservation, released_at=now_at, release_reason=reason))
+        state.reservation = None
+
+    async def sweep(self) -> None:
+        """Release expired reservations; end sessions idle beyond the timeout."""
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        for held in self._reservations.sweep(now_s):
+            state = self._sessions.get(held.session)
+            if state is not None and state.reservation is not None:
+                self._metrics.reservations.labels("expired").inc()
+                self._release(state, "expired", now_at)
+        for state in self._sessions.idle(now_s, self.idle_timeout_s):
+            await self._end_on_runtime(state)
+            self.end(state, "idle", now_at)
+
+    # -- hints and ends -----------------------------------------------------------------------
+    async def hint(
+        self, session_id: str, tenant_id: str, expected_s: float | None, tool: str | None
+    ) -> bool:
+        """Record a tool-gap hint (``expected_s`` in wall seconds); reserve on the session's
+        last instance. False: no live session of that id for this tenant."""
+        now_at = datetime.now(UTC)
+        state = self._sessions.named(tenant_id, session_id)
+        if state is None or state.ended:
+            return False
+        self._recorder.submit(HintRecord(state.key, now_at, expected_s, tool))
+        expected = self._time.clock(expected_s)
+        if state.last_instance is not None and expected is not None:
+            await self._pool[state.last_instance].hint(state.key, expected)
+            taken = self._reservations.hint(
+                state.key, self._clock.now(), expected, concurrent=state.inflight > 0
+            )
+            if taken is not None:
+                self._taken(state, taken, now_at)
+        return True
+
+    async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
+        """End a live session and its children. ``tenant_id`` None (the admin): ``session_id``
+        is a key, or a client's id that only one tenant uses. False if there is no such live
+        session."""
+        if tenant_id is None:
+            state = self._sessions.get(session_id)
+            if state is None:
+                named = self._sessions.by_external_id(session_id)
+                if len(named) > 1:
+                    keys = ", ".join(s.key for s in named)
+                    raise ApiError(
+                        409,
+                        f"Several tenants have a live session {session_id!r}; end one by its "
+                        f"key ({keys}).",
+                        code="ambiguous_session",
+                    )
+                state = named[0] if named else None
+        else:
+            state = self._sessions.named(tenant_id, session_id)
+        if state is None or state.ended:
+            return False
+        now_at = datetime.now(UTC)
+        for child in [*self._sessions.children(state.key), state]:
+            self._recorder.submit(HintRecord(child.key, now_at, None, None, kind="end"))
+            await self._end_on_runtime(child)
+            self.end(child, reason, now_at)
+        return True
+
+    async def _end_on_runtime(self, state: SessionState) -> None:
+        """Tell the session's last instance that it ended (its KV may go)."""
+        if state.last_instance is not None:
+            await self._pool[state.last_instance].end_session(state.key)
+
+    def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
+        """End the session for ``reason``: release its reservation, observe its completion
+        time, forget it, and record its end."""
+        if state.reservation is not None:
+            self._metrics.reservations.labels("ended").inc()
+            self._release(state, "ended", now_at)
+        self._metrics.sct.labels(state.model).observe(
+            self._time.wall(self._clock.now() - state.started_s)
+        )
+        self._sessions.forget(state)
+        self._recorder.session(state, now_at, ended_reason=reason)
+        self._metrics.live_sessions.set(len(self._sessions))

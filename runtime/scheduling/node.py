@@ -56,19 +56,22 @@ class UnknownModelError(LookupError):
 class NodeScheduler:
     """One node's scheduler: a FIFO of waiting calls per model, served in slots.
 
-    Slots: the node serves a resident set (the slot's model, plus with ``co_residency`` every
-    model whose weights fit beside it: Σ weights + the largest KV floor ≤ HBM). The next slot's
-    model is the next in round-robin order with a waiting call, or with ``demand_slots`` the
-    highest (waiting + expected_back) × (1 + oldest_wait / Q), a starving model (oldest wait ≥
-    2Q) first. A slot has a deadline only while contended (a non-resident model has a waiting
-    call): start + Q, or Q × clamp(n × share, ½, 2) with ``demand_slots``; it closes then, or
-    earlier when idle, and its running calls drain before the switch (never preempted).
+    Slots: the node serves a resident set: the slot's model, plus with ``co_residency`` the
+    models that fit beside it (Σ weights + the largest full-context KV floor ≤ HBM). The next
+    slot goes to the first model after the slot's in round-robin order with a call waiting
+    outside the resident set, or with ``demand_slots`` to the highest score = (waiting +
+    expected_back) × (1 + oldest_wait / Q), a starving model (oldest wait ≥ S = 2Q) first. A
+    slot has a deadline only while contended (a non-resident model has a waiting call): start
+    + Q, or start + Q × clamp(n × share, ½, 2) with ``demand_slots``. It closes then, or
+    earlier when idle (nothing running, nothing it may admit, no live reservation); its running
+    calls drain (never preempted) before the switch.
 
-    Admission: a call waiting when its slot opened is admitted (memory permitting); a later
-    one at once if the slot is uncontended; in a contended slot it waits for the next one,
-    unless ``sp_admission`` is on, it is a continuation (its session ran here) and its budget
+    Admission: a call waiting when its slot opened is admitted; a later one at once if its
+    model's slot is uncontended; in a contended slot it waits for the next slot, unless
+    ``sp_admission`` is on, it is a continuation (its session has run here) and its budget
     fits: estimated service (prefill or KV restore + expected output × decode step) ≤ time to
-    the deadline, and needed HBM ≤ free + evictable idle KV + staged − others' reserved bytes.
+    the deadline. Every admission needs HBM: needed ≤ free + staged + evictable idle KV −
+    other sessions' reserved bytes.
     """
 
     def __init__(
@@ -82,7 +85,7 @@ class NodeScheduler:
         pcie: PcieLink | None = None,
     ) -> None:
         self.name = name
-        self.pcie = pcie  # the engines' shared link, kept for status and statistics
+        self.pcie = pcie  # the engines' shared link, kept for the replay's statistics
         self.engines = dict(engines)
         self.order = list(engines)
         self.memory = memory

@@ -9,8 +9,8 @@ from talaria.proxy.runtime_client import InProcessRuntime
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.engines.sim_reply import ReplyPolicy
 from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
-from talaria.runtime.scheduling.node import SchedulerConfig
 
 
 def build_embedded(

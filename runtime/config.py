@@ -35,15 +35,22 @@ class NodeConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """One ``[[model]]`` entry: a hosted model and the engine that serves it."""
+
     name: str
-    engine: str  # "sim" or "vllm"
+    engine: str
+    """``sim`` (a catalog model, simulated) or ``vllm``."""
     path: str | None = None
+    """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. max_model_len, gpu_memory_utilization)."""
 
 
 @dataclass(frozen=True)
 class NodeConfig:
+    """A node configuration file: its ``[node]`` table and its models, in order (the order is
+    the scheduler's round-robin order)."""
+
     name: str
     models: tuple[ModelConfig, ...]
     policy: str = "talaria"
@@ -52,6 +59,7 @@ class NodeConfig:
     server: str = "h200x8"
     profile: str = "default"
     base_dir: Path = Path(".")
+    """The config file's folder: relative model paths start here."""
 
     def model_dir(self, model: ModelConfig) -> Path:
         """A vLLM model's directory: absolute, relative to the config file, or a shipped tiny
@@ -71,6 +79,8 @@ class NodeConfig:
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
+    """Read and check a node configuration file (format in the module docstring); a missing or
+    unknown field is a ``NodeConfigError``."""
     file = Path(path)
     try:
         doc = tomllib.loads(file.read_text())

@@ -65,12 +65,16 @@ ENGINE_SHUTDOWN_S = 30.0
 """After the drain timeout, what stopping the node and shutting the engines down gets (vLLM's
 engine shutdown takes seconds per engine) before the process is ended."""
 
-RECENT_SLOTS = 100
-"""How many of the latest slots ``/v1/runtime/status`` lists (model, times, admissions)."""
+STATUS_SLOTS = 100
+"""How many of the latest slots ``/v1/runtime/status`` lists in ``slots`` (model, times,
+admissions); its ``recent_slots`` holds ``core.status.RECENT_SLOTS``."""
 
 
 @dataclass
 class RuntimeState:
+    """What the routes read: the node's config, its scheduler, the loop watchdog, and whether
+    it is ready (engines started, not draining)."""
+
     config: NodeConfig
     node: NodeScheduler
     watchdog: LoopWatchdog
@@ -82,6 +86,10 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = None) -> FastAPI:
+    """The runtime's FastAPI app (endpoints in the module docstring). Its lifespan builds the
+    node from ``config`` and the catalog, starts the engines one at a time and then the
+    scheduler, and at the end stops the scheduler and shuts the engines down."""
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         clock = LoopClock(config.time_scale)
@@ -139,7 +147,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
                 "admitted": s.admitted,
                 "sp_admitted": s.sp_admitted,
             }
-            for s in node.slots[-RECENT_SLOTS:]
+            for s in node.slots[-STATUS_SLOTS:]
         ]
         engines = {name: asdict(e.info()) for name, e in node.engines.items()}
         return _json(
@@ -216,6 +224,9 @@ def serve_runtime(
 
 
 async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes]:
+    """The call's events as NDJSON lines; a failure ends the stream with an ``ErrorEvent``
+    line (the 200 has already gone out)."""
+
     def line(event: GenerationEvent | ErrorEvent) -> bytes:
         return json.dumps(event_to_dict(event)).encode() + b"\n"
 

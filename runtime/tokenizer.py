@@ -63,7 +63,9 @@ class Tokenizer(Protocol):
     """What an engine needs from a tokenizer."""
 
     @property
-    def eos_token_id(self) -> int | None: ...
+    def eos_token_id(self) -> int | None:
+        """The end-of-sequence id, if the tokenizer has one."""
+        ...
 
     def encode(self, text: str) -> list[int]:
         """Token ids of a plain-text prompt, with the model's beginning-of-sequence token."""
@@ -80,7 +82,9 @@ class Tokenizer(Protocol):
         them)."""
         ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids`` (special tokens left out)."""
+        ...
 
 
 def _tool_call_json(call: Mapping[str, Any]) -> str:
@@ -119,9 +123,11 @@ class ByteTokenizer:
 
     @property
     def eos_token_id(self) -> int | None:
+        """``EOS_ID`` (2)."""
         return EOS_ID
 
     def encode(self, text: str) -> list[int]:
+        """bos + the UTF-8 bytes of ``text``, each as ``BYTE_OFFSET`` + byte."""
         return [BOS_ID, *(BYTE_OFFSET + b for b in text.encode("utf-8"))]
 
     def encode_chat(
@@ -134,9 +140,12 @@ class ByteTokenizer:
         return self.encode(render_chat(messages))
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        """The byte chat template's text (``render_chat``)."""
         return render_chat(messages)
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The bytes of the in-range ids as UTF-8 (errors replaced); pad, bos and eos as
+        nothing; an id ≥ 259 as ``<id>``."""
         out: list[str] = []
         pending = bytearray()
         for i in ids:
@@ -163,10 +172,12 @@ class HFTokenizer:
 
     @property
     def eos_token_id(self) -> int | None:
+        """The wrapped tokenizer's end-of-sequence id, if it is an int."""
         eos = getattr(self._tok, "eos_token_id", None)
         return eos if isinstance(eos, int) else None
 
     def encode(self, text: str) -> list[int]:
+        """The wrapped tokenizer's ids of ``text``, with its special tokens."""
         return list(self._tok.encode(text, add_special_tokens=True))
 
     def render_chat(
@@ -175,6 +186,8 @@ class HFTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
+        """The model's chat template applied to ``messages`` (and ``tools``), ending with
+        the generation prompt, as text."""
         text = self._tok.apply_chat_template(
             [dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
@@ -190,14 +203,17 @@ class HFTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
     ) -> list[int]:
+        """``render_chat``'s text encoded without adding special tokens again."""
         text = self.render_chat(messages, tools, template_kwargs)
         return list(self._tok.encode(text, add_special_tokens=False))
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The wrapped tokenizer's text of ``ids``, special tokens skipped."""
         return str(self._tok.decode(list(ids), skip_special_tokens=True))
 
 
 def has_tokenizer_files(model_dir: str | Path) -> bool:
+    """The directory holds any of ``TOKENIZER_FILES``."""
     path = Path(model_dir)
     return any((path / name).is_file() for name in TOKENIZER_FILES)
 

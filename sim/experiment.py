@@ -22,8 +22,9 @@ from talaria.core.types import CallResult, KvSource
 from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.factory import NodeSetup
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
-from talaria.runtime.scheduling.node import SchedulerConfig, SlotRecord
+from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy

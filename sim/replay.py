@@ -23,8 +23,10 @@ from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
-from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig, SlotRecord
+from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.cluster import Dispatcher
 
 

@@ -56,8 +56,8 @@ import openai
 from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace, read_trace
 from talaria.runtime.factory import NodeSetup
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
-from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.fidelity import FidelityWorkload, compare, fidelity_workload, repeatability
 from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import Transport, replay

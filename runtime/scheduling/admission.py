@@ -8,8 +8,8 @@ budget fits:
 
 - time: estimated service time (prefill or KV restore of what is not cached, plus the expected
   output tokens at the current decode step time) ≤ time left before the slot's deadline;
-- tokens: the HBM bytes it needs ≤ free HBM + evictable idle KV − bytes held by other sessions'
-  soft reservations (checked by ``fits_memory``).
+- tokens: the HBM bytes it needs ≤ free HBM + staged weights + evictable idle KV − bytes held by
+  other sessions' soft reservations (checked by ``fits_memory``, for every admitted call).
 
 A closing slot (quantum elapsed, draining) admits nothing.
 """
@@ -22,6 +22,8 @@ from enum import StrEnum
 
 
 class AdmitReason(StrEnum):
+    """Why a waiting call was admitted, or why it keeps waiting (rules in the module doc)."""
+
     SLOT_BATCH = "slot-batch"
     UNCONTENDED = "uncontended"
     SP_BUDGET = "sp-budget"
@@ -33,11 +35,14 @@ class AdmitReason(StrEnum):
 
 @dataclass(frozen=True)
 class AdmissionDecision:
+    """Admit or wait, and why."""
+
     admit: bool
     reason: AdmitReason
 
     @property
     def sp(self) -> bool:
+        """Admitted mid-slot by the SP budget (the engine may give it SP priority)."""
         return self.reason is AdmitReason.SP_BUDGET
 
 
@@ -51,8 +56,12 @@ def decide_admission(
     remaining_s: float,
     estimate_service_s: Callable[[], float],
 ) -> AdmissionDecision:
-    """``estimate_service_s`` is called only when the time budget decides (it costs a
-    prefill and decode estimate; most calls are decided without it)."""
+    """Admit or wait, in this order: closing → wait; in the slot's batch → admit; uncontended
+    → admit; ``sp_admission`` off → wait for the next slot; not a continuation → wait;
+    estimate_service_s() > remaining_s → wait; else admit by the SP budget.
+
+    ``estimate_service_s`` is called only when the time budget decides (it costs a prefill and
+    decode estimate; most calls are decided without it)."""
     if closing:
         return AdmissionDecision(False, AdmitReason.WAIT_CLOSING)
     if in_slot_batch:

@@ -1,7 +1,8 @@
 """Scheduler feature flags and the named policies built from them.
 
 Every ablation is the same scheduler with flags switched: ``round`` has all of them off,
-``talaria`` all on, and ``+<flag>`` switches on one flag over ``round``.
+``talaria`` all on, ``+<flag>`` switches on one flag over ``round`` and ``-<flag>`` switches one
+off from ``talaria`` (several at once: ``+a+b``, ``-a-b``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass, fields, replace
 
 @dataclass(frozen=True)
 class SchedulerFlags:
+    """Which of the scheduler's features are on (all off: ``round``; all on: ``talaria``)."""
+
     sp_admission: bool = False
     """Admit a continuation of the active model mid-slot when it fits the slot's budget."""
     host_kv: bool = False
@@ -28,6 +31,7 @@ class SchedulerFlags:
     same time (``slots.resident_set``); only the models that do not fit are switched."""
 
     def enabled(self) -> list[str]:
+        """The names of the flags that are on, in declaration order."""
         return [f.name for f in fields(self) if getattr(self, f.name)]
 
 

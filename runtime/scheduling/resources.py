@@ -1,7 +1,7 @@
 """What the engines of one node share: HBM and host-DRAM byte accounting, the PCIe link, and
 the GPUs' time (``DeviceShare``).
 
-HBM holds the active model's weights, any staged weights of the next model, and session KV
+HBM holds the resident models' weights, any staged weights of the next model, and session KV
 (``KvLocation.HBM``). Host DRAM holds the pinned weight copies of every hosted model (outside
 the KV tier) and the host KV tier (``KvLocation.HOST``). Both tiers refuse to go over capacity:
 callers evict first; an overflow is a bug and raises ``CapacityError``.
@@ -23,6 +23,8 @@ class CapacityError(RuntimeError):
 
 
 class KvLocation(StrEnum):
+    """The tier a session's KV is in."""
+
     HBM = "hbm"
     HOST = "host"
 
@@ -41,6 +43,7 @@ class SessionKv:
 
     @property
     def pinned(self) -> bool:
+        """A call runs on it or a reservation holds it: eviction skips it."""
         return self.pins > 0
 
 
@@ -61,20 +64,25 @@ class NodeMemory:
     # -- totals ----------------------------------------------------------------------------
     @property
     def hbm_used_bytes(self) -> float:
+        """Weights + staged weights + KV in HBM."""
         return sum(self.weights.values()) + sum(self.staged.values()) + self._hbm_kv_bytes
 
     @property
     def hbm_kv_bytes(self) -> float:
+        """Session KV in HBM."""
         return self._hbm_kv_bytes
 
     @property
     def host_kv_bytes(self) -> float:
+        """Session KV in the host tier."""
         return self._host_kv_bytes
 
     def hbm_free_bytes(self) -> float:
+        """HBM capacity − HBM used."""
         return self.hbm_capacity_bytes - self.hbm_used_bytes
 
     def host_free_bytes(self) -> float:
+        """Host KV tier capacity − host KV used."""
         return self.host_kv_capacity_bytes - self._host_kv_bytes
 
     def _check(self) -> None:
@@ -88,18 +96,22 @@ class NodeMemory:
 
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, model: str, nbytes: float) -> None:
+        """The model's weights are in HBM (replacing any staged copy)."""
         self.staged.pop(model, None)
         self.weights[model] = nbytes
         self._check()
 
     def unload_weights(self, model: str) -> None:
+        """The model's weights left HBM."""
         self.weights.pop(model, None)
 
     def stage(self, model: str, nbytes: float) -> None:
+        """``nbytes`` of the model's weights are staged in free HBM (``d2d_staging``)."""
         self.staged[model] = nbytes
         self._check()
 
     def unstage(self, model: str) -> None:
+        """The model's staged weights are dropped."""
         self.staged.pop(model, None)
 
     # -- session KV ------------------------------------------------------------------------
@@ -119,6 +131,7 @@ class NodeMemory:
         self._check()
 
     def resize(self, session_id: str, tokens: int, nbytes: float) -> None:
+        """The session's KV now holds ``tokens`` in ``nbytes`` (same tier)."""
         entry = self.kv[session_id]
         self._add(entry, -1)
         entry.tokens, entry.nbytes = tokens, nbytes
@@ -126,6 +139,7 @@ class NodeMemory:
         self._check()
 
     def move(self, session_id: str, location: KvLocation) -> None:
+        """The session's KV moved to ``location`` (offload or restore)."""
         entry = self.kv[session_id]
         self._add(entry, -1)
         entry.location = location
@@ -133,6 +147,7 @@ class NodeMemory:
         self._check()
 
     def drop(self, session_id: str) -> SessionKv | None:
+        """Forget the session's KV; the entry it had, if any."""
         entry = self.kv.pop(session_id, None)
         if entry is not None:
             self._add(entry, -1)
@@ -162,6 +177,7 @@ class PcieLink:
         self.bytes_moved = 0.0
 
     async def transfer(self, seconds: float, nbytes: float, priority: int = 0) -> None:
+        """Wait for the link (lower ``priority`` first), then hold it for ``seconds``."""
         if self._busy:
             fut: Future[None] = get_running_loop().create_future()
             heapq.heappush(self._waiters, (priority, next(self._order), fut))
@@ -210,6 +226,8 @@ class DeviceShare:
         self._busy: dict[str, Event] = {}
 
     def set_busy(self, engine: str, busy: bool, wake: Event) -> None:
+        """The engine has ready sequences (``busy``) or none; on a change the other busy
+        engines' ``wake`` events are set so they re-time their steps."""
         if busy == (engine in self._busy):
             return
         if busy:
@@ -221,6 +239,7 @@ class DeviceShare:
                 event.set()
 
     def others_busy(self, engine: str) -> int:
+        """k: how many other engines are busy."""
         return sum(1 for other in self._busy if other != engine)
 
     def stretch(

@@ -11,7 +11,7 @@ long its slot lasts, and when the slot closes. Pure.
   beside it, by demand.
 - A slot has a deadline only while it is *contended*, i.e. a model that is not resident has a
   waiting call.
-  Uncontended, the active model runs as plain continuous batching, in every policy.
+  Uncontended, the resident models run as plain continuous batching, in every policy.
 - A contended slot closes when its quantum has elapsed (``QUANTUM``), or earlier when it has
   nothing left to do (``IDLE``): no call running, no waiting call it may admit, and no live
   soft reservation expected back before the deadline.
@@ -26,6 +26,8 @@ from enum import StrEnum
 
 
 class CloseReason(StrEnum):
+    """Why a contended slot closed: its deadline passed, or it had nothing left to do."""
+
     QUANTUM = "quantum"
     IDLE = "idle"
 
@@ -89,10 +91,12 @@ class DemandPolicy:
 
     @property
     def starvation_s(self) -> float:
+        """S = starvation_factor × Q."""
         return self.starvation_factor * self.quantum_s
 
     @property
     def max_slot_s(self) -> float:
+        """Qmax = max_factor × Q, the longest slot."""
         return self.max_factor * self.quantum_s
 
 

@@ -18,8 +18,8 @@ from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSp
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA
-from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.cluster import Dispatcher
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import CLUSTER_POLICIES, resolve_policy

@@ -21,8 +21,8 @@ from talaria.proxy.records import CallRecord, Record, ReservationRecord, Session
 from talaria.proxy.runtime_client import InProcessRuntime
 from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
-from talaria.runtime.scheduling.node import SchedulerConfig
 
 MODEL = "glm-4.5-fp8"
 

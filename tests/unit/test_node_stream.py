@@ -8,8 +8,8 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import ReleaseReason
 from talaria.core.types import CallRequest, Finished, FirstToken, TokenDelta
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
-from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.replay import NodeSetup, build_node
 
 CATALOG = load_catalog()

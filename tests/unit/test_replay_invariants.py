@@ -19,8 +19,8 @@ from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult
 from talaria.runtime.costmodel import CostModel
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, policy_flags
-from talaria.runtime.scheduling.node import SchedulerConfig
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.replay import NodeSetup, replay

@@ -41,8 +41,9 @@ from talaria.runtime.engines.vllm import (
     tiny_model_dir,
     vllm_engine_args,
 )
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
-from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
+from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.resources import NodeMemory
 from talaria.runtime.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 

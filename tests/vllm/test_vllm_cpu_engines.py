@@ -31,8 +31,9 @@ from talaria.runtime.engines.vllm import (
     build_vllm_engine,
     tiny_model_dir,
 )
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA, SchedulerFlags
-from talaria.runtime.scheduling.node import NodeScheduler, SchedulerConfig
+from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.resources import NodeMemory
 from talaria.runtime.tokenizer import ByteTokenizer
 

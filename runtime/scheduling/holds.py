@@ -1,0 +1,74 @@
+"""Soft reservations on one node and the KV pins they hold (the ``soft_reservations`` flag).
+
+After a call that ends in a tool gap expected to close before its slot's deadline, the session
+holds the HBM bytes its next call will need and pins its KV (LRU eviction skips it) until it
+returns, moves, ends, its slot closes, or the reservation expires at
+``now + max(2·gap, gap + 1 s)`` (``core.reservations.plan_reservation``).
+"""
+
+from __future__ import annotations
+
+from talaria.core.reservations import ReleaseReason, ReservationTable, plan_reservation
+from talaria.core.types import CallResult
+from talaria.runtime.engine import Engine
+from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
+from talaria.runtime.scheduling.sessions import NodeSession
+
+
+class KvHolds:
+    """The node's reservation table, kept in step with the pins on the sessions' KV."""
+
+    def __init__(self, memory: NodeMemory) -> None:
+        self.memory = memory
+        self.table = ReservationTable()
+
+    def release(self, session_key: str, reason: ReleaseReason) -> None:
+        """Release the session's reservation, if it has one, and unpin its KV."""
+        if self.table.release(session_key, reason) is not None:
+            entry = self.memory.kv.get(session_key)
+            if entry is not None and entry.pins > 0:
+                entry.pins -= 1
+
+    def release_model(self, model: str) -> None:
+        """The model's slot closed (or its weights need the room): release its reservations."""
+        for res in self.table.for_model(model):
+            self.release(res.session_id, ReleaseReason.SLOT_CLOSED)
+
+    def expire(self, now_s: float) -> None:
+        """Release the reservations whose expiry has passed."""
+        for res in self.table.expired(now_s):
+            self.release(res.session_id, ReleaseReason.EXPIRED)
+
+    def hold(
+        self,
+        result: CallResult,
+        session: NodeSession,
+        engine: Engine,
+        *,
+        expected_gap_s: float,
+        deadline_s: float | None,
+        default_output_tokens: int,
+    ) -> None:
+        """Reserve for the session after its call ``result`` (``deadline_s``: its slot's, when
+        the slot is contended). Held bytes = kv_bytes(tokens + expected growth) − the bytes its
+        KV already has; an engine that keeps its own KV (vLLM) leaves no entry, so 0 is held.
+        Nothing when its KV already left HBM."""
+        entry = self.memory.kv.get(result.session_id)
+        if entry is not None and entry.location is not KvLocation.HBM:
+            return  # its KV already left HBM: nothing to hold
+        held = 0.0
+        if entry is not None:
+            growth = session.expected_growth_tokens(default_output_tokens)
+            held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
+        plan = plan_reservation(
+            session_id=result.session_id,
+            model=result.model,
+            now_s=result.finished_s,
+            expected_gap_s=expected_gap_s,
+            held_bytes=held,
+            deadline_s=deadline_s,
+        )
+        if plan is not None:
+            self.table.add(plan)
+            if entry is not None:
+                entry.pins += 1

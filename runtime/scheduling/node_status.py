@@ -1,0 +1,128 @@
+"""The status snapshot of one node that routing reads (``core.status.InstanceStatus``): per
+model its residency, queue, live sessions and when its next slot could begin; per session where
+its KV is and what getting it back would cost; the node's queue, running calls, KV use,
+reservations and latest slots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from talaria.core.status import (
+    RECENT_SLOTS,
+    InstanceStatus,
+    ModelResidency,
+    ModelState,
+    SessionKvStatus,
+    SlotView,
+)
+from talaria.core.types import KvSource
+from talaria.runtime.scheduling.resources import KvLocation
+from talaria.runtime.scheduling.state import NodeState
+
+
+class StatusReader:
+    """Reads a node's shared state into its ``InstanceStatus``."""
+
+    def __init__(self, state: NodeState) -> None:
+        self.state = state
+
+    def status(self) -> InstanceStatus:
+        """The snapshot at the clock's now (core/status.py)."""
+        state = self.state
+        slot, memory = state.slot, state.memory
+        now = state.clock.now()
+        waiting = state.waiting_counts()
+        live = state.sessions.live_counts(now, state.stale_window_s())
+        models = {
+            name: ModelResidency(
+                model=name,
+                state=(
+                    ModelState.ACTIVE
+                    if name in slot.resident
+                    else ModelState.STAGED
+                    if engine.staging
+                    else ModelState.HOST
+                ),
+                next_slot_in_s=self.next_slot_in_s(name, now, waiting),
+                staged_fraction=engine.snapshot().staged_fraction,
+                switch_s=engine.switch_in_s(),
+                waiting_calls=waiting[name],
+                live_sessions=live.get(name, 0),
+            )
+            for name, engine in state.engines.items()
+        }
+        sessions = {}
+        for entry in memory.kv.values():
+            engine = state.engines.get(entry.model)
+            if engine is None:
+                continue
+            in_hbm = entry.location is KvLocation.HBM
+            sessions[entry.session_id] = SessionKvStatus(
+                location=entry.location.value,
+                tokens=entry.tokens,
+                model=entry.model,
+                restore_s=0.0 if in_hbm else engine.kv_restore_s(entry.tokens),
+                recompute_s=engine.recompute_s(entry.tokens),
+            )
+        for name, engine in state.engines.items():
+            # KV a real engine keeps in its own pool, for the sessions still live here
+            for session_key, (tokens, source) in engine.session_kv().items():
+                if session_key in sessions or session_key not in state.sessions:
+                    continue
+                in_hbm = source is KvSource.HBM
+                location = KvLocation.HBM if in_hbm else KvLocation.HOST
+                sessions[session_key] = SessionKvStatus(
+                    location=location.value,
+                    tokens=tokens,
+                    model=name,
+                    restore_s=0.0 if in_hbm else engine.kv_restore_s(tokens),
+                    recompute_s=engine.recompute_s(tokens),
+                )
+        kv_room = (
+            memory.hbm_capacity_bytes - sum(memory.weights.values()) - sum(memory.staged.values())
+        )
+        return InstanceStatus(
+            instance=state.name,
+            at_s=now,
+            active_model=slot.active,
+            models=models,
+            sessions=sessions,
+            reserved={r.session_id: r.held_bytes for r in state.holds.table.live.values()},
+            waiting_calls=sum(waiting.values()),
+            waiting_prompt_tokens=sum(
+                w.request.prompt_tokens for q in state.waiting.values() for w in q
+            ),
+            running_calls=sum(e.running for e in state.engines.values()),
+            kv_utilization=min(1.0, memory.hbm_kv_bytes / kv_room) if kv_room > 0 else 1.0,
+            recent_slots=[
+                SlotView(
+                    model=s.model,
+                    start_s=s.start_s,
+                    switch_s=s.switch_s,
+                    end_s=s.end_s,
+                    close=None if s.close is None else s.close.value,
+                    admitted=s.admitted,
+                )
+                for s in slot.records[-RECENT_SLOTS:]
+            ],
+        )
+
+    def next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
+        """0 if resident; else the rest of the slot, a quantum + switch for each model ahead
+        in round-robin order with waiting calls, and this model's own switch."""
+        state, slot = self.state, self.state.slot
+        if model in slot.resident:
+            return 0.0
+        order = state.order
+        wait = 0.0
+        start = 0
+        if slot.active is not None:
+            wait = max(0.0, slot.deadline_s() - now)
+            start = order.index(slot.active) + 1
+        for i in range(len(order)):
+            ahead = order[(start + i) % len(order)]
+            if ahead == model:
+                break
+            if ahead not in slot.resident and waiting.get(ahead, 0) > 0:
+                wait += state.config.quantum_s + state.engines[ahead].switch_in_s()
+        return wait + state.engines[model].switch_in_s()

@@ -1,0 +1,110 @@
+"""What one node knows of each session it serves (``NodeSession``) and the book of them
+(``SessionBook``): the inputs of SP admission (is a call a continuation, how long will it
+decode), of soft reservations (the expected tool gap and KV growth) and of demand (who is in a
+tool gap and due back)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from talaria.core.reservations import GapEstimator
+from talaria.core.types import CallRequest, CallResult
+
+
+@dataclass
+class NodeSession:
+    """One session's history on this node."""
+
+    model: str
+    calls: int = 0
+    """Calls of the session finished here (> 0: its next call is a continuation)."""
+    last_finish_s: float | None = None
+    gaps: GapEstimator = field(default_factory=GapEstimator)
+    output_tokens: int = 0
+    appended_tokens: int = 0
+    """Prompt tokens the calls after the first added to the previous call's context."""
+    context_tokens: int = 0
+    """The last finished call's prompt + output tokens."""
+    hint_gap_s: float | None = None
+    pending: int = 0
+    """Calls of the session queued or running here."""
+
+    def expected_gap_s(self) -> float:
+        """The caller's hint if it gave one, else the mean observed gap (with its prior)."""
+        return self.hint_gap_s if self.hint_gap_s is not None else self.gaps.expected_s()
+
+    def expected_output_tokens(self, default: int) -> int:
+        """round(output_tokens / calls): the mean output so far; ``default`` before any call."""
+        return round(self.output_tokens / self.calls) if self.calls else default
+
+    def expected_growth_tokens(self, default_output: int) -> int:
+        """Tokens the next call is expected to add: mean appended + mean output so far."""
+        appended = self.appended_tokens / (self.calls - 1) if self.calls > 1 else 0
+        return round(appended) + self.expected_output_tokens(default_output)
+
+
+class SessionBook:
+    """The sessions of one node by key (``CallRequest.session_id``), in first-seen order."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, NodeSession] = {}
+
+    def __contains__(self, session_key: str) -> bool:
+        return session_key in self.sessions
+
+    def get(self, session_key: str) -> NodeSession | None:
+        """The session, or None if this node does not know it."""
+        return self.sessions.get(session_key)
+
+    def get_or_add(self, session_key: str, model: str) -> NodeSession:
+        """The session, created on its first call (or on a call queued before it ended)."""
+        return self.sessions.setdefault(session_key, NodeSession(model))
+
+    def forget(self, session_key: str) -> None:
+        """The session ended: drop what the node knew of it."""
+        self.sessions.pop(session_key, None)
+
+    def arrived(self, request: CallRequest, now_s: float) -> None:
+        """A call of the session arrived: observe the gap since its last call ended and the
+        tokens its prompt appended to that call's context, and count it pending."""
+        session = self.get_or_add(request.session_id, request.model)
+        if session.last_finish_s is not None:
+            session.gaps.observe(now_s - session.last_finish_s)
+        if session.context_tokens:
+            session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
+        session.pending += 1
+
+    def settled(self, session_key: str) -> None:
+        """A call of the session left the node (finished, failed or withdrawn)."""
+        session = self.sessions.get(session_key)
+        if session is not None and session.pending > 0:
+            session.pending -= 1
+
+    def finished(self, result: CallResult) -> NodeSession | None:
+        """Count a finished call (its output and context); None if the session is gone."""
+        session = self.sessions.get(result.session_id)
+        if session is None:
+            return None
+        session.calls += 1
+        session.output_tokens += result.output_tokens
+        session.context_tokens = result.prompt_tokens + result.output_tokens
+        session.last_finish_s = result.finished_s
+        return session
+
+    def in_gap(self, now_s: float, stale_window_s: float) -> list[NodeSession]:
+        """Sessions in a tool gap: nothing queued or running here, their last call ended within
+        ``stale_window_s`` of ``now_s``."""
+        stale = now_s - stale_window_s
+        return [
+            s
+            for s in self.sessions.values()
+            if not s.pending and s.last_finish_s is not None and s.last_finish_s >= stale
+        ]
+
+    def live_counts(self, now_s: float, stale_window_s: float) -> dict[str, int]:
+        """Per model: sessions with a call here now, or in a tool gap (``in_gap``)."""
+        live: dict[str, int] = {}
+        pending = [s for s in self.sessions.values() if s.pending]
+        for session in pending + self.in_gap(now_s, stale_window_s):
+            live[session.model] = live.get(session.model, 0) + 1
+        return live

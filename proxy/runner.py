@@ -29,7 +29,7 @@ from talaria.core.types import (
 from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
 from talaria.proxy.errors import ApiError, bad_request, unavailable
 from talaria.proxy.recorder import Recorder
-from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.book import SessionState
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.keeper import SessionKeeper

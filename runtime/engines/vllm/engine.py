@@ -12,7 +12,14 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from talaria.core.calls import FinishReason, ModelOutput, OutputAccumulator, OutputDelta
+from talaria.core.calls import (
+    DEFAULT_SAMPLING,
+    Call,
+    FinishReason,
+    ModelOutput,
+    OutputAccumulator,
+    OutputDelta,
+)
 from talaria.core.clock import Clock
 from talaria.core.types import (
     CallRejected,
@@ -65,7 +72,7 @@ def _context_error(exc: CallRejected) -> CallRejected:
 def _token_sampling(request: CallRequest) -> dict[str, Any]:
     """The caller's sampling parameters that apply to a call sent as token ids (no stop strings
     or logprobs there: the engine decodes itself; chat calls get every parameter)."""
-    return decoding_params(request.sampling)
+    return decoding_params(request.call.sampling if request.call is not None else DEFAULT_SAMPLING)
 
 
 PROMPT_MEMO = 256
@@ -368,15 +375,16 @@ class VLLMEngine:
     # -- prompts and prefix prediction -----------------------------------------------------
     def _prompt_ids(self, request: CallRequest) -> list[int]:
         """The call's prompt ids (memoised per request): ``messages`` through the chat
-        template, else ``prompt_text``, else synthetic ids of length ``prompt_tokens``."""
+        template, else its text ``prompt``, else synthetic ids of length ``prompt_tokens``."""
         ids = self._prompts.get(request.request_id)
         if ids is not None:
             return ids
-        if request.messages is not None:
-            tools = [t.to_openai() for t in request.tools] or None
-            ids = self._tok.encode_chat(request.messages, tools, request.template_kwargs)
-        elif request.prompt_text is not None:
-            ids = self._tok.encode(request.prompt_text)
+        call = request.call
+        if call is not None and call.messages is not None:
+            tools = [t.to_openai() for t in call.tools] or None
+            ids = self._tok.encode_chat(call.messages, tools, call.template_kwargs)
+        elif call is not None and call.prompt is not None:
+            ids = self._tok.encode(call.prompt)
         else:
             ids = self._memory.synthetic_ids(request)
         self._prompts[request.request_id] = ids
@@ -410,8 +418,9 @@ class VLLMEngine:
             await events.aclose()
 
     async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
-        if self._chat is not None and admission.request.messages is not None:
-            async for event in self._generate_chat(admission, self._chat):
+        call = admission.request.call
+        if self._chat is not None and call is not None and call.messages is not None:
+            async for event in self._generate_chat(admission, call, self._chat):
                 yield event
             return
         request = admission.request
@@ -424,7 +433,7 @@ class VLLMEngine:
                 "context_length_exceeded",
                 f"This model's maximum context length is {self._opt.max_model_len} tokens. "
                 f"However, your prompt is {len(ids)} tokens ({self.model}).",
-                param="messages" if request.messages is not None else "prompt",
+                param="messages" if call is not None and call.messages is not None else "prompt",
             )
         known = request.output_tokens  # a replayed reply: exactly that many tokens
         params = self._api.sampling_params(
@@ -495,18 +504,19 @@ class VLLMEngine:
         )
 
     async def _generate_chat(
-        self, admission: Admission, chat: VllmChat
+        self, admission: Admission, call: Call, chat: VllmChat
     ) -> AsyncGenerator[GenerationEvent, None]:
         """A chat call through vLLM's serving layer (chat.py): its deltas as vLLM streams
         them; the prompt ids and cached tokens it reports go to the session's KV record."""
         request = admission.request
         self._prompts.pop(request.request_id, None)
         body = to_vllm_request(
-            request,
+            call,
             model=self.model,
             request_id=f"{request.request_id}#{next(self._ids)}",
             priority=PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT,
             max_tokens=request.output_tokens or request.max_output_tokens,
+            cache_salt=request.cache_salt,
         )
         try:
             vllm_request = chat.request(body)

@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from talaria.core.types import CallRequest, GenerationEvent, KvSource
+from talaria.core.calls import ModelOutput
+from talaria.core.types import CallRequest, CallResult, EngineTimes, GenerationEvent, KvSource
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,49 @@ class Admission:
     sp_admitted: bool
     kv_source: KvSource
     cached_tokens: int
+
+
+def call_result(
+    admission: Admission,
+    node: str,
+    *,
+    output_tokens: int,
+    first_token_s: float,
+    finished_s: float,
+    output: ModelOutput | None,
+    prompt_tokens: int | None = None,
+    cached_tokens: int | None = None,
+    kv_source: KvSource | None = None,
+    restored_bytes: float = 0.0,
+    recomputed_tokens: int = 0,
+    engine: EngineTimes | None = None,
+) -> CallResult:
+    """The ``CallResult`` of an admitted call, the one builder every engine uses.
+
+    From the admission: the request's ids and model, arrival, admission time and SP flag;
+    ``prompt_tokens`` defaults to the request's, ``cached_tokens`` and ``kv_source`` to the
+    admission's (an engine that counts again, as vLLM does, passes its own). ``node``: the
+    node's name. ``slot_wait_s`` is left 0 (the node scheduler sets it)."""
+    request = admission.request
+    return CallResult(
+        request_id=request.request_id,
+        session_id=request.session_id,
+        model=request.model,
+        node=node,
+        prompt_tokens=request.prompt_tokens if prompt_tokens is None else prompt_tokens,
+        cached_tokens=admission.cached_tokens if cached_tokens is None else cached_tokens,
+        output_tokens=output_tokens,
+        arrival_s=admission.arrival_s,
+        admitted_s=admission.admitted_s,
+        first_token_s=first_token_s,
+        finished_s=finished_s,
+        kv_source=admission.kv_source if kv_source is None else kv_source,
+        restored_bytes=restored_bytes,
+        recomputed_tokens=recomputed_tokens,
+        sp_admitted=admission.sp_admitted,
+        output=output,
+        engine=engine,
+    )
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.costmodel import CostModel, PrefillChunk
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot, call_result
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
 from talaria.runtime.scheduling.resources import (
     DeviceShare,
@@ -487,23 +487,15 @@ class SimEngine:
             assert seq.first_token_s is not None
             assert seq.queued_s is not None and seq.scheduled_s is not None
             seq.done.set_result(
-                CallResult(
-                    request_id=request.request_id,
-                    session_id=request.session_id,
-                    model=self.model,
-                    node=self._node,
-                    prompt_tokens=request.prompt_tokens,
-                    cached_tokens=seq.admission.cached_tokens,
+                call_result(
+                    seq.admission,
+                    self._node,
                     output_tokens=seq.output_done,
-                    arrival_s=seq.admission.arrival_s,
-                    admitted_s=seq.admission.admitted_s,
                     first_token_s=seq.first_token_s,
                     finished_s=now,
-                    kv_source=seq.admission.kv_source,
+                    output=seq.reply.output if seq.reply is not None else None,
                     restored_bytes=seq.restored_bytes,
                     recomputed_tokens=seq.recomputed_tokens,
-                    sp_admitted=seq.admission.sp_admitted,
-                    output=seq.reply.output if seq.reply is not None else None,
                     engine=EngineTimes(seq.queued_s, seq.scheduled_s, seq.first_token_s, now),
                 )
             )

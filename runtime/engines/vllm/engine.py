@@ -24,7 +24,6 @@ from talaria.core.clock import Clock
 from talaria.core.types import (
     CallRejected,
     CallRequest,
-    CallResult,
     EngineTimes,
     Finished,
     FirstToken,
@@ -33,7 +32,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot, call_result
 from talaria.runtime.engines.vllm.adapter import (
     PRIORITY_DEFAULT,
     PRIORITY_SP,
@@ -583,22 +582,17 @@ class VLLMEngine:
         recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
         self._memory.remember(request.session_id, ids + out_ids, self.epoch)
         return Finished(
-            CallResult(
-                request_id=request.request_id,
-                session_id=request.session_id,
-                model=self.model,
-                node=self._node,
+            call_result(
+                admission,
+                self._node,
                 prompt_tokens=prompt_tokens or len(ids),
                 cached_tokens=cached,
                 output_tokens=output_tokens or len(out_ids),
-                arrival_s=admission.arrival_s,
-                admitted_s=admission.admitted_s,
                 first_token_s=first_s,
                 finished_s=self._clock.now(),
                 kv_source=source,
                 restored_bytes=self._kv.kv_bytes(cached) if source is KvSource.HOST else 0.0,
                 recomputed_tokens=recomputed,
-                sp_admitted=admission.sp_admitted,
                 output=output,
                 engine=engine,
             )

@@ -35,8 +35,11 @@ class NodeConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """One ``[[model]]`` of a node config."""
+
     name: str
-    engine: str  # "sim" or "vllm"
+    engine: str
+    """An engine registered in runtime/factory.py's ``ENGINES`` (``sim``, ``vllm``)."""
     path: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """Engine-specific settings (e.g. max_model_len, gpu_memory_utilization)."""
@@ -44,6 +47,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class NodeConfig:
+    """A runtime server's node: its name, scheduler policy, clock and models."""
+
     name: str
     models: tuple[ModelConfig, ...]
     policy: str = "talaria"
@@ -71,6 +76,10 @@ class NodeConfig:
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
+    """The node config of a TOML file (the module docstring shows one); a missing field or an
+    unknown name is a ``NodeConfigError``."""
+    from talaria.runtime.factory import ENGINES  # here: the factory imports this module
+
     file = Path(path)
     try:
         doc = tomllib.loads(file.read_text())
@@ -85,8 +94,11 @@ def load_node_config(path: str | Path) -> NodeConfig:
         if not isinstance(entry, dict) or "name" not in entry:
             raise NodeConfigError(f"{file}: every [[model]] needs a name")
         engine = entry.get("engine", "sim")
-        if engine not in ("sim", "vllm"):
-            raise NodeConfigError(f"{file}: model {entry['name']}: engine must be sim or vllm")
+        if engine not in ENGINES:
+            raise NodeConfigError(
+                f"{file}: model {entry['name']}: unknown engine {engine!r}; "
+                f"known engines: {', '.join(ENGINES)}"
+            )
         options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
         models.append(ModelConfig(entry["name"], engine, entry.get("path"), options))
     known = {"name", "policy", "quantum_s", "time_scale", "server", "profile"}

@@ -74,6 +74,9 @@ def call_result(
 
 @dataclass(frozen=True)
 class EngineSnapshot:
+    """An engine's state for the node's status: active, running calls, the staged fraction of
+    its weights, and its busy seconds so far."""
+
     model: str
     active: bool
     running: int
@@ -98,7 +101,12 @@ class EngineInfo:
 
 
 class Engine(Protocol):
+    """One model's executor on a node, as the slot scheduler drives it (the module docstring
+    says how admission and switches are split). runtime/factory.py's ``ENGINES`` registers the
+    implementations a node config may name."""
+
     model: str
+    """The model it serves (the node's key for it, and the results' ``model``)."""
 
     async def start(self) -> None:
         """Bring the engine up (a real engine loads its model; start a node's engines one at
@@ -110,7 +118,9 @@ class Engine(Protocol):
         ...
 
     @property
-    def active(self) -> bool: ...
+    def active(self) -> bool:
+        """Whether the model is switched in: it admits calls (``try_admit``) only then."""
+        ...
 
     @property
     def running(self) -> int:
@@ -161,22 +171,45 @@ class Engine(Protocol):
         """Commit memory for the call (evicting idle KV or staged weights) or return None."""
         ...
 
-    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]: ...
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+        """Serve an admitted call: ``FirstToken``, ``TokenDelta``s if the request streams,
+        then ``Finished`` with its ``CallResult`` (``call_result`` builds it). Raising
+        ``CallRejected`` fails just this call as the caller's fault."""
+        ...
 
-    async def activate(self) -> float: ...
+    async def activate(self) -> float:
+        """Switch the model in (wake its weights, or finish staging them); returns the
+        seconds it took."""
+        ...
 
-    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float: ...
+    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
+        """Switch the model out once its calls have drained; ``keep_kv_on_host``: move its
+        sessions' KV to host memory rather than drop it; ``keep_host_weight_copy``: a pinned
+        host copy of the weights exists, so nothing needs copying out. Returns the seconds it
+        took."""
+        ...
 
-    def start_staging(self) -> bool: ...
+    def start_staging(self) -> bool:
+        """Begin copying the weights in ahead of a switch, if there is room now; whether it
+        began."""
+        ...
 
     @property
-    def staging(self) -> bool: ...
+    def staging(self) -> bool:
+        """Whether weights are being (or have been) staged ahead of a switch."""
+        ...
 
-    def cancel_staging(self) -> None: ...
+    def cancel_staging(self) -> None:
+        """Stop staging and release what it claimed."""
+        ...
 
-    def snapshot(self) -> EngineSnapshot: ...
+    def snapshot(self) -> EngineSnapshot:
+        """Its state now, for the node's status."""
+        ...
 
-    def info(self) -> EngineInfo: ...
+    def info(self) -> EngineInfo:
+        """What a calibration needs to know about it (in the runtime's status)."""
+        ...
 
     def session_kv(self) -> Mapping[str, tuple[int, KvSource]]:
         """KV this engine holds outside the node's ``NodeMemory`` (a real engine's own pool),

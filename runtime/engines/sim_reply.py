@@ -72,6 +72,9 @@ _COMMAND_KEYS = ("command", "cmd")
 
 @dataclass(frozen=True)
 class ReplyPolicy:
+    """How the simulated engine answers live calls (the module docstring says what it
+    writes)."""
+
     tool_calls_before_answer: int = DEFAULT_TOOL_CALLS_BEFORE_ANSWER
     """A conversation with this many earlier tool calls gets a final answer (``auto``)."""
 

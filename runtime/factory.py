@@ -215,8 +215,8 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     (the simulated ones, sized from their catalog specs); a node of only self-managing engines
     (vLLM, whose ``needed_bytes`` is 0) gets its device's memory (``_device_memory``)."""
     flags = policy_flags(config.policy)
-    kinds = {m.name: engine_kind(m.engine) for m in config.models}
-    bound = [m for m in config.models if kinds[m.name].uses_node_memory]
+    kinds = [(m, engine_kind(m.engine)) for m in config.models]
+    bound = [m for m, kind in kinds if kind.uses_node_memory]
     memory = NodeMemory(float("inf"), 0.0)
     if bound:
         specs = [catalog.model(m.name) for m in bound]
@@ -224,9 +224,9 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     pcie = PcieLink(clock)
     device = DeviceShare()
     engines: dict[str, Engine] = {}
-    for model in config.models:
+    for model, kind in kinds:
         site = EngineSite(config, model, catalog, clock, flags, memory, pcie, device)
-        engines[model.name] = kinds[model.name].build(site)
+        engines[model.name] = kind.build(site)
     if not bound:
         memory = _device_memory(engines.values())
     scheduler = NodeScheduler(

@@ -4,9 +4,10 @@ nothing of each other.
 
 Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
 
-- **call** (``POST /v1/runtime/generate`` body): ``CallRequest``'s fields, with ``tools`` as
-  ``[{name, description, parameters}]``, ``tool_choice`` as ``{mode, name}`` and ``sampling``
-  as ``Sampling``'s fields (``stop`` a list);
+- **request** (``POST /v1/runtime/generate`` body): ``CallRequest``'s scheduling fields and
+  ``call``: null (a replayed trace entry) or the **call** document, ``Call``'s fields, with
+  ``tools`` as ``[{name, description, parameters, strict}]``, ``tool_choice`` as
+  ``{mode, name}`` and ``sampling`` as ``Sampling``'s fields (``stop`` a list);
 - **events** (the NDJSON reply, one per line): ``{"type": "first", "t_s", "cached_tokens",
   "kv_source", "delta"}``, ``{"type": "delta", "t_s", "tokens", "delta"}``,
   ``{"type": "finished", "result"}`` or ``{"type": "error", "message", "code"?, "param"?}``;
@@ -30,6 +31,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from talaria.core.calls import (
+    Call,
     ModelOutput,
     OutputDelta,
     Sampling,
@@ -51,12 +53,14 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
-calls, strict tools, logprobs."""
+calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s
+fields) instead of top-level fields of the request."""
 
 _REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
+_CALL_FIELDS = {f.name for f in fields(Call)}
 _RESULT_FIELDS = {f.name for f in fields(CallResult)}
 _ENGINE_FIELDS = {f.name for f in fields(EngineTimes)}
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
@@ -88,11 +92,11 @@ def _check_version(data: Mapping[str, Any], what: str) -> None:
 # -- calls ----------------------------------------------------------------------------------
 
 
-def request_to_dict(request: CallRequest) -> dict[str, Any]:
-    data: dict[str, Any] = {f.name: getattr(request, f.name) for f in fields(CallRequest)}
-    data["v"] = PROTOCOL_VERSION
-    if request.messages is not None:
-        data["messages"] = list(request.messages)
+def call_to_dict(call: Call) -> dict[str, Any]:
+    """The call document: ``Call``'s fields, with tools, tool choice and sampling as dicts."""
+    data: dict[str, Any] = {f.name: getattr(call, f.name) for f in fields(Call)}
+    if call.messages is not None:
+        data["messages"] = list(call.messages)
     data["tools"] = [
         {
             "name": t.name,
@@ -100,25 +104,25 @@ def request_to_dict(request: CallRequest) -> dict[str, Any]:
             "parameters": dict(t.parameters),
             "strict": t.strict,
         }
-        for t in request.tools
+        for t in call.tools
     ]
-    if request.template_kwargs is not None:
-        data["template_kwargs"] = dict(request.template_kwargs)
-    data["tool_choice"] = {"mode": request.tool_choice.mode, "name": request.tool_choice.name}
-    sampling = asdict(request.sampling)
-    sampling["stop"] = list(request.sampling.stop)
+    if call.template_kwargs is not None:
+        data["template_kwargs"] = dict(call.template_kwargs)
+    data["tool_choice"] = {"mode": call.tool_choice.mode, "name": call.tool_choice.name}
+    sampling = asdict(call.sampling)
+    sampling["stop"] = list(call.sampling.stop)
     data["sampling"] = sampling
     return data
 
 
-def request_from_dict(data: Any) -> CallRequest:
+def call_from_dict(data: Any) -> Call:
+    """The ``Call`` of a call document (``ProtocolError`` if it is malformed)."""
     if not isinstance(data, dict):
-        raise ProtocolError("a call request must be a JSON object")
-    _check_version(data, "the call")
-    body = {k: v for k, v in data.items() if k != "v"}
-    unknown = set(body) - _REQUEST_FIELDS
+        raise ProtocolError("a call must be a JSON object")
+    body = dict(data)
+    unknown = set(body) - _CALL_FIELDS
     if unknown:
-        raise ProtocolError(f"unknown call request fields: {sorted(unknown)}")
+        raise ProtocolError(f"unknown call fields: {sorted(unknown)}")
     try:
         if body.get("messages") is not None:
             body["messages"] = tuple(body["messages"])
@@ -131,6 +135,32 @@ def request_from_dict(data: Any) -> CallRequest:
             )
         sampling["stop"] = tuple(sampling.get("stop") or ())
         body["sampling"] = Sampling(**sampling)
+        return Call(**body)
+    except TypeError as exc:
+        raise ProtocolError(f"bad call request: {exc}") from exc
+
+
+def request_to_dict(request: CallRequest) -> dict[str, Any]:
+    """The request document: ``CallRequest``'s fields, its ``call`` a call document or null."""
+    data: dict[str, Any] = {f.name: getattr(request, f.name) for f in fields(CallRequest)}
+    data["v"] = PROTOCOL_VERSION
+    data["call"] = None if request.call is None else call_to_dict(request.call)
+    return data
+
+
+def request_from_dict(data: Any) -> CallRequest:
+    """The ``CallRequest`` of a request document (``ProtocolError`` if it is malformed or
+    speaks another version)."""
+    if not isinstance(data, dict):
+        raise ProtocolError("a call request must be a JSON object")
+    _check_version(data, "the call")
+    body = {k: v for k, v in data.items() if k != "v"}
+    unknown = set(body) - _REQUEST_FIELDS
+    if unknown:
+        raise ProtocolError(f"unknown call request fields: {sorted(unknown)}")
+    if body.get("call") is not None:
+        body["call"] = call_from_dict(body["call"])
+    try:
         request = CallRequest(**body)
     except TypeError as exc:
         raise ProtocolError(f"bad call request: {exc}") from exc
@@ -154,6 +184,7 @@ def _logprobs_from_list(data: Any) -> tuple[TokenLogprob, ...]:
 
 
 def delta_to_dict(delta: OutputDelta) -> dict[str, Any]:
+    """An output delta, empty members omitted."""
     data: dict[str, Any] = {}
     if delta.text:
         data["text"] = delta.text
@@ -167,6 +198,7 @@ def delta_to_dict(delta: OutputDelta) -> dict[str, Any]:
 
 
 def delta_from_dict(data: Mapping[str, Any]) -> OutputDelta:
+    """The ``OutputDelta`` of a delta document."""
     return OutputDelta(
         text=data.get("text", ""),
         reasoning=data.get("reasoning", ""),
@@ -176,6 +208,7 @@ def delta_from_dict(data: Mapping[str, Any]) -> OutputDelta:
 
 
 def output_to_dict(output: ModelOutput) -> dict[str, Any]:
+    """A whole reply (``ModelOutput``)."""
     return {
         "text": output.text,
         "reasoning": output.reasoning,
@@ -186,6 +219,7 @@ def output_to_dict(output: ModelOutput) -> dict[str, Any]:
 
 
 def output_from_dict(data: Mapping[str, Any]) -> ModelOutput:
+    """The ``ModelOutput`` of an output document."""
     return ModelOutput(
         text=data.get("text", ""),
         reasoning=data.get("reasoning", ""),
@@ -196,6 +230,7 @@ def output_from_dict(data: Mapping[str, Any]) -> ModelOutput:
 
 
 def result_to_dict(result: CallResult) -> dict[str, Any]:
+    """``CallResult``'s fields, with its output and engine times as documents."""
     data = {f.name: getattr(result, f.name) for f in fields(CallResult)}
     data["kv_source"] = result.kv_source.value
     data["output"] = None if result.output is None else output_to_dict(result.output)
@@ -204,6 +239,7 @@ def result_to_dict(result: CallResult) -> dict[str, Any]:
 
 
 def result_from_dict(data: Mapping[str, Any]) -> CallResult:
+    """The ``CallResult`` of a result document (fields it does not know are ignored)."""
     known = {k: v for k, v in data.items() if k in _RESULT_FIELDS}
     known["kv_source"] = KvSource(known["kv_source"])
     output = known.get("output")
@@ -221,6 +257,7 @@ def result_from_dict(data: Mapping[str, Any]) -> CallResult:
 
 
 def event_to_dict(event: GenerationEvent | ErrorEvent) -> dict[str, Any]:
+    """One line of the NDJSON event stream."""
     if isinstance(event, FirstToken):
         return {
             "type": "first",
@@ -246,6 +283,7 @@ def event_to_dict(event: GenerationEvent | ErrorEvent) -> dict[str, Any]:
 
 
 def event_from_dict(data: Mapping[str, Any]) -> GenerationEvent | ErrorEvent:
+    """The event of one NDJSON line (``ProtocolError`` if it is malformed)."""
     kind = data.get("type")
     try:
         if kind == "first":

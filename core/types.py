@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from talaria.core.calls import (
-    AUTO,
-    DEFAULT_SAMPLING,
-    ModelOutput,
-    OutputDelta,
-    Sampling,
-    ToolChoice,
-    ToolSpec,
-)
+from talaria.core.calls import Call, ModelOutput, OutputDelta
 
 
 class KvSource(StrEnum):
@@ -63,19 +53,12 @@ class CallRequest:
     shared_prefix_tokens: int | None = None
     """Tokens of this prompt equal to the session's previous prompt + output. Replay knows it
     from the trace; ``None`` means append-only (the whole cached prefix matches)."""
-    messages: tuple[dict[str, Any], ...] | None = None
-    """Chat messages in OpenAI form (core/calls.py), for engines that render and tokenize; the
-    simulated engine reads them only to write its reply."""
-    prompt_text: str | None = None
-    """A plain-text prompt (completions), for engines that tokenize."""
-    tools: tuple[ToolSpec, ...] = ()
-    tool_choice: ToolChoice = AUTO
-    sampling: Sampling = DEFAULT_SAMPLING
-    reasoning_effort: str | None = None
-    """None: the model's default; ``"none"``: no reasoning (thinking off); else how much."""
-    parallel_tool_calls: bool | None = None
-    template_kwargs: Mapping[str, Any] | None = None
-    """Extra chat-template variables (``chat_template_kwargs``)."""
+    call: Call | None = None
+    """What the caller asked (messages or a prompt, tools, tool choice, sampling, reasoning,
+    template kwargs: core/calls.py), for engines that render, tokenize or write a reply; None
+    for a replayed trace entry, which has only token counts. The fields above are what the
+    runtime schedules by: ``model``, ``stream`` and ``max_output_tokens`` (the call's own limit
+    or the server's default) are the proxy's resolved values, and an engine reads them there."""
     cache_salt: str | None = None
     """Prefix-cache isolation key: calls with different salts never share cached KV (vLLM's
     ``cache_salt``; the proxy sets one per tenant)."""
@@ -85,7 +68,8 @@ class CallRequest:
     def live(self) -> bool:
         """A call with content (messages or a prompt), as opposed to a replayed trace entry
         that has only token counts."""
-        return self.messages is not None or self.prompt_text is not None
+        call = self.call
+        return call is not None and (call.messages is not None or call.prompt is not None)
 
 
 @dataclass(frozen=True)
@@ -110,6 +94,9 @@ class EngineTimes:
 
 @dataclass(frozen=True)
 class CallResult:
+    """A served call: its token counts, its times on the runtime's clock (arrival, admission,
+    first token, finish), where its reused prefix came from, and what the engine generated."""
+
     request_id: str
     session_id: str
     model: str
@@ -142,15 +129,20 @@ class CallResult:
 
     @property
     def latency_s(self) -> float:
+        """Arrival to finish."""
         return self.finished_s - self.arrival_s
 
     @property
     def queue_s(self) -> float:
+        """Arrival to admission."""
         return self.admitted_s - self.arrival_s
 
 
 @dataclass(frozen=True)
 class FirstToken:
+    """The call's first output token exists at ``t_s``; ``cached_tokens`` of its prompt were
+    reused (from ``kv_source``)."""
+
     t_s: float
     cached_tokens: int
     kv_source: KvSource
@@ -171,6 +163,8 @@ class TokenDelta:
 
 @dataclass(frozen=True)
 class Finished:
+    """The call is done: its ``CallResult``."""
+
     result: CallResult
 
 

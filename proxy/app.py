@@ -34,14 +34,14 @@ from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
 from talaria.proxy.dialects.anthropic import error_body as anthropic_error
-from talaria.proxy.embedded import build_embedded
 from talaria.proxy.errors import ApiError
 from talaria.proxy.gateway import Gateway
-from talaria.proxy.http_runtime import HttpRuntime
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
 from talaria.proxy.responses_store import ResponseStore
-from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient
+from talaria.proxy.runtimes.embedded import build_embedded
+from talaria.proxy.runtimes.http import HttpRuntime
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.shutdown import Shutdown
 from talaria.proxy.store.db import default_url, sqlite_path

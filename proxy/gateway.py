@@ -42,8 +42,8 @@ from talaria.proxy.routing import (
     route,
 )
 from talaria.proxy.runner import CallRunner, runtime_request
-from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.schema_check import SchemaCheck
 from talaria.proxy.sessions.book import (
     DEFAULT_MAX_PER_TENANT,

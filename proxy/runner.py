@@ -29,7 +29,7 @@ from talaria.core.types import (
 from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
 from talaria.proxy.errors import ApiError, bad_request, unavailable
 from talaria.proxy.recorder import Recorder
-from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.book import SessionState
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.keeper import SessionKeeper
@@ -59,7 +59,6 @@ def runtime_request(
 ) -> CallRequest:
     """What the runtime is asked to run: the call, under its session's key, with the
     scheduling fields (call index, hints in clock seconds, the shared prefix estimate)."""
-    c = call.call
     return CallRequest(
         request_id=call.request_id,
         session_id=state.key,
@@ -71,14 +70,7 @@ def runtime_request(
         session_final=call.identity.final,
         stream=call.stream,
         shared_prefix_tokens=shared_tokens,
-        messages=c.messages,
-        prompt_text=c.prompt,
-        tools=c.tools,
-        tool_choice=c.tool_choice,
-        sampling=c.sampling,
-        reasoning_effort=c.reasoning_effort,
-        parallel_tool_calls=c.parallel_tool_calls,
-        template_kwargs=c.template_kwargs,
+        call=call.call,
         cache_salt=tenant_salt(call.tenant_id),
     )
 

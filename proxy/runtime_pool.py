@@ -9,7 +9,7 @@ from typing import Any
 
 from talaria.core.clock import TimeScale
 from talaria.core.status import InstanceStatus
-from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
 

@@ -35,11 +35,11 @@ class NodeConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """One ``[[model]]`` entry: a hosted model and the engine that serves it."""
+    """One ``[[model]]`` of a node config."""
 
     name: str
     engine: str
-    """``sim`` (a catalog model, simulated) or ``vllm``."""
+    """An engine registered in runtime/factory.py's ``ENGINES`` (``sim``, ``vllm``)."""
     path: str | None = None
     """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -79,8 +79,10 @@ class NodeConfig:
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
-    """Read and check a node configuration file (format in the module docstring); a missing or
-    unknown field is a ``NodeConfigError``."""
+    """The node config of a TOML file (the module docstring shows one); a missing field or an
+    unknown name is a ``NodeConfigError``."""
+    from talaria.runtime.factory import ENGINES  # here: the factory imports this module
+
     file = Path(path)
     try:
         doc = tomllib.loads(file.read_text())
@@ -95,8 +97,11 @@ def load_node_config(path: str | Path) -> NodeConfig:
         if not isinstance(entry, dict) or "name" not in entry:
             raise NodeConfigError(f"{file}: every [[model]] needs a name")
         engine = entry.get("engine", "sim")
-        if engine not in ("sim", "vllm"):
-            raise NodeConfigError(f"{file}: model {entry['name']}: engine must be sim or vllm")
+        if engine not in ENGINES:
+            raise NodeConfigError(
+                f"{file}: model {entry['name']}: unknown engine {engine!r}; "
+                f"known engines: {', '.join(ENGINES)}"
+            )
         options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
         models.append(ModelConfig(entry["name"], engine, entry.get("path"), options))
     known = {"name", "policy", "quantum_s", "time_scale", "server", "profile"}

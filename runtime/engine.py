@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from talaria.core.types import CallRequest, GenerationEvent, KvSource
+from talaria.core.calls import ModelOutput
+from talaria.core.types import CallRequest, CallResult, EngineTimes, GenerationEvent, KvSource
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,54 @@ class Admission:
     cached_tokens: int
 
 
+def call_result(
+    admission: Admission,
+    node: str,
+    *,
+    output_tokens: int,
+    first_token_s: float,
+    finished_s: float,
+    output: ModelOutput | None,
+    prompt_tokens: int | None = None,
+    cached_tokens: int | None = None,
+    kv_source: KvSource | None = None,
+    restored_bytes: float = 0.0,
+    recomputed_tokens: int = 0,
+    engine: EngineTimes | None = None,
+) -> CallResult:
+    """The ``CallResult`` of an admitted call, the one builder every engine uses.
+
+    From the admission: the request's ids and model, arrival, admission time and SP flag;
+    ``prompt_tokens`` defaults to the request's, ``cached_tokens`` and ``kv_source`` to the
+    admission's (an engine that counts again, as vLLM does, passes its own). ``node``: the
+    node's name. ``slot_wait_s`` is left 0 (the node scheduler sets it)."""
+    request = admission.request
+    return CallResult(
+        request_id=request.request_id,
+        session_id=request.session_id,
+        model=request.model,
+        node=node,
+        prompt_tokens=request.prompt_tokens if prompt_tokens is None else prompt_tokens,
+        cached_tokens=admission.cached_tokens if cached_tokens is None else cached_tokens,
+        output_tokens=output_tokens,
+        arrival_s=admission.arrival_s,
+        admitted_s=admission.admitted_s,
+        first_token_s=first_token_s,
+        finished_s=finished_s,
+        kv_source=admission.kv_source if kv_source is None else kv_source,
+        restored_bytes=restored_bytes,
+        recomputed_tokens=recomputed_tokens,
+        sp_admitted=admission.sp_admitted,
+        output=output,
+        engine=engine,
+    )
+
+
 @dataclass(frozen=True)
 class EngineSnapshot:
+    """An engine's state for the node's status: active, running calls, the staged fraction of
+    its weights, and its busy seconds so far."""
+
     model: str
     active: bool
     running: int
@@ -54,7 +101,12 @@ class EngineInfo:
 
 
 class Engine(Protocol):
+    """One model's executor on a node, as the slot scheduler drives it (the module docstring
+    says how admission and switches are split). runtime/factory.py's ``ENGINES`` registers the
+    implementations a node config may name."""
+
     model: str
+    """The model it serves (the node's key for it, and the results' ``model``)."""
 
     async def start(self) -> None:
         """Bring the engine up (a real engine loads its model; start a node's engines one at
@@ -66,7 +118,9 @@ class Engine(Protocol):
         ...
 
     @property
-    def active(self) -> bool: ...
+    def active(self) -> bool:
+        """Whether the model is switched in: it admits calls (``try_admit``) only then."""
+        ...
 
     @property
     def running(self) -> int:
@@ -117,22 +171,45 @@ class Engine(Protocol):
         """Commit memory for the call (evicting idle KV or staged weights) or return None."""
         ...
 
-    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]: ...
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+        """Serve an admitted call: ``FirstToken``, ``TokenDelta``s if the request streams,
+        then ``Finished`` with its ``CallResult`` (``call_result`` builds it). Raising
+        ``CallRejected`` fails just this call as the caller's fault."""
+        ...
 
-    async def activate(self) -> float: ...
+    async def activate(self) -> float:
+        """Switch the model in (wake its weights, or finish staging them); returns the
+        seconds it took."""
+        ...
 
-    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float: ...
+    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
+        """Switch the model out once its calls have drained; ``keep_kv_on_host``: move its
+        sessions' KV to host memory rather than drop it; ``keep_host_weight_copy``: a pinned
+        host copy of the weights exists, so nothing needs copying out. Returns the seconds it
+        took."""
+        ...
 
-    def start_staging(self) -> bool: ...
+    def start_staging(self) -> bool:
+        """Begin copying the weights in ahead of a switch, if there is room now; whether it
+        began."""
+        ...
 
     @property
-    def staging(self) -> bool: ...
+    def staging(self) -> bool:
+        """Whether weights are being (or have been) staged ahead of a switch."""
+        ...
 
-    def cancel_staging(self) -> None: ...
+    def cancel_staging(self) -> None:
+        """Stop staging and release what it claimed."""
+        ...
 
-    def snapshot(self) -> EngineSnapshot: ...
+    def snapshot(self) -> EngineSnapshot:
+        """Its state now, for the node's status."""
+        ...
 
-    def info(self) -> EngineInfo: ...
+    def info(self) -> EngineInfo:
+        """What a calibration needs to know about it (in the runtime's status)."""
+        ...
 
     def session_kv(self) -> Mapping[str, tuple[int, KvSource]]:
         """KV this engine holds outside the node's ``NodeMemory`` (a real engine's own pool),

@@ -1,11 +1,14 @@
 """Build a node: its engines, memory, PCIe link and scheduler, from the catalog.
 
-Used by the simulator's replay and by the proxy's embedded runtime, so both run the same node.
+``build_sim_node`` (simulated engines only) is used by the simulator's replay and by the
+proxy's embedded runtime, so both run the same node. ``build_node_from_config`` builds the node
+of a runtime server's config, each model's engine by the builder ``ENGINES`` registers under
+the config's ``engine`` name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,9 @@ def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
 
 @dataclass(frozen=True)
 class NodeSetup:
+    """A simulated node: its server and efficiency profile (catalog names) and the models it
+    hosts."""
+
     server: str
     profile: str
     models: tuple[str, ...]
@@ -117,10 +123,11 @@ def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) 
     return out
 
 
-def _vllm_node_memory(engines: Iterable[Engine]) -> NodeMemory:
-    """A vLLM node's capacity, for co-residency: one GPU's memory when every engine is on the
-    GPU path and knows it (engines then fit together when their ``gpu_memory_utilization``
-    shares sum to at most 1); unbounded otherwise (the CPU gate: all stay resident)."""
+def _device_memory(engines: Iterable[Engine]) -> NodeMemory:
+    """The capacity of a node none of whose engines keeps its KV in ``NodeMemory`` (vLLM's),
+    for co-residency: one GPU's memory when every engine is on the GPU path and knows it
+    (``device_bytes``; engines then fit together when their ``gpu_memory_utilization`` shares
+    sum to at most 1); unbounded otherwise (the CPU gate: all stay resident)."""
     sizes = [getattr(e, "device_bytes", None) for e in engines]
     known = [s for s in sizes if s is not None]
     if sizes and len(known) == len(sizes):
@@ -128,40 +135,101 @@ def _vllm_node_memory(engines: Iterable[Engine]) -> NodeMemory:
     return NodeMemory(float("inf"), 0.0)
 
 
-def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
-    """Simulated engines from the catalog and vLLM engines from model directories, one node.
+@dataclass(frozen=True)
+class EngineSite:
+    """What an engine builder gets: the node's config, the model's entry in it, the catalog,
+    the clock, and what the node's engines share (memory, PCIe link, device)."""
 
-    vLLM engines manage their own KV memory (their ``needed_bytes`` is 0), so the node's byte
-    accounting only binds the simulated ones."""
+    config: NodeConfig
+    model: ModelConfig
+    catalog: Catalog
+    clock: Clock
+    flags: SchedulerFlags
+    memory: NodeMemory
+    pcie: PcieLink
+    device: DeviceShare
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One registered engine: how to build it for a model of a node config."""
+
+    build: Callable[[EngineSite], Engine]
+    uses_node_memory: bool
+    """Its KV and weights live in the node's ``NodeMemory``, sized from the catalog specs of
+    the models of such engines (the simulated engine). An engine that manages its own memory
+    (vLLM) says False; a node of only such engines gets ``_device_memory``."""
+
+
+def _build_sim(site: EngineSite) -> Engine:
+    """A ``SimEngine`` of a catalog model, timed by the node's server and profile."""
+    config = site.config
+    spec = site.catalog.model(site.model.name)
+    cost = CostModel(spec, site.catalog.server(config.server), site.catalog.profile(config.profile))
+    return SimEngine(
+        spec,
+        cost,
+        site.memory,
+        site.pcie,
+        site.clock,
+        config.name,
+        site.flags.host_kv,
+        device=site.device,
+    )
+
+
+def _build_vllm(site: EngineSite) -> Engine:
+    """A ``VLLMEngine`` of a model directory (vLLM is imported only here, lazily)."""
+    from talaria.runtime.engines.vllm import build_vllm_engine
+
+    config, model = site.config, site.model
+    return build_vllm_engine(
+        config.model_dir(model),
+        model.name,
+        site.clock,
+        config.name,
+        cost=_calibrated_cost(config, site.catalog, model.name),
+        **{**_serving_defaults(config, site.catalog, model), **model.options},
+    )
+
+
+ENGINES: dict[str, EngineKind] = {
+    "sim": EngineKind(_build_sim, uses_node_memory=True),
+    "vllm": EngineKind(_build_vllm, uses_node_memory=False),
+}
+"""The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The registered engine ``name``; an unknown name is a ``NodeConfigError`` listing the
+    known ones."""
+    kind = ENGINES.get(name)
+    if kind is None:
+        raise NodeConfigError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}")
+    return kind
+
+
+def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -> BuiltNode:
+    """One node of the engines its config names, each built by its registered ``EngineKind``.
+
+    The node's byte accounting (``NodeMemory``) binds only engines that keep their memory there
+    (the simulated ones, sized from their catalog specs); a node of only self-managing engines
+    (vLLM, whose ``needed_bytes`` is 0) gets its device's memory (``_device_memory``)."""
     flags = policy_flags(config.policy)
-    sim_models = [m for m in config.models if m.engine == "sim"]
+    kinds = [(m, engine_kind(m.engine)) for m in config.models]
+    bound = [m for m, kind in kinds if kind.uses_node_memory]
     memory = NodeMemory(float("inf"), 0.0)
-    if sim_models:
-        specs = [catalog.model(m.name) for m in sim_models]
+    if bound:
+        specs = [catalog.model(m.name) for m in bound]
         memory = node_memory(catalog.server(config.server), specs)
     pcie = PcieLink(clock)
     device = DeviceShare()
     engines: dict[str, Engine] = {}
-    for model in config.models:
-        if model.engine == "sim":
-            spec = catalog.model(model.name)
-            cost = CostModel(spec, catalog.server(config.server), catalog.profile(config.profile))
-            engines[model.name] = SimEngine(
-                spec, cost, memory, pcie, clock, config.name, flags.host_kv, device=device
-            )
-        else:
-            from talaria.runtime.engines.vllm import build_vllm_engine
-
-            engines[model.name] = build_vllm_engine(
-                config.model_dir(model),
-                model.name,
-                clock,
-                config.name,
-                cost=_calibrated_cost(config, catalog, model.name),
-                **{**_serving_defaults(config, catalog, model), **model.options},
-            )
-    if not sim_models:
-        memory = _vllm_node_memory(engines.values())
+    for model, kind in kinds:
+        site = EngineSite(config, model, catalog, clock, flags, memory, pcie, device)
+        engines[model.name] = kind.build(site)
+    if not bound:
+        memory = _device_memory(engines.values())
     scheduler = NodeScheduler(
         config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),
         pcie,

@@ -22,13 +22,13 @@ from talaria.core.clock import Clock, LoopClock
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 from talaria.core.types import (
     CallRequest,
-    CallResult,
     Finished,
     FirstToken,
     GenerationEvent,
     KvSource,
     TokenDelta,
 )
+from talaria.runtime.engine import Admission, call_result
 from talaria.runtime.engines.sim_reply import words
 
 
@@ -108,24 +108,16 @@ class InstantRuntime:
             self._sessions.move_to_end(request.session_id)
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
+        admission = Admission(request, now, now, False, source, cached)
+        output = ModelOutput(words(0, tokens), finish_reason=finish)
         yield Finished(
-            CallResult(
-                request_id=request.request_id,
-                session_id=request.session_id,
-                model=request.model,
-                node=self.name,
-                prompt_tokens=request.prompt_tokens,
-                cached_tokens=cached,
+            call_result(
+                admission,
+                self.name,
                 output_tokens=tokens,
-                arrival_s=now,
-                admitted_s=now,
                 first_token_s=now,
                 finished_s=finished,
-                kv_source=source,
-                restored_bytes=0.0,
-                recomputed_tokens=0,
-                sp_admitted=False,
-                output=ModelOutput(words(0, tokens), finish_reason=finish),
+                output=output,
             )
         )
 

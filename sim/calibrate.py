@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, TokenDelta
-from talaria.proxy.http_runtime import HttpRuntime
+from talaria.proxy.runtimes.http import HttpRuntime
 from talaria.sim.fit import FitReport, StepSample, fit_steps
 
 Tick = Callable[[str, int], None]

@@ -535,7 +535,7 @@ def calibrate(
     """
     import asyncio
 
-    from talaria.proxy.http_runtime import RuntimeUnavailable
+    from talaria.proxy.runtimes.base import RuntimeUnavailable
     from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
     from talaria.sim.fit import profile_toml
 

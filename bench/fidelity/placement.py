@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # bench/fidelity/run.py, next to this file
 
-from talaria.proxy.http_runtime import HttpRuntime
+from talaria.proxy.runtimes.http import HttpRuntime
 from talaria.sim.calibrate import CalibrationPlan, Calibrator
 from tests.e2e.processes import child_pids, descendant_pids
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talaria.core.calls import (
+    Call,
     FinishReason,
     ModelOutput,
     OutputDelta,
@@ -71,6 +72,9 @@ _COMMAND_KEYS = ("command", "cmd")
 
 @dataclass(frozen=True)
 class ReplyPolicy:
+    """How the simulated engine answers live calls (the module docstring says what it
+    writes)."""
+
     tool_calls_before_answer: int = DEFAULT_TOOL_CALLS_BEFORE_ANSWER
     """A conversation with this many earlier tool calls gets a final answer (``auto``)."""
 
@@ -133,21 +137,21 @@ def _tool_call(request: CallRequest, tool: ToolSpec) -> ToolCall:
     )
 
 
-def _chosen_tool(request: CallRequest, policy: ReplyPolicy) -> ToolSpec | None:
-    choice = request.tool_choice
-    if not request.tools or choice.mode == "none":
+def _chosen_tool(call: Call, policy: ReplyPolicy) -> ToolSpec | None:
+    choice = call.tool_choice
+    if not call.tools or choice.mode == "none":
         return None
     if choice.mode == "named":
-        return next((t for t in request.tools if t.name == choice.name), None)
-    picked = pick_tool(request.tools)
+        return next((t for t in call.tools if t.name == choice.name), None)
+    picked = pick_tool(call.tools)
     if choice.mode == "required":
-        return picked or request.tools[0]
-    earlier = count_tool_calls(request.messages or ())
+        return picked or call.tools[0]
+    earlier = count_tool_calls(call.messages or ())
     return picked if earlier < policy.tool_calls_before_answer else None
 
 
-def _json_answer(request: CallRequest) -> str | None:
-    fmt = request.sampling.response_format
+def _json_answer(call: Call) -> str | None:
+    fmt = call.sampling.response_format
     if not fmt or fmt.get("type") == "text":
         return None
     schema = response_schema(fmt)
@@ -163,10 +167,11 @@ def _cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, bool]:
 
 def plan_reply(request: CallRequest, policy: ReplyPolicy) -> tuple[ModelOutput, int]:
     """The reply to a live call and its length in tokens (at least 1)."""
+    asked = request.call if request.call is not None else Call(request.model)
     limit = request.max_output_tokens
     reasoning = ""
-    tool = _chosen_tool(request, policy)
-    if request.reasoning_effort not in (None, "none"):
+    tool = _chosen_tool(asked, policy)
+    if asked.wants_reasoning:
         action = f"call {tool.name}" if tool else "answer"
         reasoning = f"[simulated reasoning] The conversation so far asks me to {action}."
     reasoning_tokens = estimate_tokens(reasoning)
@@ -175,14 +180,14 @@ def plan_reply(request: CallRequest, policy: ReplyPolicy) -> tuple[ModelOutput, 
         tokens = reasoning_tokens + estimate_tokens(call.name + call.arguments)
         if tokens <= limit:
             return ModelOutput("", reasoning, (call,), "tool_calls"), tokens
-    answer = _json_answer(request)
+    answer = _json_answer(asked)
     if answer is not None:
         tokens = reasoning_tokens + estimate_tokens(answer)
         return ModelOutput(answer, reasoning, (), "stop"), min(max(1, tokens), limit)
     room = max(1, limit - reasoning_tokens)
     drawn = reply_length(request.request_id, 10**9)
     count = min(drawn, room)
-    text, stopped = _cut_at_stop(words(0, count), request.sampling.stop)
+    text, stopped = _cut_at_stop(words(0, count), asked.sampling.stop)
     finish: FinishReason = "stop" if stopped or drawn <= room else "length"
     tokens = min(limit, reasoning_tokens + max(1, estimate_tokens(text) if stopped else count))
     return ModelOutput(text, reasoning, (), finish), tokens

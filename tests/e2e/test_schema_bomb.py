@@ -122,11 +122,13 @@ def test_schema_bombs_are_400s_through_a_runtime_process(
 
 def test_a_runtime_called_directly_refuses_a_bomb_and_serves_on(runtime: ServeProcess) -> None:
     """Past the proxy's edge check: the simulated engine builds with the same budget."""
-    from talaria.core.calls import ToolChoice, ToolSpec
+    from talaria.core.calls import Call, ToolChoice, ToolSpec
 
     bomb = CallRequest(
-        "bomb-1", "s1", MODEL, 100, 64, tools=(ToolSpec("ls", parameters=BOMB),),
-        tool_choice=ToolChoice("required"), messages=({"role": "user", "content": "ls"},),
+        "bomb-1", "s1", MODEL, 100, 64, call=Call(
+            MODEL, messages=({"role": "user", "content": "ls"},),
+            tools=(ToolSpec("ls", parameters=BOMB),), tool_choice=ToolChoice("required"),
+        ),
     )  # fmt: skip
     fine = CallRequest("fine-1", "s2", MODEL, 100, 8)
     with httpx.Client(base_url=runtime.base_url, timeout=ANSWER_S) as http:

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 
 from talaria.proxy.app import create_app
-from talaria.proxy.runtime_client import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.serve import DrainingServer, backstop_s
 from talaria.proxy.settings import ProxySettings
 

@@ -18,7 +18,7 @@ from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.recorder import engine_parts
 from talaria.proxy.records import CallRecord, Record, ReservationRecord, SessionRecord
-from talaria.proxy.runtime_client import InProcessRuntime
+from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig

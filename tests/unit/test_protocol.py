@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from talaria.core.calls import (
+    Call,
     ModelOutput,
     OutputAccumulator,
     OutputDelta,
@@ -68,35 +69,40 @@ FULL_REQUEST = CallRequest(
     session_final=True,
     stream=True,
     shared_prefix_tokens=100,
-    messages=(
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": [{"type": "text", "text": "hi"}]},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+    call=Call(
+        model="glm-4.5-fp8",
+        messages=(
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+        ),
+        tools=(ToolSpec("ls", "list files", {"type": "object", "properties": {}}, strict=True),),
+        tool_choice=ToolChoice("named", "ls"),
+        sampling=Sampling(
+            temperature=0.0,
+            top_p=0.9,
+            top_k=40,
+            seed=7,
+            stop=("\n\n", "END"),
+            presence_penalty=0.1,
+            frequency_penalty=-0.1,
+            logprobs=True,
+            top_logprobs=3,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+        ),
+        max_output_tokens=64,
+        stream=True,
+        reasoning_effort="high",
+        parallel_tool_calls=False,
+        template_kwargs={"enable_thinking": False},
     ),
-    tools=(ToolSpec("ls", "list files", {"type": "object", "properties": {}}, strict=True),),
-    tool_choice=ToolChoice("named", "ls"),
-    sampling=Sampling(
-        temperature=0.0,
-        top_p=0.9,
-        top_k=40,
-        seed=7,
-        stop=("\n\n", "END"),
-        presence_penalty=0.1,
-        frequency_penalty=-0.1,
-        logprobs=True,
-        top_logprobs=3,
-        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
-    ),
-    reasoning_effort="high",
-    parallel_tool_calls=False,
-    template_kwargs={"enable_thinking": False},
     output_tokens=17,
 )
 
@@ -122,8 +128,20 @@ def test_a_minimal_request_round_trips() -> None:
     ],
 )
 def test_bad_requests_are_refused(change: dict[str, Any], message: str) -> None:
-    data = {**request_to_dict(FULL_REQUEST), **change}
+    data = request_to_dict(FULL_REQUEST)
+    for key, value in change.items():
+        if key in ("sampling", "tools"):  # members of the nested call document
+            data["call"] = {**data["call"], key: value}
+        else:
+            data[key] = value
     with pytest.raises(ProtocolError, match=message):
+        request_from_dict(data)
+
+
+def test_a_call_document_with_unknown_fields_is_refused() -> None:
+    data = request_to_dict(FULL_REQUEST)
+    data["call"] = {**data["call"], "colour": "red"}
+    with pytest.raises(ProtocolError, match="unknown call fields"):
         request_from_dict(data)
 
 

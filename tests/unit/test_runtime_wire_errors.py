@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from talaria.core.types import CallRejected, CallRequest
-from talaria.proxy.http_runtime import RuntimeUnavailable, decode_event
+from talaria.proxy.runtimes.base import RuntimeUnavailable
+from talaria.proxy.runtimes.http import decode_event
 from talaria.runtime.server import _events
 
 CALL = CallRequest(request_id="r", session_id="s", model="m", prompt_tokens=9, max_output_tokens=1)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from talaria.core.calls import (
     AUTO,
+    Call,
     ModelOutput,
     OutputAccumulator,
     Sampling,
@@ -116,10 +117,7 @@ def _request(
         model="m",
         prompt_tokens=50,
         max_output_tokens=extra.pop("max_output_tokens", 512),
-        messages=tuple(messages),
-        tools=tools,
-        tool_choice=choice,
-        **extra,
+        call=Call("m", messages=tuple(messages), tools=tools, tool_choice=choice, **extra),
     )
 
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from talaria.core.calls import DEFAULT_SAMPLING, Sampling
+from talaria.core.calls import DEFAULT_SAMPLING, Call, Sampling
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import (
     CallRejected,
@@ -230,9 +230,9 @@ def request(
         max_output_tokens=max_out,
         call_index=call_index,
         stream=stream,
-        messages=messages,
-        prompt_text=prompt_text,
-        sampling=sampling,
+        call=None
+        if messages is None and prompt_text is None and sampling == DEFAULT_SAMPLING
+        else Call(model, messages=messages, prompt=prompt_text, sampling=sampling),
     )
 
 

@@ -22,6 +22,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from talaria.core.calls import Call
 from talaria.core.clock import LoopClock
 from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
 from talaria.runtime.engines.vllm import (
@@ -132,7 +133,7 @@ def call(
         max_output_tokens=max_out,
         call_index=index,
         stream=stream,
-        messages=tuple(messages),
+        call=Call(model, messages=tuple(messages)),
     )
 
 

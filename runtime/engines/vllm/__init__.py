@@ -73,8 +73,9 @@ from talaria.runtime.engines.vllm.build import (
     vllm_engine_args,
     weight_bytes_from_index,
 )
-from talaria.runtime.engines.vllm.engine import RateModel, VLLMEngine, VLLMEngineOptions
+from talaria.runtime.engines.vllm.engine import VLLMEngine
 from talaria.runtime.engines.vllm.kv import KvShape
+from talaria.runtime.engines.vllm.options import RateModel, VLLMEngineOptions
 
 __all__ = [
     "MODELS_DIR",

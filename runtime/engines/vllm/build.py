@@ -13,13 +13,9 @@ from typing import Any
 from talaria.core.clock import Clock
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engines.vllm.adapter import AsyncLLMLike, sleep_mode_available
-from talaria.runtime.engines.vllm.engine import (
-    ChatOptions,
-    RateModel,
-    VLLMEngine,
-    VLLMEngineOptions,
-)
+from talaria.runtime.engines.vllm.engine import VLLMEngine
 from talaria.runtime.engines.vllm.kv import KvShape
+from talaria.runtime.engines.vllm.options import ChatOptions, RateModel, VLLMEngineOptions
 from talaria.runtime.tokenizer import (
     TEXT_IDS,
     ByteTokenizer,

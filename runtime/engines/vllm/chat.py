@@ -8,7 +8,7 @@ a ``required`` or named ``tool_choice``, and a tool's arguments when the tool is
 the engine's ``tool_strict_level`` is ``parameter``), generates, and parses tool calls and
 reasoning out of the model's text with the tool-call and reasoning parsers the node config
 names, streaming deltas. The engine builds one over its own ``AsyncLLM`` (``VllmChat.build``),
-turns each ``CallRequest`` into vLLM's ``ChatCompletionRequest`` (``to_vllm_request``) and reads
+turns each call's ``Call`` into vLLM's ``ChatCompletionRequest`` (``to_vllm_request``) and reads
 the server-sent chunks back as ``ChatEvent``s. Nothing here parses model text.
 
 Calls always stream inside (so the first token's time is known, and KV bookkeeping sees the
@@ -23,8 +23,15 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from talaria.core.calls import OutputDelta, Sampling, TokenLogprob, ToolCallDelta
-from talaria.core.types import CallRejected, CallRequest
+from talaria.core.calls import (
+    Call,
+    OutputDelta,
+    Sampling,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolChoice,
+)
+from talaria.core.types import CallRejected
 
 
 @dataclass(frozen=True)
@@ -46,8 +53,8 @@ class ChatTotals:
     cached_tokens: int = 0
 
 
-def tool_choice_doc(call: CallRequest) -> Any:
-    choice = call.tool_choice
+def tool_choice_doc(choice: ToolChoice) -> Any:
+    """The tool choice as OpenAI writes it: a mode, or the named function."""
     if choice.mode == "named":
         return {"type": "function", "function": {"name": choice.name}}
     return choice.mode
@@ -69,7 +76,13 @@ def decoding_params(s: Sampling) -> dict[str, Any]:
 
 
 def to_vllm_request(
-    call: CallRequest, *, model: str, request_id: str, priority: int, max_tokens: int
+    call: Call,
+    *,
+    model: str,
+    request_id: str,
+    priority: int,
+    max_tokens: int,
+    cache_salt: str | None,
 ) -> dict[str, Any]:
     """The body of vLLM's ``ChatCompletionRequest`` for ``call`` (streamed, with usage and
     token ids; the caller's sampling parameters only where given, so vLLM's defaults and the
@@ -87,7 +100,7 @@ def to_vllm_request(
     }
     if call.tools:
         body["tools"] = [t.to_openai() for t in call.tools]
-        body["tool_choice"] = tool_choice_doc(call)
+        body["tool_choice"] = tool_choice_doc(call.tool_choice)
         if call.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = call.parallel_tool_calls
     body.update(decoding_params(s))
@@ -96,7 +109,7 @@ def to_vllm_request(
         "response_format": dict(s.response_format) if s.response_format else None,
         "reasoning_effort": call.reasoning_effort,
         "chat_template_kwargs": dict(call.template_kwargs) if call.template_kwargs else None,
-        "cache_salt": call.cache_salt,
+        "cache_salt": cache_salt,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if s.stop:

@@ -1,148 +1,34 @@
 """``VLLMEngine``: the ``Engine`` seam over one vLLM ``AsyncLLM`` (the package docstring,
-runtime/engines/vllm/__init__.py, says how the GPU and CPU paths differ)."""
+runtime/engines/vllm/__init__.py, says how the GPU and CPU paths differ).
+
+This module holds the engine's lifecycle, state, estimates, admission and switches; serving an
+admitted call (prompt ids, generation, the result) is generate.py's, its options options.py's.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import inspect
-import itertools
-from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
-from talaria.core.calls import FinishReason, ModelOutput, OutputAccumulator, OutputDelta
 from talaria.core.clock import Clock
-from talaria.core.types import (
-    CallRejected,
-    CallRequest,
-    CallResult,
-    EngineTimes,
-    Finished,
-    FirstToken,
-    GenerationEvent,
-    KvSource,
-    TokenDelta,
-)
-from talaria.runtime.costmodel import CostModel
+from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
 from talaria.runtime.engines.vllm.adapter import (
-    PRIORITY_DEFAULT,
-    PRIORITY_SP,
     AsyncLLMLike,
     RealVllmApi,
     VllmApi,
-    aclose,
     config_int,
-    engine_times,
     no_shutdown,
 )
-from talaria.runtime.engines.vllm.chat import (
-    ChatTotals,
-    VllmChat,
-    decoding_params,
-    to_vllm_request,
-)
+from talaria.runtime.engines.vllm.chat import VllmChat
+from talaria.runtime.engines.vllm.generate import BusyMeter, CallRunner, PromptIds
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
+from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
-from talaria.runtime.tokenizer import IncrementalDecoder, Tokenizer
-
-
-def _finish(reason: str) -> FinishReason:
-    if reason == "tool_calls":
-        return "tool_calls"
-    return "length" if reason == "length" else "stop"
-
-
-def _context_error(exc: CallRejected) -> CallRejected:
-    """vLLM's "maximum context length" refusal as OpenAI's ``context_length_exceeded``."""
-    if "context length" in str(exc).lower():
-        return CallRejected("context_length_exceeded", str(exc), "messages")
-    return exc
-
-
-def _token_sampling(request: CallRequest) -> dict[str, Any]:
-    """The caller's sampling parameters that apply to a call sent as token ids (no stop strings
-    or logprobs there: the engine decodes itself; chat calls get every parameter)."""
-    return decoding_params(request.sampling)
-
-
-PROMPT_MEMO = 256
-"""Tokenized prompts kept between ``estimate_service_s`` / ``try_admit`` and ``run``."""
-
-
-@dataclass(frozen=True)
-class RateModel:
-    """Per-token timing of one engine, for ``estimate_service_s`` (SP budgets), the switch and
-    restore estimates in status, and routing. Linear on purpose; the defaults are rough figures
-    for the tiny models on a 2-core CPU (a 300-token prefill ≈ 30 ms, a decode step ≈ 4-6 ms)
-    and are to be replaced by measured values per model and node (`talaria calibrate`).
-
-    - service = uncached prompt tokens × ``prefill_s_per_token``
-      (+ restored tokens × ``kv_restore_s_per_token`` when the prefix comes from host)
-      + expected output tokens × (``decode_step_s`` + running calls × ``decode_step_s_per_seq``);
-    - switch in = ``wake_s`` (weights + KV pool) or, once staged, ``kv_wake_s``; 0 on the CPU
-      path (a gate).
-    """
-
-    prefill_s_per_token: float = 1e-4
-    decode_step_s: float = 5e-3
-    decode_step_s_per_seq: float = 2e-4
-    wake_s: float = 0.0
-    kv_wake_s: float = 0.0
-    kv_restore_s_per_token: float = 0.0
-
-
-@dataclass(frozen=True)
-class VLLMEngineOptions:
-    """How a ``VLLMEngine`` behaves around its ``AsyncLLM``."""
-
-    sleep_mode: bool
-    """GPU path (sleep / wake at switches) if True; CPU gate if False."""
-    max_model_len: int = 2048
-    ignore_eos: bool = True
-    """Generate exactly ``max_output_tokens`` (replay semantics; right for random weights)."""
-    rates: RateModel = field(default_factory=RateModel)
-    host_kv_survives_sleep: bool = False
-    """A KV connector's host tier keeps session KV across ``sleep`` (LMCache; not the native
-    OffloadingConnector in vLLM 0.32.0, whose tier is reset on sleep)."""
-    weight_bytes_per_device: float | None = None
-    """Bytes of weights each GPU holds when awake (staging needs that much free)."""
-    device_bytes: float | None = None
-    """Memory of one of the engine's GPUs (GPU path). Awake, the engine holds
-    ``memory_share × device_bytes`` of each: its weights and its KV pool."""
-    memory_share: float = 0.9
-    """The engine's ``gpu_memory_utilization`` (vLLM's default 0.9): its split of each GPU.
-    Engines whose shares sum to at most 1 can be awake together (co-residency)."""
-    free_device_bytes: Callable[[], float] | None = None
-    """Free memory now on the engine's fullest GPU; without it (or the weight bytes) staging
-    is off."""
-    sampling: Mapping[str, Any] = field(default_factory=dict)
-    """Extra ``SamplingParams`` fields (e.g. ``temperature=0``)."""
-    cost: CostModel | None = None
-    """A calibrated cost model of this engine (its profile has a ``StepFit`` for the model):
-    if given, service and recompute estimates come from it instead of ``rates``, exactly as
-    the simulator estimates them."""
-    chat: ChatOptions | None = None
-    """Serve chat calls through vLLM's OpenAI serving layer (chat.py): for a model with a
-    Hugging Face tokenizer. None: the byte tokenizer's own template (the tiny test models)."""
-
-
-@dataclass(frozen=True)
-class ChatOptions:
-    """How vLLM's serving layer treats this model's chat calls (``vllm serve``'s flags)."""
-
-    model_path: str
-    tool_parser: str | None = None
-    """``--tool-call-parser`` (auto tool choice is on when set)."""
-    reasoning_parser: str | None = None
-    """``--reasoning-parser``."""
-    tool_strict_level: str = "auto"
-    """``--tool-strict-level``: ``auto`` (a tool's own ``strict``), ``function`` or
-    ``parameter`` (every tool's arguments held to its schema)."""
-    chat_template: str | None = None
-    """``--chat-template`` (a file or the template itself); None: the model's own."""
+from talaria.runtime.tokenizer import Tokenizer
 
 
 class VLLMEngine:
@@ -168,9 +54,7 @@ class VLLMEngine:
         self.model = name
         self._factory = engine_factory
         self._clock = clock
-        self._node = node
         self._kv = kv_shape
-        self._tok = tokenizer
         self._opt = options
         self._rates = options.rates
         self._api: VllmApi = api if api is not None else RealVllmApi()
@@ -182,14 +66,23 @@ class VLLMEngine:
         )
         self._active = False
         self._running = 0
-        self._generating = 0
-        self._busy_since = 0.0
-        self.busy_s = 0.0
+        self._busy = BusyMeter(clock)
         self.switches = 0
         self.last_keep_kv_on_host: bool | None = None
-        self._ids = itertools.count()
         self._memory = SessionMemory(kv_shape.block_tokens, options.host_kv_survives_sleep)
-        self._prompts: OrderedDict[str, list[int]] = OrderedDict()
+        self._prompts = PromptIds(tokenizer, self._memory)
+        self._calls = CallRunner(
+            name,
+            clock,
+            node,
+            self._api,
+            tokenizer,
+            options,
+            self._memory,
+            self._states,
+            self._prompts,
+            self._busy,
+        )
         self._chat: VllmChat | None = None
 
     @property
@@ -200,10 +93,12 @@ class VLLMEngine:
     # -- lifecycle -------------------------------------------------------------------------
     @property
     def sleep_mode(self) -> bool:
+        """GPU path (sleep / wake at switches) rather than the CPU gate."""
         return self._opt.sleep_mode
 
     @property
     def started(self) -> bool:
+        """Its ``AsyncLLM`` is built (``start``) and not shut down."""
         return self._llm is not None
 
     async def start(self) -> None:
@@ -257,14 +152,17 @@ class VLLMEngine:
     # -- state -----------------------------------------------------------------------------
     @property
     def active(self) -> bool:
+        """Open for admission (``activate``)."""
         return self._active
 
     @property
     def running(self) -> int:
+        """Calls admitted and not yet finished."""
         return self._running
 
     @property
     def staging(self) -> bool:
+        """Staging is wanted while the engine is not active (GPU path)."""
         return self._states.staged and not self._active
 
     @property
@@ -273,11 +171,10 @@ class VLLMEngine:
         return self._states.awake
 
     def snapshot(self) -> EngineSnapshot:
+        """Active, running calls, staged (1 once the weights are awake ahead of a switch),
+        and the seconds during which some call was generating."""
         staged = 1.0 if self.staging and WEIGHTS in self._states.awake else 0.0
-        busy = self.busy_s
-        if self._generating:
-            busy += self._clock.now() - self._busy_since
-        return EngineSnapshot(self.model, self._active, self._running, staged, busy)
+        return EngineSnapshot(self.model, self._active, self._running, staged, self._busy.busy_s())
 
     def info(self) -> EngineInfo:
         """The block size vLLM chose and its ``max_num_batched_tokens`` (None before start or
@@ -314,6 +211,7 @@ class VLLMEngine:
         return self._opt.memory_share * self.device_bytes
 
     def kv_floor_bytes(self) -> float:
+        """0: its KV pool is inside its memory share, sized at start."""
         return 0.0  # its KV pool is inside its share (sized at start)
 
     def can_activate(self) -> bool:
@@ -322,6 +220,7 @@ class VLLMEngine:
         return True
 
     def kv_bytes(self, tokens: int) -> float:
+        """Exact KV bytes of ``tokens`` tokens, from the model's config (``KvShape``)."""
         return self._kv.kv_bytes(tokens)
 
     def needed_bytes(self, request: CallRequest) -> float:
@@ -330,6 +229,8 @@ class VLLMEngine:
         return 0.0
 
     def switch_in_s(self) -> float:
+        """0 when active or on the CPU gate; ``kv_wake_s`` once the weights are staged; else
+        ``wake_s`` (``RateModel``)."""
         if self._active or not self._opt.sleep_mode:
             return 0.0
         if self.staging and WEIGHTS in self._states.awake:
@@ -337,16 +238,20 @@ class VLLMEngine:
         return self._rates.wake_s
 
     def kv_restore_s(self, tokens: int) -> float:
+        """``tokens × kv_restore_s_per_token`` (``RateModel``)."""
         return tokens * self._rates.kv_restore_s_per_token
 
     def recompute_s(self, tokens: int) -> float:
+        """The calibrated cost model's recompute time, else ``tokens × prefill_s_per_token``."""
         if self._opt.cost is not None:
             return self._opt.cost.recompute_time_s(tokens)
         return tokens * self._rates.prefill_s_per_token
 
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
+        """From the calibrated cost model as the simulator estimates, else ``RateModel``'s
+        formula, with the prefix the engine predicts it still holds."""
         try:
-            ids = self._prompt_ids(request)
+            ids = self._prompts.get(request)
             source, cached = self._memory.predict(request, ids, self.epoch)
             prompt = len(ids)
         except Exception:  # a prompt that cannot be tokenized fails in run, not here
@@ -365,25 +270,6 @@ class VLLMEngine:
         step = r.decode_step_s + self._running * r.decode_step_s_per_seq
         return t + expected_output_tokens * step
 
-    # -- prompts and prefix prediction -----------------------------------------------------
-    def _prompt_ids(self, request: CallRequest) -> list[int]:
-        """The call's prompt ids (memoised per request): ``messages`` through the chat
-        template, else ``prompt_text``, else synthetic ids of length ``prompt_tokens``."""
-        ids = self._prompts.get(request.request_id)
-        if ids is not None:
-            return ids
-        if request.messages is not None:
-            tools = [t.to_openai() for t in request.tools] or None
-            ids = self._tok.encode_chat(request.messages, tools, request.template_kwargs)
-        elif request.prompt_text is not None:
-            ids = self._tok.encode(request.prompt_text)
-        else:
-            ids = self._memory.synthetic_ids(request)
-        self._prompts[request.request_id] = ids
-        while len(self._prompts) > PROMPT_MEMO:
-            self._prompts.popitem(last=False)
-        return ids
-
     # -- admission and generation ----------------------------------------------------------
     def try_admit(
         self, request: CallRequest, arrival_s: float, sp_admitted: bool
@@ -392,7 +278,7 @@ class VLLMEngine:
         if not self._active:
             raise RuntimeError(f"engine {self.model} is not active")
         try:
-            source, cached = self._memory.predict(request, self._prompt_ids(request), self.epoch)
+            source, cached = self._memory.predict(request, self._prompts.get(request), self.epoch)
         except Exception:  # reported by run, where the call fails
             source, cached = KvSource.NEW, 0
         self._running += 1
@@ -410,199 +296,15 @@ class VLLMEngine:
             await events.aclose()
 
     async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
-        if self._chat is not None and admission.request.messages is not None:
-            async for event in self._generate_chat(admission, self._chat):
+        call = admission.request.call
+        if self._chat is not None and call is not None and call.messages is not None:
+            async for event in self._calls.chat(admission, call, self._chat, self._kv):
                 yield event
             return
-        request = admission.request
-        llm = self._engine()
-        ids = self._prompt_ids(request)
-        self._prompts.pop(request.request_id, None)
-        room = self._opt.max_model_len - len(ids)
-        if room < 1:
-            raise CallRejected(
-                "context_length_exceeded",
-                f"This model's maximum context length is {self._opt.max_model_len} tokens. "
-                f"However, your prompt is {len(ids)} tokens ({self.model}).",
-                param="messages" if request.messages is not None else "prompt",
-            )
-        known = request.output_tokens  # a replayed reply: exactly that many tokens
-        params = self._api.sampling_params(
-            max_tokens=max(1, min(known or request.max_output_tokens, room)),
-            ignore_eos=self._opt.ignore_eos or known is not None,
-            **{**self._opt.sampling, **_token_sampling(request)},
-        )
-        priority = PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT
-        request_id = f"{request.request_id}#{next(self._ids)}"
-        decoder = IncrementalDecoder(self._tok)
-        out_ids: list[int] = []
-        cached = 0
-        first_s: float | None = None
-        source = admission.kv_source
-        finished = False
-        finish_reason: FinishReason = "stop"
-        metrics: Any = None
-        self._begin_busy()
-        stream = llm.generate(
-            self._api.tokens_prompt(ids), params, request_id=request_id, priority=priority
-        )
-        try:
-            async for out in stream:
-                num_cached = getattr(out, "num_cached_tokens", None)
-                if num_cached is not None:
-                    cached = int(num_cached)
-                metrics = getattr(out, "metrics", None) or metrics
-                outputs = getattr(out, "outputs", None) or ()
-                new = [int(t) for t in outputs[0].token_ids] if outputs else []
-                finished = bool(getattr(out, "finished", False))
-                if finished and outputs and getattr(outputs[0], "finish_reason", None) == "length":
-                    finish_reason = "length"
-                if not new and not finished:
-                    continue
-                now = self._clock.now()
-                out_ids.extend(new)
-                rest = new
-                if first_s is None and new:
-                    first_s = now
-                    source = self._memory.classify(request, cached, self.epoch)
-                    text = decoder.push(new[:1])
-                    rest = new[1:]
-                    if finished and not rest:
-                        text += decoder.finish()
-                    yield FirstToken(now, cached, source, OutputDelta(text=text))
-                if rest or (finished and first_s is not None):
-                    text = decoder.push(rest) if rest else ""
-                    if finished:
-                        text += decoder.finish()
-                    if request.stream and (rest or text):
-                        yield TokenDelta(now, len(rest), OutputDelta(text=text))
-            # (no break at ``finished``: vLLM's stream then ends by itself, nothing to abort)
-        finally:
-            self._end_busy()
-            if not finished:
-                await aclose(stream)
-        if first_s is None:
-            raise RuntimeError(f"{self.model}: request {request_id} ended without output")
-        yield self._finished(
-            admission,
-            ids,
-            out_ids,
-            cached,
-            source,
-            first_s,
-            ModelOutput(text=decoder.text, finish_reason=finish_reason),
-            engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
-        )
-
-    async def _generate_chat(
-        self, admission: Admission, chat: VllmChat
-    ) -> AsyncGenerator[GenerationEvent, None]:
-        """A chat call through vLLM's serving layer (chat.py): its deltas as vLLM streams
-        them; the prompt ids and cached tokens it reports go to the session's KV record."""
-        request = admission.request
-        self._prompts.pop(request.request_id, None)
-        body = to_vllm_request(
-            request,
-            model=self.model,
-            request_id=f"{request.request_id}#{next(self._ids)}",
-            priority=PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT,
-            max_tokens=request.output_tokens or request.max_output_tokens,
-        )
-        try:
-            vllm_request = chat.request(body)
-        except CallRejected as exc:
-            raise _context_error(exc) from exc
-        totals = ChatTotals()
-        output = OutputAccumulator()
-        out_ids: list[int] = []
-        first_s: float | None = None
-        finish: FinishReason = "stop"
-        self._begin_busy()
-        try:
-            async for chunk in chat.stream(vllm_request, totals):
-                if chunk.finish_reason is not None:
-                    finish = _finish(chunk.finish_reason)
-                if not chunk.token_ids and chunk.delta.empty:
-                    continue
-                now = self._clock.now()
-                out_ids.extend(chunk.token_ids)
-                output.add(chunk.delta)
-                if first_s is None:
-                    first_s = now
-                    cached, source = admission.cached_tokens, admission.kv_source
-                    yield FirstToken(now, cached, source, chunk.delta)
-                elif request.stream:
-                    yield TokenDelta(now, len(chunk.token_ids), chunk.delta)
-        except CallRejected as exc:
-            raise _context_error(exc) from exc
-        finally:
-            self._end_busy()
-        if first_s is None:
-            raise RuntimeError(f"{self.model}: request {request.request_id} ended without output")
-        ids, cached = totals.prompt_token_ids, totals.cached_tokens
-        yield self._finished(
-            admission,
-            ids,
-            out_ids,
-            cached,
-            self._memory.classify(request, cached, self.epoch),
-            first_s,
-            output.output(finish),
-            prompt_tokens=totals.prompt_tokens,
-            output_tokens=totals.completion_tokens,
-        )
-
-    def _finished(
-        self,
-        admission: Admission,
-        ids: list[int],
-        out_ids: list[int],
-        cached: int,
-        source: KvSource,
-        first_s: float,
-        output: ModelOutput,
-        *,
-        prompt_tokens: int | None = None,
-        output_tokens: int | None = None,
-        engine: EngineTimes | None = None,
-    ) -> Finished:
-        """The call's result; its prompt and output ids become the session's KV record.
-        Token counts default to the ids' lengths (vLLM's own counts when it reports them);
-        ``engine``: vLLM's own timestamps of the call, where it gave them."""
-        request = admission.request
-        recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
-        self._memory.remember(request.session_id, ids + out_ids, self.epoch)
-        return Finished(
-            CallResult(
-                request_id=request.request_id,
-                session_id=request.session_id,
-                model=self.model,
-                node=self._node,
-                prompt_tokens=prompt_tokens or len(ids),
-                cached_tokens=cached,
-                output_tokens=output_tokens or len(out_ids),
-                arrival_s=admission.arrival_s,
-                admitted_s=admission.admitted_s,
-                first_token_s=first_s,
-                finished_s=self._clock.now(),
-                kv_source=source,
-                restored_bytes=self._kv.kv_bytes(cached) if source is KvSource.HOST else 0.0,
-                recomputed_tokens=recomputed,
-                sp_admitted=admission.sp_admitted,
-                output=output,
-                engine=engine,
-            )
-        )
-
-    def _begin_busy(self) -> None:
-        if self._generating == 0:
-            self._busy_since = self._clock.now()
-        self._generating += 1
-
-    def _end_busy(self) -> None:
-        self._generating -= 1
-        if self._generating == 0:
-            self.busy_s += self._clock.now() - self._busy_since
+        tokens = self._calls.tokens(admission, self._engine(), self._kv)
+        async with contextlib.aclosing(tokens) as events:
+            async for event in events:
+                yield event
 
     # -- switching -------------------------------------------------------------------------
     async def activate(self) -> float:

@@ -92,6 +92,8 @@ class KvShape:
 
 @dataclass
 class SessionContext:
+    """What the engine remembers of a session: its last call's ids and when it finished."""
+
     context: array[int]
     """Prompt + output ids of the session's last call on this engine."""
     epoch: int

@@ -30,6 +30,9 @@ PROBE_INTERVAL_S = 1.0
 
 
 class SleepStates:
+    """What of one engine's ``AsyncLLM`` is awake (``awake``), what the engine wants awake
+    (active, staged or asleep), and the serialised sleep / wake calls between them."""
+
     def __init__(
         self,
         clock: Clock,
@@ -63,11 +66,13 @@ class SleepStates:
         self.awake = frozenset()
 
     async def activate(self, llm: AsyncLLMLike) -> None:
+        """Wake whatever is asleep (weights and KV cache)."""
         self.want_active = True
         self.want_staged = False
         await self.converge(llm)
 
     async def deactivate(self, llm: AsyncLLMLike) -> None:
+        """Put everything awake to sleep (``sleep(level=1)``)."""
         self.want_active = False
         self.want_staged = False
         await self.converge(llm)

@@ -1,44 +1,23 @@
-"""The ``RuntimeClient`` seam: how the gateway reaches a runtime instance.
+"""The embedded runtime: simulated nodes in the proxy's own process (the default of
+``talaria serve``), running the same scheduler as the simulator on a real or scaled clock.
 
-``InProcessRuntime`` wraps a ``NodeScheduler`` living in the proxy's own event loop (the
-embedded default). An HTTP client for remote runtime servers comes with the runtime server.
+The only module of the proxy that imports ``talaria.runtime``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator
-from typing import Protocol
 
+from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, GenerationEvent
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.engines.sim_reply import ReplyPolicy
+from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
-
-
-class RuntimeClient(Protocol):
-    name: str
-    kind: str
-    address: str | None
-    """Where the runtime is reached (a URL), or None for one in this process."""
-
-    @property
-    def models(self) -> tuple[str, ...]: ...
-
-    async def start(self) -> None: ...
-
-    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]: ...
-
-    async def status(self) -> InstanceStatus: ...
-
-    async def hint(self, session_id: str, expected_gap_s: float) -> None: ...
-
-    async def end_session(self, session_id: str) -> None: ...
-
-    async def session_moved(self, session_id: str) -> None:
-        """The session's next call went to another instance: release what it holds here."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 class InProcessRuntime:
@@ -61,32 +40,60 @@ class InProcessRuntime:
 
     @property
     def node(self) -> NodeScheduler:
+        """The node scheduler this client wraps."""
         return self._node
 
     @property
     def models(self) -> tuple[str, ...]:
+        """The models the node hosts."""
         return tuple(self._node.engines)
 
     async def start(self) -> None:
+        """Start the node's scheduling loop."""
         self._node.start()
 
     def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """The node's event stream for the call."""
         return self._node.stream(request)
 
     async def status(self) -> InstanceStatus:
+        """The node's status, at most ``status_ttl_s`` clock seconds old."""
         now = self._clock.now()
         if self._status is None or now - self._status.at_s > self._ttl_s:
             self._status = self._node.status()
         return self._status
 
     async def hint(self, session_id: str, expected_gap_s: float) -> None:
+        """Pass the tool-gap hint to the node."""
         self._node.hint(session_id, expected_gap_s)
 
     async def end_session(self, session_id: str) -> None:
+        """End the session on the node (its KV and reservation are released)."""
         self._node.end_session(session_id)
 
     async def session_moved(self, session_id: str) -> None:
+        """Release what the session holds on the node (its next call went elsewhere)."""
         self._node.session_moved(session_id)
 
     async def close(self) -> None:
+        """Stop the node."""
         await self._node.stop()
+
+
+def build_embedded(
+    settings: ProxySettings, catalog: Catalog, clock: Clock
+) -> list[InProcessRuntime]:
+    """``settings.nodes`` simulated nodes (``node0``, ``node1``, ...) of the configured server,
+    profile, models and policy, each behind an ``InProcessRuntime``."""
+    flags = policy_flags(settings.policy)
+    config = SchedulerConfig(quantum_s=settings.quantum_s)
+    setup = NodeSetup(settings.server, settings.profile, tuple(settings.models))
+    replies = ReplyPolicy(tool_calls_before_answer=settings.sim_tool_calls)
+    return [
+        InProcessRuntime(
+            build_sim_node(f"node{i}", setup, catalog, flags, config, clock, replies),
+            clock,
+            settings.status_ttl_s,
+        )
+        for i in range(settings.nodes)
+    ]

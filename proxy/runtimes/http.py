@@ -1,4 +1,5 @@
-"""``HttpRuntime``: the RuntimeClient for a runtime server reached over HTTP (runtime/server.py).
+"""``HttpRuntime``: the ``RuntimeClient`` (base.py) of a runtime server reached over HTTP
+(runtime/server.py).
 
 Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` is cached for ``status_ttl_s``
 seconds. Hints, ends and moves are best effort: a failure is logged, never raised (the call
@@ -29,12 +30,9 @@ from talaria.core.types import (
     CallRequest,
     GenerationEvent,
 )
+from talaria.proxy.runtimes.base import RuntimeUnavailable
 
-log = logging.getLogger("talaria.proxy.http_runtime")
-
-
-class RuntimeUnavailable(RuntimeError):
-    """The runtime server could not be reached or refused the call."""
+log = logging.getLogger("talaria.proxy.runtimes.http")
 
 
 def decode_event(data: dict[str, Any]) -> GenerationEvent:
@@ -49,6 +47,9 @@ def decode_event(data: dict[str, Any]) -> GenerationEvent:
 
 
 class HttpRuntime:
+    """A runtime server at ``url``: calls stream as NDJSON events; ``status()`` is cached for
+    ``status_ttl_s`` seconds."""
+
     kind = "http"
 
     def __init__(self, url: str, *, status_ttl_s: float = 0.05, timeout_s: float = 600.0) -> None:
@@ -65,6 +66,7 @@ class HttpRuntime:
 
     @property
     def models(self) -> tuple[str, ...]:
+        """The models the server hosts (empty before ``start``)."""
         return self._models
 
     async def start(self, attempts: int = 5) -> None:
@@ -91,6 +93,7 @@ class HttpRuntime:
         self._status_at = asyncio.get_running_loop().time()
 
     async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """POST the call and yield its events as the server streams them."""
         try:
             async with self._client.stream(
                 "POST", "/v1/runtime/generate", json=request_to_dict(request)
@@ -107,6 +110,7 @@ class HttpRuntime:
             raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
 
     async def status(self) -> InstanceStatus:
+        """The server's status, at most ``status_ttl_s`` seconds old."""
         now = asyncio.get_running_loop().time()
         if self._status is None or now - self._status_at > self._ttl_s:
             try:
@@ -138,15 +142,19 @@ class HttpRuntime:
             log.warning("runtime %s: %s failed: %r", self.name, path, exc)
 
     async def hint(self, session_id: str, expected_gap_s: float) -> None:
+        """Pass the tool-gap hint on (best effort)."""
         await self._post(
             f"/v1/runtime/sessions/{session_id}/hint", {"expected_gap_s": expected_gap_s}
         )
 
     async def end_session(self, session_id: str) -> None:
+        """Tell the server the session ended (best effort)."""
         await self._post(f"/v1/runtime/sessions/{session_id}/end")
 
     async def session_moved(self, session_id: str) -> None:
+        """Tell the server the session moved to another instance (best effort)."""
         await self._post(f"/v1/runtime/sessions/{session_id}/moved")
 
     async def close(self) -> None:
+        """Close the HTTP connections."""
         await self._client.aclose()

@@ -1,0 +1,64 @@
+"""The ``RuntimeClient`` seam: how the gateway reaches a runtime instance.
+
+Its implementations are siblings in this package: ``http.HttpRuntime`` (a runtime server,
+runtime/server.py, over HTTP) and ``embedded.InProcessRuntime`` (a node in the proxy's own
+event loop, the default of ``talaria serve``). This module imports only ``talaria.core``; of
+the proxy, only ``embedded.py`` imports ``talaria.runtime``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from typing import Protocol
+
+from talaria.core.status import InstanceStatus
+from talaria.core.types import CallRequest, GenerationEvent
+
+
+class RuntimeUnavailable(RuntimeError):
+    """The runtime could not be reached or refused the call (the gateway answers 503)."""
+
+
+class RuntimeClient(Protocol):
+    """One runtime instance as the gateway sees it: its models, a stream of events per call,
+    its status for routing, and best-effort session hints."""
+
+    name: str
+    """The instance's name (what routing decisions and records name)."""
+    kind: str
+    """Which client this is (``http``, ``in-process``, ``instant``)."""
+    address: str | None
+    """Where the runtime is reached (a URL), or None for one in this process."""
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The models the instance hosts (known after ``start``)."""
+        ...
+
+    async def start(self) -> None:
+        """Connect (or start the in-process node) and learn the instance's name and models."""
+        ...
+
+    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """Run the call: ``FirstToken``, ``TokenDelta``s for a streaming call, ``Finished``."""
+        ...
+
+    async def status(self) -> InstanceStatus:
+        """The instance's status for routing (may be cached for a short while)."""
+        ...
+
+    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+        """The session's next call is expected in ``expected_gap_s`` seconds (best effort)."""
+        ...
+
+    async def end_session(self, session_id: str) -> None:
+        """The session ended: release what it holds on the instance (best effort)."""
+        ...
+
+    async def session_moved(self, session_id: str) -> None:
+        """The session's next call went to another instance: release what it holds here."""
+        ...
+
+    async def close(self) -> None:
+        """Release the client's connections (or stop the in-process node)."""
+        ...

@@ -1,0 +1,127 @@
+"""The simulated engine's KV accounting: its sessions' prefixes in the node's ``NodeMemory``.
+
+Prefix reuse per session: a prefix in HBM is skipped; in host DRAM it is restored over PCIe
+before the sequence runs; gone, it is prefilled again. Only whole blocks are reused, and never
+the last prompt token (vLLM recomputes it to get logits). Memory is committed at admission for
+prompt + max output tokens and trimmed to prompt + output at the finish; idle KV is evicted LRU
+to make room (to host DRAM when ``host_kv``, else dropped).
+"""
+
+from __future__ import annotations
+
+from talaria.core.types import CallRequest, KvSource
+from talaria.runtime.costmodel import CostModel
+from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, SessionKv
+
+
+class SimKv:
+    """One simulated engine's sessions in ``memory``: where a call's prefix comes from, what
+    admitting it takes, and where KV goes when room is needed or the model sleeps."""
+
+    def __init__(self, model: str, cost: CostModel, memory: NodeMemory, host_kv: bool) -> None:
+        self._model = model
+        self._cost = cost
+        self._memory = memory
+        self._host_kv = host_kv
+        self._block = cost.profile.block_tokens
+
+    def idle_hbm_bytes(self) -> float:
+        """HBM that evicting every idle session's KV would free (of every model on the node)."""
+        return sum(e.nbytes for e in self._memory.lru(KvLocation.HBM))
+
+    def reuse(self, request: CallRequest) -> tuple[KvSource, int, SessionKv | None]:
+        """Where the call's prefix comes from, how many tokens of it are reused, and the
+        session's KV entry on this model (if any)."""
+        entry = self._memory.kv.get(request.session_id)
+        if entry is not None and entry.model != self._model:
+            entry = None
+        shared = request.shared_prefix_tokens
+        if shared is None:
+            shared = entry.tokens if entry is not None else 0
+        if entry is None:
+            source = KvSource.NEW if shared == 0 else KvSource.RECOMPUTE
+            return source, 0, None
+        reusable = min(shared, entry.tokens, request.prompt_tokens - 1)
+        reusable -= reusable % self._block
+        if reusable <= 0:
+            return (KvSource.NEW if shared == 0 else KvSource.RECOMPUTE), 0, entry
+        source = KvSource.HBM if entry.location is KvLocation.HBM else KvSource.HOST
+        return source, reusable, entry
+
+    def needed_bytes(self, request: CallRequest) -> float:
+        """KV bytes of prompt + max output, less what the session holds in HBM already."""
+        _, _, entry = self.reuse(request)
+        total = self._cost.kv_bytes(request.prompt_tokens + request.max_output_tokens)
+        held = entry.nbytes if entry is not None and entry.location is KvLocation.HBM else 0.0
+        return max(0.0, total - held)
+
+    def evict_for(self, need: float, keep: str) -> float | None:
+        """Free HBM for ``need`` bytes by evicting idle KV LRU (never session ``keep``'s);
+        returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
+        it cannot fit."""
+        victims = [e for e in self._memory.lru(KvLocation.HBM) if e.session_id != keep]
+        if self._memory.hbm_free_bytes() + sum(v.nbytes for v in victims) < need:
+            return None
+        offloaded = 0.0
+        for victim in victims:
+            if self._memory.hbm_free_bytes() >= need:
+                break
+            if self._host_kv and self._make_host_room(victim.nbytes):
+                self._memory.move(victim.session_id, KvLocation.HOST)
+                offloaded += victim.nbytes
+            else:
+                self._memory.drop(victim.session_id)
+        return offloaded
+
+    def _make_host_room(self, nbytes: float) -> bool:
+        """Drop the least recently used host KV until ``nbytes`` fit there (False if never)."""
+        if nbytes > self._memory.host_kv_capacity_bytes:
+            return False
+        for old in self._memory.lru(KvLocation.HOST):
+            if self._memory.host_free_bytes() >= nbytes:
+                break
+            self._memory.drop(old.session_id)
+        return self._memory.host_free_bytes() >= nbytes
+
+    def commit(self, request: CallRequest, entry: SessionKv | None, now: float) -> None:
+        """Hold prompt + max output tokens of KV in HBM for the admitted call (pinned while it
+        runs); ``entry``: the session's entry ``reuse`` found."""
+        total_tokens = request.prompt_tokens + request.max_output_tokens
+        pins = entry.pins if entry is not None else 0
+        self._memory.put(
+            SessionKv(
+                request.session_id,
+                self._model,
+                total_tokens,
+                self._cost.kv_bytes(total_tokens),
+                KvLocation.HBM,
+                now,
+                pins + 1,
+            )
+        )
+
+    def release(self, request: CallRequest, output_tokens: int, now: float) -> None:
+        """The call finished: its session keeps prompt + output tokens, unpinned by it."""
+        tokens = request.prompt_tokens + output_tokens
+        self._memory.resize(request.session_id, tokens, self._cost.kv_bytes(tokens))
+        entry = self._memory.kv[request.session_id]
+        entry.pins -= 1
+        entry.last_used_s = now
+
+    def put_away(self, keep_kv_on_host: bool) -> float:
+        """The model goes to sleep: its sessions' HBM KV moves to host DRAM (most recent first,
+        while room lasts) or is dropped. Returns the bytes moved (a PCIe transfer)."""
+        mine = [
+            e
+            for e in self._memory.kv.values()
+            if e.model == self._model and e.location is KvLocation.HBM
+        ]
+        mine.sort(key=lambda e: (-e.last_used_s, e.session_id))
+        moved = 0.0
+        for entry in mine:
+            if keep_kv_on_host and self._make_host_room(entry.nbytes):
+                self._memory.move(entry.session_id, KvLocation.HOST)
+                moved += entry.nbytes
+            else:
+                self._memory.drop(entry.session_id)
+        return moved

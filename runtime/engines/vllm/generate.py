@@ -1,0 +1,348 @@
+"""How a ``VLLMEngine`` serves an admitted call: its prompt ids, its generation on the
+``AsyncLLM`` (as token ids, or as a chat call through vLLM's serving layer, chat.py), and its
+result, whose prompt and output ids become the session's KV record (kv.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from talaria.core.calls import (
+    DEFAULT_SAMPLING,
+    Call,
+    FinishReason,
+    ModelOutput,
+    OutputAccumulator,
+    OutputDelta,
+)
+from talaria.core.clock import Clock
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    EngineTimes,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
+from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engines.vllm.adapter import (
+    PRIORITY_DEFAULT,
+    PRIORITY_SP,
+    AsyncLLMLike,
+    VllmApi,
+    aclose,
+    engine_times,
+)
+from talaria.runtime.engines.vllm.chat import (
+    ChatTotals,
+    VllmChat,
+    decoding_params,
+    to_vllm_request,
+)
+from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
+from talaria.runtime.engines.vllm.options import VLLMEngineOptions
+from talaria.runtime.engines.vllm.switching import SleepStates
+from talaria.runtime.tokenizer import IncrementalDecoder, Tokenizer
+
+PROMPT_MEMO = 256
+"""Tokenized prompts kept between ``estimate_service_s`` / ``try_admit`` and ``run``."""
+
+
+def _finish(reason: str) -> FinishReason:
+    if reason == "tool_calls":
+        return "tool_calls"
+    return "length" if reason == "length" else "stop"
+
+
+def _context_error(exc: CallRejected) -> CallRejected:
+    """vLLM's "maximum context length" refusal as OpenAI's ``context_length_exceeded``."""
+    if "context length" in str(exc).lower():
+        return CallRejected("context_length_exceeded", str(exc), "messages")
+    return exc
+
+
+def _token_sampling(request: CallRequest) -> dict[str, Any]:
+    """The caller's sampling parameters that apply to a call sent as token ids (no stop strings
+    or logprobs there: the engine decodes itself; chat calls get every parameter)."""
+    return decoding_params(request.call.sampling if request.call is not None else DEFAULT_SAMPLING)
+
+
+class BusyMeter:
+    """Seconds during which at least one call was generating (overlapping calls count once)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._generating = 0
+        self._since = 0.0
+        self._done_s = 0.0
+
+    def busy_s(self) -> float:
+        """Busy seconds so far, the interval in progress included."""
+        busy = self._done_s
+        if self._generating:
+            busy += self._clock.now() - self._since
+        return busy
+
+    def begin(self) -> None:
+        """A call starts generating."""
+        if self._generating == 0:
+            self._since = self._clock.now()
+        self._generating += 1
+
+    def end(self) -> None:
+        """A call stopped generating."""
+        self._generating -= 1
+        if self._generating == 0:
+            self._done_s += self._clock.now() - self._since
+
+
+class PromptIds:
+    """The calls' prompt ids, memoised per request (the ``PROMPT_MEMO`` most recent)."""
+
+    def __init__(self, tokenizer: Tokenizer, memory: SessionMemory) -> None:
+        self._tok = tokenizer
+        self._memory = memory
+        self._prompts: OrderedDict[str, list[int]] = OrderedDict()
+
+    def get(self, request: CallRequest) -> list[int]:
+        """The call's prompt ids: ``messages`` through the chat template, else its text
+        ``prompt``, else synthetic ids of length ``prompt_tokens``."""
+        ids = self._prompts.get(request.request_id)
+        if ids is not None:
+            return ids
+        call = request.call
+        if call is not None and call.messages is not None:
+            tools = [t.to_openai() for t in call.tools] or None
+            ids = self._tok.encode_chat(call.messages, tools, call.template_kwargs)
+        elif call is not None and call.prompt is not None:
+            ids = self._tok.encode(call.prompt)
+        else:
+            ids = self._memory.synthetic_ids(request)
+        self._prompts[request.request_id] = ids
+        while len(self._prompts) > PROMPT_MEMO:
+            self._prompts.popitem(last=False)
+        return ids
+
+    def forget(self, request_id: str) -> None:
+        """The call runs now: its ids are no longer needed here."""
+        self._prompts.pop(request_id, None)
+
+
+class CallRunner:
+    """Generates one model's admitted calls on its ``AsyncLLM``; each finished call's prompt
+    and output ids become its session's KV record in ``memory`` (at the current sleep epoch of
+    ``states``)."""
+
+    def __init__(
+        self,
+        model: str,
+        clock: Clock,
+        node: str,
+        api: VllmApi,
+        tokenizer: Tokenizer,
+        options: VLLMEngineOptions,
+        memory: SessionMemory,
+        states: SleepStates,
+        prompts: PromptIds,
+        busy: BusyMeter,
+    ) -> None:
+        self._model = model
+        self._clock = clock
+        self._node = node
+        self._api = api
+        self._tok = tokenizer
+        self._opt = options
+        self._memory = memory
+        self._states = states
+        self._prompts = prompts
+        self._busy = busy
+        self._ids = itertools.count()
+
+    async def tokens(
+        self, admission: Admission, llm: AsyncLLMLike, kv: KvShape
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """A call sent to ``llm`` as token ids, decoded here: ``FirstToken`` (with vLLM's
+        cached-token count and the first token's text), ``TokenDelta``s for a streaming call,
+        then ``Finished``."""
+        request = admission.request
+        call = request.call
+        ids = self._prompts.get(request)
+        self._prompts.forget(request.request_id)
+        room = self._opt.max_model_len - len(ids)
+        if room < 1:
+            raise CallRejected(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self._opt.max_model_len} tokens. "
+                f"However, your prompt is {len(ids)} tokens ({self._model}).",
+                param="messages" if call is not None and call.messages is not None else "prompt",
+            )
+        known = request.output_tokens  # a replayed reply: exactly that many tokens
+        params = self._api.sampling_params(
+            max_tokens=max(1, min(known or request.max_output_tokens, room)),
+            ignore_eos=self._opt.ignore_eos or known is not None,
+            **{**self._opt.sampling, **_token_sampling(request)},
+        )
+        priority = PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT
+        request_id = f"{request.request_id}#{next(self._ids)}"
+        decoder = IncrementalDecoder(self._tok)
+        out_ids: list[int] = []
+        cached = 0
+        first_s: float | None = None
+        source = admission.kv_source
+        finished = False
+        finish_reason: FinishReason = "stop"
+        metrics: Any = None
+        self._busy.begin()
+        stream = llm.generate(
+            self._api.tokens_prompt(ids), params, request_id=request_id, priority=priority
+        )
+        try:
+            async for out in stream:
+                num_cached = getattr(out, "num_cached_tokens", None)
+                if num_cached is not None:
+                    cached = int(num_cached)
+                metrics = getattr(out, "metrics", None) or metrics
+                outputs = getattr(out, "outputs", None) or ()
+                new = [int(t) for t in outputs[0].token_ids] if outputs else []
+                finished = bool(getattr(out, "finished", False))
+                if finished and outputs and getattr(outputs[0], "finish_reason", None) == "length":
+                    finish_reason = "length"
+                if not new and not finished:
+                    continue
+                now = self._clock.now()
+                out_ids.extend(new)
+                rest = new
+                if first_s is None and new:
+                    first_s = now
+                    source = self._memory.classify(request, cached, self._states.epoch)
+                    text = decoder.push(new[:1])
+                    rest = new[1:]
+                    if finished and not rest:
+                        text += decoder.finish()
+                    yield FirstToken(now, cached, source, OutputDelta(text=text))
+                if rest or (finished and first_s is not None):
+                    text = decoder.push(rest) if rest else ""
+                    if finished:
+                        text += decoder.finish()
+                    if request.stream and (rest or text):
+                        yield TokenDelta(now, len(rest), OutputDelta(text=text))
+            # (no break at ``finished``: vLLM's stream then ends by itself, nothing to abort)
+        finally:
+            self._busy.end()
+            if not finished:
+                await aclose(stream)
+        if first_s is None:
+            raise RuntimeError(f"{self._model}: request {request_id} ended without output")
+        yield self._finished(
+            admission,
+            kv,
+            ids,
+            out_ids,
+            cached,
+            source,
+            first_s,
+            ModelOutput(text=decoder.text, finish_reason=finish_reason),
+            engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
+        )
+
+    async def chat(
+        self, admission: Admission, call: Call, chat: VllmChat, kv: KvShape
+    ) -> AsyncGenerator[GenerationEvent, None]:
+        """A chat call through vLLM's serving layer (chat.py): its deltas as vLLM streams
+        them; the prompt ids and cached tokens it reports go to the session's KV record."""
+        request = admission.request
+        self._prompts.forget(request.request_id)
+        body = to_vllm_request(
+            call,
+            model=self._model,
+            request_id=f"{request.request_id}#{next(self._ids)}",
+            priority=PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT,
+            max_tokens=request.output_tokens or request.max_output_tokens,
+            cache_salt=request.cache_salt,
+        )
+        try:
+            vllm_request = chat.request(body)
+        except CallRejected as exc:
+            raise _context_error(exc) from exc
+        totals = ChatTotals()
+        output = OutputAccumulator()
+        out_ids: list[int] = []
+        first_s: float | None = None
+        finish: FinishReason = "stop"
+        self._busy.begin()
+        try:
+            async for chunk in chat.stream(vllm_request, totals):
+                if chunk.finish_reason is not None:
+                    finish = _finish(chunk.finish_reason)
+                if not chunk.token_ids and chunk.delta.empty:
+                    continue
+                now = self._clock.now()
+                out_ids.extend(chunk.token_ids)
+                output.add(chunk.delta)
+                if first_s is None:
+                    first_s = now
+                    cached, source = admission.cached_tokens, admission.kv_source
+                    yield FirstToken(now, cached, source, chunk.delta)
+                elif request.stream:
+                    yield TokenDelta(now, len(chunk.token_ids), chunk.delta)
+        except CallRejected as exc:
+            raise _context_error(exc) from exc
+        finally:
+            self._busy.end()
+        if first_s is None:
+            raise RuntimeError(f"{self._model}: request {request.request_id} ended without output")
+        ids, cached = totals.prompt_token_ids, totals.cached_tokens
+        yield self._finished(
+            admission,
+            kv,
+            ids,
+            out_ids,
+            cached,
+            self._memory.classify(request, cached, self._states.epoch),
+            first_s,
+            output.output(finish),
+            prompt_tokens=totals.prompt_tokens,
+            output_tokens=totals.completion_tokens,
+        )
+
+    def _finished(
+        self,
+        admission: Admission,
+        kv: KvShape,
+        ids: list[int],
+        out_ids: list[int],
+        cached: int,
+        source: KvSource,
+        first_s: float,
+        output: ModelOutput,
+        *,
+        prompt_tokens: int | None = None,
+        output_tokens: int | None = None,
+        engine: EngineTimes | None = None,
+    ) -> Finished:
+        """The call's result; its prompt and output ids become the session's KV record.
+        Token counts default to the ids' lengths (vLLM's own counts when it reports them);
+        ``engine``: vLLM's own timestamps of the call, where it gave them."""
+        request = admission.request
+        recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
+        self._memory.remember(request.session_id, ids + out_ids, self._states.epoch)
+        return Finished(
+            call_result(
+                admission,
+                self._node,
+                prompt_tokens=prompt_tokens or len(ids),
+                cached_tokens=cached,
+                output_tokens=output_tokens or len(out_ids),
+                first_token_s=first_s,
+                finished_s=self._clock.now(),
+                kv_source=source,
+                restored_bytes=kv.kv_bytes(cached) if source is KvSource.HOST else 0.0,
+                recomputed_tokens=recomputed,
+                output=output,
+                engine=engine,
+            )
+        )

@@ -66,12 +66,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the e2e tests' process helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/harness
 
 import httpx
 import openai
 from sqlalchemy import text
 
+from bench.harness.processes import (
+    Postgres,
+    ServeProcess,
+    child_pids,
+    free_port,
+    talaria_runtime,
+    talaria_serve,
+)
 from talaria.core.calls import MESSAGE_OVERHEAD_TOKENS, message_tokens
 from talaria.core.catalog import Catalog, load_catalog
 from talaria.core.trace import SessionTrace
@@ -81,14 +89,6 @@ from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.metrics import percentile
 from talaria.sim.presets import get_preset
 from talaria.sim.workload import generate_sessions
-from tests.e2e.processes import (
-    Postgres,
-    ServeProcess,
-    child_pids,
-    free_port,
-    talaria_runtime,
-    talaria_serve,
-)
 
 ADMIN = "cluster-bench-admin"
 READY_TIMEOUT_S = 60.0

@@ -33,14 +33,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from talaria.proxy.cluster.owner import owner, route_key  # noqa: E402
-from tests.e2e.processes import (  # noqa: E402
+from bench.harness.processes import (  # noqa: E402
     Postgres,
     ServeProcess,
     free_port,
     talaria_runtime,
     talaria_serve,
 )
+from talaria.proxy.cluster.owner import owner, route_key  # noqa: E402
 
 MODEL = "glm-4.5-fp8"
 TENANT = "local"  # loopback callers without a key (docs/operations.md, Security model)

@@ -19,13 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' load generator
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/harness
 
 from sqlalchemy import text
 
+from bench.harness.loadgen import run_load
+from bench.harness.processes import talaria_serve
 from talaria.proxy.store.db import make_engine
-from tests.e2e.loadgen import run_load
-from tests.e2e.processes import talaria_serve
 
 MODEL = "glm-4.5-fp8"
 

@@ -63,10 +63,10 @@ from talaria.sim.plots import plot_fidelity
 from talaria.sim.replay import Transport, replay
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # the e2e tests' process helpers
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # bench/harness
 import summarize  # bench/fidelity/summarize.py, next to this file
 
-from tests.e2e.processes import child_pids, descendant_pids
+from bench.harness.processes import child_pids, descendant_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 TALARIA = Path(sys.executable).parent / "talaria"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from tests.e2e.processes import ROOT, ServeProcess, talaria_serve
+from bench.harness.processes import ROOT, ServeProcess, talaria_serve
 
 ADMIN_TOKEN = "console-test-admin-token"
 ARTIFACTS = ROOT / "out" / "console-screenshots"

@@ -16,8 +16,8 @@ import pytest
 from openai import OpenAI
 from playwright.sync_api import Page, expect
 
+from bench.harness.processes import talaria_command
 from tests.browser.conftest import ADMIN_TOKEN, ARTIFACTS, Console, screenshot, sign_in
-from tests.e2e.processes import talaria_command
 
 MODEL_A = "glm-4.5-fp8"
 MODEL_B = "qwen3-235b-a22b-bf16"

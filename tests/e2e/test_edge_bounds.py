@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from bench.harness.processes import ServeProcess, talaria_runtime, talaria_serve
 from talaria.core.http_edge import HEADER_TIMEOUT_S
-from tests.e2e.processes import ServeProcess, talaria_runtime, talaria_serve
 
 MODEL = "glm-4.5-fp8"
 DESCRIPTORS = 256

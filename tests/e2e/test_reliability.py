@@ -20,9 +20,9 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from bench.harness.loadgen import LoadResult, run_load
+from bench.harness.processes import Postgres, ServeProcess, free_port, talaria_serve
 from talaria.proxy.store.db import make_engine
-from tests.e2e.loadgen import LoadResult, run_load
-from tests.e2e.processes import Postgres, ServeProcess, free_port, talaria_serve
 
 MODEL = "glm-4.5-fp8"
 ARGS = ["--models", MODEL, "--time-scale", "100"]

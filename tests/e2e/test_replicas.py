@@ -20,16 +20,16 @@ from typing import Any
 import httpx
 import pytest
 
-from talaria.proxy.calls import SHUTDOWN
-from talaria.proxy.cluster import trust
-from talaria.proxy.cluster.owner import owner, route_key
-from tests.e2e.processes import (
+from bench.harness.processes import (
     Postgres,
     ServeProcess,
     free_port,
     talaria_runtime,
     talaria_serve,
 )
+from talaria.proxy.calls import SHUTDOWN
+from talaria.proxy.cluster import trust
+from talaria.proxy.cluster.owner import owner, route_key
 from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
 
 ADMIN = "replicas-admin-token"

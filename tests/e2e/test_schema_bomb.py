@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harness.processes import ServeProcess, talaria_runtime, talaria_serve
 from talaria.core.protocol import request_to_dict
 from talaria.core.types import CallRequest
-from tests.e2e.processes import ServeProcess, talaria_runtime, talaria_serve
 
 MODEL = "glm-4.5-fp8"
 ANSWER_S = 10.0

@@ -16,12 +16,12 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
+from bench.harness.processes import talaria_command
 from talaria.proxy.store import db as store_db
 from talaria.proxy.store import migrate
 from talaria.proxy.store.cli import db_app
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.models import Base
-from tests.e2e.processes import talaria_command
 
 TABLES = {
     "tenants",

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from talaria.cli import runtime_server
+from talaria.cli.runtime import runtime_server
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bench.harness.processes import free_port
 from talaria.core.loop_watchdog import EXIT_CODE, LoopWatchdog
 from talaria.proxy.serve import EXIT_GRACE_S
-from tests.e2e.processes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

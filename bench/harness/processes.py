@@ -1,6 +1,6 @@
-"""Real processes for the end-to-end tests: ``talaria serve`` as a subprocess (ready when its
-stderr says where it listens), and a throwaway PostgreSQL server (scripts/pg.sh) that a test
-may stop and start again."""
+"""Real processes for the benchmarks and the end-to-end tests: ``talaria serve`` and ``talaria
+runtime`` as subprocesses (ready when their stderr says where they listen), a throwaway
+PostgreSQL server (scripts/pg.sh) that a test may stop and start again, and process trees."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ def descendant_pids(pid: int) -> list[int]:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it; another may take it later)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -70,16 +71,20 @@ class ServeProcess:
 
     @property
     def v1(self) -> str:
+        """The OpenAI-style base URL (``BASE_URL/v1``)."""
         return self.base_url + "/v1"
 
     def sigterm(self) -> None:
+        """Ask it to drain and stop (SIGTERM)."""
         self.process.send_signal(signal.SIGTERM)
 
     def kill9(self) -> None:
+        """Kill it at once (SIGKILL) and reap it."""
         self.process.kill()
         self.process.wait(timeout=30)
 
     def wait(self, timeout_s: float) -> int:
+        """Its exit status, waiting at most ``timeout_s``."""
         return self.process.wait(timeout=timeout_s)
 
 
@@ -165,6 +170,7 @@ class Postgres:
     url: str = ""
 
     def start(self) -> str:
+        """Start the server (its data directory kept between starts); its URL."""
         done = subprocess.run(
             ["bash", str(ROOT / "scripts" / "pg.sh"), "start", str(self.directory), str(self.port)],
             capture_output=True,
@@ -176,6 +182,7 @@ class Postgres:
         return self.url
 
     def stop(self) -> None:
+        """Stop the server (fast shutdown)."""
         subprocess.run(
             ["bash", str(ROOT / "scripts" / "pg.sh"), "stop", str(self.directory)],
             capture_output=True,

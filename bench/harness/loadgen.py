@@ -32,6 +32,8 @@ MAX_RETRY_WAIT_S = 2.0
 
 @dataclass
 class LoadResult:
+    """What a load saw: the acknowledged calls, the HTTP statuses, the disconnects."""
+
     acked: dict[str, tuple[str, bool]] = field(default_factory=dict)
     """request id → (api, stream) of every acknowledged call."""
     statuses: Counter[int] = field(default_factory=Counter)

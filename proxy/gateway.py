@@ -7,7 +7,7 @@ bottom in :meth:`Gateway.open_call`, one step per function:
    the API layer has already forwarded a call whose owner is another replica;
 3. resolve the session (``_resolve``: proxy/sessions/book.py, by the client's id or by the
    conversation it continues), and what of its prompt the session's KV already holds;
-4. route (``_route``: proxy/routing/) over the status of the instances hosting the model;
+4. route (``_route``: core/routing/) over the status of the instances hosting the model;
    settle the session's soft reservation (proxy/sessions/keeper.py); record the decision;
 5. run (``_run``: proxy/runner.py) in a task of its own; the runner records the outcome
    (proxy/recorder.py) and the keeper the session's reservation or end.
@@ -34,7 +34,7 @@ from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
 from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.recorder import Recorder, RecordSink
-from talaria.proxy.routing import (
+from talaria.core.routing import (
     NoInstanceError,
     RouteRequest,
     RoutingConfig,

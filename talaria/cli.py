@@ -19,9 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.routing.routers import ROUTER_NAMES, get_router
 from talaria.core.trace import SessionTrace, TraceError, read_trace, write_trace
 from talaria.core.types import CallResult
-from talaria.proxy.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 

@@ -535,8 +535,9 @@ def calibrate(
     """
     import asyncio
 
+    from talaria.calibrate_live import run_calibration
     from talaria.proxy.http_runtime import RuntimeUnavailable
-    from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan
     from talaria.sim.fit import profile_toml
 
     plan = QUICK_PLAN if quick else CalibrationPlan()

@@ -33,8 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # bench/fidelity/run.py, next to this file
 
+from talaria.calibrate_live import Calibrator
 from talaria.proxy.http_runtime import HttpRuntime
-from talaria.sim.calibrate import CalibrationPlan, Calibrator
+from talaria.sim.calibrate import CalibrationPlan
 from tests.e2e.processes import child_pids, descendant_pids
 
 PLACEMENTS = ("workers", "engines", "cores")

@@ -28,12 +28,6 @@ from typing import Any
 
 from talaria.core.clock import Clock, TimeScale
 from talaria.core.reservations import SessionReservations
-from talaria.core.status import InstanceStatus
-from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
-from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
-from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.recorder import Recorder, RecordSink
 from talaria.core.routing import (
     NoInstanceError,
     RouteRequest,
@@ -41,6 +35,12 @@ from talaria.core.routing import (
     RoutingDecision,
     route,
 )
+from talaria.core.status import InstanceStatus
+from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
+from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
+from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
+from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.recorder import Recorder, RecordSink
 from talaria.proxy.runner import CallRunner, runtime_request
 from talaria.proxy.runtime_client import RuntimeClient
 from talaria.proxy.runtime_pool import RuntimePool

@@ -7,7 +7,7 @@ bottom in :meth:`Gateway.open_call`, one step per function:
    the API layer has already forwarded a call whose owner is another replica;
 3. resolve the session (``_resolve``: proxy/sessions/book.py, by the client's id or by the
    conversation it continues), and what of its prompt the session's KV already holds;
-4. route (``_route``: proxy/routing/) over the status of the instances hosting the model;
+4. route (``_route``: core/routing/) over the status of the instances hosting the model;
    settle the session's soft reservation (proxy/sessions/keeper.py); record the decision;
 5. run (``_run``: proxy/runner.py) in a task of its own; the runner records the outcome
    (proxy/recorder.py) and the keeper the session's reservation or end.
@@ -28,19 +28,19 @@ from typing import Any
 
 from talaria.core.clock import Clock, TimeScale
 from talaria.core.reservations import SessionReservations
-from talaria.core.status import InstanceStatus
-from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
-from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
-from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.recorder import Recorder, RecordSink
-from talaria.proxy.routing import (
+from talaria.core.routing import (
     NoInstanceError,
     RouteRequest,
     RoutingConfig,
     RoutingDecision,
     route,
 )
+from talaria.core.status import InstanceStatus
+from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
+from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
+from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
+from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.recorder import Recorder, RecordSink
 from talaria.proxy.runner import CallRunner, runtime_request
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.base import RuntimeClient

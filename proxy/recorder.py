@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from talaria.core.clock import TimeScale
+from talaria.core.routing import RoutingDecision
 from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.calls import CallOutcome, PreparedCall
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import CallRecord, DecisionRecord, Record, SessionRecord
-from talaria.proxy.routing import RoutingDecision
 from talaria.proxy.sessions.book import SessionState
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name

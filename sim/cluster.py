@@ -1,4 +1,4 @@
-"""The replay's proxy: routes every call to a node with ``talaria.proxy.routing.route``.
+"""The replay's proxy: routes every call to a node with ``talaria.core.routing.route``.
 
 For each call, in virtual time: read the session's live proxy-level soft reservation
 (``core.reservations.SessionReservations``, the gateway's own rules), take a ``status()``
@@ -22,10 +22,10 @@ from collections.abc import Sequence
 
 from talaria.core.clock import Clock
 from talaria.core.reservations import SessionReservations
+from talaria.core.routing import RouteRequest, RoutingConfig, route
+from talaria.core.routing.request import NoInstanceError
+from talaria.core.routing.routers import get_router
 from talaria.core.types import CallRequest, CallResult
-from talaria.proxy.routing import RouteRequest, RoutingConfig, route
-from talaria.proxy.routing.routers import get_router
-from talaria.proxy.routing.scorers import NoInstanceError
 from talaria.runtime.scheduling.node import NodeScheduler
 
 

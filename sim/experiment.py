@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult, KvSource
-from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig

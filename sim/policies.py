@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from talaria.proxy.routing.routers import ROUTER_NAMES
+from talaria.core.routing.routers import ROUTER_NAMES
 from talaria.runtime.scheduling.flags import (
     DEFAULT_POLICIES,
     FLAG_NAMES,

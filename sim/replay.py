@@ -6,7 +6,7 @@ each session's gaps, as it would live without the SDK's explicit hints). Nodes a
 ``NodeScheduler`` over ``SimEngine`` engines, on a ``VirtualTimeLoop``.
 
 Every call goes through the replay's proxy (``sim/cluster.Dispatcher``): the policy's router
-(``talaria.proxy.routing``) picks, per call, one of the nodes hosting the call's model from their
+(``talaria.core.routing``) picks, per call, one of the nodes hosting the call's model from their
 ``status()`` snapshots. Layouts are lists of named nodes, each with its own model list: one
 node hosting every model (the paper), several (the cluster, see ``sim/presets.py``), or one node
 per model that never switches (``dedicated``), where the router has a single candidate.
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from talaria.core.catalog import Catalog, EfficiencyProfile
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult
-from talaria.proxy.routing import RoutingConfig
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
@@ -90,7 +90,7 @@ class ReplayOutcome:
     makespan_s: float = 0.0
     router: str = "talaria"
     routing_reasons: dict[str, int] = field(default_factory=dict)
-    """Routing reason → calls (``talaria.proxy.routing``: only-candidate, reserved, kv-hbm...)."""
+    """Routing reason → calls (``talaria.core.routing``: only-candidate, reserved, kv-hbm...)."""
     migrations: int = 0
     """Continuation calls routed to a different node than the session's previous call."""
     transport: Transport = field(default_factory=Transport)

@@ -27,7 +27,7 @@ REASON_ORDER: tuple[str, ...] = (
     "tie-break",
     "only-candidate",
 )
-"""Columns of the routing-reason table, rule-based reasons first (talaria.proxy.routing)."""
+"""Columns of the routing-reason table, rule-based reasons first (talaria.core.routing)."""
 
 
 def _nodes(doc: dict[str, Any]) -> int:

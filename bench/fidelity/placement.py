@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run  # bench/fidelity/run.py, next to this file
 
 from bench.harness.processes import child_pids, descendant_pids
+from talaria.calibrate_live import Calibrator
 from talaria.proxy.runtimes.http import HttpRuntime
-from talaria.sim.calibrate import CalibrationPlan, Calibrator
+from talaria.sim.calibrate import CalibrationPlan
 
 PLACEMENTS = ("workers", "engines", "cores")
 BUSY_LOOP = ["python3", "-c", "while True: pass"]

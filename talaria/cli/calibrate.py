@@ -61,8 +61,9 @@ def calibrate(
     """
     import asyncio
 
+    from talaria.calibrate_live import run_calibration
     from talaria.proxy.runtimes.base import RuntimeUnavailable
-    from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan
     from talaria.sim.fit import profile_toml
 
     plan = QUICK_PLAN if quick else CalibrationPlan()

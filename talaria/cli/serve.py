@@ -8,7 +8,7 @@ import typer
 
 from talaria.cli.common import console
 from talaria.core.catalog import CatalogError, load_catalog
-from talaria.proxy.routing.routers import ROUTER_NAMES, get_router
+from talaria.core.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
 
 if TYPE_CHECKING:

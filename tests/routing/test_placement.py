@@ -7,9 +7,10 @@ import random
 
 import pytest
 
+from talaria.core.routing import RouteRequest, RoutingConfig, instance_pressure, route
+from talaria.core.routing.scorers.instance_pressure import instance_load
+from talaria.core.routing.scorers.model_affinity import model_affinity
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
-from talaria.proxy.routing import RouteRequest, RoutingConfig, instance_pressure, route
-from talaria.proxy.routing.scorers import instance_load, model_affinity
 
 CONFIG = RoutingConfig()
 NEW = RouteRequest(session_id="new", model="m", prompt_tokens=1000)

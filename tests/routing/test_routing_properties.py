@@ -9,8 +9,7 @@ import random
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
-from talaria.proxy.routing import (
+from talaria.core.routing import (
     ROUTER_NAMES,
     SCORERS,
     NoInstanceError,
@@ -18,7 +17,8 @@ from talaria.proxy.routing import (
     RoutingConfig,
     route,
 )
-from talaria.proxy.routing.picker import score_candidates
+from talaria.core.routing.picker import score_candidates
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 CONFIG = RoutingConfig()
 MODELS = ("m", "n")
@@ -129,7 +129,7 @@ def test_adding_a_worse_instance_never_changes_the_winner(
 ) -> None:
     assume(any(request.model in s.models for s in cluster))
     before = route(router, request, cluster, CONFIG, random.Random(seed))
-    weights = CONFIG.weights(router).as_dict()
+    weights = dict(CONFIG.weights(router))
     weights = {k: weights[k] for k in next(iter(before.scores.values())) if k != "total"}
     extra_total = score_candidates(request, [extra], weights, CONFIG)[extra.instance]["total"]
     assume(extra_total < before.scores[before.instance]["total"])

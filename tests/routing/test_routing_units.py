@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
-from talaria.proxy.routing import (
+from talaria.core.routing import (
     ROUTER_NAMES,
     NoInstanceError,
     RouteRequest,
@@ -25,6 +24,7 @@ from talaria.proxy.routing import (
     model_residency,
     route,
 )
+from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 CONFIG = RoutingConfig()
 REQ = RouteRequest(session_id="s", model="m", prompt_tokens=1000)
@@ -267,7 +267,11 @@ def test_kv_aware_follows_kv_but_not_residency() -> None:
 def test_weights_come_from_the_config() -> None:
     statuses = [status("a", **HOST_10), status("b", running_calls=32)]
     assert route("talaria", REQ, statuses, CONFIG, random.Random(0)).instance == "b"
-    pressure_first = RoutingConfig(talaria=ScorerWeights(0.1, 1.0, 1.0))
+    pressure_first = RoutingConfig(
+        talaria=ScorerWeights(
+            model_residency=0.1, kv_locality=1.0, instance_pressure=1.0, model_affinity=0.0
+        )
+    )
     assert route("talaria", REQ, statuses, pressure_first, random.Random(0)).instance == "a"
     with pytest.raises(ValueError, match=">= 0"):
         ScorerWeights(instance_pressure=-1.0)

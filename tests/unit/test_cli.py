@@ -157,7 +157,7 @@ def _no_uvicorn(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
 
 
 def test_serve_refuses_an_unknown_router_before_starting(monkeypatch: pytest.MonkeyPatch) -> None:
-    from talaria.proxy.routing.routers import ROUTER_NAMES
+    from talaria.core.routing.routers import ROUTER_NAMES
 
     started = _no_uvicorn(monkeypatch)
     result = runner.invoke(app, ["serve", "--router", "nope"])

@@ -1,42 +1,33 @@
-"""Routing settings: per-router scorer weights and the scorers' reference scales.
+"""Routing settings: each router's scorers and their weights, and the scorers' reference scales.
 
-The simulator and the proxy use the defaults below.
+The simulator and the proxy use the defaults below. A router scores with exactly the scorers
+its weight table names (core/routing/scorers/ registers them by name).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-
-SCORER_NAMES: tuple[str, ...] = (
-    "model_residency",
-    "kv_locality",
-    "instance_pressure",
-    "model_affinity",
-)
-"""Every scorer, in the fixed order used for reports and for breaking reason ties."""
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
-class ScorerWeights:
-    """Weight of each scorer in a router's total ``Σ weight × score`` (0: not used)."""
+class ScorerWeights(dict[str, float]):
+    """A router's weight per scorer name in its total ``Σ weight × score``: the scorers it
+    names are the ones the router scores and reports (weight 0: reported, not counted).
+    Built like a dict (``ScorerWeights(kv_locality=1.0)``); every weight must be ≥ 0."""
 
-    model_residency: float = 0.0
-    kv_locality: float = 0.0
-    instance_pressure: float = 0.0
-    model_affinity: float = 0.0
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
+    def __init__(
+        self, weights: Mapping[str, float] | Iterable[tuple[str, float]] = (), /, **named: float
+    ) -> None:
+        super().__init__(weights, **named)
+        for name, value in self.items():
             if not value >= 0.0:  # also rejects NaN
-                raise ValueError(f"weight {f.name} must be >= 0, got {value}")
-
-    def as_dict(self) -> dict[str, float]:
-        return {name: float(getattr(self, name)) for name in SCORER_NAMES}
+                raise ValueError(f"weight {name} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)
 class RoutingConfig:
+    """The scorers' reference scales and, per router, its weight table (``weights``)."""
+
     residency_tau_s: float = 10.0
     """Time scale of ``model_residency`` (score 1/2 when the model serves in tau seconds): about
     one sleep + wake switch of the paper's models at the measured sleep-mode rates (8.6–10.7 s),
@@ -54,7 +45,11 @@ class RoutingConfig:
     """Bytes of other sessions' soft reservations that count as one unit of load: ~100 GB is
     the KV room left on an 8×H200 node (1,015 GB usable) once a 355–690 GB model and a staged
     successor are resident, so reservations weigh at least as much as KV already in use."""
-    talaria: ScorerWeights = ScorerWeights(1.0, 1.0, 0.5, 0.5)
+    talaria: ScorerWeights = field(
+        default_factory=lambda: ScorerWeights(
+            model_residency=1.0, kv_locality=1.0, instance_pressure=0.5, model_affinity=0.5
+        )
+    )
     """Residency and KV locality each save seconds per call (a switch, or a prefix recompute
     or restore), so they weigh 1. Pressure weighs 0.5: its whole range (0.5) is below a KV hit
     in HBM (1), so load alone never moves a session off its KV in HBM, but it outweighs a
@@ -64,9 +59,14 @@ class RoutingConfig:
     Affinity weighs 0.5 for the same reason as pressure: its whole range stays below a KV hit
     in HBM, so it places new sessions (and sessions whose KV is gone) without moving a
     session off its KV."""
-    load_only: ScorerWeights = ScorerWeights(instance_pressure=1.0)
-    sticky: ScorerWeights = ScorerWeights(instance_pressure=1.0)
-    kv_aware: ScorerWeights = ScorerWeights(kv_locality=1.0, instance_pressure=0.5)
+    load_only: ScorerWeights = field(default_factory=lambda: ScorerWeights(instance_pressure=1.0))
+    """Least outstanding work only."""
+    sticky: ScorerWeights = field(default_factory=lambda: ScorerWeights(instance_pressure=1.0))
+    """Where the sticky rule does not decide: least outstanding work."""
+    kv_aware: ScorerWeights = field(
+        default_factory=lambda: ScorerWeights(kv_locality=1.0, instance_pressure=0.5)
+    )
+    """KV locality and load, no model residency."""
 
     def __post_init__(self) -> None:
         for name in (

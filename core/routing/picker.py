@@ -7,10 +7,11 @@ rng is only drawn from when there is a tie.
 
 The reason names the scorer whose weighted contribution most separates the winner from the
 runner-up (the best other total), ``argmax_s weight_s × (score_s(winner) − score_s(runner-up))``
-(ties between scorers go to the first in ``SCORER_NAMES`` order), qualified by the winner's
-state: ``model-active`` / ``model-staged`` / ``model-host`` (residency), ``kv-hbm`` /
-``kv-host`` (KV locality), ``least-loaded`` (pressure), ``model-affinity`` (affinity);
-``tie-break`` when the totals tie.
+(ties between scorers go to the first in registry order, core/routing/scorers/__init__.py),
+labelled by that scorer's ``reason`` from the winner's state: ``model-active`` /
+``model-staged`` / ``model-host`` (residency), ``kv-hbm`` / ``kv-host`` (KV locality),
+``least-loaded`` (pressure), ``model-affinity`` (affinity); ``tie-break`` when the totals tie
+or no scorer separates them.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from talaria.core.routing.request import RouteRequest
+from talaria.core.routing.scorers import SCORERS, get_scorer
+from talaria.core.routing.settings import RoutingConfig
 from talaria.core.status import InstanceStatus
-from talaria.proxy.routing.scorers import SCORERS, RouteRequest
-from talaria.proxy.routing.settings import SCORER_NAMES, RoutingConfig
 
 TOTAL = "total"
 
@@ -31,6 +33,9 @@ Scores = dict[str, dict[str, float]]
 
 @dataclass(frozen=True)
 class RoutingDecision:
+    """The chosen instance, the router that chose it, why (a reason label), and every
+    candidate's scores."""
+
     instance: str
     router: str
     reason: str
@@ -44,9 +49,10 @@ def score_candidates(
     config: RoutingConfig,
 ) -> Scores:
     """Every candidate's raw score per scorer in ``weights`` and its weighted ``total``."""
+    scorers = {name: get_scorer(name) for name in weights}
     scores: Scores = {}
     for status in candidates:
-        row = {name: SCORERS[name](request, status, config) for name in weights}
+        row = {name: scorer(request, status, config) for name, scorer in scorers.items()}
         row[TOTAL] = sum(weights[name] * row[name] for name in weights)
         scores[status.instance] = row
     return scores
@@ -68,14 +74,15 @@ def pick(scores: Scores, rng: random.Random) -> tuple[str, bool]:
 
 def separating_scorer(winner: str, scores: Scores, weights: Mapping[str, float]) -> str | None:
     """The scorer with the largest ``weight × (score(winner) − score(runner-up))``, or None
-    when there is no runner-up or no scorer separates them."""
+    when there is no runner-up or no scorer separates them (ties: the first in registry
+    order)."""
     others = sorted((n for n in scores if n != winner), key=lambda n: (-scores[n][TOTAL], n))
     if not others:
         return None
     runner_up = scores[others[0]]
     best: str | None = None
     best_gap = 0.0
-    for name in SCORER_NAMES:
+    for name in SCORERS:
         if name not in weights:
             continue
         gap = weights[name] * (scores[winner][name] - runner_up[name])
@@ -85,18 +92,11 @@ def separating_scorer(winner: str, scores: Scores, weights: Mapping[str, float])
 
 
 def scorer_reason(scorer: str | None, request: RouteRequest, status: InstanceStatus) -> str:
-    """The reason label of a win by ``scorer`` on ``status`` (see the module docstring)."""
-    if scorer == "model_residency":
-        residency = status.models.get(request.model)
-        return f"model-{residency.state.value}" if residency is not None else "model-host"
-    if scorer == "kv_locality":
-        kv = status.sessions.get(request.session_id)
-        return f"kv-{kv.location}" if kv is not None else "kv-hbm"
-    if scorer == "instance_pressure":
-        return "least-loaded"
-    if scorer == "model_affinity":
-        return "model-affinity"
-    return "tie-break"
+    """The reason label of a win by ``scorer`` on ``status`` (its ``reason``; ``tie-break``
+    when no scorer separated the winner)."""
+    if scorer is None:
+        return "tie-break"
+    return get_scorer(scorer).reason(request, status)
 
 
 def pick_by_score(

@@ -1,15 +1,15 @@
 """Routers: the named routing policies.
 
 Every router runs the same code path (``route``): filter the instances that host the model,
-score each with the router's scorers and weights (``RoutingConfig``), then apply the router's
-rules before the argmax:
+score each with the scorers its weight table names (``RoutingConfig``; the scorers are
+registered in core/routing/scorers/), then apply the router's rules before the argmax:
 
 | router | scorers (default weights) | rule before scoring |
 |---|---|---|
-| ``talaria`` | residency 1, KV locality 1, pressure 0.5 | live soft reservation → its instance |
+| ``talaria`` | residency 1, KV 1, pressure 0.5, affinity 0.5 | soft reservation → its instance |
 | ``load-only`` | pressure 1 (least outstanding work) | – |
 | ``sticky`` | pressure 1 | the session's last instance, if a candidate |
-| ``kv-aware`` | KV locality 1, pressure 0.5 (no model residency) | – |
+| ``kv-aware`` | KV 1, pressure 0.5 (no model residency) | – |
 
 Scores are reported for every candidate even when a rule decides. The live soft reservation
 of the ``reserved`` rule (``RouteRequest.reserved_instance``) comes from the caller's
@@ -22,16 +22,18 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from talaria.core.routing.picker import RoutingDecision, pick_by_score, score_candidates
+from talaria.core.routing.request import NoInstanceError, RouteRequest
+from talaria.core.routing.scorers import SCORERS, get_scorer
+from talaria.core.routing.settings import RoutingConfig
 from talaria.core.status import InstanceStatus
-from talaria.proxy.routing.picker import RoutingDecision, pick_by_score, score_candidates
-from talaria.proxy.routing.scorers import NoInstanceError, RouteRequest
-from talaria.proxy.routing.settings import SCORER_NAMES, RoutingConfig
 
 
 @dataclass(frozen=True)
 class Router:
+    """A named routing policy: its rules before scoring (its weights are configuration)."""
+
     name: str
-    scorers: tuple[str, ...]
     reserved_rule: bool = False
     """A session with a live soft reservation goes to its instance (if it is a candidate)."""
     sticky_rule: bool = False
@@ -39,21 +41,31 @@ class Router:
 
 
 ROUTERS: dict[str, Router] = {
-    "talaria": Router("talaria", SCORER_NAMES, reserved_rule=True),
-    "load-only": Router("load-only", ("instance_pressure",)),
-    "sticky": Router("sticky", ("instance_pressure",), sticky_rule=True),
-    "kv-aware": Router("kv-aware", ("kv_locality", "instance_pressure")),
+    "talaria": Router("talaria", reserved_rule=True),
+    "load-only": Router("load-only"),
+    "sticky": Router("sticky", sticky_rule=True),
+    "kv-aware": Router("kv-aware"),
 }
 ROUTER_NAMES: tuple[str, ...] = tuple(ROUTERS)
 
 
 def get_router(name: str) -> Router:
+    """The router ``name``; ``ValueError`` naming the known ones otherwise."""
     try:
         return ROUTERS[name]
     except KeyError:
         raise ValueError(
             f"unknown router {name!r}; choose from: {', '.join(ROUTER_NAMES)}"
         ) from None
+
+
+def router_weights(config: RoutingConfig, router: str) -> dict[str, float]:
+    """``router``'s weight table from ``config``, in registry order; ``ValueError`` for a
+    scorer that is not registered."""
+    table = config.weights(router)
+    for name in table:
+        get_scorer(name)
+    return {name: table[name] for name in SCORERS if name in table}
 
 
 def route(
@@ -72,8 +84,7 @@ def route(
     )
     if not candidates:
         raise NoInstanceError(f"no instance hosts model {request.model!r}")
-    weights = config.weights(router.name).as_dict()
-    weights = {name: weights[name] for name in router.scorers}
+    weights = router_weights(config, router.name)
     scores = score_candidates(request, candidates, weights, config)
     names = {s.instance for s in candidates}
     if len(candidates) == 1:

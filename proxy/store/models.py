@@ -124,8 +124,9 @@ class SessionRow(Base):
 
 
 class CallRow(Base):
-    """One model call (a ``CallRecord``: a column per field, proxy/store/mapping.py). The (session_id, call_index) index also serves
-    lookups by session_id alone, so there is no separate index on it."""
+    """One model call (a ``CallRecord``: a column per field, proxy/store/mapping.py). The
+    (session_id, call_index) index also serves lookups by session_id alone, so there is no
+    separate index on it."""
 
     __tablename__ = "calls"
     __table_args__ = (Index("ix_calls_session_id_call_index", "session_id", "call_index"),)

@@ -163,7 +163,7 @@ def _count(scope: Scope, status: int) -> None:
 async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) -> Cluster | None:
     """With ``replica_url``: join the replicas sharing the database (PostgreSQL only)."""
     if cfg.replica_url is None:
-        gateway.set_drained(await store.drained())  # a drain outlives a restart
+        gateway.set_drained(await store.cluster.drained())  # a drain outlives a restart
         return None
     if sqlite_path(cfg.database_url or default_url()) is not None:
         raise RuntimeError(
@@ -171,7 +171,7 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
             "SQLite serves one proxy"
         )
     membership = Membership(
-        store,
+        store.cluster,
         cfg.replica_url,
         cfg.replica_url,
         heartbeat_s=cfg.replica_heartbeat_s,
@@ -181,7 +181,7 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
     await membership.start()
 
     async def adopt(tenant_id: str, external_id: str) -> AdoptableSession | None:
-        found = await store.open_root_session(tenant_id, external_id)
+        found = await store.sessions.open_root_session(tenant_id, external_id)
         if found is None:
             return None
         summary, instance = found
@@ -210,7 +210,7 @@ async def _end_stale_sessions(store: SqlStore, cfg: ProxySettings) -> None:
         now = datetime.now(UTC)
         cutoff = now - timedelta(seconds=cfg.session_idle_timeout_s + STALE_SWEEP_S)
         try:
-            ended = await store.end_open_sessions("stale", now, last_call_before=cutoff)
+            ended = await store.sessions.end_open_sessions("stale", now, last_call_before=cutoff)
         except Exception as exc:  # the store may be down; try again next time
             log.warning("ending stale sessions failed: %r", exc)
             continue
@@ -280,7 +280,7 @@ def create_app(
         gateway.start()
         responses = ResponseStore(
             writer,
-            store,
+            store.responses,
             enabled=cfg.store_responses,
             ttl_s=cfg.responses_ttl_s,
             tenant_quota_bytes=cfg.responses_tenant_quota_bytes,
@@ -289,7 +289,7 @@ def create_app(
         await responses.start()  # the storage quota's totals, read before serving
         purger = asyncio.get_running_loop().create_task(_purge_responses(responses))
         auth = Authenticator(
-            cfg.api_keys, store, allow_open=cfg.allow_open, metrics_token=cfg.metrics_token
+            cfg.api_keys, store.tenants, allow_open=cfg.allow_open, metrics_token=cfg.metrics_token
         )
         await auth.start()  # reads the key mode and warns when it is open
         now = datetime.now(UTC)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from talaria.proxy.errors import ApiError, unauthorized
-from talaria.proxy.store.repository import hash_key
+from talaria.proxy.store.tenants import hash_key
 
 log = logging.getLogger("talaria.proxy.auth")
 V = TypeVar("V")
@@ -47,7 +47,7 @@ STORE_RETRY_AFTER_S = 2.0
 
 
 class KeyStore(Protocol):
-    """What the authenticator needs of the store (``SqlStore`` has it)."""
+    """What the authenticator needs of the store (``TenantTables`` has it)."""
 
     async def tenant_for_key(self, plaintext: str) -> str | None:
         """The tenant of an unrevoked key, or None."""

@@ -11,7 +11,7 @@ import typer
 from talaria.proxy.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
-from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.tenants import TenantTables
 
 T = TypeVar("T")
 
@@ -32,7 +32,7 @@ KeyIdArg = Annotated[str, typer.Argument(help="Key id from 'keys list'.")]
 
 
 def _with_store(
-    url: str | None, action: Callable[[SqlStore], Awaitable[T]], *, migrate: bool = True
+    url: str | None, action: Callable[[TenantTables], Awaitable[T]], *, migrate: bool = True
 ) -> T:
     async def main() -> T:
         target = url or default_url()
@@ -40,7 +40,7 @@ def _with_store(
             await upgrade_async(target)
         engine = make_engine(target)
         try:
-            return await action(SqlStore(make_sessionmaker(engine)))
+            return await action(TenantTables(make_sessionmaker(engine)))
         finally:
             await engine.dispose()
 
@@ -60,7 +60,7 @@ def create(
 ) -> None:
     """Create a key for TENANT and print it once (only its hash is stored)."""
 
-    async def action(store: SqlStore) -> str:
+    async def action(store: TenantTables) -> str:
         return await store.create_api_key(await store.create_tenant(tenant))
 
     key = _with_store(url, action)

@@ -1,5 +1,9 @@
 """What the gateway persists, as plain records. The hot path builds them and hands them to the
-store's batched writer; the store turns them into rows (proxy/store/)."""
+store's batched writer; the store turns them into rows (proxy/store/).
+
+Each field is stored in the column of the same name of its record's row (proxy/store/models.py;
+``mapping.RECORD_ROWS`` pairs them), and read back into the record by that name: a new stored
+field is declared here and in the row (plus a migration), nowhere else."""
 
 from __future__ import annotations
 
@@ -29,6 +33,9 @@ class SessionRecord:
 
 @dataclass(frozen=True)
 class CallRecord:
+    """One model call, written when it ends (ok or error); written again (a retried batch,
+    same ``request_id``) its tokens still count towards its session's once."""
+
     request_id: str
     session_id: str
     call_index: int
@@ -62,6 +69,8 @@ class CallRecord:
 
 @dataclass(frozen=True)
 class DecisionRecord:
+    """One routing decision: where a call went, why, and every candidate's scores."""
+
     request_id: str
     session_id: str
     router: str
@@ -89,6 +98,8 @@ class ReservationRecord:
 
 @dataclass(frozen=True)
 class HintRecord:
+    """A client hint: the expected gap of a tool call (``expected_s``), or the session's end."""
+
     session_id: str
     at: datetime
     expected_s: float | None
@@ -98,6 +109,8 @@ class HintRecord:
 
 @dataclass(frozen=True)
 class InstanceRecord:
+    """A runtime instance as the gateway saw it (written at start; upserted by name)."""
+
     name: str
     kind: str  # in-process | http
     url: str | None

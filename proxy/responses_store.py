@@ -37,7 +37,7 @@ from talaria.proxy.responses_quota import (
     json_bytes,
     stored_bytes,
 )
-from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.responses import ResponseTables
 from talaria.proxy.store.views import StoredResponseView
 from talaria.proxy.store.writer import BatchWriter
 
@@ -70,7 +70,7 @@ class ResponseStore:
     def __init__(
         self,
         writer: BatchWriter,
-        store: SqlStore,
+        store: ResponseTables,
         *,
         enabled: bool = True,
         ttl_s: float = DEFAULT_TTL_S,

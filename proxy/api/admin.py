@@ -24,7 +24,7 @@ from talaria.core.status import InstanceStatus
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.console.routes import client_address, console_auth, signed_in
 from talaria.proxy.errors import ApiError, unavailable
-from talaria.proxy.store.repository import SESSION_STATES, AmbiguousSession
+from talaria.proxy.store.sessions import SESSION_STATES, AmbiguousSession
 from talaria.proxy.store.views import SessionDetail
 
 router = APIRouter(prefix="/admin")
@@ -119,7 +119,7 @@ async def list_sessions(
     try:
         page = await _read(
             ctx,
-            lambda: ctx.store.list_sessions(
+            lambda: ctx.store.sessions.list_sessions(
                 state=state,
                 model=model,
                 tenant_id=tenant,
@@ -132,7 +132,7 @@ async def list_sessions(
     except ValueError as exc:
         raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
     ids = [s.session_id for s in page.items]
-    instances = await _read(ctx, lambda: ctx.store.last_instances(ids))
+    instances = await _read(ctx, lambda: ctx.store.sessions.last_instances(ids))
     data = [{**asdict(s), "instance": instances.get(s.session_id)} for s in page.items]
     return json_response({"data": data, "next_cursor": page.next_cursor})
 
@@ -143,7 +143,7 @@ async def get_session(session_id: str, request: Request, tenant: str | None = No
     an id, picks whose when several tenants use that id: without it, 409 listing them)."""
     ctx = _admin(request)
     try:
-        detail = await _read(ctx, lambda: ctx.store.get_session(session_id, tenant))
+        detail = await _read(ctx, lambda: ctx.store.sessions.get_session(session_id, tenant))
     except AmbiguousSession as exc:
         raise ApiError(
             409,
@@ -215,7 +215,7 @@ async def end_session(session_id: str, request: Request) -> Response:
             return held
     try:
         ended = await _read(
-            ctx, lambda: ctx.store.end_session(session_id, "admin", datetime.now(UTC))
+            ctx, lambda: ctx.store.sessions.end_session(session_id, "admin", datetime.now(UTC))
         )
     except ValueError as exc:
         raise ApiError(409, f"{exc}; end one by its key.", code="ambiguous_session") from exc
@@ -231,7 +231,7 @@ async def dead_letters(request: Request, limit: int = 100) -> Response:
     ctx = _admin(request)
     if not 1 <= limit <= 1000:
         raise ApiError(400, "limit must be between 1 and 1000", param="limit")
-    letters = await _read(ctx, lambda: ctx.store.list_dead_letters(limit))
+    letters = await _read(ctx, lambda: ctx.store.dead_letters.list_dead_letters(limit))
     return json_response(
         {
             "data": [asdict(d) for d in letters],
@@ -300,7 +300,7 @@ async def _set_drain(name: str, request: Request, *, draining: bool) -> Response
     ctx = _admin(request)
     if name not in {r.name for r in ctx.gateway.runtimes}:
         raise ApiError(404, f"No runtime instance {name!r}.", code="instance_not_found")
-    await _read(ctx, lambda: ctx.store.set_drain(name, draining, datetime.now(UTC)))
+    await _read(ctx, lambda: ctx.store.cluster.set_drain(name, draining, datetime.now(UTC)))
     drained = set(ctx.gateway.drained)
     ctx.gateway.set_drained(drained | {name} if draining else drained - {name})
     return json_response({"name": name, "draining": draining})

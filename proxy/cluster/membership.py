@@ -17,7 +17,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from talaria.proxy.cluster.owner import owner
-from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.cluster import ClusterTables
 
 log = logging.getLogger("talaria.proxy.cluster")
 
@@ -28,7 +28,7 @@ class Membership:
 
     def __init__(
         self,
-        store: SqlStore,
+        store: ClusterTables,
         name: str,
         url: str,
         *,

@@ -1,5 +1,7 @@
-"""The session store: SQLAlchemy models, engines, ``SqlStore``, the batched writer, and the
-Alembic migrations that create the schema (``talaria.migrations``).
+"""The session store: SQLAlchemy models, engines, ``SqlStore`` (the batched writes and one
+object per group of tables: repository.py), the batched writer, and the Alembic migrations
+that create the schema (``talaria.migrations``). Records map to rows by their field names
+(mapping.py).
 
 SQLite through aiosqlite by default (``db.default_sqlite_url()``); PostgreSQL through asyncpg
 when given a ``postgresql+asyncpg://`` URL.

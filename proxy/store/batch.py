@@ -15,6 +15,9 @@ UPDATE of a session, call or stored response also matches the owner it was loade
 WHERE`` would), so a row that another transaction gave another owner meanwhile is left alone
 too. Only a session's placeholder (tenant ``unknown``, below) takes a tenant.
 
+A record's fields become its row's columns of the same names (``mapping.row_values``); the
+rules below say how a row already there takes them.
+
 Rules (the writer may retry a batch, so applying one twice must give the same rows):
 
 - ``SessionRecord``: inserted if missing, else updated: model, tenant, parent (when given),
@@ -57,6 +60,7 @@ from talaria.proxy.records import (
     ResponseRecord,
     SessionRecord,
 )
+from talaria.proxy.store.mapping import SESSION_COUNTERS, row_values
 from talaria.proxy.store.models import (
     Base,
     CallRow,
@@ -158,12 +162,17 @@ class _Table:
             db.execute(statement, params)
 
 
-def _opt(value: datetime | None) -> datetime | None:
-    return None if value is None else as_utc(value)
-
-
 def _refused(kind: str, key: str, owner: str) -> None:
     log.warning("dropped a %s record for %s: that row is another %s's", kind, key, owner)
+
+
+def _new_session(rec: SessionRecord) -> Row:
+    """The row of a session seen first: its record's fields, its key as the client's id when
+    it has none, no calls counted yet."""
+    row = row_values(rec)
+    row["external_id"] = rec.external_id or rec.session_id
+    row.update(dict.fromkeys(SESSION_COUNTERS, 0))
+    return row
 
 
 def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
@@ -172,25 +181,7 @@ def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
         _refused("session", rec.session_id, "tenant")
         return
     if row is None:
-        sessions.add(
-            {
-                "session_id": rec.session_id,
-                "tenant_id": rec.tenant_id,
-                "external_id": rec.external_id or rec.session_id,
-                "identity_source": rec.identity_source,
-                "parent_session_id": rec.parent_session_id,
-                "model": rec.model,
-                "state": rec.state,
-                "started_at": as_utc(rec.started_at),
-                "last_call_at": as_utc(rec.last_call_at),
-                "ended_at": _opt(rec.ended_at),
-                "end_reason": rec.end_reason,
-                "calls": 0,
-                "prompt_tokens": 0,
-                "cached_tokens": 0,
-                "output_tokens": 0,
-            }
-        )
+        sessions.add(_new_session(rec))
         return
     sessions.touch(rec.session_id)
     row["tenant_id"] = rec.tenant_id
@@ -215,55 +206,11 @@ def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
             row["end_reason"] = rec.end_reason
 
 
-def _call_fields(rec: CallRecord) -> Row:
-    return {
-        "request_id": rec.request_id,
-        "session_id": rec.session_id,
-        "call_index": rec.call_index,
-        "model": rec.model,
-        "instance": rec.instance,
-        "arrived_at": as_utc(rec.arrived_at),
-        "finished_at": _opt(rec.finished_at),
-        "status": rec.status,
-        "queue_s": rec.queue_s,
-        "slot_wait_s": rec.slot_wait_s,
-        "prefill_s": rec.prefill_s,
-        "decode_s": rec.decode_s,
-        "engine_intake_s": rec.engine_intake_s,
-        "engine_queue_s": rec.engine_queue_s,
-        "engine_prefill_s": rec.engine_prefill_s,
-        "engine_decode_s": rec.engine_decode_s,
-        "prompt_tokens": rec.prompt_tokens,
-        "cached_tokens": rec.cached_tokens,
-        "output_tokens": rec.output_tokens,
-        "finish_reason": rec.finish_reason,
-        "kv_source": rec.kv_source,
-        "stream": rec.stream,
-        "tool_gap_hint_s": rec.tool_gap_hint_s,
-        "error": rec.error,
-        "api": rec.api,
-    }
-
-
 def _placeholder_session(rec: CallRecord) -> Row:
-    arrived = as_utc(rec.arrived_at)
-    return {
-        "session_id": rec.session_id,
-        "tenant_id": UNKNOWN_TENANT,
-        "external_id": rec.session_id,
-        "identity_source": None,
-        "parent_session_id": None,
-        "model": rec.model,
-        "state": "active",
-        "started_at": arrived,
-        "last_call_at": arrived,
-        "ended_at": None,
-        "end_reason": None,
-        "calls": 0,
-        "prompt_tokens": 0,
-        "cached_tokens": 0,
-        "output_tokens": 0,
-    }
+    """The row of a session known only from a call: tenant ``unknown``, active since the
+    call arrived (the session's own record fills it in later)."""
+    at = rec.arrived_at
+    return _new_session(SessionRecord(rec.session_id, UNKNOWN_TENANT, rec.model, at, at))
 
 
 _TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
@@ -278,7 +225,7 @@ def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
     if session is None:
         session = sessions.add(_placeholder_session(rec))
     sessions.touch(rec.session_id)
-    fields = _call_fields(rec)
+    fields = row_values(rec)
     if row is None:
         calls.add(fields)
         session["calls"] += 1
@@ -291,26 +238,20 @@ def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
     row.update(fields)
 
 
+_RELEASE = ("released_at", "release_reason")
+
+
 def _apply_reservation(reservations: _Table, rec: ReservationRecord) -> None:
+    fields = row_values(rec)
     row = reservations.get(rec.reservation_id)
     if row is None:
-        row = reservations.add(
-            {"reservation_id": rec.reservation_id, "released_at": None, "release_reason": None}
-        )
-    else:
-        reservations.touch(rec.reservation_id)
-    row.update(
-        session_id=rec.session_id,
-        instance=rec.instance,
-        held_bytes=rec.held_bytes,
-        created_at=as_utc(rec.created_at),
-        expected_return_at=as_utc(rec.expected_return_at),
-        expires_at=as_utc(rec.expires_at),
-    )
-    if rec.released_at is not None:
-        row["released_at"] = as_utc(rec.released_at)
-    if rec.release_reason is not None:
-        row["release_reason"] = rec.release_reason
+        reservations.add(fields)
+        return
+    reservations.touch(rec.reservation_id)
+    for name in _RELEASE:  # set when given, never cleared
+        if fields[name] is None:
+            del fields[name]
+    row.update(fields)
 
 
 def _replace(table: _Table, key: str, fields: Row) -> None:
@@ -347,62 +288,21 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
         elif isinstance(rec, CallRecord):
             _apply_call(sessions, calls, rec)
         elif isinstance(rec, DecisionRecord):
-            decisions.append(
-                {
-                    "request_id": rec.request_id,
-                    "session_id": rec.session_id,
-                    "router": rec.router,
-                    "instance": rec.instance,
-                    "reason": rec.reason,
-                    "scores": {k: dict(v) for k, v in rec.scores.items()},
-                    "created_at": _opt(rec.created_at) or now,
-                }
-            )
+            decision = row_values(rec)
+            decision["created_at"] = decision["created_at"] or now
+            decisions.append(decision)
         elif isinstance(rec, HintRecord):
-            hints.append(
-                {
-                    "session_id": rec.session_id,
-                    "at": as_utc(rec.at),
-                    "expected_s": rec.expected_s,
-                    "tool": rec.tool,
-                    "kind": rec.kind,
-                }
-            )
+            hints.append(row_values(rec))
         elif isinstance(rec, ReservationRecord):
             _apply_reservation(reservations, rec)
         elif isinstance(rec, InstanceRecord):
-            _replace(
-                instances,
-                rec.name,
-                {
-                    "name": rec.name,
-                    "kind": rec.kind,
-                    "url": rec.url,
-                    "models": list(rec.models),
-                    "last_seen_at": as_utc(rec.last_seen_at),
-                    "status": dict(rec.status),
-                },
-            )
+            _replace(instances, rec.name, row_values(rec))
         elif isinstance(rec, ResponseRecord):
             existing = responses.get(rec.response_id)
             if existing is not None and existing["tenant_id"] != rec.tenant_id:
                 _refused("response", rec.response_id, "tenant")
                 continue
-            _replace(
-                responses,
-                rec.response_id,
-                {
-                    "response_id": rec.response_id,
-                    "tenant_id": rec.tenant_id,
-                    "session_id": rec.session_id,
-                    "model": rec.model,
-                    "created_at": as_utc(rec.created_at),
-                    "expires_at": as_utc(rec.expires_at),
-                    "response": dict(rec.response),
-                    "input_items": list(rec.input_items),
-                    "size_bytes": rec.size_bytes,
-                },
-            )
+            _replace(responses, rec.response_id, row_values(rec))
         else:  # pragma: no cover - guarded by the Record union
             raise TypeError(f"not a store record: {type(rec).__name__}")
     for table in (sessions, calls, reservations, instances, responses):  # sessions first

@@ -124,3 +124,11 @@ def make_engine(url: str, **kwargs: Any) -> AsyncEngine:
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     """Sessions that keep loaded objects usable after commit."""
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+class TableGroup:
+    """One group of the store's tables, read and written over ``sessionmaker``; ``SqlStore``
+    (repository.py) holds one of each."""
+
+    def __init__(self, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+        self._sessionmaker = sessionmaker

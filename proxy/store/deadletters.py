@@ -8,7 +8,7 @@
 The file is JSON lines (``dead-letters.jsonl`` in the data directory, next to the default
 SQLite file): one object per record, ``{"at", "reason", "error", "kind", "record"}``. Its text
 is ASCII (``json.dumps`` escapes NUL and everything non-ASCII), so any database takes it back.
-``talaria db dead-letters`` lists the table; the file is read with any JSON-lines tool.
+``GET /admin/dead-letters`` lists the table; the file is read with any JSON-lines tool.
 """
 
 from __future__ import annotations
@@ -22,7 +22,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
 from talaria.proxy.records import Record
+from talaria.proxy.store.db import TableGroup
+from talaria.proxy.store.health import SqliteFileGuard
+from talaria.proxy.store.mapping import from_row
+from talaria.proxy.store.models import DeadLetter
+from talaria.proxy.store.views import DeadLetterView
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +38,35 @@ DEAD_LETTER_FILE = "dead-letters.jsonl"
 
 
 class DeadLetterStore(Protocol):
+    """Where :class:`DeadLetters` keeps refused records first (:class:`DeadLetterTable`)."""
+
     async def write_dead_letter(self, kind: str, payload: str, error: str, at: datetime) -> None:
-        """Keep one refused record (``SqlStore``)."""
+        """Keep one refused record."""
         ...
+
+
+class DeadLetterTable(TableGroup):
+    """The ``dead_letters`` table. With a ``guard`` (a SQLite file), every write first checks
+    that the file is still the one the proxy opened (health.py)."""
+
+    def __init__(
+        self, sessionmaker: async_sessionmaker[AsyncSession], guard: SqliteFileGuard | None = None
+    ) -> None:
+        super().__init__(sessionmaker)
+        self._guard = guard
+
+    async def write_dead_letter(self, kind: str, payload: str, error: str, at: datetime) -> None:
+        """Keep a refused record (``payload``: its JSON, ASCII only)."""
+        if self._guard is not None:
+            self._guard.check()
+        async with self._sessionmaker() as db, db.begin():
+            db.add(DeadLetter(created_at=at, kind=kind, payload=payload, error=error))
+
+    async def list_dead_letters(self, limit: int = 100) -> list[DeadLetterView]:
+        """The newest dead letters first."""
+        query = select(DeadLetter).order_by(DeadLetter.id.desc()).limit(limit)
+        async with self._sessionmaker() as db:
+            return [from_row(DeadLetterView, r) for r in await db.scalars(query)]
 
 
 def record_json(record: Record) -> str:

@@ -51,8 +51,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from talaria.core.trace import SessionTrace, TraceCall
 from talaria.proxy.records import CallRecord
 from talaria.proxy.store.db import is_sqlite, make_engine, make_sessionmaker
+from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import CallRow, SessionRow, as_utc
-from talaria.proxy.store.views import call_view
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhd])")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -189,7 +189,7 @@ async def export_trace(
     async with sessionmaker() as db:
         rows = (await db.execute(query)).all()
     parents = {row.session_id: parent for row, parent in rows}
-    return calls_to_sessions([call_view(row) for row, _ in rows], parents)
+    return calls_to_sessions([from_row(CallRecord, row) for row, _ in rows], parents)
 
 
 async def export_from_url(

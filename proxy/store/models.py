@@ -51,6 +51,7 @@ class UTCDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """``value`` in UTC as the backend stores it (naive on SQLite)."""
         if value is None:
             return None
         value = as_utc(value)
@@ -58,6 +59,7 @@ class UTCDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """The stored value as an aware UTC datetime."""
         return None if value is None else as_utc(value)
 
 
@@ -73,6 +75,8 @@ class Base(DeclarativeBase):
 
 
 class Tenant(Base):
+    """A tenant: the owner of API keys, sessions and stored responses; ``name`` is unique."""
+
     __tablename__ = "tenants"
 
     id: Mapped[str] = mapped_column(String, primary_key=True)
@@ -120,8 +124,9 @@ class SessionRow(Base):
 
 
 class CallRow(Base):
-    """One model call (a ``CallRecord``). The (session_id, call_index) index also serves
-    lookups by session_id alone, so there is no separate index on it."""
+    """One model call (a ``CallRecord``: a column per field, proxy/store/mapping.py). The
+    (session_id, call_index) index also serves lookups by session_id alone, so there is no
+    separate index on it."""
 
     __tablename__ = "calls"
     __table_args__ = (Index("ix_calls_session_id_call_index", "session_id", "call_index"),)

@@ -53,6 +53,8 @@ def dead_letter_path(settings: ProxySettings, url: str) -> Path:
 
 @dataclass
 class StoreService:
+    """The open store: its URL, engine, ``SqlStore``, writer and dead letters."""
+
     url: str
     engine: AsyncEngine
     store: SqlStore
@@ -75,7 +77,7 @@ class StoreService:
         store = SqlStore(make_sessionmaker(engine), guard)
         path = sqlite_path(url)
         writes: RecordStore = store if path is None else SqliteWrites(path, guard)
-        dead_letters = DeadLetters(store, dead_letter_path(settings, url))
+        dead_letters = DeadLetters(store.dead_letters, dead_letter_path(settings, url))
         writer = BatchWriter(
             writes,
             flush_interval_s=settings.writer_flush_interval_s,
@@ -83,7 +85,7 @@ class StoreService:
             quarantine=dead_letters,
         )
         if settings.replica_url is None:  # replicas share the store: they end only stale ones
-            ended = await store.end_open_sessions("restart", datetime.now(UTC))
+            ended = await store.sessions.end_open_sessions("restart", datetime.now(UTC))
             if ended:
                 log.warning(
                     "ended %d sessions left open by a previous run (reason 'restart')", ended
@@ -110,6 +112,7 @@ class StoreService:
         return {"ok": True, "pending": writer.pending, "quarantined": writer.quarantined}
 
     async def close(self) -> None:
+        """Stop the SQLite write thread (if any) and close the engine's connections."""
         if isinstance(self.writes, SqliteWrites):
             await asyncio.to_thread(self.writes.close)
         await self.engine.dispose()

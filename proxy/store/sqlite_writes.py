@@ -97,9 +97,11 @@ class SqliteWrites:
             apply_batch(db, records)
 
     def is_content_error(self, exc: BaseException) -> bool:
+        """Whether a write failed for the records' content (health.is_content_error)."""
         return is_content_error(exc)
 
     def close(self) -> None:
+        """Stop the checkpointer, finish the write in progress and close the connections."""
         self._stop.set()
         self._checkpointer.join()
         self._thread.shutdown(wait=True)

@@ -1,8 +1,10 @@
 """What the store's reads return: small frozen dataclasses, detached from the database.
 
 Calls, decisions, reservations, hints and instances come back as the records the gateway wrote
-(``talaria.proxy.records``); sessions, pages and API keys have their own views here. Also the
-opaque keyset cursor used by ``SqlStore.list_sessions``, and the row-to-view conversions.
+(``talaria.proxy.records``); sessions, pages, stored responses, dead letters and API keys have
+their own views here, each field named as its row's column (``mapping.from_row`` fills a view
+from a row by those names). Also the opaque keyset cursor used by
+``SessionTables.list_sessions``.
 """
 
 from __future__ import annotations
@@ -14,23 +16,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from talaria.proxy.records import (
-    CallRecord,
-    DecisionRecord,
-    HintRecord,
-    InstanceRecord,
-    ReservationRecord,
-)
-from talaria.proxy.store.models import (
-    ApiKey,
-    CallRow,
-    DecisionRow,
-    HintRow,
-    InstanceRow,
-    ReservationRow,
-    SessionRow,
-    as_utc,
-)
+from talaria.proxy.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
+from talaria.proxy.store.models import as_utc
 
 
 @dataclass(frozen=True)
@@ -79,6 +66,8 @@ class SessionPage:
 
 @dataclass(frozen=True)
 class StoredResponseView:
+    """A stored response as a continuation reads it: the response and its input items."""
+
     response_id: str
     response: dict[str, Any]
     input_items: list[Any]
@@ -133,120 +122,3 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         raise ValueError(
             f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"
         ) from exc
-
-
-# -- rows to views ----------------------------------------------------------------------
-
-
-def session_view(row: SessionRow) -> SessionSummary:
-    """A ``sessions`` row as a summary."""
-    return SessionSummary(
-        session_id=row.session_id,
-        tenant_id=row.tenant_id,
-        external_id=row.external_id,
-        identity_source=row.identity_source,
-        parent_session_id=row.parent_session_id,
-        model=row.model,
-        state=row.state,
-        started_at=row.started_at,
-        last_call_at=row.last_call_at,
-        ended_at=row.ended_at,
-        end_reason=row.end_reason,
-        calls=row.calls,
-        prompt_tokens=row.prompt_tokens,
-        cached_tokens=row.cached_tokens,
-        output_tokens=row.output_tokens,
-    )
-
-
-def call_view(row: CallRow) -> CallRecord:
-    """A ``calls`` row as the record it was written from."""
-    return CallRecord(
-        request_id=row.request_id,
-        session_id=row.session_id,
-        call_index=row.call_index,
-        model=row.model,
-        instance=row.instance,
-        arrived_at=row.arrived_at,
-        finished_at=row.finished_at,
-        status=row.status,
-        queue_s=row.queue_s,
-        slot_wait_s=row.slot_wait_s,
-        prefill_s=row.prefill_s,
-        decode_s=row.decode_s,
-        engine_intake_s=row.engine_intake_s,
-        engine_queue_s=row.engine_queue_s,
-        engine_prefill_s=row.engine_prefill_s,
-        engine_decode_s=row.engine_decode_s,
-        prompt_tokens=row.prompt_tokens,
-        cached_tokens=row.cached_tokens,
-        output_tokens=row.output_tokens,
-        finish_reason=row.finish_reason,
-        kv_source=row.kv_source,
-        stream=row.stream,
-        tool_gap_hint_s=row.tool_gap_hint_s,
-        error=row.error,
-        api=row.api,
-    )
-
-
-def decision_view(row: DecisionRow) -> DecisionRecord:
-    """A ``routing_decisions`` row as a record."""
-    return DecisionRecord(
-        request_id=row.request_id,
-        session_id=row.session_id,
-        router=row.router,
-        instance=row.instance,
-        reason=row.reason,
-        scores=row.scores,
-        created_at=row.created_at,
-    )
-
-
-def reservation_view(row: ReservationRow) -> ReservationRecord:
-    """A ``reservations`` row as a record (released fields included)."""
-    return ReservationRecord(
-        reservation_id=row.reservation_id,
-        session_id=row.session_id,
-        instance=row.instance,
-        held_bytes=row.held_bytes,
-        created_at=row.created_at,
-        expected_return_at=row.expected_return_at,
-        expires_at=row.expires_at,
-        released_at=row.released_at,
-        release_reason=row.release_reason,
-    )
-
-
-def hint_view(row: HintRow) -> HintRecord:
-    """A ``hints`` row as a record."""
-    return HintRecord(
-        session_id=row.session_id,
-        at=row.at,
-        expected_s=row.expected_s,
-        tool=row.tool,
-        kind=row.kind,
-    )
-
-
-def instance_view(row: InstanceRow) -> InstanceRecord:
-    """A ``runtime_instances`` row as a record."""
-    return InstanceRecord(
-        name=row.name,
-        kind=row.kind,
-        url=row.url,
-        models=list(row.models),
-        last_seen_at=row.last_seen_at,
-        status=dict(row.status),
-    )
-
-
-def key_view(row: ApiKey) -> ApiKeyInfo:
-    """An ``api_keys`` row without its hash."""
-    return ApiKeyInfo(
-        id=row.id,
-        tenant_id=row.tenant_id,
-        prefix=row.prefix,
-        created_at=row.created_at,
-        revoked_at=row.revoked_at,
-    )

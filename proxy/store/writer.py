@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 class RecordStore(Protocol):
     """What the writer writes to (``SqlStore``, or a fake in tests)."""
 
-    async def write_batch(self, records: Sequence[Record]) -> None: ...
+    async def write_batch(self, records: Sequence[Record]) -> None:
+        """Apply ``records`` in order in one transaction; applying them twice changes nothing."""
+        ...
 
     def is_content_error(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the records themselves are refused (retrying cannot help)."""
@@ -61,7 +63,9 @@ class RecordStore(Protocol):
 class Quarantine(Protocol):
     """Where refused records go (``DeadLetters``)."""
 
-    async def keep(self, record: Record, error: BaseException) -> None: ...
+    async def keep(self, record: Record, error: BaseException) -> None:
+        """Keep ``record``, which the database refused with ``error``."""
+        ...
 
 
 class _LogOnly:

@@ -43,10 +43,12 @@ def _on_store(url: str, action: str, *args: str) -> str | bool | int:
         try:
             store = SqlStore(make_sessionmaker(engine))
             if action == "create":
-                return await store.create_api_key(await store.create_tenant(args[0]))
+                return await store.tenants.create_api_key(
+                    await store.tenants.create_tenant(args[0])
+                )
             if action == "revoke_all":
-                for info in await store.list_api_keys():
-                    await store.revoke_api_key(info.id)
+                for info in await store.tenants.list_api_keys():
+                    await store.tenants.revoke_api_key(info.id)
                 return True
             raise AssertionError(action)
         finally:

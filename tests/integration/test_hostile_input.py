@@ -266,8 +266,8 @@ def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:
         engine = make_engine(url)
         store = SqlStore(make_sessionmaker(engine))
         try:
-            a = await store.create_api_key(await store.create_tenant("tenant-a"))
-            b = await store.create_api_key(await store.create_tenant("tenant-b"))
+            a = await store.tenants.create_api_key(await store.tenants.create_tenant("tenant-a"))
+            b = await store.tenants.create_api_key(await store.tenants.create_tenant("tenant-b"))
         finally:
             await engine.dispose()
         return a, b

@@ -72,8 +72,8 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
         made = {}
         try:
             for name in ("a", "b"):
-                tenant = await store.create_tenant(f"tenant-{name}")
-                made[name] = (tenant, await store.create_api_key(tenant))
+                tenant = await store.tenants.create_tenant(f"tenant-{name}")
+                made[name] = (tenant, await store.tenants.create_api_key(tenant))
         finally:
             await engine.dispose()
         return made

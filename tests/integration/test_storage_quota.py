@@ -31,8 +31,8 @@ def _keys(url: str) -> tuple[str, str]:
         engine = make_engine(url)
         store = SqlStore(make_sessionmaker(engine))
         try:
-            a = await store.create_api_key(await store.create_tenant("tenant-a"))
-            b = await store.create_api_key(await store.create_tenant("tenant-b"))
+            a = await store.tenants.create_api_key(await store.tenants.create_tenant("tenant-a"))
+            b = await store.tenants.create_api_key(await store.tenants.create_tenant("tenant-b"))
         finally:
             await engine.dispose()
         return a, b

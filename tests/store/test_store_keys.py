@@ -36,49 +36,49 @@ async def _status(auth: Authenticator, key: str | None, host: str) -> int:
 
 @pytest.mark.asyncio
 async def test_delete_leaves_a_tombstone_that_still_counts(store: SqlStore) -> None:
-    acme = await store.create_tenant("acme")
-    key = await store.create_api_key(acme)
-    other = await store.create_api_key(acme)
-    info = (await store.list_api_keys())[0]
-    assert await store.delete_api_key(info.id)
-    assert not await store.delete_api_key(info.id)  # deleted already
-    assert not await store.delete_api_key("no-such-key")
-    assert not await store.revoke_api_key(info.id)  # deleting revoked it
-    assert await store.tenant_for_key(key) is None
-    assert await store.tenant_for_key(other) == acme
-    assert await store.tenant_for_key(f"deleted:{info.id}") is None
-    assert [i.prefix for i in await store.list_api_keys()] == [other[:8]]
-    everything = await store.list_api_keys(include_deleted=True)
+    acme = await store.tenants.create_tenant("acme")
+    key = await store.tenants.create_api_key(acme)
+    other = await store.tenants.create_api_key(acme)
+    info = (await store.tenants.list_api_keys())[0]
+    assert await store.tenants.delete_api_key(info.id)
+    assert not await store.tenants.delete_api_key(info.id)  # deleted already
+    assert not await store.tenants.delete_api_key("no-such-key")
+    assert not await store.tenants.revoke_api_key(info.id)  # deleting revoked it
+    assert await store.tenants.tenant_for_key(key) is None
+    assert await store.tenants.tenant_for_key(other) == acme
+    assert await store.tenants.tenant_for_key(f"deleted:{info.id}") is None
+    assert [i.prefix for i in await store.tenants.list_api_keys()] == [other[:8]]
+    everything = await store.tenants.list_api_keys(include_deleted=True)
     assert [(i.id, i.deleted) for i in everything] == [(info.id, True), (everything[1].id, False)]
     assert everything[0].revoked_at is not None
-    assert await store.count_api_keys() == 2
-    assert await store.count_api_keys(active_only=True) == 1
+    assert await store.tenants.count_api_keys() == 2
+    assert await store.tenants.count_api_keys(active_only=True) == 1
 
 
 @pytest.mark.asyncio
 async def test_listed_keys_carry_their_tenant_name(store: SqlStore) -> None:
-    acme = await store.create_tenant("acme")
-    beta = await store.create_tenant("beta")
-    await store.create_api_key(acme)
-    await store.create_api_key(beta)
-    infos = await store.list_api_keys()
+    acme = await store.tenants.create_tenant("acme")
+    beta = await store.tenants.create_tenant("beta")
+    await store.tenants.create_api_key(acme)
+    await store.tenants.create_api_key(beta)
+    infos = await store.tenants.list_api_keys()
     assert [(i.tenant_id, i.tenant_name) for i in infos] == [(acme, "acme"), (beta, "beta")]
-    assert [i.tenant_name for i in await store.list_api_keys(beta)] == ["beta"]
+    assert [i.tenant_name for i in await store.tenants.list_api_keys(beta)] == ["beta"]
 
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("how", ["revoke", "delete"])
 async def test_a_restart_after_the_last_key_is_gone_stays_closed(store: SqlStore, how: str) -> None:
-    key = await store.create_api_key(await store.create_tenant("acme"))
-    running = Authenticator([], store)
+    key = await store.tenants.create_api_key(await store.tenants.create_tenant("acme"))
+    running = Authenticator([], store.tenants)
     await running.start()
     assert await _status(running, key, "203.0.113.7") == 200
-    key_id = (await store.list_api_keys())[0].id
+    key_id = (await store.tenants.list_api_keys())[0].id
     if how == "revoke":
-        assert await store.revoke_api_key(key_id)
+        assert await store.tenants.revoke_api_key(key_id)
     else:
-        assert await store.delete_api_key(key_id)
-    restarted = Authenticator([], store)  # what a restart builds
+        assert await store.tenants.delete_api_key(key_id)
+    restarted = Authenticator([], store.tenants)  # what a restart builds
     await restarted.start()
     assert not restarted.open
     for host in ("203.0.113.7", "127.0.0.1", "::1"):
@@ -86,7 +86,7 @@ async def test_a_restart_after_the_last_key_is_gone_stays_closed(store: SqlStore
         assert await _status(restarted, "anything", host) == 401
         assert await _status(restarted, key, host) == 401
     # Only an explicit --allow-open serves again while no key is usable.
-    reopened = Authenticator([], store, allow_open=True)
+    reopened = Authenticator([], store.tenants, allow_open=True)
     await reopened.start()
     assert await _status(reopened, None, "203.0.113.7") == 200
 
@@ -102,7 +102,9 @@ def _count(url: str, *, active_only: bool = False) -> int:
     async def main() -> int:
         engine = make_engine(url)
         try:
-            return await SqlStore(make_sessionmaker(engine)).count_api_keys(active_only=active_only)
+            return await SqlStore(make_sessionmaker(engine)).tenants.count_api_keys(
+                active_only=active_only
+            )
         finally:
             await engine.dispose()
 
@@ -113,7 +115,7 @@ def _tenant_for(url: str, key: str) -> str | None:
     async def main() -> str | None:
         engine = make_engine(url)
         try:
-            return await SqlStore(make_sessionmaker(engine)).tenant_for_key(key)
+            return await SqlStore(make_sessionmaker(engine)).tenants.tenant_for_key(key)
         finally:
             await engine.dispose()
 

@@ -38,7 +38,7 @@ async def test_paging_yields_every_session_once_in_order(
     await store.write_batch(
         [SessionRecord(f"{tenant}:{sid}", tenant, "glm", at, at) for sid, at in sessions.items()]
     )
-    whole = await store.list_sessions(tenant_id=tenant, limit=1000)
+    whole = await store.sessions.list_sessions(tenant_id=tenant, limit=1000)
     expected = [(s.started_at, s.session_id) for s in whole.items]
     # Newest first; ties by session_id in the database's collation (bytewise on SQLite).
     assert sorted(expected) == sorted((at, f"{tenant}:{sid}") for sid, at in sessions.items())
@@ -48,7 +48,7 @@ async def test_paging_yields_every_session_once_in_order(
     seen: list[tuple[datetime, str]] = []
     cursor: str | None = None
     for turn in range(len(sessions) + 2):
-        page = await store.list_sessions(
+        page = await store.sessions.list_sessions(
             tenant_id=tenant, cursor=cursor, limit=page_sizes[turn % len(page_sizes)]
         )
         seen.extend((s.started_at, s.session_id) for s in page.items)

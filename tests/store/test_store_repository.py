@@ -16,7 +16,9 @@ from talaria.proxy.records import (
     ReservationRecord,
     SessionRecord,
 )
-from talaria.proxy.store.repository import AmbiguousSession, SqlStore, hash_key
+from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.sessions import AmbiguousSession
+from talaria.proxy.store.tenants import hash_key
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -57,24 +59,24 @@ async def test_session_and_calls_round_trip(store: SqlStore) -> None:
     c0 = call("r0", "s1", 0, queue_s=0.1, prefill_s=0.2, decode_s=0.3, kv_source="new")
     c1 = call("r1", "s1", 1, stream=True, finish_reason="tool_calls", tool_gap_hint_s=2.5)
     await store.write_batch([s, c1, c0])  # calls come back ordered by call_index
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert detail.calls == (c0, c1)
     summary = detail.session
     assert (summary.calls, summary.prompt_tokens, summary.cached_tokens) == (2, 200, 80)
     assert summary.output_tokens == 20 and summary.parent_session_id == "s0"
     assert summary.started_at == T0 and summary.state == "active"
-    assert await store.get_session("missing") is None
-    assert await store.get_session("s1", tenant_id="other") is None
-    assert await store.get_session("s1", tenant_id="acme") is not None
+    assert await store.sessions.get_session("missing") is None
+    assert await store.sessions.get_session("s1", tenant_id="other") is None
+    assert await store.sessions.get_session("s1", tenant_id="acme") is not None
 
 
 @pytest.mark.asyncio
 async def test_a_client_id_two_tenants_use_is_not_resolved_to_either(store: SqlStore) -> None:
     """The admin's read by a client's id: with two tenants' sessions of that id, which one
     is meant is not guessed (AmbiguousSession names both); a tenant, by name or id, picks."""
-    a = await store.create_tenant("tenant-a")
-    b = await store.create_tenant("tenant-b")
+    a = await store.tenants.create_tenant("tenant-a")
+    b = await store.tenants.create_tenant("tenant-b")
     later = T0 + timedelta(seconds=1)
     await store.write_batch(
         [
@@ -83,13 +85,13 @@ async def test_a_client_id_two_tenants_use_is_not_resolved_to_either(store: SqlS
         ]
     )
     with pytest.raises(AmbiguousSession) as raised:
-        await store.get_session("task-1")
+        await store.sessions.get_session("task-1")
     assert raised.value.tenants == [(a, "tenant-a"), (b, "tenant-b")]
     for tenant, key in (("tenant-a", "k-a"), (b, "k-b")):
-        picked = await store.get_session("task-1", tenant_id=tenant)
+        picked = await store.sessions.get_session("task-1", tenant_id=tenant)
         assert picked is not None and picked.session.session_id == key
-    assert await store.get_session("k-a") is not None  # a key is never ambiguous
-    assert await store.get_session("k-a", tenant_id="tenant-b") is None
+    assert await store.sessions.get_session("k-a") is not None  # a key is never ambiguous
+    assert await store.sessions.get_session("k-a", tenant_id="tenant-b") is None
 
 
 @pytest.mark.asyncio
@@ -100,7 +102,7 @@ async def test_call_rewrite_is_idempotent(store: SqlStore) -> None:
     await store.write_batch(batch)  # a retried batch
     # The same call written again when finished, with more output: counted by the difference.
     await store.write_batch([replace(last, output_tokens=25, status="error", error="boom")])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert [c.request_id for c in detail.calls] == ["r0", "r1"]
     assert detail.calls[1].error == "boom" and detail.calls[1].output_tokens == 25
@@ -122,11 +124,11 @@ async def test_call_slot_wait_round_trips(
 ) -> None:
     c = call("r0", "s1", 0, queue_s=2.0, slot_wait_s=first)
     await store.write_batch([session("s1"), c])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None and detail.calls == (c,)
     again = replace(c, slot_wait_s=rewrite)
     await store.write_batch([again])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None and detail.calls == (again,)
     assert detail.calls[0].slot_wait_s == rewrite
 
@@ -135,7 +137,7 @@ async def test_call_slot_wait_round_trips(
 async def test_duplicate_call_within_one_batch(store: SqlStore) -> None:
     c = call("r0", "s1", 0)
     await store.write_batch([session("s1"), c, c])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None and detail.session.calls == 1 and len(detail.calls) == 1
 
 
@@ -143,11 +145,11 @@ async def test_duplicate_call_within_one_batch(store: SqlStore) -> None:
 async def test_session_updates_end_and_reopen(store: SqlStore) -> None:
     later = T0 + timedelta(minutes=5)
     await store.write_batch([session("s1"), session("s1", at=T0, last_call_at=later)])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None and detail.session.last_call_at == later
     # An older last_call_at never moves it back.
     await store.write_batch([session("s1", state="in_tool")])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert detail.session.last_call_at == later and detail.session.state == "in_tool"
     end = later + timedelta(seconds=1)
@@ -156,7 +158,7 @@ async def test_session_updates_end_and_reopen(store: SqlStore) -> None:
     )
     # A stale in_tool record after the end does not un-end the session...
     await store.write_batch([session("s1", state="in_tool", last_call_at=later)])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert (detail.session.state, detail.session.ended_at, detail.session.end_reason) == (
         "ended",
@@ -165,7 +167,7 @@ async def test_session_updates_end_and_reopen(store: SqlStore) -> None:
     )
     # ...but a new call after the end reopens it.
     await store.write_batch([session("s1", last_call_at=end + timedelta(seconds=3))])
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert (detail.session.state, detail.session.ended_at, detail.session.end_reason) == (
         "active",
@@ -177,11 +179,11 @@ async def test_session_updates_end_and_reopen(store: SqlStore) -> None:
 @pytest.mark.asyncio
 async def test_call_before_its_session_gets_a_placeholder(store: SqlStore) -> None:
     await store.write_batch([call("r0", "s9", 0)])
-    detail = await store.get_session("s9")
+    detail = await store.sessions.get_session("s9")
     assert detail is not None and detail.session.tenant_id == "unknown"
     assert detail.session.calls == 1
     await store.write_batch([session("s9", at=T0 - timedelta(seconds=5))])
-    detail = await store.get_session("s9")
+    detail = await store.sessions.get_session("s9")
     assert detail is not None
     assert detail.session.tenant_id == "acme" and detail.session.calls == 1
     assert detail.session.started_at == T0 - timedelta(seconds=5)
@@ -201,7 +203,7 @@ async def test_decisions_hints_reservations(store: SqlStore) -> None:
     released = replace(r, released_at=T0 + timedelta(seconds=5), release_reason="returned")
     await store.write_batch([released])
     await store.write_batch([r])  # a late copy of the first write does not un-release it
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert detail.decisions[0] == d and detail.decisions[1].instance is None
     created = detail.decisions[1].created_at
@@ -217,7 +219,7 @@ async def test_instance_upsert(store: SqlStore) -> None:
     await store.write_batch([b, a])
     a2 = replace(a, models=["glm", "qwen"], last_seen_at=T0 + timedelta(1), status={"n": 2})
     await store.write_batch([a2])
-    assert await store.list_instances() == [a2, b]
+    assert await store.cluster.list_instances() == [a2, b]
 
 
 @pytest.mark.asyncio
@@ -228,7 +230,7 @@ async def test_datetimes_come_back_aware_utc(store: SqlStore) -> None:
     await store.write_batch(
         [session("s1", at=local), call("r0", "s1", 0, arrived_at=naive, finished_at=None)]
     )
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     for value in (
         detail.session.started_at,
@@ -239,7 +241,9 @@ async def test_datetimes_come_back_aware_utc(store: SqlStore) -> None:
     assert detail.session.started_at == T0
     assert detail.calls[0].arrived_at == T0 + timedelta(seconds=1)
     assert detail.calls[0].finished_at is None
-    page = await store.list_sessions(started_after=local, started_before=local + timedelta(1))
+    page = await store.sessions.list_sessions(
+        started_after=local, started_before=local + timedelta(1)
+    )
     assert [s.session_id for s in page.items] == ["s1"]
 
 
@@ -251,7 +255,7 @@ async def test_large_batch(store: SqlStore) -> None:
         records.extend(call(f"r{i:03d}-{j}", f"s{i:03d}", j) for j in range(3))
     await store.write_batch(records)
     await store.write_batch(records)
-    page = await store.list_sessions(limit=1000)
+    page = await store.sessions.list_sessions(limit=1000)
     assert len(page.items) == 300 and page.next_cursor is None
     assert {s.calls for s in page.items} == {3}
 
@@ -268,7 +272,7 @@ async def test_list_sessions_filters(store: SqlStore) -> None:
     )
 
     async def ids(**kw: object) -> list[str]:
-        page = await store.list_sessions(**kw)  # type: ignore[arg-type]
+        page = await store.sessions.list_sessions(**kw)  # type: ignore[arg-type]
         return [s.session_id for s in page.items]
 
     assert await ids() == ["d", "c", "b", "a"]
@@ -278,9 +282,9 @@ async def test_list_sessions_filters(store: SqlStore) -> None:
     assert await ids(state="active", model="qwen", tenant_id="acme") == ["d"]
     assert await ids(started_after=T0 + timedelta(seconds=1)) == ["d", "c", "b"]
     assert await ids(started_before=T0 + timedelta(seconds=1)) == ["a"]
-    first = await store.list_sessions(limit=3)
+    first = await store.sessions.list_sessions(limit=3)
     assert first.next_cursor is not None
-    rest = await store.list_sessions(limit=3, cursor=first.next_cursor)
+    rest = await store.sessions.list_sessions(limit=3, cursor=first.next_cursor)
     assert [s.session_id for s in rest.items] == ["a"] and rest.next_cursor is None
 
 
@@ -288,62 +292,64 @@ async def test_list_sessions_filters(store: SqlStore) -> None:
 async def test_list_sessions_rejects_bad_input(store: SqlStore) -> None:
     for bad in ("", "nonsense", "!!!", "WzIsIngiLCJ5Il0"):
         with pytest.raises(ValueError, match="invalid cursor"):
-            await store.list_sessions(cursor=bad)
+            await store.sessions.list_sessions(cursor=bad)
     with pytest.raises(ValueError, match="limit"):
-        await store.list_sessions(limit=0)
+        await store.sessions.list_sessions(limit=0)
 
 
 @pytest.mark.asyncio
 async def test_tenants_and_api_keys(store: SqlStore) -> None:
-    acme = await store.create_tenant("acme")
-    assert await store.create_tenant("acme") == acme
-    other = await store.create_tenant("other")
+    acme = await store.tenants.create_tenant("acme")
+    assert await store.tenants.create_tenant("acme") == acme
+    other = await store.tenants.create_tenant("other")
     assert other != acme
-    assert await store.count_api_keys() == 0
-    key = await store.create_api_key(acme)
-    key2 = await store.create_api_key(other)
+    assert await store.tenants.count_api_keys() == 0
+    key = await store.tenants.create_api_key(acme)
+    key2 = await store.tenants.create_api_key(other)
     assert key.startswith("tk-") and len(key) > 40 and key != key2
-    assert await store.tenant_for_key(key) == acme
-    assert await store.tenant_for_key(key2) == other
-    assert await store.tenant_for_key("tk-wrong") is None
-    infos = await store.list_api_keys(acme)
+    assert await store.tenants.tenant_for_key(key) == acme
+    assert await store.tenants.tenant_for_key(key2) == other
+    assert await store.tenants.tenant_for_key("tk-wrong") is None
+    infos = await store.tenants.list_api_keys(acme)
     assert len(infos) == 1 and infos[0].prefix == key[:8] and infos[0].revoked_at is None
     assert key not in repr(infos)  # the plaintext is not stored
-    assert await store.revoke_api_key(infos[0].id)
-    assert not await store.revoke_api_key(infos[0].id)
-    assert not await store.revoke_api_key("no-such-key")
-    assert await store.tenant_for_key(key) is None
-    assert await store.count_api_keys() == 2
-    assert await store.count_api_keys(active_only=True) == 1
+    assert await store.tenants.revoke_api_key(infos[0].id)
+    assert not await store.tenants.revoke_api_key(infos[0].id)
+    assert not await store.tenants.revoke_api_key("no-such-key")
+    assert await store.tenants.tenant_for_key(key) is None
+    assert await store.tenants.count_api_keys() == 2
+    assert await store.tenants.count_api_keys(active_only=True) == 1
     with pytest.raises(ValueError, match="no tenant"):
-        await store.create_api_key("no-such-tenant")
+        await store.tenants.create_api_key("no-such-tenant")
     assert hash_key(key) != key and len(hash_key(key)) == 64
 
 
 @pytest.mark.asyncio
 async def test_replica_heartbeats_and_the_live_set(store: SqlStore) -> None:
-    await store.heartbeat_replica("r1", "http://a:1", T0, T0)
-    await store.heartbeat_replica("r2", "http://b:2", T0, T0 + timedelta(seconds=4))
-    await store.heartbeat_replica("r1", "http://a:1", T0, T0 + timedelta(seconds=5))  # beats again
-    assert await store.live_replicas(T0 + timedelta(seconds=3)) == [
+    await store.cluster.heartbeat_replica("r1", "http://a:1", T0, T0)
+    await store.cluster.heartbeat_replica("r2", "http://b:2", T0, T0 + timedelta(seconds=4))
+    await store.cluster.heartbeat_replica(
+        "r1", "http://a:1", T0, T0 + timedelta(seconds=5)
+    )  # beats again
+    assert await store.cluster.live_replicas(T0 + timedelta(seconds=3)) == [
         ("r1", "http://a:1"),
         ("r2", "http://b:2"),
     ]
-    assert await store.live_replicas(T0 + timedelta(seconds=4, milliseconds=1)) == [
+    assert await store.cluster.live_replicas(T0 + timedelta(seconds=4, milliseconds=1)) == [
         ("r1", "http://a:1")
     ]
-    await store.remove_replica("r1")
-    assert await store.live_replicas(T0) == [("r2", "http://b:2")]
+    await store.cluster.remove_replica("r1")
+    assert await store.cluster.live_replicas(T0) == [("r2", "http://b:2")]
 
 
 @pytest.mark.asyncio
 async def test_drains_set_and_clear(store: SqlStore) -> None:
-    assert await store.drained() == set()
-    await store.set_drain("node-a", True, T0)
-    await store.set_drain("node-a", True, T0 + timedelta(seconds=1))  # idempotent
-    await store.set_drain("node-b", True, T0)
-    await store.set_drain("node-b", False, T0)
-    assert await store.drained() == {"node-a"}
+    assert await store.cluster.drained() == set()
+    await store.cluster.set_drain("node-a", True, T0)
+    await store.cluster.set_drain("node-a", True, T0 + timedelta(seconds=1))  # idempotent
+    await store.cluster.set_drain("node-b", True, T0)
+    await store.cluster.set_drain("node-b", False, T0)
+    assert await store.cluster.drained() == {"node-a"}
 
 
 @pytest.mark.asyncio
@@ -361,8 +367,11 @@ async def test_replicas_end_only_stale_sessions(store: SqlStore) -> None:
         ]
     )
     cutoff = T0 + timedelta(minutes=20)
-    assert await store.end_open_sessions("stale", T0 + timedelta(hours=1), cutoff) == 1
-    old, recent = await store.get_session("old"), await store.get_session("recent")
+    assert await store.sessions.end_open_sessions("stale", T0 + timedelta(hours=1), cutoff) == 1
+    old, recent = (
+        await store.sessions.get_session("old"),
+        await store.sessions.get_session("recent"),
+    )
     assert old is not None and recent is not None
     assert (old.session.state, old.session.end_reason) == ("ended", "stale")
     assert old.reservations[0].release_reason == "stale"

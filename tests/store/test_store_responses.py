@@ -43,27 +43,27 @@ async def test_sizes_are_summed_per_tenant_over_rows_not_expired(store: SqlStore
             response("b1", "B", 700, T0 + 3 * DAY),
         ]
     )
-    assert await store.response_bytes(T0) == {
+    assert await store.responses.response_bytes(T0) == {
         "A": (1_000 + 2**33, T0 + DAY),
         "B": (700, T0 + 3 * DAY),
     }
-    assert await store.response_bytes(T0 + 2 * DAY) == {"B": (700, T0 + 3 * DAY)}
+    assert await store.responses.response_bytes(T0 + 2 * DAY) == {"B": (700, T0 + 3 * DAY)}
 
 
 @pytest.mark.asyncio
 async def test_a_delete_returns_the_bytes_it_frees(store: SqlStore) -> None:
     await store.write_batch([response("a1", "A", 1_234, T0 + DAY)])
-    assert await store.delete_response("B", "a1") is None  # another tenant's: kept
-    assert await store.delete_response("A", "a1") == 1_234
-    assert await store.delete_response("A", "a1") is None
-    assert await store.response_bytes(T0) == {}
+    assert await store.responses.delete_response("B", "a1") is None  # another tenant's: kept
+    assert await store.responses.delete_response("A", "a1") == 1_234
+    assert await store.responses.delete_response("A", "a1") is None
+    assert await store.responses.response_bytes(T0) == {}
 
 
 @pytest.mark.asyncio
 async def test_an_upsert_replaces_the_size(store: SqlStore) -> None:
     await store.write_batch([response("a1", "A", 10, T0 + DAY)])
     await store.write_batch([response("a1", "A", 30, T0 + DAY)])
-    assert await store.response_bytes(T0) == {"A": (30, T0 + DAY)}
+    assert await store.responses.response_bytes(T0) == {"A": (30, T0 + DAY)}
 
 
 @pytest.mark.asyncio

@@ -38,13 +38,13 @@ async def test_another_tenants_response_id_never_replaces_the_stored_response(
     else:
         await store.write_batch([a])
         await store.write_batch([b])
-    kept = await store.get_response("tenant-a", "resp_1", T0)
+    kept = await store.responses.get_response("tenant-a", "resp_1", T0)
     assert kept is not None and kept.response["output_text"] == "A's answer"
     assert kept.input_items == [{"id": "msg_1", "content": "A's answer"}]
-    assert await store.get_response("tenant-b", "resp_1", T0) is None
+    assert await store.responses.get_response("tenant-b", "resp_1", T0) is None
     # the owner itself still rewrites its own row
     await store.write_batch([response("tenant-a", "A's second answer")])
-    again = await store.get_response("tenant-a", "resp_1", T0)
+    again = await store.responses.get_response("tenant-a", "resp_1", T0)
     assert again is not None and again.response["output_text"] == "A's second answer"
 
 
@@ -62,10 +62,10 @@ async def test_another_sessions_request_id_never_moves_the_call(
     else:
         await store.write_batch(first)
         await store.write_batch(second)
-    a = await store.get_session("ses-a", tenant_id="tenant-a")
+    a = await store.sessions.get_session("ses-a", tenant_id="tenant-a")
     assert a is not None and a.calls == (a_call,)
     assert (a.session.calls, a.session.prompt_tokens, a.session.output_tokens) == (1, 100, 10)
-    b = await store.get_session("ses-b", tenant_id="tenant-b")
+    b = await store.sessions.get_session("ses-b", tenant_id="tenant-b")
     assert b is not None and b.calls == () and b.session.calls == 0
     assert (b.session.prompt_tokens, b.session.output_tokens) == (0, 0)
 
@@ -77,7 +77,7 @@ async def test_another_tenants_record_never_takes_a_session_over(store: SqlStore
     await store.write_batch(
         [session("ses-a", tenant_id="tenant-b", model="qwen", last_call_at=later)]
     )
-    assert await store.get_session("ses-a", tenant_id="tenant-b") is None
-    a = await store.get_session("ses-a", tenant_id="tenant-a")
+    assert await store.sessions.get_session("ses-a", tenant_id="tenant-b") is None
+    a = await store.sessions.get_session("ses-a", tenant_id="tenant-a")
     assert a is not None
     assert (a.session.model, a.session.last_call_at) == ("glm", T0)

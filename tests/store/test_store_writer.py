@@ -75,7 +75,7 @@ async def test_many_submits_then_flush_write_everything_in_order(store: SqlStore
     assert writer.pending > 0
     await writer.flush()
     assert (writer.written, writer.pending, writer.failures) == (len(records), 0, 0)
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
     assert [c.call_index for c in detail.calls] == list(range(500))
     assert detail.session.calls == 500 and detail.session.output_tokens == 500
@@ -242,7 +242,7 @@ async def test_nul_in_a_record_is_quarantined_on_postgresql_and_kept_on_sqlite(
 ) -> None:
     """PostgreSQL refuses a NUL in text (SQLSTATE 22021); the record goes to the dead letters
     and the records behind it are written. SQLite stores it as is."""
-    dead = DeadLetters(store, Path("/nonexistent/dead-letters.jsonl"))
+    dead = DeadLetters(store.dead_letters, Path("/nonexistent/dead-letters.jsonl"))
     writer = BatchWriter(store, flush_interval_s=0.001, quarantine=dead)
     await writer.start()
     writer.submit(SessionRecord("s1", "acme", "glm", T0, T0))
@@ -251,9 +251,9 @@ async def test_nul_in_a_record_is_quarantined_on_postgresql_and_kept_on_sqlite(
         writer.submit(hint(i))
     await asyncio.wait_for(writer.flush(), timeout=10)
     await writer.close()
-    detail = await store.get_session("s1")
+    detail = await store.sessions.get_session("s1")
     assert detail is not None
-    letters = await store.list_dead_letters()
+    letters = await store.dead_letters.list_dead_letters()
     if db_url.startswith("postgresql"):
         assert [h.expected_s for h in detail.hints] == [1.0, 2.0, 3.0]
         assert [(d.kind, json.loads(d.payload)["tool"]) for d in letters] == [

@@ -1,0 +1,63 @@
+"""``ClusterTables``: the proxy replicas sharing the database (``proxy_replicas``), the runtime
+instances the gateway has seen (``runtime_instances``, written by the batched writer) and those
+being drained (``instance_drains``). proxy/cluster/membership.py reads and writes them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import delete, select
+
+from talaria.proxy.records import InstanceRecord
+from talaria.proxy.store.db import TableGroup
+from talaria.proxy.store.mapping import from_row
+from talaria.proxy.store.models import DrainRow, InstanceRow, ReplicaRow, as_utc
+
+
+class ClusterTables(TableGroup):
+    """Replica heartbeats, runtime instances and drains."""
+
+    async def heartbeat_replica(
+        self, name: str, url: str, started_at: datetime, at: datetime
+    ) -> None:
+        """Record that replica ``name`` (reached at ``url``) is alive at ``at``."""
+        async with self._sessionmaker() as db, db.begin():
+            await db.merge(
+                ReplicaRow(
+                    name=name, url=url, started_at=as_utc(started_at), last_seen_at=as_utc(at)
+                )
+            )
+
+    async def live_replicas(self, seen_since: datetime) -> list[tuple[str, str]]:
+        """(name, url) of the replicas heard from since ``seen_since``, by name."""
+        query = (
+            select(ReplicaRow.name, ReplicaRow.url)
+            .where(ReplicaRow.last_seen_at >= as_utc(seen_since))
+            .order_by(ReplicaRow.name)
+        )
+        async with self._sessionmaker() as db:
+            return [(name, url) for name, url in (await db.execute(query)).all()]
+
+    async def remove_replica(self, name: str) -> None:
+        """Delete replica ``name``'s row (it leaves: its peers stop forwarding to it)."""
+        async with self._sessionmaker() as db, db.begin():
+            await db.execute(delete(ReplicaRow).where(ReplicaRow.name == name))
+
+    async def set_drain(self, name: str, draining: bool, at: datetime) -> None:
+        """Mark runtime instance ``name`` drained (or not)."""
+        async with self._sessionmaker() as db, db.begin():
+            if draining:
+                await db.merge(DrainRow(name=name, since=as_utc(at)))
+            else:
+                await db.execute(delete(DrainRow).where(DrainRow.name == name))
+
+    async def drained(self) -> set[str]:
+        """The runtime instances being drained."""
+        async with self._sessionmaker() as db:
+            return set(await db.scalars(select(DrainRow.name)))
+
+    async def list_instances(self) -> list[InstanceRecord]:
+        """Every runtime instance the gateway has seen, by name."""
+        async with self._sessionmaker() as db:
+            rows = await db.scalars(select(InstanceRow).order_by(InstanceRow.name))
+            return [from_row(InstanceRecord, r) for r in rows]

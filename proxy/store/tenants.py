@@ -1,0 +1,134 @@
+"""``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
+SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
+proxy/auth.py checks keys against them, ``talaria keys`` (proxy/keys_cli.py) manages them."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+
+from talaria.proxy.store.db import TableGroup
+from talaria.proxy.store.mapping import from_row
+from talaria.proxy.store.models import ApiKey, Tenant
+from talaria.proxy.store.views import ApiKeyInfo
+
+API_KEY_PREFIX = "tk-"
+DELETED_KEY_HASH_PREFIX = "deleted:"
+"""The ``key_hash`` of a deleted key is this plus its id: never a SHA-256 hex digest."""
+
+
+def hash_key(plaintext: str) -> str:
+    """The stored form of an API key: SHA-256, hex."""
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class TenantTables(TableGroup):
+    """Tenants by name; API keys created, looked up, listed, revoked and deleted."""
+
+    async def create_tenant(self, name: str) -> str:
+        """The id of the tenant called ``name``, created if there is none (idempotent)."""
+        async with self._sessionmaker() as db:
+            existing = await db.scalar(select(Tenant.id).where(Tenant.name == name))
+            if existing is not None:
+                return existing
+            tenant_id = uuid.uuid4().hex
+            db.add(Tenant(id=tenant_id, name=name, created_at=datetime.now(UTC)))
+            try:
+                await db.commit()
+            except IntegrityError:  # created concurrently under the same name
+                await db.rollback()
+                raced = await db.scalar(select(Tenant.id).where(Tenant.name == name))
+                if raced is None:
+                    raise
+                return raced
+            return tenant_id
+
+    async def create_api_key(self, tenant_id: str) -> str:
+        """A new key for ``tenant_id``: the plaintext is returned here, once; only its hash is
+        stored. ``ValueError`` if the tenant does not exist."""
+        plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
+        async with self._sessionmaker() as db, db.begin():
+            if await db.get(Tenant, tenant_id) is None:
+                raise ValueError(f"no tenant with id {tenant_id!r}")
+            db.add(
+                ApiKey(
+                    id=uuid.uuid4().hex,
+                    tenant_id=tenant_id,
+                    key_hash=hash_key(plaintext),
+                    prefix=plaintext[:8],
+                    created_at=datetime.now(UTC),
+                    revoked_at=None,
+                )
+            )
+        return plaintext
+
+    async def tenant_for_key(self, plaintext: str) -> str | None:
+        """The tenant of an unrevoked key, or None."""
+        async with self._sessionmaker() as db:
+            return await db.scalar(
+                select(ApiKey.tenant_id).where(
+                    ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
+                )
+            )
+
+    async def list_api_keys(
+        self, tenant_id: str | None = None, *, include_deleted: bool = False
+    ) -> list[ApiKeyInfo]:
+        """Keys (without secrets) with their tenant's name, oldest first, optionally of one
+        tenant; deleted keys only with ``include_deleted`` (marked ``deleted``)."""
+        query = (
+            select(ApiKey, Tenant.name)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .order_by(ApiKey.created_at, ApiKey.id)
+        )
+        if tenant_id is not None:
+            query = query.where(ApiKey.tenant_id == tenant_id)
+        if not include_deleted:
+            query = query.where(ApiKey.key_hash.not_like(DELETED_KEY_HASH_PREFIX + "%"))
+        async with self._sessionmaker() as db:
+            return [
+                from_row(
+                    ApiKeyInfo,
+                    row,
+                    tenant_name=name,
+                    deleted=row.key_hash.startswith(DELETED_KEY_HASH_PREFIX),
+                )
+                for row, name in await db.execute(query)
+            ]
+
+    async def revoke_api_key(self, key_id: str) -> bool:
+        """Revoke a key by id; False if there is no such key or it was already revoked."""
+        async with self._sessionmaker() as db, db.begin():
+            row = await db.get(ApiKey, key_id)
+            if row is None or row.revoked_at is not None:
+                return False
+            row.revoked_at = datetime.now(UTC)
+            return True
+
+    async def delete_api_key(self, key_id: str) -> bool:
+        """Delete a key by id, as a tombstone: the row stays (revoked, its hash replaced by
+        ``deleted:<id>``, which no key hashes to), so it still counts in
+        :meth:`count_api_keys`. False if there is no such key or it was deleted already."""
+        async with self._sessionmaker() as db, db.begin():
+            row = await db.get(ApiKey, key_id)
+            if row is None or row.key_hash.startswith(DELETED_KEY_HASH_PREFIX):
+                return False
+            row.key_hash = DELETED_KEY_HASH_PREFIX + row.id
+            if row.revoked_at is None:
+                row.revoked_at = datetime.now(UTC)
+            return True
+
+    async def count_api_keys(self, *, active_only: bool = False) -> int:
+        """How many keys were ever created, revoked and deleted ones included (so revoking or
+        deleting the last key does not turn "no keys" open access back on); ``active_only``
+        counts usable keys."""
+        query = select(func.count()).select_from(ApiKey)
+        if active_only:
+            query = query.where(ApiKey.revoked_at.is_(None))
+        async with self._sessionmaker() as db:
+            return int(await db.scalar(query) or 0)

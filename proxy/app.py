@@ -6,35 +6,34 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import time
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from starlette.exceptions import HTTPException
-from starlette.requests import ClientDisconnect
 
-from talaria.core.body_deadline import BodyDeadline, BodyTimeout
+from talaria.core.body_deadline import BodyDeadline
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.core.loop_watchdog import LoopWatchdog
-from talaria.proxy.api import admin, anthropic, openai
-from talaria.proxy.api import responses as responses_api
+from talaria.proxy.api import admin, sessions
+from talaria.proxy.api import models as models_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
 from talaria.proxy.auth import Authenticator
-from talaria.proxy.cluster import trust
-from talaria.proxy.cluster.forward import Cluster, Forwarded
+from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
-from talaria.proxy.dialects.anthropic import error_body as anthropic_error
-from talaria.proxy.errors import ApiError
+from talaria.proxy.dialects.base import Dialect
+from talaria.proxy.dialects.registry import DIALECTS
+from talaria.proxy.edge import (
+    RequestIdMiddleware,
+    declare_request_models,
+    install_error_handlers,
+)
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
@@ -50,97 +49,6 @@ from talaria.proxy.store.service import StoreService
 
 log = logging.getLogger("talaria.proxy")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-
-class RequestIdMiddleware:
-    """Gives every request an id (``request.state.request_id``) and every response the
-    ``x-request-id`` header — errors and streams included — and counts every response in
-    ``talaria_requests_total`` by route (the path template; "unmatched" for unknown paths,
-    so a scanner cannot grow the label set) and status. A request with Talaria's internal
-    headers is refused (400) unless it is a peer replica's signed forward (proxy/cluster/
-    trust.py), which keeps the peer's request id (``request.state.forward``)."""
-
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        state = scope.setdefault("state", {})
-        try:
-            forward = _forward(scope)
-            refused = None
-        except trust.Refused as exc:
-            forward, refused = None, ApiError(400, str(exc), code="internal_header")
-        request_id = forward.request_id if forward is not None else uuid.uuid4().hex
-        state["request_id"], state["forward"] = request_id, forward
-        header = (b"x-request-id", request_id.encode())
-
-        started = False
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-                message["headers"] = [*message.get("headers", []), header]
-                _count(scope, message["status"])
-            await send(message)
-
-        if refused is not None:  # before anything runs
-            await _error_response(scope["path"], refused)(scope, receive, send_with_id)
-            return
-        try:
-            await self.app(scope, receive, send_with_id)
-        except ClientDisconnect:  # the client left mid-body: no one to answer, not our error
-            log.warning(
-                "client went away before its request body arrived: %s %s (request %s)",
-                scope["method"],
-                scope["path"],
-                request_id,
-            )
-            _count(scope, CLIENT_CLOSED)
-        except Exception as exc:  # an error no handler answered: answered here, with the id
-            if started:
-                raise
-            await _error_response(scope["path"], _unexpected(exc))(scope, receive, send_with_id)
-
-
-CLIENT_CLOSED = 499
-"""The status ``talaria_requests_total`` counts for a client that disconnected before its
-request's body arrived (nginx's "client closed request"; nothing is sent)."""
-
-
-def _forward(scope: Scope) -> trust.Forward | None:
-    """The peer's verified forward; None for a client's request; ``trust.Refused``."""
-    found = trust.internal_headers(scope["headers"])
-    if not found:
-        return None
-    ctx = getattr(scope["app"].state, "talaria", None)
-    cluster = ctx.cluster if ctx is not None else None
-    path = scope.get("raw_path") or scope["path"].encode()
-    return trust.verify(
-        found,
-        scope["method"],
-        path.decode("latin-1"),
-        scope.get("query_string", b"").decode("latin-1"),
-        cluster.secret if cluster is not None else None,
-        time.time(),
-    )
-
-
-def _unexpected(exc: Exception) -> ApiError:
-    """The error for an exception nothing else handled. A RecursionError comes from input
-    nested deeper than the parsers follow: the client's 400. Anything else is logged: 500."""
-    if isinstance(exc, RecursionError):
-        return ApiError(400, "The request nests too deeply to be read.")
-    log.exception("unexpected error", exc_info=exc)
-    return ApiError(500, "Internal error; see the proxy's log.", type="server_error")
-
 
 def freeze_startup_objects() -> None:
     """Move every object alive after start-up (modules, the app, the catalog) out of the
@@ -151,19 +59,10 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
-def _count(scope: Scope, status: int) -> None:
-    ctx = getattr(scope["app"].state, "talaria", None)
-    if ctx is None:  # before start-up finished
-        return
-    route = scope.get("route")
-    path = getattr(route, "path", None) or "unmatched"
-    ctx.metrics.requests.labels(path, str(status)).inc()
-
-
 async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) -> Cluster | None:
     """With ``replica_url``: join the replicas sharing the database (PostgreSQL only)."""
     if cfg.replica_url is None:
-        gateway.set_drained(await store.cluster.drained())  # a drain outlives a restart
+        gateway.pool.set_drained(await store.cluster.drained())  # a drain outlives a restart
         return None
     if sqlite_path(cfg.database_url or default_url()) is not None:
         raise RuntimeError(
@@ -176,7 +75,7 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
         cfg.replica_url,
         heartbeat_s=cfg.replica_heartbeat_s,
         ttl_s=cfg.replica_ttl_s,
-        on_drained=gateway.set_drained,
+        on_drained=gateway.pool.set_drained,
     )
     await membership.start()
 
@@ -236,9 +135,11 @@ def create_app(
     *,
     runtimes: Sequence[RuntimeClient] | None = None,
     clock: Clock | None = None,
+    dialects: Sequence[Dialect] = DIALECTS,
 ) -> FastAPI:
     """The proxy. Without ``runtimes`` it builds the embedded simulated node(s) of
-    ``settings``; without ``clock`` it uses the loop's time × ``settings.time_scale``."""
+    ``settings``; without ``clock`` it uses the loop's time × ``settings.time_scale``;
+    ``dialects``: the APIs it speaks (proxy/dialects/registry.py)."""
     cfg = settings or ProxySettings()
 
     @asynccontextmanager
@@ -354,14 +255,17 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.add_middleware(BodyDeadline, timeout_s=cfg.body_timeout_s)
-    app.include_router(openai.router)
-    app.include_router(anthropic.router)
-    app.include_router(responses_api.router)
+    app.state.dialects = tuple(dialects)
+    for dialect in dialects:
+        app.include_router(dialect.router)
+    app.include_router(models_api.router)
+    app.include_router(sessions.router)
     app.include_router(admin.router)
     app.include_router(console.router)
     app.mount("/console/static", console.static_files(), name="console-static")
     app.state.console_auth = ConsoleAuth(cfg.admin_token) if cfg.admin_token else None
-    _install_error_handlers(app)
+    install_error_handlers(app)
+    declare_request_models(app)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:
@@ -369,7 +273,11 @@ def create_app(
         ``loop_stall_s`` within the last minute (else 503 with how long, and when)."""
         ctx = context(request)
         loop = ctx.watchdog.health()
-        body = {"ok": loop["ok"], "loop": loop, "instances": [r.name for r in ctx.gateway.runtimes]}
+        body = {
+            "ok": loop["ok"],
+            "loop": loop,
+            "instances": [r.name for r in ctx.gateway.pool.runtimes],
+        }
         return json_response(body, 200 if loop["ok"] else 503)
 
     @app.get("/readyz")
@@ -377,7 +285,7 @@ def create_app(
         """Readiness: not shutting down, the store takes writes (its SQLite file is still
         the one opened), and some runtime instance answers. 503 with the failing checks."""
         ctx = context(request)
-        reachable = await ctx.gateway.reachable_instances()
+        reachable = await ctx.gateway.pool.reachable()
         checks: dict[str, Any] = {
             "shutdown": {"ok": not ctx.shutdown.draining},
             "store": await ctx.stored.readiness(),
@@ -396,42 +304,3 @@ def create_app(
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def _error_response(path: str, error: ApiError) -> Response:
-    """The error in the envelope of the API the request addressed: Anthropic's on the Messages
-    routes, OpenAI's everywhere else."""
-    if path.startswith(anthropic.PREFIX):
-        status, body = anthropic_error(error)
-        return json_response(body, status, error.headers())
-    return json_response(error.body(), error.status, error.headers())
-
-
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError) -> Response:
-        return _error_response(request.url.path, exc)
-
-    @app.exception_handler(BodyTimeout)
-    async def body_timeout(request: Request, exc: BodyTimeout) -> Response:
-        error = ApiError(408, str(exc), code="request_timeout")
-        response = _error_response(request.url.path, error)
-        response.headers["connection"] = "close"  # the rest of the body is not waited for
-        return response
-
-    @app.exception_handler(Forwarded)
-    async def forwarded(request: Request, exc: Forwarded) -> Response:
-        return exc.response
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        param = ".".join(str(p) for p in first["loc"] if p not in ("body", "query", "path"))
-        error = ApiError(422, f"Invalid request: {param}: {first['msg']}", param=param or None)
-        return _error_response(request.url.path, error)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        kind = "not_found" if exc.status_code == 404 else "invalid_request_error"
-        error = ApiError(exc.status_code, str(exc.detail), type=kind)
-        return _error_response(request.url.path, error)

@@ -15,8 +15,9 @@ from talaria.core.types import CallResult
 from talaria.proxy.records import Record
 from talaria.proxy.sessions.identity import Identity
 
-Api = Literal["chat", "completions", "messages", "responses"]
-"""The dialect a call came through (``CallRecord.api``)."""
+Api = str
+"""The name of the dialect route a call came through (``CallRecord.api``): ``chat``,
+``completions``, ``messages``, ``responses``, or a new dialect's own."""
 
 SHUTDOWN = "The server is shutting down; retry the call."
 """What a call refused or cut off by the shutdown answers (a 503)."""

@@ -24,7 +24,6 @@ import asyncio
 import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from talaria.core.clock import Clock, TimeScale
 from talaria.core.reservations import SessionReservations
@@ -66,9 +65,10 @@ of 1.4 min, so an interactive session that pauses for longer starts a new sessio
 
 
 class Gateway:
-    """The proxy's call service (module docstring): ``open_call`` starts a call; the rest is
-    the catalog, drains, hints, ends and the lifecycle, each handed to the part that keeps it.
-    ``time_scale``: clock seconds per wall second."""
+    """The proxy's call service (module docstring): ``open_call`` starts a call, and the
+    lifecycle. Its parts serve the other routes directly: ``pool`` (proxy/runtime_pool.py:
+    the runtimes, their models, statuses and drains), ``keeper`` (proxy/sessions/keeper.py:
+    hints and ends). ``time_scale``: clock seconds per wall second."""
 
     def __init__(
         self,
@@ -107,7 +107,7 @@ class Gateway:
         self._recorder = Recorder(
             sink, metrics, time, router=router, durable=durable, commit_timeout_s=commit_timeout_s
         )
-        self._keeper = SessionKeeper(
+        self.keeper = SessionKeeper(
             self.sessions,
             self.reservations,
             self._recorder,
@@ -116,7 +116,7 @@ class Gateway:
             time,
             idle_timeout_s=time.clock(session_idle_timeout_s),
         )
-        self._runner = CallRunner(self._recorder, self._keeper)
+        self._runner = CallRunner(self._recorder, self.keeper)
         self._handoff: Handoff | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -194,7 +194,7 @@ class Gateway:
                 match=call.call.messages is not None,
             )
         except SessionLimit as full:  # Retry-After: when its least recent one may idle out
-            idle_in_s = full.oldest_activity_s + self._keeper.idle_timeout_s - now_s
+            idle_in_s = full.oldest_activity_s + self.keeper.idle_timeout_s - now_s
             raise too_many_sessions(full.limit, self._time.wall(idle_in_s)) from full
         state = found.state
         if state.route_key is None:
@@ -235,7 +235,7 @@ class Gateway:
             )
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
-        await self._keeper.routed(state, decision.instance, now_s, now_at)
+        await self.keeper.routed(state, decision.instance, now_s, now_at)
         self._recorder.decision(call, state, decision, found.how, now_at)
         return decision
 
@@ -259,48 +259,6 @@ class Gateway:
             call, state, conversation, request, self.pool[instance], now_at
         )
         return CallHandle(events, task, instance, state.external_id, state.key, found.how)
-
-    # -- catalog and drains (the runtime pool's) -----------------------------------------------
-    @property
-    def runtimes(self) -> list[RuntimeClient]:
-        """The runtime clients, in their configured order."""
-        return self.pool.runtimes
-
-    def models(self) -> list[str]:
-        """Every model some instance hosts, sorted."""
-        return self.pool.models()
-
-    def context_window(self, model: str) -> int | None:
-        """The model's context window in tokens (None: unknown)."""
-        return self.pool.context_window(model)
-
-    async def residency(self) -> dict[str, list[dict[str, Any]]]:
-        """model → [{instance, state, next_slot_in_s}] (for /v1/models)."""
-        return await self.pool.residency()
-
-    async def reachable_instances(self) -> list[str]:
-        """The instances whose status answers now."""
-        return await self.pool.reachable()
-
-    @property
-    def drained(self) -> frozenset[str]:
-        """Runtime instances being drained: no new call is routed to them."""
-        return self.pool.drained
-
-    def set_drained(self, names: set[str]) -> None:
-        """Drain exactly ``names`` from now on."""
-        self.pool.set_drained(names)
-
-    # -- hints and ends (the session keeper's) ---------------------------------------------------
-    async def hint(
-        self, session_id: str, tenant_id: str, expected_s: float | None, tool: str | None
-    ) -> bool:
-        """Record a tool-gap hint (wall seconds); False: no such live session of the tenant."""
-        return await self._keeper.hint(session_id, tenant_id, expected_s, tool)
-
-    async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
-        """End a live session and its children (``SessionKeeper.end_session``)."""
-        return await self._keeper.end_session(session_id, reason, tenant_id)
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt) -> None:
@@ -328,7 +286,7 @@ class Gateway:
     async def sweep_once(self) -> None:
         """Release expired reservations; end sessions idle beyond the timeout; hand off the
         sessions another replica owns now."""
-        await self._keeper.sweep()
+        await self.keeper.sweep()
         if self._handoff is not None:
             self._handoff.hand_off()
 

@@ -203,7 +203,7 @@ async def end_session(session_id: str, request: Request) -> Response:
     """End a session: a live one (its reservation and KV released on its instance), else a
     stored one that is still open (one a stopped proxy left)."""
     ctx = _admin(request)
-    if await ctx.gateway.end_session(session_id, "admin", None):
+    if await ctx.gateway.keeper.end_session(session_id, "admin", None):
         return json_response({"session_id": session_id, "ended": True, "live": True})
     if ctx.cluster is not None:  # live on another replica?
         held = await ctx.cluster.ask_peers(
@@ -245,7 +245,7 @@ async def dead_letters(request: Request, limit: int = 100) -> Response:
 async def instances(request: Request) -> Response:
     ctx = _admin(request)
     data: list[dict[str, Any]] = []
-    for runtime in ctx.gateway.runtimes:
+    for runtime in ctx.gateway.pool.runtimes:
         try:
             status = await runtime.status()
         except Exception as exc:  # an unreachable instance is reported, not fatal
@@ -255,7 +255,7 @@ async def instances(request: Request) -> Response:
             {
                 "name": runtime.name,
                 "kind": runtime.kind,
-                "draining": runtime.name in ctx.gateway.drained,
+                "draining": runtime.name in ctx.gateway.pool.drained,
                 "models": list(runtime.models),
                 "active_model": status.active_model,
                 "residency": {m: asdict(r) for m, r in status.models.items()},
@@ -298,9 +298,9 @@ async def undrain_instance(name: str, request: Request) -> Response:
 
 async def _set_drain(name: str, request: Request, *, draining: bool) -> Response:
     ctx = _admin(request)
-    if name not in {r.name for r in ctx.gateway.runtimes}:
+    if name not in {r.name for r in ctx.gateway.pool.runtimes}:
         raise ApiError(404, f"No runtime instance {name!r}.", code="instance_not_found")
     await _read(ctx, lambda: ctx.store.cluster.set_drain(name, draining, datetime.now(UTC)))
-    drained = set(ctx.gateway.drained)
-    ctx.gateway.set_drained(drained | {name} if draining else drained - {name})
+    drained = set(ctx.gateway.pool.drained)
+    ctx.gateway.pool.set_drained(drained | {name} if draining else drained - {name})
     return json_response({"name": name, "draining": draining})

@@ -79,8 +79,8 @@ def _identify(request: Request, body: Any) -> Identified:
 
 def check_model(ctx: ProxyContext, model: str) -> None:
     """404 (``unknown_model``) unless some instance hosts ``model``."""
-    if model not in ctx.gateway.models():
-        raise unknown_model(model, ctx.gateway.models())
+    if model not in ctx.gateway.pool.models():
+        raise unknown_model(model, ctx.gateway.pool.models())
 
 
 async def forward_to_owner(request: Request, ctx: ProxyContext, key: str | None, body: Any) -> None:

@@ -27,6 +27,8 @@ from talaria.proxy.store.writer import BatchWriter
 
 @dataclass
 class ProxyContext:
+    """The proxy's parts, built by the lifespan and reached by every route."""
+
     settings: ProxySettings
     gateway: Gateway
     store: SqlStore

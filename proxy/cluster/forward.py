@@ -42,8 +42,7 @@ from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
-from talaria.proxy.dialects.anthropic import error_body as anthropic_error
-from talaria.proxy.dialects.common import sse
+from talaria.proxy.dialects.base import Dialect, dialect_of
 from talaria.proxy.errors import ApiError
 
 log = logging.getLogger("talaria.proxy.cluster")
@@ -64,8 +63,6 @@ NOT_FORWARDED = HOP_BY_HOP | set(trust.INTERNAL)
 CONNECT_TIMEOUT_S = 2.0
 WRITE_TIMEOUT_S = 10.0
 PEER_READ_TIMEOUT_S = 3.0
-MESSAGES_PREFIX = "/v1/messages"
-"""Anthropic's routes (proxy/api/anthropic.py PREFIX): their errors take its envelope."""
 
 
 class Forwarded(Exception):
@@ -77,7 +74,7 @@ class Forwarded(Exception):
 
 
 def was_forwarded(request: Request) -> bool:
-    """Whether a peer forwarded this request (its signature checked: proxy/app.py)."""
+    """Whether a peer forwarded this request (its signature checked: proxy/edge.py)."""
     return getattr(request.state, "forward", None) is not None
 
 
@@ -140,7 +137,7 @@ class Cluster:
                 self.relays.close(relay)
                 continue
             return StreamingResponse(
-                self._body(request.url.path, upstream, relay),
+                self._body(_dialect(request), upstream, relay),
                 status_code=upstream.status_code,
                 headers=_headers(upstream, name),
             )
@@ -159,7 +156,7 @@ class Cluster:
             raise _failed(relay, exc) from exc
 
     async def _body(
-        self, path: str, upstream: httpx.Response, relay: Relay
+        self, dialect: Dialect, upstream: httpx.Response, relay: Relay
     ) -> AsyncIterator[bytes]:
         """The owner's body, chunk by chunk. A stream (SSE) is passed on in whole events,
         so that when the relay fails it can end with an error event of its own; any other
@@ -179,7 +176,7 @@ class Cluster:
                     log.warning("relay to %s ended: %s", relay.target, error.message)
                     if not events:
                         raise
-                    yield stream_error(path, error)
+                    yield dialect.stream_error(error)
                     return
                 if not events:
                     yield chunk
@@ -248,16 +245,10 @@ def _failed(relay: Relay, exc: httpx.HTTPError) -> ApiError:
     return owner_gone(relay.target, f"failed: {exc.__class__.__name__}")
 
 
-def stream_error(path: str, error: ApiError) -> bytes:
-    """``error`` as the last event of a stream in the format of the API at ``path``:
-    Anthropic's ``error`` event on the Messages routes, the Responses API's ``error`` event,
-    else OpenAI's ``data: {"error": ...}`` frame."""
-    if path.startswith(MESSAGES_PREFIX):
-        return sse(anthropic_error(error)[1], "error")
-    if path.startswith("/v1/responses"):
-        doc = {"type": "error", "code": error.code, "message": error.message, "param": None}
-        return sse(doc, "error")
-    return error.sse()
+def _dialect(request: Request) -> Dialect:
+    """The dialect of the route the request matched (its stream's error event): the app
+    keeps the registry in ``app.state.dialects`` (proxy/app.py)."""
+    return dialect_of(request.scope, request.app.state.dialects)
 
 
 def _headers(upstream: httpx.Response, replica: str) -> dict[str, str]:

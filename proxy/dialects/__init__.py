@@ -1,8 +1,12 @@
-"""API dialects: each module parses its request into the normalized ``Call`` (core/calls.py)
-and renders the engine's output back in its own wire format and error envelope.
+"""API dialects. Each is a folder: ``models.py`` (pydantic request models: its validation and
+its OpenAPI schema), ``parse.py`` (request → the normalized ``Call``, core/calls.py),
+``render.py`` (the engine's output in its wire format: JSON and SSE), ``routes.py`` (its
+FastAPI routes and its ``DIALECT``: routes, request models, error envelope), and one line in
+registry.py's ``DIALECTS``. Routing, sessions and scheduling never see a dialect.
 
-- chat.py: OpenAI chat completions; completions.py: OpenAI text completions;
-- anthropic.py: Anthropic Messages (and count_tokens);
-- responses.py: OpenAI Responses (with stored responses, responses_store.py);
-- common.py: what they share (validation, the event stream of a call, SSE framing).
+- chat/: OpenAI chat completions; completions/: OpenAI text completions;
+- anthropic/: Anthropic Messages (and count_tokens), with Anthropic's error envelope;
+- responses/: OpenAI Responses (with stored responses, proxy/responses_store.py);
+- base.py: what a dialect is to the app; common.py: validation, the event stream of a call,
+  SSE framing; openai_models.py: the OpenAI dialects' shared fields.
 """

@@ -1,5 +1,5 @@
 """What the dialects share: request validation, a call's output as a stream of deltas, SSE
-framing, and OpenAI-style tool and sampling fields (chat and Responses read them alike)."""
+framing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from talaria.core.calls import OutputDelta, ToolChoice, ToolSpec
+from talaria.core.calls import OutputDelta
 from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.errors import ApiError
 
@@ -17,18 +17,42 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse(model: type[M], data: Any, status: int = 422) -> M:
-    """Validate ``data``; a failure becomes an ``ApiError`` (``status``) naming the field."""
+    """Validate ``data``; a failure becomes an ``ApiError`` (``status``) naming the field. Of
+    several errors (a value none of a union's members takes) the deepest is reported: the
+    member the value came closest to."""
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_value")
     _check_text(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
+        deepest = max(exc.errors(), key=lambda e: len(e["loc"]))
+        param = _param(deepest["loc"], data, deepest["type"] == "missing") or None
         raise ApiError(
-            status, f"Invalid request: {param}: {first['msg']}", param=param, code="invalid_value"
+            status, f"Invalid request: {param}: {deepest['msg']}", param=param, code="invalid_value"
         ) from exc
+
+
+def _param(loc: tuple[int | str, ...], data: Any, missing: bool) -> str:
+    """An error's location as the body's path: the parts found in ``data`` (and a missing
+    field's name); the others name the member of a union pydantic tried (``str``, a tag such
+    as ``function_call``) and are left out."""
+    found: list[str] = []
+    here = data
+    for i, part in enumerate(loc):
+        if _holds(here, part):
+            here = here[part]
+        elif not (missing and i == len(loc) - 1):
+            continue
+        found.append(str(part))
+    return ".".join(found)
+
+
+def _holds(value: Any, part: int | str) -> bool:
+    """Whether ``value`` has ``part``: an index of a list, or a key of an object."""
+    if isinstance(value, list):
+        return isinstance(part, int) and 0 <= part < len(value)
+    return isinstance(value, dict) and part in value
 
 
 def _check_text(data: Any) -> None:
@@ -50,6 +74,7 @@ def _check_text(data: Any) -> None:
 
 
 def invalid(message: str, param: str) -> ApiError:
+    """A 400 ``invalid_value`` naming ``param``."""
     return ApiError(400, message, param=param, code="invalid_value")
 
 
@@ -80,46 +105,3 @@ def sse(data: Mapping[str, Any], event: str | None = None) -> bytes:
     """One SSE frame (``event:`` line when named)."""
     body = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
     return (b"event: " + event.encode() + b"\n" + body) if event else body
-
-
-def function_tool(entry: Mapping[str, Any], param: str) -> ToolSpec | None:
-    """An OpenAI function tool (chat's ``{"type", "function": {...}}`` or Responses' flat
-    ``{"type", "name", ...}``) as a ``ToolSpec``; None for other tool types (built-in tools
-    such as web search, which no self-hosted engine runs)."""
-    if entry.get("type", "function") != "function":
-        return None
-    function = entry.get("function", entry)
-    if not isinstance(function, Mapping):
-        raise invalid("A function tool needs a `function` object.", param)
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise invalid("A function tool needs a `name`.", param)
-    parameters = function.get("parameters") or {}
-    if not isinstance(parameters, Mapping):
-        raise invalid("`parameters` must be a JSON schema object.", param)
-    description = function.get("description") or ""
-    strict = function.get("strict")
-    return ToolSpec(
-        name, str(description), dict(parameters), strict if isinstance(strict, bool) else None
-    )
-
-
-def openai_tool_choice(value: Any, tools: tuple[ToolSpec, ...], param: str) -> ToolChoice:
-    """``"auto" | "none" | "required"`` or a named function (chat's ``{"type": "function",
-    "function": {"name"}}`` or Responses' ``{"type": "function", "name"}``)."""
-    if value is None or value == "auto":
-        return ToolChoice("auto")
-    if value in ("none", "required"):
-        return ToolChoice(value)
-    if isinstance(value, Mapping) and value.get("type") == "function":
-        function = value.get("function", value)
-        name = function.get("name") if isinstance(function, Mapping) else None
-        if isinstance(name, str) and name:
-            if name not in {t.name for t in tools}:
-                raise invalid(f"tool_choice names `{name}`, which is not among the tools.", param)
-            return ToolChoice("named", name)
-    raise invalid(
-        'tool_choice must be "auto", "none", "required" or '
-        '{"type": "function", "function": {"name": ...}}.',
-        param,
-    )

@@ -12,6 +12,8 @@ from typing import Any
 import uvicorn
 
 from talaria.proxy.app import create_app
+from talaria.proxy.dialects.base import Dialect
+from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.serve import DrainingServer, backstop_s
 from talaria.proxy.settings import ProxySettings
@@ -89,11 +91,13 @@ def running_proxy(
     settings: ProxySettings,
     runtimes: Sequence[RuntimeClient] | None = None,
     statuses: StatusLog | None = None,
+    dialects: Sequence[Dialect] = DIALECTS,
 ) -> Iterator[RunningProxy]:
     """The proxy on a free loopback port; with ``statuses``, every response's status is noted
     there (pass ``StatusLog(None)``: its app is set here). It stops as ``talaria serve`` does
-    on SIGTERM: the drain of proxy/shutdown.py within ``settings.drain_timeout_s``."""
-    proxy = create_app(settings, runtimes=runtimes)
+    on SIGTERM: the drain of proxy/shutdown.py within ``settings.drain_timeout_s``.
+    ``dialects``: the APIs it speaks (a test adds its own)."""
+    proxy = create_app(settings, runtimes=runtimes, dialects=dialects)
     app: Any = proxy
     if statuses is not None:
         statuses.app = app

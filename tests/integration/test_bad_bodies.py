@@ -61,16 +61,29 @@ def _count(**fields: Any) -> dict[str, Any]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "x"}], **fields}
 
 
+RESULT_CONTENT = "messages.0.content.0.content"
+"""Where a tool_result's content is, in the error."""
+
 LONE = '"\\ud800"'
 """A JSON string escape that decodes to a lone surrogate, which no UTF-8 encoder takes."""
 
 # (path, JSON text of the body, status, a fragment of the error message)
 CASES: list[tuple[str, str, int, str]] = [
     # tool_result content neither a string nor a list of blocks (fuzz: count_tokens, messages)
-    ("/v1/messages", json.dumps(_user(_result(0.25))), 400, "content blocks"),
-    ("/v1/messages/count_tokens", json.dumps(_user(_result(5))), 400, "content blocks"),
-    ("/v1/messages", json.dumps(_user(_result({"type": "text"}))), 400, "content blocks"),
-    ("/v1/messages", json.dumps(_user(_result([1]))), 400, "content blocks"),
+    ("/v1/messages", json.dumps(_user(_result(0.25))), 400, RESULT_CONTENT),
+    (
+        "/v1/messages/count_tokens",
+        json.dumps(_user(_result(5))),
+        400,
+        "messages.0.content.0.content",
+    ),
+    (
+        "/v1/messages",
+        json.dumps(_user(_result({"type": "text"}))),
+        400,
+        "messages.0.content.0.content",
+    ),
+    ("/v1/messages", json.dumps(_user(_result([1]))), 400, RESULT_CONTENT),
     ("/v1/messages", json.dumps(_user(_result([{"type": "text", "text": "ok"}]))), 200, ""),
     ("/v1/messages", json.dumps(_user(_result(None))), 200, ""),
     # a document's source.content not text or blocks (fuzz: messages), its source not an object
@@ -78,13 +91,13 @@ CASES: list[tuple[str, str, int, str]] = [
         "/v1/messages",
         json.dumps(_user({"type": "document", "source": {"type": "", "content": 0}})),
         400,
-        "source.content must be",
+        "messages.0.content.0.source.content",
     ),
     (
         "/v1/messages",
         json.dumps(_user({"type": "document", "source": "s"})),
         400,
-        "source must be an object",
+        "source: Input should be a valid dictionary",
     ),
     (
         "/v1/messages",
@@ -98,9 +111,14 @@ CASES: list[tuple[str, str, int, str]] = [
         "/v1/messages",
         json.dumps(_user({"type": "image", "source": "x"})),
         400,
-        "source must be an object",
+        "source: Input should be a valid dictionary",
     ),
-    ("/v1/messages", json.dumps(_user({"type": "image", "source": [1]})), 400, "source must be"),
+    (
+        "/v1/messages",
+        json.dumps(_user({"type": "image", "source": [1]})),
+        400,
+        "messages.0.content.0.source",
+    ),
     (
         "/v1/messages",
         json.dumps(_user({"type": "image", "source": {"type": "url", "url": "http://x/a.png"}})),
@@ -108,10 +126,10 @@ CASES: list[tuple[str, str, int, str]] = [
         "",
     ),
     # a Responses namespace whose tools are not a list of tools (fuzz: responses)
-    ("/v1/responses", json.dumps(_namespace("ab")), 400, "must be a list of tools"),
-    ("/v1/responses", json.dumps(_namespace(5)), 400, "must be a list of tools"),
-    ("/v1/responses", json.dumps(_namespace({"a": 1})), 400, "must be a list of tools"),
-    ("/v1/responses", json.dumps(_namespace([1])), 400, "must be a list of tools"),
+    ("/v1/responses", json.dumps(_namespace("ab")), 400, "tools.0.tools"),
+    ("/v1/responses", json.dumps(_namespace(5)), 400, "tools.0.tools"),
+    ("/v1/responses", json.dumps(_namespace({"a": 1})), 400, "tools.0.tools"),
+    ("/v1/responses", json.dumps(_namespace([1])), 400, "tools.0.tools"),
     ("/v1/responses", json.dumps(_namespace([{"type": "function", "name": "f"}])), 200, ""),
     ("/v1/responses", json.dumps(_namespace(None)), 200, ""),
     # a lone surrogate in any string of any body
@@ -152,7 +170,12 @@ CASES: list[tuple[str, str, int, str]] = [
     ("/v1/messages", json.dumps(_thinking(1024.5, 2048)), 400, "at least 1024"),
     ("/v1/messages", json.dumps(_thinking(float("inf"), 2048)), 400, "at least 1024"),
     ("/v1/messages", json.dumps(_thinking(True, 2048)), 400, "at least 1024"),
-    ("/v1/messages", json.dumps(_user_thinking({"type": "sometimes"})), 400, "thinking.type"),
+    (
+        "/v1/messages",
+        json.dumps(_user_thinking({"type": "sometimes"})),
+        400,
+        "'disabled' or 'adaptive'",
+    ),
     ("/v1/messages", json.dumps(_user_thinking({"type": "adaptive"})), 200, ""),
     # stream must be a JSON boolean on every API (pydantic's lax mode took "yes", 1, "true")
     *[

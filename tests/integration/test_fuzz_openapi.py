@@ -3,12 +3,12 @@ requests valid against the document (positive) and requests that break it (negat
 
 Whatever is sent, the proxy answers without a 5xx, every response carries ``x-request-id``,
 and every error is in the envelope of the API addressed (Anthropic's on ``/v1/messages``,
-OpenAI's elsewhere). The request-body schemas (proxy/api/schemas.py) are held honest both
-ways: a positive body is answered 2xx, or refused only for what no schema states (a tool choice
+OpenAI's elsewhere). The request-body schemas (the dialects' pydantic models,
+proxy/dialects/*/models.py, which also validate the bodies) are held honest both ways: a
+positive body is answered 2xx, or refused only for what no schema states (a tool choice
 naming a tool the request does not offer, a thinking budget not below ``max_tokens``, an
-unknown stored response or session), every call
-route answers 2xx at least once; and the bodies real clients send validate against them
-(``test_schemas_accept_what_clients_send``).
+unknown stored response or session), every call route answers 2xx at least once; and the
+bodies real clients send validate against them (``test_schemas_accept_what_clients_send``).
 
 The runtime is ``InstantRuntime``, so no call waits on a simulated engine; the bodies' ``model``
 is pinned to the one model it serves (else every call would be a 404). The budget is fixed and
@@ -34,10 +34,10 @@ from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from talaria.proxy.dialects.anthropic import parse_count_tokens, parse_messages
-from talaria.proxy.dialects.chat import parse_chat
-from talaria.proxy.dialects.completions import parse_completion
-from talaria.proxy.dialects.responses import parse_request, to_call
+from talaria.proxy.dialects.anthropic.parse import parse_count_tokens, parse_messages
+from talaria.proxy.dialects.chat.parse import parse_chat
+from talaria.proxy.dialects.completions.parse import parse_completion
+from talaria.proxy.dialects.responses.parse import parse_request, to_call
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
@@ -547,4 +547,5 @@ def test_schemas_accept_what_clients_send(
     schema must too."""
     _parse(path, body)
     declared = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
-    jsonschema.validate(body, declared["schema"], cls=jsonschema.Draft202012Validator)
+    schema = {**declared["schema"], "components": document["components"]}  # where $refs point
+    jsonschema.validate(body, schema, cls=jsonschema.Draft202012Validator)

@@ -11,6 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import owner
+from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.errors import ApiError
 from tests.integration.server import running_app
 
@@ -84,6 +86,7 @@ def _request(path: str, query: str = "") -> Request:
         "query_string": query.encode(),
         "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer k")],
         "state": {"request_id": "abc123", "forward": None, "body": b"{}"},
+        "app": SimpleNamespace(state=SimpleNamespace(dialects=DIALECTS)),
     }
     return Request(scope)
 

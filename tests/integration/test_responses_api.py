@@ -211,7 +211,8 @@ def test_unknown_fields_of_input_items_are_not_stored(proxy: RunningProxy) -> No
     ("body", "status", "param"),
     [
         ({"model": MODEL}, 400, "input"),
-        ({"model": MODEL, "input": [{"type": "function_call", "name": "x"}]}, 400, "input.0"),
+        ({"model": MODEL, "input": [{"type": "function_call", "name": "x"}]}, 400,
+         "input.0.call_id"),
         ({"model": MODEL, "input": [{"type": "item_reference", "id": "i"}]}, 400, "input.0"),
         ({"model": MODEL, "input": "x", "tool_choice": {"type": "function", "name": "ghost"}},
          400, "tool_choice"),

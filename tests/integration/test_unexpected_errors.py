@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from talaria.proxy.app import create_app
+from talaria.proxy.dialects.anthropic import routes as anthropic_routes
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 
@@ -18,24 +19,32 @@ from talaria.runtime.instant import InstantRuntime
     ("path", "raised", "status"),
     [
         ("/boom", RuntimeError("bug"), 500),
-        ("/v1/messages/boom", RuntimeError("bug"), 500),
+        ("/v1/messages", RuntimeError("bug"), 500),
         ("/boom", RecursionError("deep"), 400),
     ],
 )
 def test_an_unhandled_exception_is_answered_with_its_request_id(
-    tmp_path: Path, path: str, raised: Exception, status: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str, raised: Exception, status: int
 ) -> None:
+    """A route of the proxy's own (``/boom``, added here) answers in OpenAI's envelope; the
+    Messages route, whose body reader is made to fail, in Anthropic's."""
     app = create_app(
         ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp_path}/e.db"),
         runtimes=[InstantRuntime(("m",))],
     )
 
-    @app.get(path)
     async def fail() -> None:
         raise raised
 
+    async def fail_reading(*_: object) -> None:
+        raise raised
+
+    if path == "/boom":
+        app.post(path)(fail)
+    else:
+        monkeypatch.setattr(anthropic_routes, "read_body", fail_reading)
     with TestClient(app, raise_server_exceptions=False) as client:
-        response = client.get(path)
+        response = client.post(path, json={})
     assert response.status_code == status
     assert len(response.headers["x-request-id"]) == 32
     body = response.json()

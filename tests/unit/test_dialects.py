@@ -13,7 +13,12 @@ from hypothesis import strategies as st
 from talaria.core.calls import ModelOutput, ToolCall, ToolChoice
 from talaria.core.types import CallResult, KvSource
 from talaria.proxy.calls import CallOutcome
-from talaria.proxy.dialects import anthropic, chat, responses
+from talaria.proxy.dialects.anthropic.parse import parse_messages
+from talaria.proxy.dialects.anthropic.render import message
+from talaria.proxy.dialects.chat.parse import parse_chat
+from talaria.proxy.dialects.chat.render import chat_completion
+from talaria.proxy.dialects.responses.parse import messages_of
+from talaria.proxy.dialects.responses.render import output_items
 from talaria.proxy.sessions.conversation import fingerprint
 
 _json_objects = st.dictionaries(
@@ -52,19 +57,17 @@ def _expected(output: ModelOutput) -> bytes:
 
 @given(_outputs)
 def test_chat_round_trip(output: ModelOutput) -> None:
-    reply = chat.chat_completion(_outcome(output), "r1", "m", 0)
+    reply = chat_completion(_outcome(output), "r1", "m", 0)
     message = json.loads(json.dumps(reply["choices"][0]["message"]))
-    parsed = chat.parse_chat(
-        {"model": "m", "messages": [{"role": "user", "content": "go"}, message]}
-    )
+    parsed = parse_chat({"model": "m", "messages": [{"role": "user", "content": "go"}, message]})
     assert parsed.messages is not None
     assert fingerprint(parsed.messages[1]).digest == _expected(output)
 
 
 @given(_outputs)
 def test_anthropic_round_trip(output: ModelOutput) -> None:
-    reply = json.loads(json.dumps(anthropic.message(_outcome(output), "r1", "m")))
-    parsed = anthropic.parse_messages(
+    reply = json.loads(json.dumps(message(_outcome(output), "r1", "m")))
+    parsed = parse_messages(
         {
             "model": "m",
             "max_tokens": 10,
@@ -80,13 +83,13 @@ def test_anthropic_round_trip(output: ModelOutput) -> None:
 
 @given(_outputs)
 def test_responses_round_trip(output: ModelOutput) -> None:
-    items = json.loads(json.dumps(responses.output_items(output, "r1")))
-    messages = responses.messages_of(None, [{"role": "user", "content": "go"}, *items])
+    items = json.loads(json.dumps(output_items(output, "r1")))
+    messages = messages_of(None, [{"role": "user", "content": "go"}, *items])
     assert fingerprint(messages[1]).digest == _expected(output)
 
 
 def test_anthropic_request_normalized() -> None:
-    call = anthropic.parse_messages(
+    call = parse_messages(
         {
             "model": "m",
             "max_tokens": 2048,
@@ -158,7 +161,7 @@ def test_responses_items_merge_into_turns() -> None:
         {"type": "function_call_output", "call_id": "c2", "output": "b"},
         {"type": "web_search_call", "id": "ws"},  # a built-in tool's item: skipped
     ]
-    messages = responses.messages_of("be brief", items)
+    messages = messages_of("be brief", items)
     assert [m["role"] for m in messages] == [
         "system",
         "system",
@@ -173,7 +176,7 @@ def test_responses_items_merge_into_turns() -> None:
 
 
 def test_chat_request_normalized() -> None:
-    call = chat.parse_chat(
+    call = parse_chat(
         {
             "model": "m",
             "messages": [

@@ -195,8 +195,8 @@ def test_a_reservation_expires_when_the_session_stays_away() -> None:
 def test_ending_the_session_releases_its_reservation() -> None:
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
         await (await gateway.open_call(_call(0))).outcome()
-        assert await gateway.end_session("s1", "client", "t")
-        assert not await gateway.end_session("s1", "client", "t")  # already ended
+        assert await gateway.keeper.end_session("s1", "client", "t")
+        assert not await gateway.keeper.end_session("s1", "client", "t")  # already ended
 
     sink, metrics = _run(scenario)
     assert [r.release_reason for r in sink.reservations()] == [None, "ended"]
@@ -248,7 +248,7 @@ def test_ending_a_session_ends_its_children() -> None:
         child = await gateway.open_call(_call(0, task="search the code "))  # same id, new talk
         assert child.how == "child"
         await child.outcome()
-        assert await gateway.end_session("s1", "client", "t")
+        assert await gateway.keeper.end_session("s1", "client", "t")
         assert len(gateway.sessions) == 0
 
     sink, _ = _run(scenario)
@@ -267,7 +267,7 @@ def test_tenants_never_share_a_session_or_its_prefix() -> None:
         assert first.result.session_id == again.result.session_id
         assert stranger.result.session_id != first.result.session_id
         assert again.result.cached_tokens > 0 and stranger.result.cached_tokens == 0
-        assert not await gateway.end_session("s1", "client", "C")  # no such session for C
+        assert not await gateway.keeper.end_session("s1", "client", "C")  # no such session for C
         assert gateway.sessions.named("B", first.result.session_id) is None
 
     _run(scenario)
@@ -282,7 +282,7 @@ def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
         handle = await gateway.open_call(_call(0, tool=tool))
         keys.append(handle.session_key)
-        assert await gateway.end_session("s1", "client", "t")
+        assert await gateway.keeper.end_session("s1", "client", "t")
         await handle.outcome()
         assert handle.session_key not in gateway.reservations and len(gateway.sessions) == 0
         again = await (await gateway.open_call(_call(1, tool=tool))).outcome()

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from talaria.proxy.dialects.responses import messages_of
-from talaria.proxy.dialects.responses_items import (
+from talaria.proxy.dialects.responses.items import (
     ITEM_FIELDS,
     PART_FIELDS,
     TEXT_PARTS,
     stored_item,
 )
+from talaria.proxy.dialects.responses.parse import messages_of
 from talaria.proxy.errors import ApiError
 
 BLOB = "x" * 64

@@ -1,20 +1,4 @@
-"""OpenAI Responses: ``POST /v1/responses`` (and the stored responses' ``GET`` / ``DELETE``).
-
-Request → ``Call``:
-
-- ``instructions`` → a system message; ``input`` (a string, or items) → messages: ``message``
-  items by role (``developer`` read as ``system``; ``input_text`` / ``output_text`` parts as
-  text), ``function_call`` items → the assistant's ``tool_calls`` (merged with the assistant
-  text and ``reasoning`` items around them into one assistant message, as the model produced
-  them), ``function_call_output`` → a ``tool`` message. Other item types (built-in tool calls,
-  compaction) are skipped; ``item_reference`` is refused. Fields an item type does not define
-  are dropped as the request is parsed (responses_items.py), so they are never stored.
-- ``previous_response_id``: the stored response's input items and output items come first
-  (its ``instructions`` are not carried over, as OpenAI documents).
-- function ``tools`` (built-in ones such as web search are left out; Codex's ``namespace``
-  groups are opened), ``tool_choice``, ``temperature``, ``top_p``, ``top_logprobs``,
-  ``max_output_tokens``, ``text.format`` (``json_schema`` / ``json_object``),
-  ``reasoning.effort``, ``parallel_tool_calls``.
+"""OpenAI Responses' output.
 
 Output: ``reasoning`` (its text as ``reasoning_text`` content), ``message`` (``output_text``)
 and ``function_call`` items, ``status`` ``completed`` or ``incomplete`` (``max_output_tokens``),
@@ -28,215 +12,16 @@ or ``response.failed``), each with a ``sequence_number``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel
 
-from talaria.core.calls import Call, Message, ModelOutput, OutputDelta, Sampling, ToolSpec
+from talaria.core.calls import ModelOutput, OutputDelta
 from talaria.proxy.calls import CallHandle, CallOutcome
-from talaria.proxy.dialects.common import (
-    function_tool,
-    invalid,
-    openai_tool_choice,
-    output_events,
-    parse,
-    sse,
-)
-from talaria.proxy.dialects.responses_items import TEXT_PARTS, item_kind, stored_item
+from talaria.proxy.dialects.common import output_events, sse
+from talaria.proxy.dialects.responses.parse import ParsedResponses
 from talaria.proxy.errors import ApiError
-
-
-class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1)
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: StrictBool = True
-    previous_response_id: str | None = None
-    store: StrictBool = True
-    stream: StrictBool = False
-    max_output_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-    text: dict[str, Any] | None = None
-    reasoning: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
-    prompt_cache_key: str | None = None
-    user: str | None = None
-
-
-@dataclass(frozen=True)
-class ParsedResponses:
-    body: ResponsesRequest
-    items: list[dict[str, Any]]
-    """This request's own input items, with only the fields their type defines
-    (responses_items.py), each given an ``id``."""
-
-
-def parse_request(raw: Any, request_id: str) -> ParsedResponses:
-    body = parse(ResponsesRequest, raw, status=400)
-    if isinstance(body.input, str):
-        items: list[dict[str, Any]] = [
-            {
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": body.input}],
-            }
-        ]
-    else:
-        items = [stored_item(item) for item in body.input]
-    for i, item in enumerate(items):
-        item.setdefault("id", f"in_{request_id}_{i}")
-    return ParsedResponses(body, items)
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(p.get("text", ""))
-            for p in content
-            if isinstance(p, Mapping) and p.get("type") in TEXT_PARTS
-        )
-    return ""
-
-
-def _reasoning(item: Mapping[str, Any]) -> str:
-    return _text(item.get("content")) or _text(item.get("summary"))
-
-
-def messages_of(instructions: str | None, items: list[dict[str, Any]]) -> tuple[Message, ...]:
-    out: list[Message] = []
-    if instructions:
-        out.append({"role": "system", "content": instructions})
-    turn: Message | None = None  # the assistant turn being assembled
-
-    def flush() -> None:
-        nonlocal turn
-        if turn is not None:
-            out.append(turn)
-            turn = None
-
-    def assistant() -> Message:
-        nonlocal turn
-        if turn is None:
-            turn = {"role": "assistant", "content": ""}
-        return turn
-
-    for i, item in enumerate(items):
-        kind = item_kind(item)
-        where = f"input.{i}"
-        if kind == "message":
-            role = item.get("role")
-            if role == "assistant":
-                message = assistant()
-                message["content"] += _text(item.get("content"))
-            elif role in ("user", "system", "developer"):
-                flush()
-                out.append(
-                    {
-                        "role": "system" if role == "developer" else role,
-                        "content": _text(item.get("content")),
-                    }
-                )
-            else:
-                raise invalid(f"{where}.role must be user, assistant, system or developer.", where)
-        elif kind == "function_call":
-            name, call_id = item.get("name"), item.get("call_id")
-            if not isinstance(name, str) or not isinstance(call_id, str):
-                raise invalid("A function_call item needs a `name` and a `call_id`.", where)
-            arguments = item.get("arguments", "")
-            call = {
-                "id": call_id,
-                "type": "function",
-                "function": {
-                    "name": name,
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-            assistant().setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
-            call_id = item.get("call_id")
-            if not isinstance(call_id, str):
-                raise invalid("A function_call_output item needs a `call_id`.", where)
-            flush()
-            output = item.get("output", "")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _text(output)})
-        elif kind == "reasoning":
-            text = _reasoning(item)
-            if text:
-                message = assistant()
-                message["reasoning_content"] = message.get("reasoning_content", "") + text
-        elif kind == "item_reference":
-            raise invalid("item_reference inputs are not supported; send the items.", where)
-    flush()
-    return tuple(out)
-
-
-def tools_of(entries: list[dict[str, Any]] | None) -> tuple[ToolSpec, ...]:
-    tools: list[ToolSpec] = []
-    for i, entry in enumerate(entries or ()):
-        if entry.get("type") == "namespace":  # Codex groups sub-agent tools this way
-            group = entry.get("tools") or []
-            if not isinstance(group, list) or not all(isinstance(t, dict) for t in group):
-                raise invalid("A namespace's `tools` must be a list of tools.", f"tools.{i}")
-            tools.extend(tools_of(group))
-            continue
-        spec = function_tool(entry, f"tools.{i}")
-        if spec is not None:
-            tools.append(spec)
-    return tuple(tools)
-
-
-def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
-    fmt = (text or {}).get("format")
-    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
-        return None
-    if fmt["type"] == "json_object":
-        return {"type": "json_object"}
-    if fmt["type"] == "json_schema":
-        schema = fmt.get("schema")
-        if not isinstance(schema, dict):
-            raise invalid("text.format.schema must be a JSON schema object.", "text.format")
-        return {
-            "type": "json_schema",
-            "json_schema": {"name": fmt.get("name", "output"), "schema": schema},
-        }
-    raise invalid('text.format.type must be "text", "json_object" or "json_schema".', "text.format")
-
-
-def to_call(parsed: ParsedResponses, history: list[dict[str, Any]]) -> Call:
-    body = parsed.body
-    tools = tools_of(body.tools)
-    effort = (body.reasoning or {}).get("effort")
-    return Call(
-        model=body.model,
-        messages=messages_of(body.instructions, [*history, *parsed.items]),
-        tools=tools,
-        tool_choice=openai_tool_choice(body.tool_choice, tools, "tool_choice"),
-        sampling=Sampling(
-            temperature=body.temperature,
-            top_p=body.top_p,
-            logprobs=body.top_logprobs is not None,
-            top_logprobs=body.top_logprobs,
-            response_format=_response_format(body.text),
-        ),
-        max_output_tokens=body.max_output_tokens,
-        stream=body.stream,
-        reasoning_effort=effort if isinstance(effort, str) else None,
-        parallel_tool_calls=body.parallel_tool_calls,
-    )
-
-
-# -- output ---------------------------------------------------------------------------------
 
 
 def _ids(request_id: str) -> dict[str, str]:
@@ -301,6 +86,13 @@ def usage(outcome: CallOutcome) -> dict[str, Any]:
     }
 
 
+def _echo(value: Any) -> Any:
+    """A request field as the client sent it (a model: its fields set, and its extras)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_unset=True, by_alias=True)
+    return value
+
+
 def response_object(
     parsed: ParsedResponses,
     request_id: str,
@@ -327,12 +119,12 @@ def response_object(
         "output": output,
         "parallel_tool_calls": body.parallel_tool_calls,
         "previous_response_id": body.previous_response_id,
-        "reasoning": body.reasoning or {"effort": None, "summary": None},
+        "reasoning": _echo(body.reasoning) or {"effort": None, "summary": None},
         "store": stored,
         "temperature": body.temperature,
-        "text": body.text or {"format": {"type": "text"}},
-        "tool_choice": body.tool_choice or "auto",
-        "tools": list(body.tools or ()),
+        "text": _echo(body.text) or {"format": {"type": "text"}},
+        "tool_choice": _echo(body.tool_choice) or "auto",
+        "tools": [_echo(t) for t in body.tools or ()],
         "top_p": body.top_p,
         "truncation": "disabled",
         "usage": usage_doc,
@@ -536,3 +328,9 @@ async def response_stream(
                 stored=False, error=error,
             )  # fmt: skip
             yield items.event("response.failed", response=failed)
+
+
+def stream_error(error: ApiError) -> bytes:
+    """``error`` as the Responses API's ``error`` event that ends a stream."""
+    doc = {"type": "error", "code": error.code, "message": error.message, "param": None}
+    return sse(doc, "error")

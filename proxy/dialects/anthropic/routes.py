@@ -1,6 +1,5 @@
-"""Anthropic Messages routes: ``POST /v1/messages`` (Claude Code adds ``?beta=true``) and
-``POST /v1/messages/count_tokens``. Errors on these paths use Anthropic's envelope
-(proxy/app.py picks it by path)."""
+"""``POST /v1/messages`` (Claude Code adds ``?beta=true``) and
+``POST /v1/messages/count_tokens``; errors on these routes take Anthropic's envelope."""
 
 from __future__ import annotations
 
@@ -9,23 +8,23 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.api.calls import SSE_HEADERS, check_model, open_call, read_body
 from talaria.proxy.api.context import json_response
-from talaria.proxy.api.schemas import COUNT_TOKENS, MESSAGES, request_body
-from talaria.proxy.dialects.anthropic import (
-    message,
-    message_stream,
-    parse_count_tokens,
-    parse_messages,
-)
+from talaria.proxy.dialects.anthropic.errors import error_body, stream_error
+from talaria.proxy.dialects.anthropic.models import CountTokensRequest, MessagesRequest
+from talaria.proxy.dialects.anthropic.parse import messages_call, parse_count_tokens
+from talaria.proxy.dialects.anthropic.render import message, message_stream
+from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.common import parse
 
 router = APIRouter()
-PREFIX = "/v1/messages"
 
 
-@router.post(PREFIX, openapi_extra=request_body(MESSAGES))
+@router.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
 async def messages(request: Request) -> Response:
+    """A message (Anthropic's Messages API), streamed with ``stream: true``."""
     ctx, tenant, raw = await read_body(request)
     beta = request.headers.get("anthropic-beta", "")
-    call = parse_messages(raw, interleaved_thinking="interleaved-thinking" in beta)
+    body = parse(MessagesRequest, raw, status=400)
+    call = messages_call(body, interleaved_thinking="interleaved-thinking" in beta)
     handle, headers = await open_call(request, ctx, tenant, "messages", call, raw)
     request_id = request.state.request_id
     if call.stream:
@@ -38,7 +37,7 @@ async def messages(request: Request) -> Response:
     return json_response(message(outcome, request_id, call.model), headers=headers)
 
 
-@router.post(PREFIX + "/count_tokens", openapi_extra=request_body(COUNT_TOKENS))
+@router.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))
 async def count_tokens(request: Request) -> Response:
     """The proxy's estimate of the rendered prompt (about 4 bytes of text per token, plus the
     tools and each message's role markers); the engine's tokenizer is not consulted."""
@@ -46,3 +45,12 @@ async def count_tokens(request: Request) -> Response:
     call = parse_count_tokens(raw)
     check_model(ctx, call.model)
     return json_response({"input_tokens": call.prompt_tokens()})
+
+
+DIALECT = Dialect(
+    "anthropic",
+    router,
+    (MessagesRequest, CountTokensRequest),
+    error=error_body,
+    stream_error=stream_error,
+)

@@ -1,4 +1,4 @@
-"""OpenAI Responses routes: ``POST /v1/responses``, and for stored responses
+"""OpenAI Responses' routes: ``POST /v1/responses``, and for stored responses
 ``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
 ``DELETE /v1/responses/{id}`` (per tenant; proxy/responses_store.py says what is kept)."""
 
@@ -12,14 +12,15 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response
-from talaria.proxy.api.schemas import RESPONSES, request_body
 from talaria.proxy.calls import CallOutcome
-from talaria.proxy.dialects.responses import (
+from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.responses.models import ResponsesRequest
+from talaria.proxy.dialects.responses.parse import parse_request, to_call
+from talaria.proxy.dialects.responses.render import (
     final_response,
-    parse_request,
     response_object,
     response_stream,
-    to_call,
+    stream_error,
 )
 from talaria.proxy.errors import ApiError
 from talaria.proxy.records import Record
@@ -38,8 +39,10 @@ def _not_found(response_id: str, param: str | None = None) -> ApiError:
     )
 
 
-@router.post("/v1/responses", openapi_extra=request_body(RESPONSES))
+@router.post("/v1/responses", openapi_extra=request_body(ResponsesRequest))
 async def create(request: Request) -> Response:
+    """A response (OpenAI's Responses API), streamed with ``stream: true``; stored unless
+    ``store: false``, and continued from a stored one with ``previous_response_id``."""
     ctx, tenant, raw = await read_body(request)
     request_id = request.state.request_id
     parsed = parse_request(raw, request_id)
@@ -125,3 +128,6 @@ async def delete(response_id: str, request: Request) -> Response:
     if not await ctx.responses.delete(tenant, response_id):
         raise _not_found(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+DIALECT = Dialect("responses", router, (ResponsesRequest,), stream_error=stream_error)

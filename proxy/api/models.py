@@ -1,0 +1,47 @@
+"""``GET /v1/models``: the models some instance hosts, in OpenAI's list shape or, when the
+caller sends ``anthropic-version``, in Anthropic's."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from talaria.proxy.api.calls import tenant_of
+from talaria.proxy.api.context import context, json_response
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> Response:
+    """OpenAI's model list; Anthropic's shape when the caller sends ``anthropic-version``."""
+    ctx = context(request)
+    await tenant_of(ctx, request)
+    residency = await ctx.gateway.pool.residency()
+    names = ctx.gateway.pool.models()
+    data: list[dict[str, object]]
+    if request.headers.get("anthropic-version"):
+        data = [
+            {
+                "type": "model",
+                "id": m,
+                "display_name": m,
+                "created_at": "1970-01-01T00:00:00Z",
+                "context_window": ctx.gateway.pool.context_window(m),
+            }
+            for m in names
+        ]
+        first, last = (names[0], names[-1]) if names else (None, None)
+        return json_response({"data": data, "has_more": False, "first_id": first, "last_id": last})
+    data = [
+        {
+            "id": m,
+            "object": "model",
+            "created": 0,
+            "owned_by": "talaria",
+            "context_window": ctx.gateway.pool.context_window(m),
+            "instances": residency.get(m, []),
+        }
+        for m in names
+    ]
+    return json_response({"object": "list", "data": data})

@@ -1,0 +1,40 @@
+"""``POST /v1/chat/completions``."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body
+from talaria.proxy.api.context import json_response
+from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.chat.models import ChatCompletionRequest
+from talaria.proxy.dialects.chat.parse import chat_call
+from talaria.proxy.dialects.chat.render import chat_completion, chat_stream
+from talaria.proxy.dialects.common import parse
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
+async def chat_completions(request: Request) -> Response:
+    """A chat completion (OpenAI's chat API), streamed with ``stream: true``."""
+    ctx, tenant, raw = await read_body(request)
+    body = parse(ChatCompletionRequest, raw)
+    call = chat_call(body)
+    handle, headers = await open_call(request, ctx, tenant, "chat", call, raw)
+    request_id = request.state.request_id
+    created = int(time.time())
+    if call.stream:
+        return StreamingResponse(
+            chat_stream(handle, request_id, call.model, created, body.include_usage),
+            media_type="text/event-stream",
+            headers={**headers, **SSE_HEADERS},
+        )
+    outcome = await handle.outcome()
+    return json_response(chat_completion(outcome, request_id, call.model, created), headers=headers)
+
+
+DIALECT = Dialect("chat", router, (ChatCompletionRequest,))

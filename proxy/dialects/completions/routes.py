@@ -1,0 +1,43 @@
+"""``POST /v1/completions``."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body
+from talaria.proxy.api.context import json_response
+from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.common import parse
+from talaria.proxy.dialects.completions.models import CompletionRequest
+from talaria.proxy.dialects.completions.parse import completion_call
+from talaria.proxy.dialects.completions.render import completion, completion_stream
+
+router = APIRouter()
+
+
+@router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
+async def completions(request: Request) -> Response:
+    """A text completion (OpenAI's legacy completions API), streamed with ``stream: true``."""
+    ctx, tenant, raw = await read_body(request)
+    body = parse(CompletionRequest, raw)
+    call = completion_call(body)
+    handle, headers = await open_call(request, ctx, tenant, "completions", call, raw)
+    base: dict[str, object] = {
+        "id": f"cmpl-{request.state.request_id}",
+        "created": int(time.time()),
+        "model": call.model,
+    }
+    if call.stream:
+        return StreamingResponse(
+            completion_stream(handle, base, body.include_usage),
+            media_type="text/event-stream",
+            headers={**headers, **SSE_HEADERS},
+        )
+    outcome = await handle.outcome()
+    return json_response(completion(outcome, base), headers=headers)
+
+
+DIALECT = Dialect("completions", router, (CompletionRequest,))

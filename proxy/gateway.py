@@ -223,7 +223,7 @@ class Gateway:
             decision = route(
                 self._router,
                 RouteRequest(
-                    session_id=state.key,
+                    session_key=state.key,
                     model=call.model,
                     prompt_tokens=prompt_tokens,
                     last_instance=state.last_instance,

@@ -50,6 +50,7 @@ from talaria.proxy.sessions.book import (
     Resolution,
     SessionBook,
     SessionLimit,
+    SessionState,
 )
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
 from talaria.proxy.sessions.keeper import SessionKeeper
@@ -258,7 +259,7 @@ class Gateway:
         events, task = self._runner.start(
             call, state, conversation, request, self.pool[instance], now_at
         )
-        return CallHandle(events, task, instance, state.external_id, state.key, found.how)
+        return CallHandle(events, task, instance, state.session_id, state.key, found.how)
 
     # -- catalog and drains (the runtime pool's) -----------------------------------------------
     @property
@@ -298,9 +299,17 @@ class Gateway:
         """Record a tool-gap hint (wall seconds); False: no such live session of the tenant."""
         return await self._keeper.hint(session_id, tenant_id, expected_s, tool)
 
-    async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
-        """End a live session and its children (``SessionKeeper.end_session``)."""
-        return await self._keeper.end_session(session_id, reason, tenant_id)
+    async def end_session(self, key_or_id: str, reason: str, tenant_id: str | None) -> bool:
+        """End a live session and its children (``SessionKeeper.end_session``); False if there
+        is no such live session."""
+        return await self.end_live_session(key_or_id, reason, tenant_id) is not None
+
+    async def end_live_session(
+        self, key_or_id: str, reason: str, tenant_id: str | None
+    ) -> SessionState | None:
+        """:meth:`end_session`, returning the session it ended (its ``key`` and client
+        ``session_id``), or None."""
+        return await self._keeper.end_session(key_or_id, reason, tenant_id)
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt) -> None:

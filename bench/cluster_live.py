@@ -383,7 +383,7 @@ async def store_summary(url: str, scale: float) -> dict[str, Any]:
             async def rows(query: str) -> list[Any]:
                 return list(await db.execute(text(query)))
 
-            sessions = (await rows("SELECT count(*), count(DISTINCT external_id) FROM sessions"))[0]
+            sessions = (await rows("SELECT count(*), count(DISTINCT session_id) FROM sessions"))[0]
             kv = await rows("SELECT coalesce(kv_source, '-'), count(*) FROM calls GROUP BY 1")
             reasons = await rows("SELECT reason, count(*) FROM routing_decisions GROUP BY 1")
             totals = (

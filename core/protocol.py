@@ -53,11 +53,13 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
 calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s
-fields) instead of top-level fields of the request."""
+fields) instead of top-level fields of the request; 5: the session's key as ``session_key`` (was
+``session_id``) in the request and the result (``session_id`` is the client's id, which the
+runtime never sees)."""
 
 _REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
 _CALL_FIELDS = {f.name for f in fields(Call)}

@@ -54,11 +54,11 @@ class GapEstimator:
 
 @dataclass(frozen=True)
 class Reservation:
-    """A node's hold on a session's KV and admission budget during its tool gap. ``session_id``
+    """A node's hold on a session's KV and admission budget during its tool gap. ``session_key``
     is the runtime's session (the proxy's session key; a trace's session id in a replay);
     times are seconds of the node's clock, ``held_bytes`` bytes of HBM."""
 
-    session_id: str
+    session_key: str
     model: str
     held_bytes: float
     created_s: float
@@ -68,7 +68,7 @@ class Reservation:
 
 def plan_reservation(
     *,
-    session_id: str,
+    session_key: str,
     model: str,
     now_s: float,
     expected_gap_s: float,
@@ -82,7 +82,7 @@ def plan_reservation(
     if deadline_s is not None and expected_return > deadline_s:
         return None
     hold = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
-    return Reservation(session_id, model, held_bytes, now_s, expected_return, now_s + hold)
+    return Reservation(session_key, model, held_bytes, now_s, expected_return, now_s + hold)
 
 
 @dataclass
@@ -96,11 +96,11 @@ class ReservationTable:
 
     def add(self, reservation: Reservation) -> None:
         """Hold ``reservation`` (replacing the session's previous one, uncounted)."""
-        self.live[reservation.session_id] = reservation
+        self.live[reservation.session_key] = reservation
 
-    def release(self, session_id: str, reason: ReleaseReason) -> Reservation | None:
+    def release(self, session_key: str, reason: ReleaseReason) -> Reservation | None:
         """Drop the session's reservation, counting ``reason``; the one dropped, or None."""
-        found = self.live.pop(session_id, None)
+        found = self.live.pop(session_key, None)
         if found is not None:
             self.released[reason] += 1
         return found
@@ -115,7 +115,7 @@ class ReservationTable:
 
     def held_bytes(self, exclude_session: str | None = None) -> float:
         """Bytes held by live reservations, leaving out ``exclude_session``'s own."""
-        return sum(r.held_bytes for r in self.live.values() if r.session_id != exclude_session)
+        return sum(r.held_bytes for r in self.live.values() if r.session_key != exclude_session)
 
     def next_expiry_s(self) -> float | None:
         """The earliest expiry among the live reservations, seconds; None when none is held."""
@@ -289,7 +289,7 @@ class SessionReservations:
     ) -> SoftReservation:
         gap = hint_s if hint_s is not None else tracked.gaps.expected_s()
         plan = plan_reservation(
-            session_id=session,
+            session_key=session,
             model="",
             now_s=now_s,
             expected_gap_s=gap,

@@ -74,7 +74,7 @@ class SessionKvStatus:
 @dataclass(frozen=True)
 class InstanceStatus:
     """One instance's snapshot at ``at_s`` (seconds of its clock): its models, the KV of its
-    sessions (keyed by the runtime's session id: the proxy's session key), its reservations,
+    sessions (keyed by ``session_key``: the proxy's key of the session), its reservations,
     queues and recent slots."""
 
     instance: str

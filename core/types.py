@@ -41,7 +41,7 @@ class CallRequest:
     """
 
     request_id: str
-    session_id: str
+    session_key: str
     model: str
     prompt_tokens: int
     max_output_tokens: int
@@ -98,7 +98,7 @@ class CallResult:
     first token, finish), where its reused prefix came from, and what the engine generated."""
 
     request_id: str
-    session_id: str
+    session_key: str
     model: str
     node: str
     prompt_tokens: int

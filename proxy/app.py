@@ -79,13 +79,13 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
     )
     await membership.start()
 
-    async def adopt(tenant_id: str, external_id: str) -> AdoptableSession | None:
-        found = await store.sessions.open_root_session(tenant_id, external_id)
+    async def adopt(tenant_id: str, session_id: str) -> AdoptableSession | None:
+        found = await store.sessions.open_root_session(tenant_id, session_id)
         if found is None:
             return None
         summary, instance = found
         return AdoptableSession(
-            summary.session_id, summary.model, summary.started_at, summary.calls, instance
+            summary.session_key, summary.model, summary.started_at, summary.calls, instance
         )
 
     gateway.use_replicas(lambda key: membership.owner_of(key) is None, adopt)

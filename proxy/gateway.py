@@ -223,7 +223,7 @@ class Gateway:
             decision = route(
                 self._router,
                 RouteRequest(
-                    session_id=state.key,
+                    session_key=state.key,
                     model=call.model,
                     prompt_tokens=prompt_tokens,
                     last_instance=state.last_instance,
@@ -258,7 +258,7 @@ class Gateway:
         events, task = self._runner.start(
             call, state, conversation, request, self.pool[instance], now_at
         )
-        return CallHandle(events, task, instance, state.external_id, state.key, found.how)
+        return CallHandle(events, task, instance, state.session_id, state.key, found.how)
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt) -> None:

@@ -122,7 +122,7 @@ class Recorder:
         self.submit(
             DecisionRecord(
                 request_id=call.request_id,
-                session_id=state.key,
+                session_key=state.key,
                 router=self._router,
                 instance=decision.instance,
                 reason=decision.reason,
@@ -212,16 +212,16 @@ class Recorder:
             status = "active"
         self.submit(
             SessionRecord(
-                session_id=state.key,
+                session_key=state.key,
                 tenant_id=state.tenant_id,
                 model=state.model,
                 started_at=state.started_at,
                 last_call_at=now_at,
-                parent_session_id=state.parent_key,
+                parent_session_key=state.parent_key,
                 state=status,
                 ended_at=now_at if ended_reason else None,
                 end_reason=ended_reason,
-                external_id=state.external_id,
+                session_id=state.session_id,
                 identity_source=state.identity_source,
             )
         )
@@ -239,7 +239,7 @@ def _call_record(
     """The call's record: who and when, plus ``outcome`` (status, tokens, timings or error)."""
     return CallRecord(
         request_id=call.request_id,
-        session_id=state.key,
+        session_key=state.key,
         call_index=request.call_index,
         model=call.model,
         instance=instance,

@@ -1,9 +1,11 @@
 """What the gateway persists, as plain records. The hot path builds them and hands them to the
 store's batched writer; the store turns them into rows (proxy/store/).
 
-Each field is stored in the column of the same name of its record's row (proxy/store/models.py;
-``mapping.RECORD_ROWS`` pairs them), and read back into the record by that name: a new stored
-field is declared here and in the row (plus a migration), nowhere else."""
+A session is named by ``session_key``, the proxy's key (``ses_<hex>``); ``session_id`` is
+only ever the client's id of it. Each field is stored in the column of the same name of its
+record's row (proxy/store/models.py; ``mapping.RECORD_ROWS`` pairs them), and read back into
+the record by that name: a new stored field is declared here and in the row (plus a
+migration), nowhere else."""
 
 from __future__ import annotations
 
@@ -16,17 +18,18 @@ from typing import Any
 class SessionRecord:
     """Upserted on every call: created on the first, counters and times moved on later ones."""
 
-    session_id: str
+    session_key: str
+    """The proxy's key of the session (``ses_<hex>``)."""
     tenant_id: str
     model: str
     started_at: datetime
     last_call_at: datetime
-    parent_session_id: str | None = None
+    parent_session_key: str | None = None
     state: str = "active"  # active | in_tool | ended
     ended_at: datetime | None = None
     end_reason: str | None = None  # client | final | admin | idle
-    external_id: str | None = None
-    """The client's id of the session (None: the same as ``session_id``, the key)."""
+    session_id: str | None = None
+    """The client's id of the session (None: the same as ``session_key``)."""
     identity_source: str | None = None
     """Where that id came from (proxy/sessions/identity.py), or "implicit"."""
 
@@ -37,7 +40,7 @@ class CallRecord:
     same ``request_id``) its tokens still count towards its session's once."""
 
     request_id: str
-    session_id: str
+    session_key: str
     call_index: int
     model: str
     instance: str | None
@@ -72,7 +75,7 @@ class DecisionRecord:
     """One routing decision: where a call went, why, and every candidate's scores."""
 
     request_id: str
-    session_id: str
+    session_key: str
     router: str
     instance: str | None
     reason: str
@@ -86,7 +89,7 @@ class ReservationRecord:
     """Inserted when taken; the same id is written again when released."""
 
     reservation_id: str
-    session_id: str
+    session_key: str
     instance: str
     held_bytes: float
     created_at: datetime
@@ -100,7 +103,7 @@ class ReservationRecord:
 class HintRecord:
     """A client hint: the expected gap of a tool call (``expected_s``), or the session's end."""
 
-    session_id: str
+    session_key: str
     at: datetime
     expected_s: float | None
     tool: str | None = None
@@ -125,7 +128,7 @@ class ResponseRecord:
 
     response_id: str
     tenant_id: str
-    session_id: str
+    session_key: str
     model: str
     created_at: datetime
     expires_at: datetime

@@ -2,7 +2,7 @@
 
 **What counts.** A stored response counts ``stored_bytes``: the encoded size of every field of
 its row, ``json_bytes(response) + json_bytes(input_items) + len(response_id) +
-len(tenant_id) + len(session_id) + len(model) + 16`` (UTF-8 lengths; 8 bytes per timestamp).
+len(tenant_id) + len(session_key) + len(model) + 16`` (UTF-8 lengths; 8 bytes per timestamp).
 ``json_bytes`` is the length of the compact JSON text with non-ASCII escaped, as the store
 writes it (within a few percent of the database's own encoding). A continuation's row holds
 the whole chain's input items again, so it counts them again: that is the disk it takes.
@@ -61,11 +61,11 @@ def json_bytes(value: Any) -> int:
 
 
 def stored_bytes(
-    response: Any, input_bytes: int, response_id: str, tenant_id: str, session_id: str, model: str
+    response: Any, input_bytes: int, response_id: str, tenant_id: str, session_key: str, model: str
 ) -> int:
     """What a stored response counts (the module docstring), its input items already
     measured (``input_bytes = json_bytes(input_items)``)."""
-    strings = (response_id, tenant_id, session_id, model)
+    strings = (response_id, tenant_id, session_key, model)
     return (
         json_bytes(response)
         + input_bytes

@@ -148,10 +148,10 @@ class ResponseStore:
         self.quota.release(pending.hold)
 
     def prepare(
-        self, pending: Pending, *, session_id: str, response: dict[str, Any]
+        self, pending: Pending, *, session_key: str, response: dict[str, Any]
     ) -> ResponseRecord:
         """The record that keeps ``response`` (the gateway commits it with the call's own
-        records; ``session_id`` is the proxy's session key, not the client's id); counted in
+        records; ``session_key`` is the proxy's session key, not the client's id); counted in
         the quota and remembered in memory at once, unless the id is another tenant's (which
         the store keeps too: proxy/store/batch.py)."""
         now = datetime.now(UTC)
@@ -159,14 +159,14 @@ class ResponseStore:
         record = ResponseRecord(
             response_id=response_id,
             tenant_id=pending.tenant_id,
-            session_id=session_id,
+            session_key=session_key,
             model=model,
             created_at=now,
             expires_at=now + self._ttl,
             response=response,
             input_items=pending.input_items,
             size_bytes=stored_bytes(
-                response, pending.input_bytes, response_id, pending.tenant_id, session_id, model
+                response, pending.input_bytes, response_id, pending.tenant_id, session_key, model
             ),
         )
         self.quota.settle(pending.hold, response_id, record.size_bytes, record.expires_at)

@@ -61,7 +61,7 @@ def runtime_request(
     scheduling fields (call index, hints in clock seconds, the shared prefix estimate)."""
     return CallRequest(
         request_id=call.request_id,
-        session_id=state.key,
+        session_key=state.key,
         model=call.model,
         prompt_tokens=prompt_tokens,
         max_output_tokens=call.max_tokens,

@@ -53,7 +53,7 @@ def call_result(
     request = admission.request
     return CallResult(
         request_id=request.request_id,
-        session_id=request.session_id,
+        session_key=request.session_key,
         model=request.model,
         node=node,
         prompt_tokens=request.prompt_tokens if prompt_tokens is None else prompt_tokens,

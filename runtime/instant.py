@@ -102,10 +102,10 @@ class InstantRuntime:
                 yield TokenDelta(self._clock.now(), 1, OutputDelta(words(i, 1)))
         finished = self._clock.now()
         if request.session_final:
-            self._sessions.pop(request.session_id, None)
+            self._sessions.pop(request.session_key, None)
         else:
-            self._sessions[request.session_id] = request.prompt_tokens + tokens
-            self._sessions.move_to_end(request.session_id)
+            self._sessions[request.session_key] = request.prompt_tokens + tokens
+            self._sessions.move_to_end(request.session_key)
             while len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
         admission = Admission(request, now, now, False, source, cached)
@@ -122,7 +122,7 @@ class InstantRuntime:
         )
 
     def _reuse(self, request: CallRequest) -> tuple[KvSource, int]:
-        held = self._sessions.get(request.session_id)
+        held = self._sessions.get(request.session_key)
         if held is None:
             return KvSource.NEW, 0
         shared = request.shared_prefix_tokens
@@ -134,13 +134,13 @@ class InstantRuntime:
     async def status(self) -> InstanceStatus:
         return self._status
 
-    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+    async def hint(self, session_key: str, expected_gap_s: float) -> None:
         return None
 
-    async def end_session(self, session_id: str) -> None:
-        self._sessions.pop(session_id, None)
+    async def end_session(self, session_key: str) -> None:
+        self._sessions.pop(session_key, None)
 
-    async def session_moved(self, session_id: str) -> None:
+    async def session_moved(self, session_key: str) -> None:
         return None
 
     async def close(self) -> None:

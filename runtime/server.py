@@ -169,23 +169,23 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             return _json({"error": f"model {call.model!r} is not on this node"}, 404)
         return StreamingResponse(_events(runtime.node, call), media_type="application/x-ndjson")
 
-    @app.post("/v1/runtime/sessions/{session_id}/hint")
-    async def hint(session_id: str, request: Request) -> Response:
+    @app.post("/v1/runtime/sessions/{session_key}/hint")
+    async def hint(session_key: str, request: Request) -> Response:
         body = await request.json()
         gap = body.get("expected_gap_s") if isinstance(body, dict) else None
         if not isinstance(gap, int | float) or gap < 0:
             return _json({"error": "expected_gap_s must be a non-negative number"}, 400)
-        state_of(request).node.hint(session_id, float(gap))
+        state_of(request).node.hint(session_key, float(gap))
         return _json({"ok": True})
 
-    @app.post("/v1/runtime/sessions/{session_id}/end")
-    async def end(session_id: str, request: Request) -> Response:
-        state_of(request).node.end_session(session_id)
+    @app.post("/v1/runtime/sessions/{session_key}/end")
+    async def end(session_key: str, request: Request) -> Response:
+        state_of(request).node.end_session(session_key)
         return _json({"ok": True})
 
-    @app.post("/v1/runtime/sessions/{session_id}/moved")
-    async def moved(session_id: str, request: Request) -> Response:
-        state_of(request).node.session_moved(session_id)
+    @app.post("/v1/runtime/sessions/{session_key}/moved")
+    async def moved(session_key: str, request: Request) -> Response:
+        state_of(request).node.session_moved(session_key)
         return _json({"ok": True})
 
     return app

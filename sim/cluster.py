@@ -59,7 +59,7 @@ class Dispatcher:
 
     async def call(self, request: CallRequest) -> CallResult:
         """Route ``request``, submit it, and keep the session's routing state."""
-        sid = request.session_id
+        sid = request.session_key
         candidates = self._hosting.get(request.model)
         if not candidates:
             raise NoInstanceError(f"no node hosts model {request.model!r}")

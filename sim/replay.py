@@ -105,7 +105,7 @@ def _request(session: SessionTrace, index: int) -> CallRequest:
     call = session.calls[index]
     return CallRequest(
         request_id=f"{session.session_id}/{index}",
-        session_id=session.session_id,
+        session_key=session.session_id,
         model=session.model,
         prompt_tokens=call.prompt_tokens,
         max_output_tokens=call.output_tokens,

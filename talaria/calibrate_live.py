@@ -93,7 +93,7 @@ class Calibrator:
     ) -> CallRequest:
         return CallRequest(
             request_id=f"{self._tag}-{next(self._ids)}",
-            session_id=session,
+            session_key=session,
             model=model,
             prompt_tokens=prompt,
             max_output_tokens=output,

@@ -56,16 +56,17 @@ def parts(out: Path) -> list[dict[str, tuple[float, float]]]:
     columns = {r[1] for r in db.execute("pragma table_info(calls)")}
     engine = "engine_decode_s" in columns
     extra = ", engine_intake_s, engine_queue_s, engine_prefill_s, engine_decode_s" if engine else ""
+    key = "session_key" if "session_key" in columns else "session_id"  # before migration 0008
     rows = {
         (r[0], r[1]): r[2:]
         for r in db.execute(
-            "select session_id, call_index, queue_s, prefill_s, decode_s"
+            f"select {key}, call_index, queue_s, prefill_s, decode_s"
             f"{extra} from calls where status = 'ok'"
         )
     }
     out_rows = []
     for c in doc["calls"]:
-        row = rows[(c["session_id"], c["call_index"])]
+        row = rows[(c["session_id"], c["call_index"])]  # the trace's session: the store's key
         queue_s, prefill_s, decode_s = row[:3]
         hop_s = c["measured_latency_s"] - (queue_s + prefill_s + decode_s)
         call = {

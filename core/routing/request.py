@@ -15,7 +15,7 @@ class RouteRequest:
     session's previous call ran (``last_instance``) and where its live proxy-level soft
     reservation is (``reserved_instance``, None when it has none or it expired)."""
 
-    session_id: str
+    session_key: str
     model: str
     prompt_tokens: int
     last_instance: str | None = None

@@ -1,6 +1,8 @@
 """Admin API under /admin: bearer ``TALARIA_ADMIN_TOKEN``; without a token it is off (404).
 
-A session id may hold ``/``: the session routes take it as a path (``{session_id:path}``).
+A session is named in its routes by its key (``session_key``, ``ses_<hex>``) or by a client's
+id (``session_id``), which may hold ``/``: the session routes take it as a path
+(``{session_id:path}``). Session views carry both, and ``parent_session_key``.
 
 Reads flush the batched writer first, so what a caller just did is visible. A read (flush
 included) that takes longer than ``admin_read_timeout_s``, or that the store fails, is a 503
@@ -131,9 +133,9 @@ async def list_sessions(
         )
     except ValueError as exc:
         raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
-    ids = [s.session_id for s in page.items]
-    instances = await _read(ctx, lambda: ctx.store.sessions.last_instances(ids))
-    data = [{**asdict(s), "instance": instances.get(s.session_id)} for s in page.items]
+    keys = [s.session_key for s in page.items]
+    instances = await _read(ctx, lambda: ctx.store.sessions.last_instances(keys))
+    data = [{**asdict(s), "instance": instances.get(s.session_key)} for s in page.items]
     return json_response({"data": data, "next_cursor": page.next_cursor})
 
 
@@ -200,11 +202,14 @@ def timeline(detail: SessionDetail) -> dict[str, Any]:
 
 @router.post("/sessions/{session_id:path}/end")
 async def end_session(session_id: str, request: Request) -> Response:
-    """End a session: a live one (its reservation and KV released on its instance), else a
-    stored one that is still open (one a stopped proxy left)."""
+    """End a session, named by its key or a client's id: a live one (its reservation and KV
+    released on its instance), else a stored one that is still open (one a stopped proxy
+    left). The reply names the session ended: ``session_key`` (ours), ``session_id`` (the
+    client's)."""
     ctx = _admin(request)
-    if await ctx.gateway.keeper.end_session(session_id, "admin", None):
-        return json_response({"session_id": session_id, "ended": True, "live": True})
+    live = await ctx.gateway.keeper.end_session(session_id, "admin", None)
+    if live is not None:
+        return json_response(_ended(live.key, live.session_id, live=True))
     if ctx.cluster is not None:  # live on another replica?
         held = await ctx.cluster.ask_peers(
             request,
@@ -219,9 +224,14 @@ async def end_session(session_id: str, request: Request) -> Response:
         )
     except ValueError as exc:
         raise ApiError(409, f"{exc}; end one by its key.", code="ambiguous_session") from exc
-    if not ended:
+    if ended is None:
         raise ApiError(404, f"No open session {session_id!r}.", code="session_not_found")
-    return json_response({"session_id": session_id, "ended": True, "live": False})
+    return json_response(_ended(ended.session_key, ended.session_id, live=False))
+
+
+def _ended(session_key: str, session_id: str, *, live: bool) -> dict[str, Any]:
+    """The reply to an admin end: the session ended, and whether a proxy held it live."""
+    return {"session_key": session_key, "session_id": session_id, "ended": True, "live": live}
 
 
 @router.get("/dead-letters")

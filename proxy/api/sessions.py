@@ -62,7 +62,7 @@ async def session_end(session_id: str, request: Request) -> Response:
     """The session is over: its reservation goes and its KV may be dropped."""
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
-    ended = await ctx.gateway.keeper.end_session(session_id, "client", tenant)
+    ended = await ctx.gateway.keeper.end_session(session_id, "client", tenant) is not None
     if not ended:
         await ask_peers(request, ctx, None, lambda status, doc: status == 200 and _ended(doc))
     return json_response({"session_id": session_id, "ended": ended})

@@ -70,7 +70,7 @@ class Handoff:
             SessionState(
                 key=stored.key,
                 tenant_id=call.tenant_id,
-                external_id=sid,
+                session_id=sid,
                 identity_source=call.identity.source,
                 model=stored.model,
                 started_at=stored.started_at,

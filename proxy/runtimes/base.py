@@ -47,15 +47,15 @@ class RuntimeClient(Protocol):
         """The instance's status for routing (may be cached for a short while)."""
         ...
 
-    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+    async def hint(self, session_key: str, expected_gap_s: float) -> None:
         """The session's next call is expected in ``expected_gap_s`` seconds (best effort)."""
         ...
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_key: str) -> None:
         """The session ended: release what it holds on the instance (best effort)."""
         ...
 
-    async def session_moved(self, session_id: str) -> None:
+    async def session_moved(self, session_key: str) -> None:
         """The session's next call went to another instance: release what it holds here."""
         ...
 

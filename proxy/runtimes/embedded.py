@@ -63,17 +63,17 @@ class InProcessRuntime:
             self._status = self._node.status()
         return self._status
 
-    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+    async def hint(self, session_key: str, expected_gap_s: float) -> None:
         """Pass the tool-gap hint to the node."""
-        self._node.hint(session_id, expected_gap_s)
+        self._node.hint(session_key, expected_gap_s)
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_key: str) -> None:
         """End the session on the node (its KV and reservation are released)."""
-        self._node.end_session(session_id)
+        self._node.end_session(session_key)
 
-    async def session_moved(self, session_id: str) -> None:
+    async def session_moved(self, session_key: str) -> None:
         """Release what the session holds on the node (its next call went elsewhere)."""
-        self._node.session_moved(session_id)
+        self._node.session_moved(session_key)
 
     async def close(self) -> None:
         """Stop the node."""

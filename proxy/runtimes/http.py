@@ -141,19 +141,19 @@ class HttpRuntime:
         except httpx.HTTPError as exc:
             log.warning("runtime %s: %s failed: %r", self.name, path, exc)
 
-    async def hint(self, session_id: str, expected_gap_s: float) -> None:
+    async def hint(self, session_key: str, expected_gap_s: float) -> None:
         """Pass the tool-gap hint on (best effort)."""
         await self._post(
-            f"/v1/runtime/sessions/{session_id}/hint", {"expected_gap_s": expected_gap_s}
+            f"/v1/runtime/sessions/{session_key}/hint", {"expected_gap_s": expected_gap_s}
         )
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_key: str) -> None:
         """Tell the server the session ended (best effort)."""
-        await self._post(f"/v1/runtime/sessions/{session_id}/end")
+        await self._post(f"/v1/runtime/sessions/{session_key}/end")
 
-    async def session_moved(self, session_id: str) -> None:
+    async def session_moved(self, session_key: str) -> None:
         """Tell the server the session moved to another instance (best effort)."""
-        await self._post(f"/v1/runtime/sessions/{session_id}/moved")
+        await self._post(f"/v1/runtime/sessions/{session_key}/moved")
 
     async def close(self) -> None:
         """Close the HTTP connections."""

@@ -1,9 +1,10 @@
 """The live sessions and the index that finds them: one place for a session's identity, its
 conversation, its family and its end.
 
-A session is keyed internally by ``key`` (``ses_<24 hex>``); the store, the runtime and the
-routing only ever see that key, so equal client ids of two tenants are two sessions whose KV and
-records never meet. The client's own id is ``external_id`` (for an implicit session, its key).
+A session is keyed internally by ``key`` (``ses_<24 hex>``, ``session_key`` in the records,
+the store and the runtime protocol); the store, the runtime and the routing only ever see that
+key, so equal client ids of two tenants are two sessions whose KV and records never meet. The
+client's own id is ``session_id`` (for an implicit session, its key).
 
 ``resolve`` picks the session of a call:
 
@@ -73,12 +74,13 @@ def new_key() -> str:
 @dataclass
 class SessionState:
     """One live session as this replica holds it. ``key`` is the internal key (``ses_<hex>``,
-    what the store and the runtime see); ``external_id`` is the client's id (its key for an
-    implicit session). Times ending in ``_s`` are seconds of the gateway's clock."""
+    the ``session_key`` that the store and the runtime see); ``session_id`` is the client's id
+    (its key for an implicit session). Times ending in ``_s`` are seconds of the gateway's
+    clock."""
 
     key: str
     tenant_id: str
-    external_id: str
+    session_id: str
     identity_source: str
     model: str
     started_at: datetime
@@ -115,12 +117,6 @@ class SessionState:
     def is_root(self) -> bool:
         """Not a child: the family's root is this session itself."""
         return self.root_key == self.key
-
-    @property
-    def session_id(self) -> str:
-        """The internal key, not the client's id (what the runtime and the store call
-        ``session_id``; the client's id is ``external_id``)."""
-        return self.key
 
 
 @dataclass(frozen=True)
@@ -171,17 +167,17 @@ class SessionBook:
         """The live session with internal key ``key`` (not a client's id: see :meth:`named`)."""
         return self._sessions.get(key)
 
-    def named(self, tenant_id: str, external_id: str) -> SessionState | None:
-        """The live session the tenant calls ``external_id`` (a root), else one whose key it
+    def named(self, tenant_id: str, session_id: str) -> SessionState | None:
+        """The live session the tenant calls ``session_id`` (a root), else one whose key it
         is (an implicit session or a child, named by the key the proxy sent back)."""
-        key = self._roots.get((tenant_id, external_id), external_id)
+        key = self._roots.get((tenant_id, session_id), session_id)
         state = self._sessions.get(key)
         return state if state is not None and state.tenant_id == tenant_id else None
 
-    def by_external_id(self, external_id: str) -> list[SessionState]:
-        """Live root sessions of any tenant that the client calls ``external_id`` (a scan: for
+    def by_session_id(self, session_id: str) -> list[SessionState]:
+        """Live root sessions of any tenant that the client calls ``session_id`` (a scan: for
         the admin API, not the call path)."""
-        return [s for s in self._sessions.values() if s.external_id == external_id and s.is_root]
+        return [s for s in self._sessions.values() if s.session_id == session_id and s.is_root]
 
     def children(self, key: str) -> list[SessionState]:
         """The live children of the root session with internal key ``key``, sorted by key."""
@@ -236,7 +232,7 @@ class SessionBook:
         state = SessionState(
             key=key,
             tenant_id=tenant_id,
-            external_id=identity.session_id if explicit else key,  # type: ignore[arg-type]
+            session_id=identity.session_id if explicit else key,  # type: ignore[arg-type]
             identity_source=identity.source,
             model=model,
             started_at=now_at,
@@ -249,7 +245,7 @@ class SessionBook:
         if root is not None:
             self._children.setdefault(root.key, set()).add(key)
         elif explicit:
-            self._roots[(tenant_id, state.external_id)] = key
+            self._roots[(tenant_id, state.session_id)] = key
         self._evict()
         return Resolution(state, "child" if root is not None else "new", 0)
 
@@ -325,7 +321,7 @@ class SessionBook:
         """Hold ``state``, a root session another replica held before (it keeps its key; past
         the tenant's cap too: it continues a session)."""
         self._hold(state)
-        self._roots[(state.tenant_id, state.external_id)] = state.key
+        self._roots[(state.tenant_id, state.session_id)] = state.key
         self._evict()
 
     # -- ends -----------------------------------------------------------------------------
@@ -340,8 +336,8 @@ class SessionBook:
                 del self._by_tenant[state.tenant_id]
         for kind in ("prompt", "history"):
             self._unindex(state, kind)
-        if self._roots.get((state.tenant_id, state.external_id)) == state.key:
-            del self._roots[(state.tenant_id, state.external_id)]
+        if self._roots.get((state.tenant_id, state.session_id)) == state.key:
+            del self._roots[(state.tenant_id, state.session_id)]
         self._children.pop(state.key, None)
         if state.root_key != state.key:
             siblings = self._children.get(state.root_key)

@@ -109,7 +109,7 @@ class SessionKeeper:
         wall = self._time.wall
         state.reservation = ReservationRecord(
             reservation_id=uuid.uuid4().hex,
-            session_id=state.key,
+            session_key=state.key,
             instance=held.instance,
             held_bytes=0.0,
             created_at=now_at,
@@ -159,33 +159,35 @@ class SessionKeeper:
                 self._taken(state, taken, now_at)
         return True
 
-    async def end_session(self, session_id: str, reason: str, tenant_id: str | None) -> bool:
-        """End a live session and its children. ``tenant_id`` None (the admin): ``session_id``
-        is a key, or a client's id that only one tenant uses. False if there is no such live
-        session."""
+    async def end_session(
+        self, key_or_id: str, reason: str, tenant_id: str | None
+    ) -> SessionState | None:
+        """End a live session and its children: ``key_or_id`` is the client's id of it (or its
+        key); with ``tenant_id`` None (the admin) its key, or a client's id that only one
+        tenant uses. The session ended, or None if there is no such live session."""
         if tenant_id is None:
-            state = self._sessions.get(session_id)
+            state = self._sessions.get(key_or_id)
             if state is None:
-                named = self._sessions.by_external_id(session_id)
+                named = self._sessions.by_session_id(key_or_id)
                 if len(named) > 1:
                     keys = ", ".join(s.key for s in named)
                     raise ApiError(
                         409,
-                        f"Several tenants have a live session {session_id!r}; end one by its "
+                        f"Several tenants have a live session {key_or_id!r}; end one by its "
                         f"key ({keys}).",
                         code="ambiguous_session",
                     )
                 state = named[0] if named else None
         else:
-            state = self._sessions.named(tenant_id, session_id)
+            state = self._sessions.named(tenant_id, key_or_id)
         if state is None or state.ended:
-            return False
+            return None
         now_at = datetime.now(UTC)
         for child in [*self._sessions.children(state.key), state]:
             self._recorder.submit(HintRecord(child.key, now_at, None, None, kind="end"))
             await self._end_on_runtime(child)
             self.end(child, reason, now_at)
-        return True
+        return state
 
     async def _end_on_runtime(self, state: SessionState) -> None:
         """Tell the session's last instance that it ended (its KV may go)."""

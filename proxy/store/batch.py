@@ -170,28 +170,28 @@ def _new_session(rec: SessionRecord) -> Row:
     """The row of a session seen first: its record's fields, its key as the client's id when
     it has none, no calls counted yet."""
     row = row_values(rec)
-    row["external_id"] = rec.external_id or rec.session_id
+    row["session_id"] = rec.session_id or rec.session_key
     row.update(dict.fromkeys(SESSION_COUNTERS, 0))
     return row
 
 
 def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
-    row = sessions.get(rec.session_id)
+    row = sessions.get(rec.session_key)
     if row is not None and row["tenant_id"] not in (rec.tenant_id, UNKNOWN_TENANT):
-        _refused("session", rec.session_id, "tenant")
+        _refused("session", rec.session_key, "tenant")
         return
     if row is None:
         sessions.add(_new_session(rec))
         return
-    sessions.touch(rec.session_id)
+    sessions.touch(rec.session_key)
     row["tenant_id"] = rec.tenant_id
     row["model"] = rec.model
-    if rec.external_id is not None:
-        row["external_id"] = rec.external_id
+    if rec.session_id is not None:
+        row["session_id"] = rec.session_id
     if rec.identity_source is not None:
         row["identity_source"] = rec.identity_source
-    if rec.parent_session_id is not None:
-        row["parent_session_id"] = rec.parent_session_id
+    if rec.parent_session_key is not None:
+        row["parent_session_key"] = rec.parent_session_key
     row["started_at"] = min(row["started_at"], as_utc(rec.started_at))
     row["last_call_at"] = max(row["last_call_at"], as_utc(rec.last_call_at))
     if row["state"] != "ended" or rec.state == "ended":
@@ -210,7 +210,7 @@ def _placeholder_session(rec: CallRecord) -> Row:
     """The row of a session known only from a call: tenant ``unknown``, active since the
     call arrived (the session's own record fills it in later)."""
     at = rec.arrived_at
-    return _new_session(SessionRecord(rec.session_id, UNKNOWN_TENANT, rec.model, at, at))
+    return _new_session(SessionRecord(rec.session_key, UNKNOWN_TENANT, rec.model, at, at))
 
 
 _TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
@@ -218,13 +218,13 @@ _TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
 
 def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
     row = calls.get(rec.request_id)
-    if row is not None and row["session_id"] != rec.session_id:
+    if row is not None and row["session_key"] != rec.session_key:
         _refused("call", rec.request_id, "session")
         return
-    session = sessions.get(rec.session_id)
+    session = sessions.get(rec.session_key)
     if session is None:
         session = sessions.add(_placeholder_session(rec))
-    sessions.touch(rec.session_id)
+    sessions.touch(rec.session_key)
     fields = row_values(rec)
     if row is None:
         calls.add(fields)
@@ -270,12 +270,12 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     ``AsyncConnection.run_sync`` runs it on PostgreSQL (asyncpg), and the SQLite writer thread
     on its own connection (proxy/store/sqlite_writes.py)."""
     now = datetime.now(UTC)
-    sessions = _Table(SessionRow, "session_id", "tenant_id")
-    calls = _Table(CallRow, "request_id", "session_id")
+    sessions = _Table(SessionRow, "session_key", "tenant_id")
+    calls = _Table(CallRow, "request_id", "session_key")
     reservations = _Table(ReservationRow, "reservation_id")
     instances = _Table(InstanceRow, "name")
     responses = _Table(StoredResponse, "response_id", "tenant_id")
-    sessions.load(db, (r.session_id for r in records if isinstance(r, SessionRecord | CallRecord)))
+    sessions.load(db, (r.session_key for r in records if isinstance(r, SessionRecord | CallRecord)))
     calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
     reservations.load(db, (r.reservation_id for r in records if isinstance(r, ReservationRecord)))
     instances.load(db, (r.name for r in records if isinstance(r, InstanceRecord)))

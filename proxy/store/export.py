@@ -25,7 +25,9 @@ Rules, for the calls of one stored session:
   sent call i+1 before call i's answer was complete); null on the last call.
 - ``cached_tokens`` as stored; ``latency_s = max(0, finished_at − arrived_at)`` (clamped
   against a wall-clock step); ``ttft_s = queue_s + prefill_s`` when both are stored, else null;
-  ``parent_session_id`` from the session's row.
+  the trace's ``session_id`` is the stored session's key (``session_key``, not the client's
+  id: two tenants' sessions stay two trace sessions), and ``parent_session_id`` its row's
+  ``parent_session_key``.
 - A trace session has one model: a stored session whose exported calls name several models is
   an :class:`ExportError`, as is an exported call with no prompt or no output tokens.
 
@@ -92,7 +94,7 @@ def _new_tokens(prev: CallRecord | None, call: CallRecord) -> int:
 
 
 def _session(
-    session_id: str,
+    session_key: str,
     calls: Sequence[tuple[CallRecord, datetime]],
     t0: datetime,
     parent: str | None,
@@ -101,14 +103,14 @@ def _session(
     models = sorted({call.model for call, _ in calls})
     if len(models) > 1:
         raise ExportError(
-            f"session {session_id!r} has calls to several models ({', '.join(models)}); "
+            f"session {session_key!r} has calls to several models ({', '.join(models)}); "
             "a trace session has one model"
         )
     traced: list[TraceCall] = []
     for i, (call, finished) in enumerate(calls):
         if call.prompt_tokens < 1 or call.output_tokens < 1:
             raise ExportError(
-                f"session {session_id!r}: call {call.request_id!r} has "
+                f"session {session_key!r}: call {call.request_id!r} has "
                 f"{call.prompt_tokens} prompt and {call.output_tokens} output tokens "
                 "(a trace needs both > 0)"
             )
@@ -120,7 +122,7 @@ def _session(
             ttft = call.queue_s + call.prefill_s
         traced.append(
             TraceCall(
-                session_id=session_id,
+                session_id=session_key,
                 call_index=i,
                 model=call.model,
                 arrival_offset_s=_seconds(call.arrived_at, t0),
@@ -134,14 +136,14 @@ def _session(
                 parent_session_id=parent,
             )
         )
-    return SessionTrace(session_id, models[0], traced[0].arrival_offset_s, tuple(traced))
+    return SessionTrace(session_key, models[0], traced[0].arrival_offset_s, tuple(traced))
 
 
 def calls_to_sessions(
     calls: Iterable[CallRecord], parents: Mapping[str, str | None]
 ) -> list[SessionTrace]:
     """The trace of ``calls`` (any order, any sessions) by the rules of the module docstring;
-    ``parents`` maps a session id to its parent's (missing: none). Datetimes must all be aware
+    ``parents`` maps a session's key to its parent's (missing: none). Datetimes must all be aware
     (as the store returns them) or all naive."""
     done = [(c, c.finished_at) for c in calls if c.status == "ok" and c.finished_at is not None]
     if not done:
@@ -149,7 +151,7 @@ def calls_to_sessions(
     t0 = min(call.arrived_at for call, _ in done)
     by_session: dict[str, list[tuple[CallRecord, datetime]]] = {}
     for call, finished in done:
-        by_session.setdefault(call.session_id, []).append((call, finished))
+        by_session.setdefault(call.session_key, []).append((call, finished))
     sessions = [
         _session(
             sid,
@@ -167,28 +169,28 @@ async def export_trace(
     *,
     since: datetime | None = None,
     until: datetime | None = None,
-    session_ids: Sequence[str] | None = None,
+    session_keys: Sequence[str] | None = None,
 ) -> list[SessionTrace]:
     """The stored sessions as a trace (see the module docstring), whole sessions only: a session
     is chosen by the arrival of its first successful call, ``since`` inclusive and ``until``
-    exclusive (naive datetimes are UTC), and, when ``session_ids`` is given, by id."""
+    exclusive (naive datetimes are UTC), and, when ``session_keys`` is given, by key."""
     ok = and_(CallRow.status == "ok", CallRow.finished_at.is_not(None))
     first_at = func.min(CallRow.arrived_at)
-    chosen = select(CallRow.session_id).where(ok).group_by(CallRow.session_id)
-    if session_ids is not None:
-        chosen = chosen.where(CallRow.session_id.in_(sorted(set(session_ids))))
+    chosen = select(CallRow.session_key).where(ok).group_by(CallRow.session_key)
+    if session_keys is not None:
+        chosen = chosen.where(CallRow.session_key.in_(sorted(set(session_keys))))
     if since is not None:
         chosen = chosen.having(first_at >= as_utc(since))
     if until is not None:
         chosen = chosen.having(first_at < as_utc(until))
     query = (
-        select(CallRow, SessionRow.parent_session_id)
-        .join(SessionRow, SessionRow.session_id == CallRow.session_id)
-        .where(ok, CallRow.session_id.in_(chosen))
+        select(CallRow, SessionRow.parent_session_key)
+        .join(SessionRow, SessionRow.session_key == CallRow.session_key)
+        .where(ok, CallRow.session_key.in_(chosen))
     )
     async with sessionmaker() as db:
         rows = (await db.execute(query)).all()
-    parents = {row.session_id: parent for row, parent in rows}
+    parents = {row.session_key: parent for row, parent in rows}
     return calls_to_sessions([from_row(CallRecord, row) for row, _ in rows], parents)
 
 
@@ -197,7 +199,7 @@ async def export_from_url(
     *,
     since: datetime | None = None,
     until: datetime | None = None,
-    session_ids: Sequence[str] | None = None,
+    session_keys: Sequence[str] | None = None,
 ) -> list[SessionTrace]:
     """:func:`export_trace` of the database at ``url``, read as it is (never migrated).
 
@@ -211,7 +213,7 @@ async def export_from_url(
     engine = make_engine(url)
     try:
         return await export_trace(
-            make_sessionmaker(engine), since=since, until=until, session_ids=session_ids
+            make_sessionmaker(engine), since=since, until=until, session_keys=session_keys
         )
     finally:
         await engine.dispose()

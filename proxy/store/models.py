@@ -98,19 +98,20 @@ class ApiKey(Base):
 
 
 class SessionRow(Base):
-    """One agent session, with counters summed over its calls. ``session_id`` is the proxy's
-    key (unique across tenants); ``external_id`` is what the client calls the session (the key
-    itself for an implicit session), unique per tenant among live sessions only: a client may
-    reuse an id after its session ended."""
+    """One agent session, with counters summed over its calls. ``session_key`` is the proxy's
+    key (``ses_<hex>``, unique across tenants); ``session_id`` is what the client calls the
+    session (the key itself for an implicit session), unique per tenant among live sessions
+    only: a client may reuse an id after its session ended. ``parent_session_key`` is the
+    parent's key (or, for a parent the proxy did not hold live, the id the client gave)."""
 
     __tablename__ = "sessions"
-    __table_args__ = (Index("ix_sessions_tenant_id_external_id", "tenant_id", "external_id"),)
+    __table_args__ = (Index("ix_sessions_tenant_id_session_id", "tenant_id", "session_id"),)
 
-    session_id: Mapped[str] = mapped_column(String, primary_key=True)
+    session_key: Mapped[str] = mapped_column(String, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String, index=True)
-    external_id: Mapped[str] = mapped_column(String)
+    session_id: Mapped[str] = mapped_column(String)
     identity_source: Mapped[str | None] = mapped_column(String)
-    parent_session_id: Mapped[str | None] = mapped_column(String, index=True)
+    parent_session_key: Mapped[str | None] = mapped_column(String, index=True)
     model: Mapped[str] = mapped_column(String)
     state: Mapped[str] = mapped_column(String)
     started_at: Mapped[datetime] = mapped_column(index=True)
@@ -125,14 +126,14 @@ class SessionRow(Base):
 
 class CallRow(Base):
     """One model call (a ``CallRecord``: a column per field, proxy/store/mapping.py). The
-    (session_id, call_index) index also serves lookups by session_id alone, so there is no
+    (session_key, call_index) index also serves lookups by session_key alone, so there is no
     separate index on it."""
 
     __tablename__ = "calls"
-    __table_args__ = (Index("ix_calls_session_id_call_index", "session_id", "call_index"),)
+    __table_args__ = (Index("ix_calls_session_key_call_index", "session_key", "call_index"),)
 
     request_id: Mapped[str] = mapped_column(String, primary_key=True)
-    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.session_id"))
+    session_key: Mapped[str] = mapped_column(ForeignKey("sessions.session_key"))
     call_index: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String)
     instance: Mapped[str | None] = mapped_column(String)
@@ -165,7 +166,7 @@ class DecisionRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     request_id: Mapped[str] = mapped_column(String, index=True)
-    session_id: Mapped[str] = mapped_column(String, index=True)
+    session_key: Mapped[str] = mapped_column(String, index=True)
     router: Mapped[str] = mapped_column(String)
     instance: Mapped[str | None] = mapped_column(String)
     reason: Mapped[str] = mapped_column(String, index=True)
@@ -179,7 +180,7 @@ class ReservationRow(Base):
     __tablename__ = "reservations"
 
     reservation_id: Mapped[str] = mapped_column(String, primary_key=True)
-    session_id: Mapped[str] = mapped_column(String, index=True)
+    session_key: Mapped[str] = mapped_column(String, index=True)
     instance: Mapped[str] = mapped_column(String)
     held_bytes: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime]
@@ -195,7 +196,7 @@ class HintRow(Base):
     __tablename__ = "hints"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    session_id: Mapped[str] = mapped_column(String, index=True)
+    session_key: Mapped[str] = mapped_column(String, index=True)
     at: Mapped[datetime]
     expected_s: Mapped[float | None] = mapped_column(Float)
     tool: Mapped[str | None] = mapped_column(String)
@@ -235,7 +236,7 @@ class StoredResponse(Base):
 
     response_id: Mapped[str] = mapped_column(String, primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String, index=True)
-    session_id: Mapped[str] = mapped_column(String)
+    session_key: Mapped[str] = mapped_column(String)
     model: Mapped[str] = mapped_column(String)
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime] = mapped_column(index=True)

@@ -37,13 +37,13 @@ MAX_PAGE = 1000
 
 
 class AmbiguousSession(ValueError):
-    """A client's session id that sessions of several tenants use: ``tenants`` lists each as
-    (id, name)."""
+    """A client's session id (``session_id``) that sessions of several tenants use: ``tenants``
+    lists each as (id, name)."""
 
-    def __init__(self, external_id: str, tenants: list[tuple[str, str | None]]) -> None:
+    def __init__(self, session_id: str, tenants: list[tuple[str, str | None]]) -> None:
         named = ", ".join(f"{name} (id {tid})" if name else tid for tid, name in tenants)
         super().__init__(
-            f"The client id {external_id!r} is used by sessions of {len(tenants)} tenants: {named}"
+            f"The client id {session_id!r} is used by sessions of {len(tenants)} tenants: {named}"
         )
         self.tenants = tenants
 
@@ -65,10 +65,10 @@ class SessionTables(TableGroup):
         if last_call_before is not None:
             open_.append(SessionRow.last_call_at < as_utc(last_call_before))
         async with self._sessionmaker() as db, db.begin():
-            keys = select(SessionRow.session_id).where(*open_)
+            keys = select(SessionRow.session_key).where(*open_)
             await db.execute(
                 update(ReservationRow)
-                .where(ReservationRow.released_at.is_(None), ReservationRow.session_id.in_(keys))
+                .where(ReservationRow.released_at.is_(None), ReservationRow.session_key.in_(keys))
                 .values(released_at=now, release_reason=reason)
             )
             ended = await db.execute(
@@ -78,84 +78,85 @@ class SessionTables(TableGroup):
             )
             return int(getattr(ended, "rowcount", 0) or 0)
 
-    async def end_session(self, session_id: str, reason: str, at: datetime) -> bool:
+    async def end_session(self, key_or_id: str, reason: str, at: datetime) -> SessionSummary | None:
         """End one stored session that is not ended (the admin's end of a session no proxy
-        holds live): ``session_id`` is its key, or a client's id that only one open session
-        has (``ValueError`` when several have it). False if there is no such open session."""
+        holds live): ``key_or_id`` is its key, or a client's id that only one open session
+        has (``ValueError`` when several have it). The session as ended, or None if there is
+        no such open session."""
         now = as_utc(at)
         async with self._sessionmaker() as db, db.begin():
-            row = await db.get(SessionRow, session_id)
+            row = await db.get(SessionRow, key_or_id)
             if row is None:
                 query = select(SessionRow).where(
-                    SessionRow.external_id == session_id, SessionRow.state != "ended"
+                    SessionRow.session_id == key_or_id, SessionRow.state != "ended"
                 )
                 rows = list(await db.scalars(query.limit(2)))
                 if len(rows) > 1:
-                    raise ValueError(f"several open sessions have the client id {session_id!r}")
+                    raise ValueError(f"several open sessions have the client id {key_or_id!r}")
                 row = rows[0] if rows else None
             if row is None or row.state == "ended":
-                return False
-            session_id = row.session_id
+                return None
             row.state, row.ended_at, row.end_reason = "ended", now, reason
             await db.execute(
                 update(ReservationRow)
                 .where(
-                    ReservationRow.session_id == session_id, ReservationRow.released_at.is_(None)
+                    ReservationRow.session_key == row.session_key,
+                    ReservationRow.released_at.is_(None),
                 )
                 .values(released_at=now, release_reason=reason)
             )
-            return True
+            return from_row(SessionSummary, row)
 
     async def get_session(
-        self, session_id: str, tenant_id: str | None = None
+        self, key_or_id: str, tenant_id: str | None = None
     ) -> SessionDetail | None:
-        """The session and everything recorded about it: ``session_id`` is the proxy's key, or
+        """The session and everything recorded about it: ``key_or_id`` is the proxy's key, or
         the client's id (its newest session without a parent then). ``tenant_id``: a tenant's
         id or name. None if there is no such session, or it belongs to another tenant than
         ``tenant_id`` (when given). A client's id that sessions of several tenants use, with
         no ``tenant_id``, raises :class:`AmbiguousSession` (it would be a guess which)."""
         async with self._sessionmaker() as db:
             tenants = None if tenant_id is None else await _tenant_ids(db, tenant_id)
-            row = await db.get(SessionRow, session_id)
+            row = await db.get(SessionRow, key_or_id)
             if row is None:  # the client's id: its newest session
-                query = select(SessionRow).where(SessionRow.external_id == session_id)
+                query = select(SessionRow).where(SessionRow.session_id == key_or_id)
                 if tenants is not None:
                     query = query.where(SessionRow.tenant_id.in_(tenants))
                 else:
-                    await _one_tenant_uses(db, session_id)
+                    await _one_tenant_uses(db, key_or_id)
                 query = query.order_by(  # its newest root, not one of its children
-                    SessionRow.parent_session_id.is_not(None),
+                    SessionRow.parent_session_key.is_not(None),
                     SessionRow.started_at.desc(),
-                    SessionRow.session_id.desc(),
+                    SessionRow.session_key.desc(),
                 )
                 row = await db.scalar(query.limit(1))
             if row is None or (tenants is not None and row.tenant_id not in tenants):
                 return None
-            session_id = row.session_id
+            session_key = row.session_key
             calls = await db.scalars(
                 select(CallRow)
-                .where(CallRow.session_id == session_id)
+                .where(CallRow.session_key == session_key)
                 .order_by(CallRow.call_index, CallRow.arrived_at, CallRow.request_id)
             )
             decisions = await db.scalars(
                 select(DecisionRow)
-                .where(DecisionRow.session_id == session_id)
+                .where(DecisionRow.session_key == session_key)
                 .order_by(DecisionRow.created_at, DecisionRow.id)
             )
             reservations = await db.scalars(
                 select(ReservationRow)
-                .where(ReservationRow.session_id == session_id)
+                .where(ReservationRow.session_key == session_key)
                 .order_by(ReservationRow.created_at, ReservationRow.reservation_id)
             )
             hints = await db.scalars(
                 select(HintRow)
-                .where(HintRow.session_id == session_id)
+                .where(HintRow.session_key == session_key)
                 .order_by(HintRow.at, HintRow.id)
             )
             children = await db.scalars(
                 select(SessionRow)
-                .where(SessionRow.parent_session_id == session_id)
-                .order_by(SessionRow.started_at, SessionRow.session_id)
+                .where(SessionRow.parent_session_key == session_key)
+                .order_by(SessionRow.started_at, SessionRow.session_key)
             )
             return SessionDetail(
                 session=from_row(SessionSummary, row),
@@ -177,7 +178,7 @@ class SessionTables(TableGroup):
         cursor: str | None = None,
         limit: int = 50,
     ) -> SessionPage:
-        """Sessions newest first, ordered by (started_at desc, session_id desc), ``limit`` at a
+        """Sessions newest first, ordered by (started_at desc, session_key desc), ``limit`` at a
         time (1..1000). ``state`` is one of ``SESSION_STATES``; ``tenant_id`` is a tenant's id
         or its name. ``started_after`` is inclusive and ``started_before`` exclusive. Pass a
         page's ``next_cursor`` (with the same filters) for the next page. ``ValueError`` for an
@@ -203,13 +204,13 @@ class SessionTables(TableGroup):
             where.append(
                 or_(
                     SessionRow.started_at < at,
-                    and_(SessionRow.started_at == at, SessionRow.session_id < sid),
+                    and_(SessionRow.started_at == at, SessionRow.session_key < sid),
                 )
             )
         query = (
             select(SessionRow)
             .where(*where)
-            .order_by(SessionRow.started_at.desc(), SessionRow.session_id.desc())
+            .order_by(SessionRow.started_at.desc(), SessionRow.session_key.desc())
             .limit(limit + 1)
         )
         async with self._sessionmaker() as db:
@@ -217,20 +218,20 @@ class SessionTables(TableGroup):
         items = tuple(from_row(SessionSummary, r) for r in rows[:limit])
         more = len(rows) > limit
         last = items[-1] if items else None
-        next_cursor = encode_cursor(last.started_at, last.session_id) if more and last else None
+        next_cursor = encode_cursor(last.started_at, last.session_key) if more and last else None
         return SessionPage(items=items, next_cursor=next_cursor)
 
     async def open_root_session(
-        self, tenant_id: str, external_id: str
+        self, tenant_id: str, session_id: str
     ) -> tuple[SessionSummary, str | None] | None:
-        """The tenant's latest open root session that the client calls ``external_id``, and
+        """The tenant's latest open root session that the client calls ``session_id``, and
         the instance of its latest call; None if there is none."""
         query = (
             select(SessionRow)
             .where(
                 SessionRow.tenant_id == tenant_id,
-                SessionRow.external_id == external_id,
-                SessionRow.parent_session_id.is_(None),
+                SessionRow.session_id == session_id,
+                SessionRow.parent_session_key.is_(None),
                 SessionRow.state != "ended",
             )
             .order_by(SessionRow.last_call_at.desc())
@@ -241,23 +242,24 @@ class SessionTables(TableGroup):
             if row is None:
                 return None
             summary = from_row(SessionSummary, row)
-        instances = await self.last_instances([summary.session_id])
-        return summary, instances.get(summary.session_id)
+        instances = await self.last_instances([summary.session_key])
+        return summary, instances.get(summary.session_key)
 
-    async def last_instances(self, session_ids: Sequence[str]) -> dict[str, str | None]:
-        """The instance of each session's latest call (sessions without calls are absent)."""
-        if not session_ids:
+    async def last_instances(self, session_keys: Sequence[str]) -> dict[str, str | None]:
+        """The instance of each session's latest call, by key (sessions without calls are
+        absent)."""
+        if not session_keys:
             return {}
         latest = (
-            select(CallRow.session_id, func.max(CallRow.call_index).label("call_index"))
-            .where(CallRow.session_id.in_(session_ids))
-            .group_by(CallRow.session_id)
+            select(CallRow.session_key, func.max(CallRow.call_index).label("call_index"))
+            .where(CallRow.session_key.in_(session_keys))
+            .group_by(CallRow.session_key)
             .subquery()
         )
-        query = select(CallRow.session_id, CallRow.instance).join(
+        query = select(CallRow.session_key, CallRow.instance).join(
             latest,
             and_(
-                CallRow.session_id == latest.c.session_id,
+                CallRow.session_key == latest.c.session_key,
                 CallRow.call_index == latest.c.call_index,
             ),
         )
@@ -271,15 +273,15 @@ async def _tenant_ids(db: AsyncSession, tenant: str) -> set[str]:
     return {tenant} if named is None else {tenant, named}
 
 
-async def _one_tenant_uses(db: AsyncSession, external_id: str) -> None:
-    """Raise :class:`AmbiguousSession` when sessions of several tenants have ``external_id``."""
+async def _one_tenant_uses(db: AsyncSession, session_id: str) -> None:
+    """Raise :class:`AmbiguousSession` when sessions of several tenants have ``session_id``."""
     rows = await db.execute(
         select(SessionRow.tenant_id, Tenant.name)
         .outerjoin(Tenant, Tenant.id == SessionRow.tenant_id)
-        .where(SessionRow.external_id == external_id)
+        .where(SessionRow.session_id == session_id)
         .distinct()
         .order_by(Tenant.name, SessionRow.tenant_id)
     )
     tenants: list[tuple[str, str | None]] = [(tid, name) for tid, name in rows]
     if len(tenants) > 1:
-        raise AmbiguousSession(external_id, tenants)
+        raise AmbiguousSession(session_id, tenants)

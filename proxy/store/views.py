@@ -24,13 +24,13 @@ from talaria.proxy.store.models import as_utc
 class SessionSummary:
     """A session's row: identity, state, times and counters summed over its calls."""
 
-    session_id: str
-    """The proxy's key of the session."""
+    session_key: str
+    """The proxy's key of the session (``ses_<hex>``)."""
     tenant_id: str
-    external_id: str
+    session_id: str
     """What the client calls it (the key, for an implicit session)."""
     identity_source: str | None
-    parent_session_id: str | None
+    parent_session_key: str | None
     model: str
     state: str
     started_at: datetime
@@ -102,22 +102,22 @@ class ApiKeyInfo:
 _CURSOR_VERSION = 1
 
 
-def encode_cursor(started_at: datetime, session_id: str) -> str:
-    """The URL-safe cursor that resumes a listing after (started_at, session_id)."""
-    payload = json.dumps([_CURSOR_VERSION, as_utc(started_at).isoformat(), session_id])
+def encode_cursor(started_at: datetime, session_key: str) -> str:
+    """The URL-safe cursor that resumes a listing after (started_at, session_key)."""
+    payload = json.dumps([_CURSOR_VERSION, as_utc(started_at).isoformat(), session_key])
     return base64.urlsafe_b64encode(payload.encode()).decode().rstrip("=")
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    """The (started_at, session_id) position in ``cursor``; ``ValueError`` if it is not one
+    """The (started_at, session_key) position in ``cursor``; ``ValueError`` if it is not one
     that :func:`encode_cursor` made."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         raw = base64.urlsafe_b64decode(padded.encode("ascii"))
-        version, started_at, session_id = json.loads(raw)
-        if version != _CURSOR_VERSION or not isinstance(session_id, str):
+        version, started_at, session_key = json.loads(raw)
+        if version != _CURSOR_VERSION or not isinstance(session_key, str):
             raise ValueError("unknown cursor layout")
-        return as_utc(datetime.fromisoformat(started_at)), session_id
+        return as_utc(datetime.fromisoformat(started_at)), session_key
     except (ValueError, TypeError, UnicodeError, binascii.Error) as exc:
         raise ValueError(
             f"invalid cursor {cursor!r}: pass the next_cursor of a previous page unchanged"

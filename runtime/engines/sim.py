@@ -183,7 +183,7 @@ class SimEngine:
         # budget, core/schema_instance.py) refuses the call before anything changed.
         reply = ReplyStream(*plan_reply(request, self._replies)) if _writes_reply(request) else None
         source, cached, entry = self._kv.reuse(request)
-        offloaded = self._kv.evict_for(self.needed_bytes(request), keep=request.session_id)
+        offloaded = self._kv.evict_for(self.needed_bytes(request), keep=request.session_key)
         if offloaded is None:
             return None
         now = self._clock.now()

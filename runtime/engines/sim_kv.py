@@ -32,7 +32,7 @@ class SimKv:
     def reuse(self, request: CallRequest) -> tuple[KvSource, int, SessionKv | None]:
         """Where the call's prefix comes from, how many tokens of it are reused, and the
         session's KV entry on this model (if any)."""
-        entry = self._memory.kv.get(request.session_id)
+        entry = self._memory.kv.get(request.session_key)
         if entry is not None and entry.model != self._model:
             entry = None
         shared = request.shared_prefix_tokens
@@ -59,7 +59,7 @@ class SimKv:
         """Free HBM for ``need`` bytes by evicting idle KV LRU (never session ``keep``'s);
         returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
         it cannot fit."""
-        victims = [e for e in self._memory.lru(KvLocation.HBM) if e.session_id != keep]
+        victims = [e for e in self._memory.lru(KvLocation.HBM) if e.session_key != keep]
         if self._memory.hbm_free_bytes() + sum(v.nbytes for v in victims) < need:
             return None
         offloaded = 0.0
@@ -67,10 +67,10 @@ class SimKv:
             if self._memory.hbm_free_bytes() >= need:
                 break
             if self._host_kv and self._make_host_room(victim.nbytes):
-                self._memory.move(victim.session_id, KvLocation.HOST)
+                self._memory.move(victim.session_key, KvLocation.HOST)
                 offloaded += victim.nbytes
             else:
-                self._memory.drop(victim.session_id)
+                self._memory.drop(victim.session_key)
         return offloaded
 
     def _make_host_room(self, nbytes: float) -> bool:
@@ -80,7 +80,7 @@ class SimKv:
         for old in self._memory.lru(KvLocation.HOST):
             if self._memory.host_free_bytes() >= nbytes:
                 break
-            self._memory.drop(old.session_id)
+            self._memory.drop(old.session_key)
         return self._memory.host_free_bytes() >= nbytes
 
     def commit(self, request: CallRequest, entry: SessionKv | None, now: float) -> None:
@@ -90,7 +90,7 @@ class SimKv:
         pins = entry.pins if entry is not None else 0
         self._memory.put(
             SessionKv(
-                request.session_id,
+                request.session_key,
                 self._model,
                 total_tokens,
                 self._cost.kv_bytes(total_tokens),
@@ -103,8 +103,8 @@ class SimKv:
     def release(self, request: CallRequest, output_tokens: int, now: float) -> None:
         """The call finished: its session keeps prompt + output tokens, unpinned by it."""
         tokens = request.prompt_tokens + output_tokens
-        self._memory.resize(request.session_id, tokens, self._cost.kv_bytes(tokens))
-        entry = self._memory.kv[request.session_id]
+        self._memory.resize(request.session_key, tokens, self._cost.kv_bytes(tokens))
+        entry = self._memory.kv[request.session_key]
         entry.pins -= 1
         entry.last_used_s = now
 
@@ -116,12 +116,12 @@ class SimKv:
             for e in self._memory.kv.values()
             if e.model == self._model and e.location is KvLocation.HBM
         ]
-        mine.sort(key=lambda e: (-e.last_used_s, e.session_id))
+        mine.sort(key=lambda e: (-e.last_used_s, e.session_key))
         moved = 0.0
         for entry in mine:
             if keep_kv_on_host and self._make_host_room(entry.nbytes):
-                self._memory.move(entry.session_id, KvLocation.HOST)
+                self._memory.move(entry.session_key, KvLocation.HOST)
                 moved += entry.nbytes
             else:
-                self._memory.drop(entry.session_id)
+                self._memory.drop(entry.session_key)
         return moved

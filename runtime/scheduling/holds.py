@@ -32,12 +32,12 @@ class KvHolds:
     def release_model(self, model: str) -> None:
         """The model's slot closed (or its weights need the room): release its reservations."""
         for res in self.table.for_model(model):
-            self.release(res.session_id, ReleaseReason.SLOT_CLOSED)
+            self.release(res.session_key, ReleaseReason.SLOT_CLOSED)
 
     def expire(self, now_s: float) -> None:
         """Release the reservations whose expiry has passed."""
         for res in self.table.expired(now_s):
-            self.release(res.session_id, ReleaseReason.EXPIRED)
+            self.release(res.session_key, ReleaseReason.EXPIRED)
 
     def hold(
         self,
@@ -53,7 +53,7 @@ class KvHolds:
         the slot is contended). Held bytes = kv_bytes(tokens + expected growth) − the bytes its
         KV already has; an engine that keeps its own KV (vLLM) leaves no entry, so 0 is held.
         Nothing when its KV already left HBM."""
-        entry = self.memory.kv.get(result.session_id)
+        entry = self.memory.kv.get(result.session_key)
         if entry is not None and entry.location is not KvLocation.HBM:
             return  # its KV already left HBM: nothing to hold
         held = 0.0
@@ -61,7 +61,7 @@ class KvHolds:
             growth = session.expected_growth_tokens(default_output_tokens)
             held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
         plan = plan_reservation(
-            session_id=result.session_id,
+            session_key=result.session_key,
             model=result.model,
             now_s=result.finished_s,
             expected_gap_s=expected_gap_s,

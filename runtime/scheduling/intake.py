@@ -69,7 +69,7 @@ class Intake:
         request = waiting.request
         engine = self.engines[request.model]
         # A call queued before its session ended (e.g. by a final call) keeps a fresh record.
-        session = self.sessions.get_or_add(request.session_id, request.model)
+        session = self.sessions.get_or_add(request.session_key, request.model)
         default_out = self.config.default_output_tokens
         decision = decide_admission(
             sp_admission=self.flags.sp_admission,
@@ -96,13 +96,15 @@ class Intake:
 
     def _fits(self, engine: Engine, request: CallRequest) -> bool:
         evictable = sum(
-            e.nbytes for e in self.memory.lru(KvLocation.HBM) if e.session_id != request.session_id
+            e.nbytes
+            for e in self.memory.lru(KvLocation.HBM)
+            if e.session_key != request.session_key
         )
         return fits_memory(
             needed_bytes=engine.needed_bytes(request),
             free_bytes=self.memory.hbm_free_bytes() + sum(self.memory.staged.values()),
             evictable_bytes=evictable,
-            reserved_bytes=self.holds.table.held_bytes(exclude_session=request.session_id),
+            reserved_bytes=self.holds.table.held_bytes(exclude_session=request.session_key),
         )
 
     def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:

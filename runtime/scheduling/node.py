@@ -182,34 +182,34 @@ class NodeScheduler:
             raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
         now = self._clock.now()
         self._sessions.arrived(request, now)
-        self._holds.release(request.session_id, ReleaseReason.RETURNED)
+        self._holds.release(request.session_key, ReleaseReason.RETURNED)
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _: self._sessions.settled(request.session_id))
+        fut.add_done_callback(lambda _: self._sessions.settled(request.session_key))
         waiting = WaitingCall(request, now, fut, events)
         self._waiting[request.model].append(waiting)
         self._wake.set()
         return waiting
 
-    def hint(self, session_id: str, expected_gap_s: float) -> None:
+    def hint(self, session_key: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s``."""
-        session = self._sessions.get(session_id)
+        session = self._sessions.get(session_key)
         if session is not None:
             session.hint_gap_s = expected_gap_s
 
-    def session_moved(self, session_id: str) -> None:
+    def session_moved(self, session_key: str) -> None:
         """The session's next call went elsewhere: release its reservation here (its KV stays,
         evictable, in case it comes back)."""
-        self._holds.release(session_id, ReleaseReason.MOVED)
+        self._holds.release(session_key, ReleaseReason.MOVED)
         self._wake.set()
 
-    def end_session(self, session_id: str) -> None:
+    def end_session(self, session_key: str) -> None:
         """The session ended: release its reservation, drop its KV unless a call runs on it,
         and forget it."""
-        self._holds.release(session_id, ReleaseReason.ENDED)
-        entry = self.memory.kv.get(session_id)
+        self._holds.release(session_key, ReleaseReason.ENDED)
+        entry = self.memory.kv.get(session_key)
         if entry is not None and not entry.pinned:
-            self.memory.drop(session_id)
-        self._sessions.forget(session_id)
+            self.memory.drop(session_key)
+        self._sessions.forget(session_key)
         self._wake.set()
 
     def waiting_counts(self) -> dict[str, int]:
@@ -227,7 +227,7 @@ class NodeScheduler:
         if session is None:
             return
         if request.session_final:
-            self.end_session(request.session_id)
+            self.end_session(request.session_key)
             return
         if request.expected_tool_gap_s is not None:
             session.hint_gap_s = request.expected_tool_gap_s

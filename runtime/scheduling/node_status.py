@@ -57,7 +57,7 @@ class StatusReader:
             if engine is None:
                 continue
             in_hbm = entry.location is KvLocation.HBM
-            sessions[entry.session_id] = SessionKvStatus(
+            sessions[entry.session_key] = SessionKvStatus(
                 location=entry.location.value,
                 tokens=entry.tokens,
                 model=entry.model,
@@ -87,7 +87,7 @@ class StatusReader:
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={r.session_id: r.held_bytes for r in state.holds.table.live.values()},
+            reserved={r.session_key: r.held_bytes for r in state.holds.table.live.values()},
             waiting_calls=sum(waiting.values()),
             waiting_prompt_tokens=sum(
                 w.request.prompt_tokens for q in state.waiting.values() for w in q

@@ -33,7 +33,7 @@ class KvLocation(StrEnum):
 class SessionKv:
     """The cached KV of one session: ``tokens`` of prefix, ``nbytes`` physical bytes."""
 
-    session_id: str
+    session_key: str
     model: str
     tokens: int
     nbytes: float
@@ -123,32 +123,32 @@ class NodeMemory:
 
     def put(self, entry: SessionKv) -> None:
         """Insert or replace a session's entry (the old bytes are released first)."""
-        old = self.kv.pop(entry.session_id, None)
+        old = self.kv.pop(entry.session_key, None)
         if old is not None:
             self._add(old, -1)
-        self.kv[entry.session_id] = entry
+        self.kv[entry.session_key] = entry
         self._add(entry, +1)
         self._check()
 
-    def resize(self, session_id: str, tokens: int, nbytes: float) -> None:
+    def resize(self, session_key: str, tokens: int, nbytes: float) -> None:
         """The session's KV now holds ``tokens`` in ``nbytes`` (same tier)."""
-        entry = self.kv[session_id]
+        entry = self.kv[session_key]
         self._add(entry, -1)
         entry.tokens, entry.nbytes = tokens, nbytes
         self._add(entry, +1)
         self._check()
 
-    def move(self, session_id: str, location: KvLocation) -> None:
+    def move(self, session_key: str, location: KvLocation) -> None:
         """The session's KV moved to ``location`` (offload or restore)."""
-        entry = self.kv[session_id]
+        entry = self.kv[session_key]
         self._add(entry, -1)
         entry.location = location
         self._add(entry, +1)
         self._check()
 
-    def drop(self, session_id: str) -> SessionKv | None:
+    def drop(self, session_key: str) -> SessionKv | None:
         """Forget the session's KV; the entry it had, if any."""
-        entry = self.kv.pop(session_id, None)
+        entry = self.kv.pop(session_key, None)
         if entry is not None:
             self._add(entry, -1)
         return entry
@@ -160,7 +160,7 @@ class NodeMemory:
             for e in self.kv.values()
             if e.location is location and not e.pinned and (model is None or e.model == model)
         ]
-        return sorted(found, key=lambda e: (e.last_used_s, e.session_id))
+        return sorted(found, key=lambda e: (e.last_used_s, e.session_key))
 
 
 class PcieLink:

@@ -44,7 +44,7 @@ class NodeSession:
 
 
 class SessionBook:
-    """The sessions of one node by key (``CallRequest.session_id``), in first-seen order."""
+    """The sessions of one node by key (``CallRequest.session_key``), in first-seen order."""
 
     def __init__(self) -> None:
         self.sessions: dict[str, NodeSession] = {}
@@ -67,7 +67,7 @@ class SessionBook:
     def arrived(self, request: CallRequest, now_s: float) -> None:
         """A call of the session arrived: observe the gap since its last call ended and the
         tokens its prompt appended to that call's context, and count it pending."""
-        session = self.get_or_add(request.session_id, request.model)
+        session = self.get_or_add(request.session_key, request.model)
         if session.last_finish_s is not None:
             session.gaps.observe(now_s - session.last_finish_s)
         if session.context_tokens:
@@ -82,7 +82,7 @@ class SessionBook:
 
     def finished(self, result: CallResult) -> NodeSession | None:
         """Count a finished call (its output and context); None if the session is gone."""
-        session = self.sessions.get(result.session_id)
+        session = self.sessions.get(result.session_key)
         if session is None:
             return None
         session.calls += 1

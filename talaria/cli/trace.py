@@ -77,7 +77,11 @@ def trace_export(
     ] = None,
     session: Annotated[
         list[str] | None,
-        typer.Option("--session", help="Only this session id (repeatable)."),
+        typer.Option(
+            "--session",
+            help="Only this session, by its key (ses_..., the admin API's session_key; "
+            "repeatable).",
+        ),
     ] = None,
 ) -> None:
     """Export the proxy's stored calls as a replay trace (docs/trace-format.md).
@@ -108,7 +112,7 @@ def trace_export(
                 db or default_url(),
                 since=bounds["since"],
                 until=bounds["until"],
-                session_ids=session,
+                session_keys=session,
             )
         )
         text = dumps_trace(traced)
@@ -123,7 +127,7 @@ def trace_export(
     missing = sorted(set(session or ()) - {s.session_id for s in traced})
     if missing:
         raise typer.BadParameter(
-            f"no successful calls of session(s) {', '.join(missing)} (unknown id, or outside "
+            f"no successful calls of session(s) {', '.join(missing)} (unknown key, or outside "
             "--since/--until)",
             param_hint="'--session'",
         )

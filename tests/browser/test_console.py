@@ -76,9 +76,9 @@ def admin(console: Console, path: str) -> Any:
     return response.json()
 
 
-def session_key(console: Console, external_id: str) -> str:
+def session_key(console: Console, session_id: str) -> str:
     page = admin(console, "/admin/sessions?limit=1000")
-    keys = [s["session_id"] for s in page["data"] if s["external_id"] == external_id]
+    keys = [s["session_key"] for s in page["data"] if s["session_id"] == session_id]
     assert len(keys) == 1, keys
     return str(keys[0])
 

@@ -71,8 +71,8 @@ class Served:
 
     def roots(self) -> list[dict[str, Any]]:
         sessions = self.admin("/admin/sessions?limit=200")["data"]
-        roots = [s for s in sessions if s["parent_session_id"] is None]
-        return [self.admin(f"/admin/sessions/{s['session_id']}") for s in roots]
+        roots = [s for s in sessions if s["parent_session_key"] is None]
+        return [self.admin(f"/admin/sessions/{s['session_key']}") for s in roots]
 
 
 @pytest.fixture

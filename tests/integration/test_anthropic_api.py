@@ -160,7 +160,7 @@ def test_tool_use_round_trips_in_one_session(
     sessions = _admin(proxy, "/admin/sessions?limit=50")["data"]
     mine = [s for s in sessions if s["calls"] == 4]
     assert len(mine) == 1 and mine[0]["identity_source"] == "implicit"
-    detail = _admin(proxy, f"/admin/sessions/{mine[0]['session_id']}")
+    detail = _admin(proxy, f"/admin/sessions/{mine[0]['session_key']}")
     assert all(c["api"] == "messages" for c in detail["calls"])
     # A tool_use reply reserved the session's instance. At this proxy's time scale a
     # reservation lasts ~13 wall ms (6.4 clock s ÷ 500), so whether the client's next call came
@@ -193,7 +193,7 @@ def test_claude_code_identity_and_sub_agents(
     assert detail["session"]["identity_source"] == "claude-code"
     assert detail["session"]["calls"] == 2
     [child] = detail["children"]
-    assert child["session_id"] == raw.headers["x-talaria-session-key"] and child["calls"] == 1
+    assert child["session_key"] == raw.headers["x-talaria-session-key"] and child["calls"] == 1
 
 
 def test_count_tokens(client: anthropic.Anthropic) -> None:

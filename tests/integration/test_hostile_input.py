@@ -304,7 +304,7 @@ def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:
         hint = http.post(f"/v1/sessions/{a_key}/hints", json={"expected_s": 5}, headers=b_auth)
         assert hint.status_code == 404  # A's session, even named by its key, is not B's
         listed = http.get("/admin/sessions?tenant=tenant-a", headers=AUTH).json()["data"]
-        keys = {s["session_id"] for s in listed}  # A's (a branch of it is a child), never B's
+        keys = {s["session_key"] for s in listed}  # A's (a branch of it is a child), never B's
         assert a_key in keys and first_b.headers["x-talaria-session-key"] not in keys
         # the admin reads "task-1": whose? Not a silent pick: 409 naming both, or ?tenant=
         both = http.get("/admin/sessions/task-1", headers=AUTH)
@@ -317,7 +317,7 @@ def test_two_tenants_with_one_session_id_never_meet(tmp_path: Path) -> None:
             ("tenant-b", first_b.headers["x-talaria-session-key"]),
         ):
             picked = http.get(f"/admin/sessions/task-1?tenant={tenant}", headers=AUTH)
-            assert picked.json()["session"]["session_id"] == key, picked.text
+            assert picked.json()["session"]["session_key"] == key, picked.text
         tenant_b = http.get(f"/admin/sessions/{a_key}?tenant=tenant-b", headers=AUTH)
         assert tenant_b.status_code == 404  # a key of another tenant than the one asked
 

@@ -319,7 +319,7 @@ def test_session_timeline_hints_reservations_and_end(
     # at 500× a 2.5 s hint expires within milliseconds: each reservation is released somehow
     assert all(r["released_at"] for r in detail["reservations"])
     listed = _admin(proxy, f"/admin/sessions?model={MODEL}&state=ended&limit=200").json()
-    assert sid in [s["external_id"] for s in listed["data"]]
+    assert sid in [s["session_id"] for s in listed["data"]]
     again = httpx.post(f"{proxy.v1}/sessions/{sid}/hints", json={"expected_s": 1})
     assert again.status_code == 404 and again.json()["error"]["code"] == "session_not_found"
 
@@ -361,7 +361,7 @@ def test_session_paging(client: openai.OpenAI, proxy: RunningProxy) -> None:
     while True:
         query = "?model=qwen3-coder-480b-a35b-fp8&limit=2" + (f"&cursor={cursor}" if cursor else "")
         page = _admin(proxy, "/admin/sessions" + query).json()
-        seen += [s["external_id"] for s in page["data"]]
+        seen += [s["session_id"] for s in page["data"]]
         cursor = page["next_cursor"]
         if cursor is None:
             break

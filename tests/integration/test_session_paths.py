@@ -57,7 +57,7 @@ def test_a_session_id_with_slashes_is_hinted_and_ended_with_the_openai_client(
     encoded = quote(sid, safe="")
     hinted = client.post(f"/sessions/{encoded}/hints", body={"expected_s": 3}, cast_to=object)
     assert hinted == {"session_id": sid, "accepted": True}
-    assert _admin(proxy, sid)["session"]["external_id"] == sid
+    assert _admin(proxy, sid)["session"]["session_id"] == sid
     ended = client.post(f"/sessions/{encoded}/end", cast_to=object)
     assert ended == {"session_id": sid, "ended": True}
     assert _admin(proxy, sid)["session"]["state"] == "ended"

@@ -144,7 +144,7 @@ def test_a_restart_ends_the_sessions_left_open(tmp_path: Path) -> None:
         # the client carries on: a new session under the same id, counting from 0
         assert _chat(proxy.base_url, "open").is_success
         again = httpx.get(proxy.base_url + "/admin/sessions/open", headers=AUTH).json()
-        assert again["session"]["session_id"] != after["session"]["session_id"]
+        assert again["session"]["session_key"] != after["session"]["session_key"]
         assert [c["call_index"] for c in again["calls"]] == [0]
 
 
@@ -201,7 +201,8 @@ def test_admin_ends_a_stored_session_no_proxy_holds_live(tmp_path: Path) -> None
         asyncio.run(stored_open_session())
         end = httpx.post(proxy.base_url + "/admin/sessions/ses_elsewhere/end", headers=AUTH)
         assert end.status_code == 200 and end.json() == {
-            "session_id": "ses_elsewhere",
+            "session_key": "ses_elsewhere",
+            "session_id": "ses_elsewhere",  # no client's id recorded: the key stands in
             "ended": True,
             "live": False,
         }

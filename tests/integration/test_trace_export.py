@@ -58,7 +58,7 @@ def test_live_run_exports_a_replayable_trace(tmp_path: Path) -> None:
                 headers={"Authorization": f"Bearer {ADMIN}"},
             )
             assert len(detail.json()["calls"]) == 3
-            keys.append(detail.json()["session"]["session_id"])
+            keys.append(detail.json()["session"]["session_key"])
         runner = CliRunner()
         out = tmp_path / "live.jsonl"
         exported = runner.invoke(

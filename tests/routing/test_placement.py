@@ -13,7 +13,7 @@ from talaria.core.routing.scorers.model_affinity import model_affinity
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 
 CONFIG = RoutingConfig()
-NEW = RouteRequest(session_id="new", model="m", prompt_tokens=1000)
+NEW = RouteRequest(session_key="new", model="m", prompt_tokens=1000)
 
 
 def node(name: str, live: dict[str, int], active: str = "m") -> InstanceStatus:

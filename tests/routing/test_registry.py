@@ -42,7 +42,7 @@ def registered(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-REQ = RouteRequest(session_id="s", model="m", prompt_tokens=1000)
+REQ = RouteRequest(session_key="s", model="m", prompt_tokens=1000)
 ACTIVE = {"m": ModelResidency("m", ModelState.ACTIVE, 0.0)}
 ONE_TAU_AWAY = {"m": ModelResidency("m", ModelState.HOST, 10.0)}
 # "a": the model active, its KV memory nearly full; "b": the model one τ away, its KV free

@@ -76,7 +76,7 @@ def clusters(draw: st.DrawFn) -> list[InstanceStatus]:
 names = st.none() | st.sampled_from(["i0", "i1", "i2", "zz"])
 requests = st.builds(
     RouteRequest,
-    session_id=st.sampled_from(SESSIONS),
+    session_key=st.sampled_from(SESSIONS),
     model=st.sampled_from(MODELS),
     prompt_tokens=st.integers(1, 200_000),
     last_instance=names,

@@ -27,7 +27,7 @@ from talaria.core.routing import (
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState, SessionKvStatus
 
 CONFIG = RoutingConfig()
-REQ = RouteRequest(session_id="s", model="m", prompt_tokens=1000)
+REQ = RouteRequest(session_key="s", model="m", prompt_tokens=1000)
 
 
 def status(

@@ -119,8 +119,8 @@ def test_nested_sessions_record_the_parent(client: OpenAI, admin: Admin) -> None
         with session() as sub:
             client.chat.completions.create(model=MODEL, messages=USER)
         client.chat.completions.create(model=MODEL, messages=USER)
-    outer_key = admin(f"/admin/sessions/{outer.id}")["session"]["session_id"]
-    assert admin(f"/admin/sessions/{sub.id}")["session"]["parent_session_id"] == outer_key
+    outer_key = admin(f"/admin/sessions/{outer.id}")["session"]["session_key"]
+    assert admin(f"/admin/sessions/{sub.id}")["session"]["parent_session_key"] == outer_key
     assert admin(f"/admin/sessions/{outer.id}")["session"]["calls"] == 2
 
 

@@ -135,7 +135,7 @@ def test_provider_session_from_litellm_params(
     detail = admin(f"/admin/sessions/{sid}")
     assert detail["session"]["calls"] == 2
     if "talaria_parent_session_id" in str(how):
-        assert detail["session"]["parent_session_id"] == f"p-{sid}"
+        assert detail["session"]["parent_session_key"] == f"p-{sid}"
 
 
 def test_plain_openai_route(litellm: ModuleType, proxy: RunningProxy, admin: Admin) -> None:

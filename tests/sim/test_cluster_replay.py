@@ -155,7 +155,7 @@ TINY = Catalog(
 def _call(session: str, index: int, prompt: int, output: int, shared: int) -> CallRequest:
     return CallRequest(
         request_id=f"{session}/{index}",
-        session_id=session,
+        session_key=session,
         model="a",
         prompt_tokens=prompt,
         max_output_tokens=output,

@@ -45,7 +45,7 @@ def call(
     """A call of ``sid`` arriving and finishing ``arrived`` / ``finished`` s after T0."""
     fields: dict[str, object] = {
         "request_id": f"{sid}-{index}-{arrived}",
-        "session_id": sid,
+        "session_key": sid,
         "call_index": index,
         "model": "glm-4.5-fp8",
         "instance": "node0",
@@ -218,9 +218,9 @@ def test_parse_time_rejects(text: str) -> None:
 def stored(calls: Sequence[CallRecord], parents: dict[str, str] | None = None) -> list[Record]:
     """Session records (with parents) followed by the calls, as the gateway writes them."""
     records: list[Record] = []
-    for sid in dict.fromkeys(c.session_id for c in calls):
-        first = min(c.arrived_at for c in calls if c.session_id == sid)
-        model = next(c.model for c in calls if c.session_id == sid)
+    for sid in dict.fromkeys(c.session_key for c in calls):
+        first = min(c.arrived_at for c in calls if c.session_key == sid)
+        model = next(c.model for c in calls if c.session_key == sid)
         parent = (parents or {}).get(sid)
         records.append(SessionRecord(sid, "acme", model, first, first, parent))
     return [*records, *calls]
@@ -275,11 +275,11 @@ async def test_export_filters_whole_sessions(store: SqlStore, engine: AsyncEngin
     assert await export(until=at(30.0)) == ["a", "b", "c"]
     # naive bounds are UTC
     assert await export(since=at(30.0).replace(tzinfo=None)) == ["late"]
-    assert await export(session_ids=["c", "a", "missing", "z"]) == ["a", "c"]
-    assert await export(session_ids=["c"], since=at(21.0)) == []
-    assert await export(session_ids=[]) == []
+    assert await export(session_keys=["c", "a", "missing", "z"]) == ["a", "c"]
+    assert await export(session_keys=["c"], since=at(21.0)) == []
+    assert await export(session_keys=[]) == []
     # offsets count from the earliest exported call
-    (only_c,) = await export_trace(maker, session_ids=["c"])
+    (only_c,) = await export_trace(maker, session_keys=["c"])
     assert [c.arrival_offset_s for c in only_c.calls] == [0.0, 2.5]
 
 

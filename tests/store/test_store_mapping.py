@@ -26,7 +26,7 @@ from talaria.proxy.store.mapping import RECORD_ROWS, ROW_ONLY_COLUMNS, from_row,
 from talaria.proxy.store.models import ApiKey, Base, DeadLetter, SessionRow, StoredResponse
 from talaria.proxy.store.views import ApiKeyInfo, DeadLetterView, SessionSummary, StoredResponseView
 
-FILLED_BY_THE_WRITER = {(SessionRecord, "external_id"), (DecisionRecord, "created_at")}
+FILLED_BY_THE_WRITER = {(SessionRecord, "session_id"), (DecisionRecord, "created_at")}
 """Record fields that may be None although their column is not: batch.py fills them in (the
 session's key as its client id; the time of the write)."""
 

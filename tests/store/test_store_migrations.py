@@ -58,7 +58,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0007"
+    assert await migrate.current_async(db_url) == migrate.head() == "0008"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -81,9 +81,13 @@ async def test_0002_keeps_existing_sessions_under_their_client_ids(db_url: str) 
     try:
         async with engine.begin() as conn:
             await conn.execute(insert, {"at": datetime(2026, 11, 1, tzinfo=UTC)})
-        await migrate.upgrade_async(db_url)
+        await migrate.upgrade_async(db_url, "0002")
         async with engine.connect() as conn:
             row = (await conn.execute(text("SELECT session_id, external_id FROM sessions"))).one()
+        assert tuple(row) == ("task-7", "task-7")
+        await migrate.upgrade_async(db_url)  # 0008 renames them: the key, the client's id
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT session_key, session_id FROM sessions"))).one()
         assert tuple(row) == ("task-7", "task-7")
         await asyncio.to_thread(migrate.downgrade, db_url, "0001")
         async with engine.connect() as conn:
@@ -211,6 +215,102 @@ async def test_0007_sizes_the_stored_responses_and_drops_the_size_again(db_url: 
         await engine.dispose()
 
 
+SESSION_TABLES = ("calls", "routing_decisions", "reservations", "hints", "responses")
+"""The tables other than ``sessions`` whose rows name a session by its key."""
+
+
+async def _indexes(engine: AsyncEngine, table: str) -> dict[str, list[str]]:
+    async with engine.connect() as conn:
+        found = await conn.run_sync(lambda c: inspect(c).get_indexes(table))
+    return {i["name"]: list(i["column_names"]) for i in found}
+
+
+async def _foreign_keys(engine: AsyncEngine, table: str) -> list[tuple[Any, ...]]:
+    async with engine.connect() as conn:
+        found = await conn.run_sync(lambda c: inspect(c).get_foreign_keys(table))
+    return [
+        (f["name"], f["constrained_columns"], f["referred_table"], f["referred_columns"])
+        for f in found
+    ]
+
+
+@pytest.mark.asyncio
+async def test_0008_renames_the_key_and_the_client_id_keeping_every_row(db_url: str) -> None:
+    """0008: ``sessions.session_id`` (the key) becomes ``session_key``, then ``external_id``
+    (the client's id) becomes ``session_id``, the parent's key ``parent_session_key``, and every
+    other table's ``session_id`` ``session_key``; indexes follow. Values stay; the downgrade
+    gives the old names back."""
+    await migrate.upgrade_async(db_url, "0007")
+    engine = make_engine(db_url)
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    inserts = (
+        "INSERT INTO sessions (session_id, tenant_id, external_id, parent_session_id, model,"
+        " state, started_at, last_call_at, calls, prompt_tokens, cached_tokens, output_tokens)"
+        " VALUES ('ses_1', 't', 'task-1', 'ses_0', 'm', 'active', :at, :at, 1, 0, 0, 0)",
+        "INSERT INTO calls (request_id, session_id, call_index, model, arrived_at, status,"
+        " prompt_tokens, cached_tokens, output_tokens, stream)"
+        " VALUES ('r', 'ses_1', 0, 'm', :at, 'ok', 0, 0, 0, false)",
+        "INSERT INTO routing_decisions (request_id, session_id, router, reason, scores,"
+        " created_at) VALUES ('r', 'ses_1', 'talaria', 'kv', '{}', :at)",
+        "INSERT INTO reservations (reservation_id, session_id, instance, held_bytes,"
+        " created_at, expected_return_at, expires_at) VALUES ('v', 'ses_1', 'n', 0, :at, :at, :at)",
+        "INSERT INTO hints (session_id, at, kind) VALUES ('ses_1', :at, 'end')",
+        "INSERT INTO responses (response_id, tenant_id, session_id, model, created_at,"
+        " expires_at, response, input_items) VALUES ('resp', 't', 'ses_1', 'm', :at, :at, '{}',"
+        " '[]')",
+    )
+    try:
+        async with engine.begin() as conn:
+            for insert in inserts:
+                await conn.execute(text(insert), {"at": at})
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = await conn.execute(
+                text("SELECT session_key, session_id, parent_session_key FROM sessions")
+            )
+            assert tuple(row.one()) == ("ses_1", "task-1", "ses_0")
+            for table in SESSION_TABLES:
+                keys = await conn.execute(text(f"SELECT session_key FROM {table}"))
+                assert keys.scalars().all() == ["ses_1"], table
+        for table in SESSION_TABLES:
+            assert "session_id" not in await _columns(engine, table)
+        assert {
+            "ix_sessions_tenant_id_session_id": ["tenant_id", "session_id"],
+            "ix_sessions_parent_session_key": ["parent_session_key"],
+        }.items() <= (await _indexes(engine, "sessions")).items()
+        assert await _indexes(engine, "calls") == {
+            "ix_calls_session_key_call_index": ["session_key", "call_index"]
+        }
+        for table in ("reservations", "hints"):
+            assert await _indexes(engine, table) == {f"ix_{table}_session_key": ["session_key"]}
+        assert await _foreign_keys(engine, "calls") == [
+            ("fk_calls_session_key_sessions", ["session_key"], "sessions", ["session_key"])
+        ]
+
+        await asyncio.to_thread(migrate.downgrade, db_url, "0007")
+        async with engine.connect() as conn:
+            row = await conn.execute(
+                text("SELECT session_id, external_id, parent_session_id FROM sessions")
+            )
+            assert tuple(row.one()) == ("ses_1", "task-1", "ses_0")
+            for table in SESSION_TABLES:
+                keys = await conn.execute(text(f"SELECT session_id FROM {table}"))
+                assert keys.scalars().all() == ["ses_1"], table
+        assert {
+            "ix_sessions_tenant_id_external_id": ["tenant_id", "external_id"],
+            "ix_sessions_parent_session_id": ["parent_session_id"],
+        }.items() <= (await _indexes(engine, "sessions")).items()
+        assert await _indexes(engine, "calls") == {
+            "ix_calls_session_id_call_index": ["session_id", "call_index"]
+        }
+        assert "ix_routing_decisions_session_id" in await _indexes(engine, "routing_decisions")
+        assert await _foreign_keys(engine, "calls") == [
+            ("fk_calls_session_id_sessions", ["session_id"], "sessions", ["session_id"])
+        ]
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
@@ -234,9 +334,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0007" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0008" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0007" in out and "head: 0007" in out
+    assert "current: 0008" in out and "head: 0008" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -246,7 +346,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0007"
+    assert migrate.current(url) == "0008"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -257,7 +357,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0007"
+    assert migrate.current(url) == "0008"
 
 
 def test_default_sqlite_url_honours_data_dir(

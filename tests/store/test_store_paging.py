@@ -1,5 +1,5 @@
 """Keyset paging: for any set of sessions, paging through with any page sizes yields every
-session exactly once, in (started_at desc, session_id desc) order."""
+session exactly once, in (started_at desc, session_key desc) order."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from talaria.proxy.store.repository import SqlStore
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
-# Few distinct start times (many ties, broken by session_id), microsecond offsets included.
+# Few distinct start times (many ties, broken by session_key), microsecond offsets included.
 starts = st.sampled_from([0, 1, 2, 3, 1_000_001, 86_400_000_000]).map(
     lambda us: T0 + timedelta(microseconds=us)
 )
@@ -39,8 +39,8 @@ async def test_paging_yields_every_session_once_in_order(
         [SessionRecord(f"{tenant}:{sid}", tenant, "glm", at, at) for sid, at in sessions.items()]
     )
     whole = await store.sessions.list_sessions(tenant_id=tenant, limit=1000)
-    expected = [(s.started_at, s.session_id) for s in whole.items]
-    # Newest first; ties by session_id in the database's collation (bytewise on SQLite).
+    expected = [(s.started_at, s.session_key) for s in whole.items]
+    # Newest first; ties by session_key in the database's collation (bytewise on SQLite).
     assert sorted(expected) == sorted((at, f"{tenant}:{sid}") for sid, at in sessions.items())
     assert [at for at, _ in expected] == sorted((at for at, _ in expected), reverse=True)
     if db_url.startswith("sqlite"):
@@ -51,7 +51,7 @@ async def test_paging_yields_every_session_once_in_order(
         page = await store.sessions.list_sessions(
             tenant_id=tenant, cursor=cursor, limit=page_sizes[turn % len(page_sizes)]
         )
-        seen.extend((s.started_at, s.session_id) for s in page.items)
+        seen.extend((s.started_at, s.session_key) for s in page.items)
         cursor = page.next_cursor
         if cursor is None:
             break

@@ -25,7 +25,7 @@ T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 def session(sid: str, at: datetime = T0, **kw: object) -> SessionRecord:
     fields: dict[str, object] = {
-        "session_id": sid,
+        "session_key": sid,
         "tenant_id": "acme",
         "model": "glm",
         "started_at": at,
@@ -38,7 +38,7 @@ def session(sid: str, at: datetime = T0, **kw: object) -> SessionRecord:
 def call(rid: str, sid: str, index: int, **kw: object) -> CallRecord:
     fields: dict[str, object] = {
         "request_id": rid,
-        "session_id": sid,
+        "session_key": sid,
         "call_index": index,
         "model": "glm",
         "instance": "node-0",
@@ -55,7 +55,7 @@ def call(rid: str, sid: str, index: int, **kw: object) -> CallRecord:
 
 @pytest.mark.asyncio
 async def test_session_and_calls_round_trip(store: SqlStore) -> None:
-    s = session("s1", parent_session_id="s0")
+    s = session("s1", parent_session_key="s0")
     c0 = call("r0", "s1", 0, queue_s=0.1, prefill_s=0.2, decode_s=0.3, kv_source="new")
     c1 = call("r1", "s1", 1, stream=True, finish_reason="tool_calls", tool_gap_hint_s=2.5)
     await store.write_batch([s, c1, c0])  # calls come back ordered by call_index
@@ -64,7 +64,7 @@ async def test_session_and_calls_round_trip(store: SqlStore) -> None:
     assert detail.calls == (c0, c1)
     summary = detail.session
     assert (summary.calls, summary.prompt_tokens, summary.cached_tokens) == (2, 200, 80)
-    assert summary.output_tokens == 20 and summary.parent_session_id == "s0"
+    assert summary.output_tokens == 20 and summary.parent_session_key == "s0"
     assert summary.started_at == T0 and summary.state == "active"
     assert await store.sessions.get_session("missing") is None
     assert await store.sessions.get_session("s1", tenant_id="other") is None
@@ -80,8 +80,8 @@ async def test_a_client_id_two_tenants_use_is_not_resolved_to_either(store: SqlS
     later = T0 + timedelta(seconds=1)
     await store.write_batch(
         [
-            session("k-a", tenant_id=a, external_id="task-1"),
-            session("k-b", at=later, tenant_id=b, external_id="task-1"),
+            session("k-a", tenant_id=a, session_id="task-1"),
+            session("k-b", at=later, tenant_id=b, session_id="task-1"),
         ]
     )
     with pytest.raises(AmbiguousSession) as raised:
@@ -89,7 +89,7 @@ async def test_a_client_id_two_tenants_use_is_not_resolved_to_either(store: SqlS
     assert raised.value.tenants == [(a, "tenant-a"), (b, "tenant-b")]
     for tenant, key in (("tenant-a", "k-a"), (b, "k-b")):
         picked = await store.sessions.get_session("task-1", tenant_id=tenant)
-        assert picked is not None and picked.session.session_id == key
+        assert picked is not None and picked.session.session_key == key
     assert await store.sessions.get_session("k-a") is not None  # a key is never ambiguous
     assert await store.sessions.get_session("k-a", tenant_id="tenant-b") is None
 
@@ -244,7 +244,7 @@ async def test_datetimes_come_back_aware_utc(store: SqlStore) -> None:
     page = await store.sessions.list_sessions(
         started_after=local, started_before=local + timedelta(1)
     )
-    assert [s.session_id for s in page.items] == ["s1"]
+    assert [s.session_key for s in page.items] == ["s1"]
 
 
 @pytest.mark.asyncio
@@ -273,7 +273,7 @@ async def test_list_sessions_filters(store: SqlStore) -> None:
 
     async def ids(**kw: object) -> list[str]:
         page = await store.sessions.list_sessions(**kw)  # type: ignore[arg-type]
-        return [s.session_id for s in page.items]
+        return [s.session_key for s in page.items]
 
     assert await ids() == ["d", "c", "b", "a"]
     assert await ids(model="qwen") == ["d", "b"]
@@ -285,7 +285,7 @@ async def test_list_sessions_filters(store: SqlStore) -> None:
     first = await store.sessions.list_sessions(limit=3)
     assert first.next_cursor is not None
     rest = await store.sessions.list_sessions(limit=3, cursor=first.next_cursor)
-    assert [s.session_id for s in rest.items] == ["a"] and rest.next_cursor is None
+    assert [s.session_key for s in rest.items] == ["a"] and rest.next_cursor is None
 
 
 @pytest.mark.asyncio

@@ -23,7 +23,7 @@ def response(rid: str, tenant: str, size: int, expires: datetime) -> ResponseRec
     return ResponseRecord(
         response_id=rid,
         tenant_id=tenant,
-        session_id="ses_1",
+        session_key="ses_1",
         model="glm",
         created_at=T0,
         expires_at=expires,

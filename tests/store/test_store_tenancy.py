@@ -17,7 +17,7 @@ def response(tenant: str, text: str) -> ResponseRecord:
     return ResponseRecord(
         response_id="resp_1",
         tenant_id=tenant,
-        session_id=f"ses-{tenant}",
+        session_key=f"ses-{tenant}",
         model="glm",
         created_at=T0,
         expires_at=T0 + timedelta(days=7),

@@ -24,7 +24,7 @@ T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
 def hint(i: int) -> HintRecord:
-    return HintRecord(session_id="s1", at=T0 + timedelta(microseconds=i), expected_s=float(i))
+    return HintRecord(session_key="s1", at=T0 + timedelta(microseconds=i), expected_s=float(i))
 
 
 class Refused(ValueError):

@@ -226,7 +226,7 @@ SMALL = Catalog(
 def _request(session: str, model: str, i: int = 0, final: bool = True) -> CallRequest:
     return CallRequest(
         request_id=f"{session}/{i}",
-        session_id=session,
+        session_key=session,
         model=model,
         prompt_tokens=1000,
         max_output_tokens=200,

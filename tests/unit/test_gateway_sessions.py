@@ -252,10 +252,10 @@ def test_ending_a_session_ends_its_children() -> None:
         assert len(gateway.sessions) == 0
 
     sink, _ = _run(scenario)
-    ended = {r.session_id: r for r in sink.records if isinstance(r, SessionRecord) and r.ended_at}
+    ended = {r.session_key: r for r in sink.records if isinstance(r, SessionRecord) and r.ended_at}
     assert len(ended) == 2 and {r.end_reason for r in ended.values()} == {"client"}
-    children = [r for r in ended.values() if r.parent_session_id is not None]
-    assert len(children) == 1 and children[0].parent_session_id in ended
+    children = [r for r in ended.values() if r.parent_session_key is not None]
+    assert len(children) == 1 and children[0].parent_session_key in ended
 
 
 def test_tenants_never_share_a_session_or_its_prefix() -> None:
@@ -264,11 +264,11 @@ def test_tenants_never_share_a_session_or_its_prefix() -> None:
         again = await (await gateway.open_call(_call(1, tenant="A"))).outcome()
         other = await gateway.open_call(_call(1, tenant="B"))  # B replays A's conversation
         stranger = await other.outcome()
-        assert first.result.session_id == again.result.session_id
-        assert stranger.result.session_id != first.result.session_id
+        assert first.result.session_key == again.result.session_key
+        assert stranger.result.session_key != first.result.session_key
         assert again.result.cached_tokens > 0 and stranger.result.cached_tokens == 0
         assert not await gateway.keeper.end_session("s1", "client", "C")  # no such session for C
-        assert gateway.sessions.named("B", first.result.session_id) is None
+        assert gateway.sessions.named("B", first.result.session_key) is None
 
     _run(scenario)
 
@@ -286,10 +286,10 @@ def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool
         await handle.outcome()
         assert handle.session_key not in gateway.reservations and len(gateway.sessions) == 0
         again = await (await gateway.open_call(_call(1, tool=tool))).outcome()
-        assert again.result.session_id != handle.session_key  # a new session
+        assert again.result.session_key != handle.session_key  # a new session
 
     sink, _ = _run(scenario)
-    mine = [r for r in sink.records if getattr(r, "session_id", None) == keys[0]]
+    mine = [r for r in sink.records if getattr(r, "session_key", None) == keys[0]]
     assert [r.state for r in mine if isinstance(r, SessionRecord)] == ["ended"]
     assert [r.status for r in mine if isinstance(r, CallRecord)] == ["ok"]
     assert not [r for r in mine if isinstance(r, ReservationRecord)]

@@ -29,7 +29,7 @@ KEY = "test-key"
 def _request(n: int, *, stream: bool, shared: int | None = None, **extra: object) -> CallRequest:
     return CallRequest(
         request_id=f"r{n}",
-        session_id="s1",
+        session_key="s1",
         model=MODEL,
         prompt_tokens=100,
         max_output_tokens=4096,

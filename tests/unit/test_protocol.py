@@ -60,7 +60,7 @@ def _wire(data: dict[str, Any]) -> dict[str, Any]:
 
 FULL_REQUEST = CallRequest(
     request_id="r1",
-    session_id="ses_1",
+    session_key="ses_1",
     model="glm-4.5-fp8",
     prompt_tokens=120,
     max_output_tokens=64,
@@ -154,7 +154,7 @@ OUTPUT = ModelOutput(
 )
 RESULT = CallResult(
     request_id="r1",
-    session_id="ses_1",
+    session_key="ses_1",
     model="m",
     node="n0",
     prompt_tokens=10,
@@ -225,6 +225,19 @@ def test_unknown_or_broken_events_are_refused() -> None:
         event_from_dict({"type": "gossip"})
     with pytest.raises(ProtocolError, match="bad first event"):
         event_from_dict({"type": "first", "t_s": 1.0})
+
+
+def test_version_5_names_the_session_key_and_a_version_4_request_is_refused() -> None:
+    """v5 sends the proxy's key as ``session_key`` (v4 called it ``session_id``): a v4 peer's
+    request is refused by its version, not misread."""
+    data = _wire(request_to_dict(FULL_REQUEST))
+    assert data["v"] == PROTOCOL_VERSION == 5
+    assert data["session_key"] == "ses_1" and "session_id" not in data
+    result = _wire(event_to_dict(Finished(RESULT)))["result"]
+    assert result["session_key"] == "ses_1" and "session_id" not in result
+    v4 = {k: v for k, v in data.items() if k != "session_key"}
+    with pytest.raises(ProtocolError, match="protocol version 4"):
+        request_from_dict({**v4, "session_id": "ses_1", "v": 4})
 
 
 STATUS = InstanceStatus(

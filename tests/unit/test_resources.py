@@ -67,8 +67,8 @@ def test_lru_skips_pinned_and_other_tiers_and_orders_by_last_use() -> None:
     mem.put(_kv("mid", 1.0, t=3.0))
     mem.put(_kv("host", 1.0, KvLocation.HOST, t=0.0))
     mem.kv["mid"].pins = 1
-    assert [e.session_id for e in mem.lru(KvLocation.HBM)] == ["old", "new"]
-    assert [e.session_id for e in mem.lru(KvLocation.HOST)] == ["host"]
+    assert [e.session_key for e in mem.lru(KvLocation.HBM)] == ["old", "new"]
+    assert [e.session_key for e in mem.lru(KvLocation.HOST)] == ["host"]
 
 
 def test_peak_is_tracked() -> None:

@@ -150,7 +150,7 @@ def test_the_cache_stays_under_its_byte_bound(seed: int) -> None:
         start = {"id": f"resp_{i}", "model": "glm", "output": []}
         before = responses.cache_entries
         record = responses.prepare(
-            responses.admit("A", start, items), session_id="ses", response=start
+            responses.admit("A", start, items), session_key="ses", response=start
         )
         assert responses.cache_bytes <= bound and responses.cache_entries <= 256
         assert cached(record.response_id) == (record.size_bytes <= bound)

@@ -16,7 +16,7 @@ from talaria.proxy.runtimes.base import RuntimeUnavailable
 from talaria.proxy.runtimes.http import decode_event
 from talaria.runtime.server import _events
 
-CALL = CallRequest(request_id="r", session_id="s", model="m", prompt_tokens=9, max_output_tokens=1)
+CALL = CallRequest(request_id="r", session_key="s", model="m", prompt_tokens=9, max_output_tokens=1)
 
 
 class FailingNode:

@@ -142,7 +142,7 @@ def _requests(agent: Agent) -> list[CallRequest]:
         out.append(
             CallRequest(
                 request_id=f"{agent.session}/{i}",
-                session_id=agent.session,
+                session_key=agent.session,
                 model=agent.model,
                 prompt_tokens=call.prompt,
                 max_output_tokens=call.output,

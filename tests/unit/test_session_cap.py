@@ -87,7 +87,7 @@ def test_an_ended_session_frees_its_place_and_a_take_over_is_never_refused() -> 
     assert book.count("A") == 0
     second = _call(book, "t1").state
     adopted = SessionState(
-        key="ses_adopted", tenant_id="A", external_id="x", identity_source="talaria",
+        key="ses_adopted", tenant_id="A", session_id="x", identity_source="talaria",
         model="m", started_at=NOW, started_s=0.0, root_key="ses_adopted", adopted=True,
     )  # fmt: skip
     book.adopt(adopted)  # another replica's session, continued here

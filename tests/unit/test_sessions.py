@@ -234,7 +234,7 @@ def test_sessions_are_per_tenant_and_model() -> None:
     named = Identity("task-1", "talaria")
     ka = Agent(book, "x", tenant="A").step(named).state
     kb = Agent(book, "x", tenant="B").step(named).state
-    assert ka is not kb and ka.external_id == kb.external_id == "task-1"
+    assert ka is not kb and ka.session_id == kb.session_id == "task-1"
     assert book.named("A", "task-1") is ka and book.named("B", "task-1") is kb
     assert book.named("B", ka.key) is None  # no tenant reaches another's session by key
 

@@ -113,7 +113,7 @@ def _request(
         ]
     return CallRequest(
         request_id=f"req-{history_calls}",
-        session_id="s",
+        session_key="s",
         model="m",
         prompt_tokens=50,
         max_output_tokens=extra.pop("max_output_tokens", 512),

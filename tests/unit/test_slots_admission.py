@@ -215,7 +215,7 @@ def test_plan_reservation_taken(
     now: float, gap: float, deadline: float | None, expires: float
 ) -> None:
     res = plan_reservation(
-        session_id="s",
+        session_key="s",
         model="m",
         now_s=now,
         expected_gap_s=gap,
@@ -231,7 +231,7 @@ def test_plan_reservation_refused_when_back_after_the_deadline(
     now: float, gap: float, deadline: float
 ) -> None:
     res = plan_reservation(
-        session_id="s",
+        session_key="s",
         model="m",
         now_s=now,
         expected_gap_s=gap,
@@ -243,7 +243,7 @@ def test_plan_reservation_refused_when_back_after_the_deadline(
 
 def test_plan_reservation_custom_slack() -> None:
     res = plan_reservation(
-        session_id="s",
+        session_key="s",
         model="m",
         now_s=0.0,
         expected_gap_s=2.0,
@@ -314,9 +314,9 @@ def test_reservation_table_queries() -> None:
     table.add(_res("s2", "b", held=7.0, expires=4.0))
     table.add(_res("s3", "a", held=11.0, expires=20.0))
     assert table.next_expiry_s() == 4.0
-    assert [r.session_id for r in table.expired(10.0)] == ["s1", "s2"]  # expires_s <= now
+    assert [r.session_key for r in table.expired(10.0)] == ["s1", "s2"]  # expires_s <= now
     assert table.expired(3.9) == []
-    assert {r.session_id for r in table.for_model("a")} == {"s1", "s3"}
+    assert {r.session_key for r in table.for_model("a")} == {"s1", "s3"}
     assert table.held_bytes() == 23.0
     assert table.held_bytes(exclude_session="s3") == 12.0
     table.add(_res("s1", "a", held=1.0, expires=30.0))  # a session holds one reservation

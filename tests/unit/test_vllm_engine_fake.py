@@ -224,7 +224,7 @@ def request(
 ) -> CallRequest:
     return CallRequest(
         request_id=rid,
-        session_id=session,
+        session_key=session,
         model=model,
         prompt_tokens=prompt_tokens,
         max_output_tokens=max_out,

@@ -127,7 +127,7 @@ def call(
 ) -> CallRequest:
     return CallRequest(
         request_id=rid,
-        session_id=session,
+        session_key=session,
         model=model,
         prompt_tokens=len(str(messages)) // 4,
         max_output_tokens=max_out,
@@ -269,7 +269,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     assert switched[:3] == [a, b, a], switched
     sp = [r for r in results if r.sp_admitted]
     assert sp, "a continuation of the short session was admitted mid-slot (SP)"
-    assert all(r.session_id == "short" and r.model == a for r in sp)
+    assert all(r.session_key == "short" and r.model == a for r in sp)
     priorities = {**node.recorders[a].priorities, **node.recorders[b].priorities}
     for r in results:
         assert priorities[r.request_id] == (PRIORITY_SP if r.sp_admitted else PRIORITY_DEFAULT)
@@ -280,7 +280,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     continuations = [r for r in results if not r.request_id.endswith("-0")]
     assert all(r.cached_tokens > 0 and r.kv_source is KvSource.HBM for r in continuations)
     wanted = {"long": 400, "short": 8, "other": 16}
-    assert all(r.output_tokens == wanted[r.session_id] and r.output.text for r in results)
+    assert all(r.output_tokens == wanted[r.session_key] and r.output.text for r in results)
 
 
 def test_two_co_resident_engines_serve_at_once(node: Node) -> None:
@@ -305,8 +305,8 @@ def test_two_co_resident_engines_serve_at_once(node: Node) -> None:
         return sched, results
 
     sched, results = node.run(body())
-    long = next(r for r in results if r.session_id == "co-long")
-    short = [r for r in results if r.session_id == "co-short"]
+    long = next(r for r in results if r.session_key == "co-long")
+    short = [r for r in results if r.session_key == "co-short"]
     assert len(short) == 2
     assert all(long.first_token_s < r.admitted_s and r.finished_s < long.finished_s for r in short)
     assert sum(len(s.activated) for s in sched.slots) <= 2  # cold activations only

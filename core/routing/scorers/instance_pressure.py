@@ -10,7 +10,7 @@ from talaria.core.status import InstanceStatus
 
 def other_reserved_bytes(request: RouteRequest, status: InstanceStatus) -> float:
     """Bytes the instance's soft reservations hold for sessions other than this one."""
-    return sum(b for sid, b in status.reserved.items() if sid != request.session_id)
+    return sum(b for sid, b in status.reserved.items() if sid != request.session_key)
 
 
 def instance_load(request: RouteRequest, status: InstanceStatus, config: RoutingConfig) -> float:

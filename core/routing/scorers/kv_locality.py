@@ -12,7 +12,7 @@ def kv_locality(request: RouteRequest, status: InstanceStatus, config: RoutingCo
     """The session's KV for this model on the instance: in HBM → 1; in host memory →
     ``1 − restore_s / recompute_s`` clamped to [0, 1] (the fraction of the prefill a restore
     saves); absent, or held for another model → 0."""
-    kv = status.sessions.get(request.session_id)
+    kv = status.sessions.get(request.session_key)
     if kv is None or kv.model != request.model or kv.tokens <= 0:
         return 0.0
     if kv.location == "hbm":
@@ -24,7 +24,7 @@ def kv_locality(request: RouteRequest, status: InstanceStatus, config: RoutingCo
 
 def reason(request: RouteRequest, status: InstanceStatus) -> str:
     """``kv-hbm`` / ``kv-host``: where the session's KV is on the winner."""
-    kv = status.sessions.get(request.session_id)
+    kv = status.sessions.get(request.session_key)
     return f"kv-{kv.location}" if kv is not None else "kv-hbm"
 
 

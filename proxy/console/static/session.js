@@ -22,9 +22,9 @@ export async function sessionView(id) {
   const children = [];
   for (const child of doc.children.slice(0, MAX_CHILD_LANES)) {
     try {
-      children.push(await api(`/admin/sessions/${encodeURIComponent(child.session_id)}`));
+      children.push(await api(`/admin/sessions/${encodeURIComponent(child.session_key)}`));
     } catch (err) {
-      say(`child ${child.session_id}: ${err.message}`);
+      say(`child ${child.session_key}: ${err.message}`);
     }
   }
   if (current(view)) renderSession(doc, children);
@@ -43,9 +43,9 @@ function renderSession(doc, children) {
   for (const g of doc.tool_gaps) totals.gaps += g.gap_s;
   main.innerHTML = `
     <p><a href="#/sessions">← All sessions</a></p>
-    <h1>Session ${esc(s.external_id)} <span class="badge ${esc(s.state)}" id="session-state">${esc(s.state)}</span></h1>
+    <h1>Session ${esc(s.session_id)} <span class="badge ${esc(s.state)}" id="session-state">${esc(s.state)}</span></h1>
     <dl class="summary">
-      <div><dt>Key</dt><dd>${esc(s.session_id)}</dd></div>
+      <div><dt>Key</dt><dd>${esc(s.session_key)}</dd></div>
       <div><dt>Tenant</dt><dd>${esc(s.tenant_id)}</dd></div>
       <div><dt>Model</dt><dd>${esc(s.model)}</dd></div>
       <div><dt>Calls</dt><dd>${s.calls}</dd></div>
@@ -114,7 +114,7 @@ function renderSession(doc, children) {
   document.getElementById("notes").innerHTML = waitNotes(doc).map((n) => `<li>${esc(n)}</li>`).join("") ||
     "<li>No call waited long enough to note (a second, or a tenth of the session).</li>";
   const end = document.getElementById("end-session");
-  if (end) end.addEventListener("click", () => endSession(s.session_id));
+  if (end) end.addEventListener("click", () => endSession(s.session_key));
   drawTimeline(doc, children);
 }
 

@@ -102,9 +102,9 @@ function renderRows(sessions) {
     return;
   }
   body.innerHTML = sessions.map((s) => `
-    <tr data-session="${esc(s.session_id)}">
-      <td><a href="#/session/${encodeURIComponent(s.session_id)}">${esc(s.external_id || s.session_id)}</a>
-        ${s.parent_session_id ? `<br><small>child of ${esc(s.parent_session_id)}</small>` : ""}</td>
+    <tr data-session="${esc(s.session_key)}">
+      <td><a href="#/session/${encodeURIComponent(s.session_key)}">${esc(s.session_id || s.session_key)}</a>
+        ${s.parent_session_key ? `<br><small>child of ${esc(s.parent_session_key)}</small>` : ""}</td>
       <td>${esc(s.tenant_id)}</td><td>${esc(s.model)}</td><td>${esc(s.instance ?? "—")}</td>
       <td><span class="badge ${esc(s.state)}">${esc(s.state)}</span></td>
       <td class="num">${s.calls}</td><td class="num">${seconds(sctSoFar(s))}</td>

@@ -95,7 +95,7 @@ function segmentLabel(s) {
 export function drawTimeline(doc, children) {
   const docs = [doc, ...children];
   const t0 = new Date(Math.min(...docs.map((d) => new Date(d.session.started_at).getTime())));
-  const lanes = docs.map((d, i) => (i === 0 ? `session ${d.session.external_id}` : `child ${d.session.external_id}`));
+  const lanes = docs.map((d, i) => (i === 0 ? `session ${d.session.session_id}` : `child ${d.session.session_id}`));
   const segments = docs.flatMap((d, i) => segmentsOf(d, lanes[i], t0));
   const kinds = Object.keys(SEGMENT_STYLE);
   const datasets = kinds.map((kind) => ({
@@ -115,7 +115,7 @@ export function drawTimeline(doc, children) {
   const full = { min: 0, max: last * 1.02 };
   const box = document.getElementById("timeline-box");
   box.style.height = `${Math.max(140, 70 * lanes.length + 70)}px`;
-  const drawnCalls = new Set(segments.filter((s) => s.ref.call).map((s) => `${s.ref.doc.session.session_id}/${s.ref.call.request_id}`));
+  const drawnCalls = new Set(segments.filter((s) => s.ref.call).map((s) => `${s.ref.doc.session.session_key}/${s.ref.call.request_id}`));
   box.dataset.calls = String(drawnCalls.size);
   box.dataset.mainCalls = String(new Set(segments.filter((s) => s.ref.call && s.ref.doc === doc).map((s) => s.ref.call.request_id)).size);
   const chart = new Chart(document.getElementById("timeline"), {

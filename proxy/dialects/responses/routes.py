@@ -68,7 +68,7 @@ async def create(request: Request) -> Response:
         """The stored response, committed with the call's records."""
         assert pending is not None
         response = final_response(parsed, outcome, request_id, created, True)
-        return [ctx.responses.prepare(pending, session_id=handle.session_key, response=response)]
+        return [ctx.responses.prepare(pending, session_key=handle.session_key, response=response)]
 
     try:
         handle, headers = await open_call(

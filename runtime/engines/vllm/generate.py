@@ -329,7 +329,7 @@ class CallRunner:
         ``engine``: vLLM's own timestamps of the call, where it gave them."""
         request = admission.request
         recomputed = self._memory.recomputed(request, ids) if source is KvSource.RECOMPUTE else 0
-        self._memory.remember(request.session_id, ids + out_ids, self._states.epoch)
+        self._memory.remember(request.session_key, ids + out_ids, self._states.epoch)
         return Finished(
             call_result(
                 admission,

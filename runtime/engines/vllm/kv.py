@@ -133,12 +133,12 @@ class SessionMemory:
         self._host = host_kv_survives_sleep
         self._sessions: OrderedDict[str, SessionContext] = OrderedDict()
 
-    def get(self, session_id: str) -> SessionContext | None:
-        return self._sessions.get(session_id)
+    def get(self, session_key: str) -> SessionContext | None:
+        return self._sessions.get(session_key)
 
-    def remember(self, session_id: str, context: list[int], epoch: int) -> None:
-        self._sessions[session_id] = SessionContext(array("i", context), epoch)
-        self._sessions.move_to_end(session_id)
+    def remember(self, session_key: str, context: list[int], epoch: int) -> None:
+        self._sessions[session_key] = SessionContext(array("i", context), epoch)
+        self._sessions.move_to_end(session_key)
         while len(self._sessions) > SESSION_MEMORY:
             self._sessions.popitem(last=False)
 
@@ -147,19 +147,19 @@ class SessionMemory:
         ``shared_prefix_tokens`` of it, if given), then deterministic filler, ``prompt_tokens``
         in all; so continuations share their prefix as real agent calls do."""
         n = max(1, request.prompt_tokens)
-        state = self._sessions.get(request.session_id)
+        state = self._sessions.get(request.session_key)
         base = list(state.context) if state is not None else [BOS_ID]
         keep = len(base)
         if request.shared_prefix_tokens is not None and state is not None:
             keep = min(keep, request.shared_prefix_tokens)
         ids = base[: min(keep, n)]
-        seed = f"{request.session_id}/{request.call_index}/{request.request_id}"
+        seed = f"{request.session_key}/{request.call_index}/{request.request_id}"
         return ids + filler(seed, n - len(ids))
 
     def predict(self, request: CallRequest, ids: Sequence[int], epoch: int) -> tuple[KvSource, int]:
         """Where the prefix will come from and how many tokens of it (whole blocks, never the
         last prompt token), judged from the record of the session."""
-        state = self._sessions.get(request.session_id)
+        state = self._sessions.get(request.session_key)
         if state is None:
             known = request.call_index > 0 or bool(request.shared_prefix_tokens)
             return (KvSource.RECOMPUTE if known else KvSource.NEW), 0
@@ -177,7 +177,7 @@ class SessionMemory:
         """What vLLM's cached-token count means: in the same epoch as the session's previous
         call, the device cache (``HBM``); after a sleep, a host tier (``HOST``); none cached:
         ``NEW`` for a first call, else ``RECOMPUTE``."""
-        state = self._sessions.get(request.session_id)
+        state = self._sessions.get(request.session_key)
         if cached > 0:
             if state is not None and state.epoch != epoch:
                 return KvSource.HOST
@@ -188,7 +188,7 @@ class SessionMemory:
 
     def recomputed(self, request: CallRequest, ids: Sequence[int]) -> int:
         """Tokens of a ``RECOMPUTE`` call's prompt that a kept KV would have saved."""
-        state = self._sessions.get(request.session_id)
+        state = self._sessions.get(request.session_key)
         if state is not None:
             return common_prefix(state.context, ids)
         return min(request.shared_prefix_tokens or 0, len(ids))
@@ -197,9 +197,9 @@ class SessionMemory:
         """Sessions whose KV the engine probably still holds: (tokens, ``HBM`` if no sleep
         since, else ``HOST`` when a host tier survives sleep)."""
         out: dict[str, tuple[int, KvSource]] = {}
-        for session_id, state in self._sessions.items():
+        for session_key, state in self._sessions.items():
             if state.epoch == epoch:
-                out[session_id] = (len(state.context), KvSource.HBM)
+                out[session_key] = (len(state.context), KvSource.HBM)
             elif self._host:
-                out[session_id] = (len(state.context), KvSource.HOST)
+                out[session_key] = (len(state.context), KvSource.HOST)
         return out

@@ -53,15 +53,17 @@ def tenant_salt(tenant_id: str) -> str:
 def runtime_request(
     call: PreparedCall,
     state: SessionState,
+    thread: int,
     shared_tokens: int | None,
     prompt_tokens: int,
     time: TimeScale,
 ) -> CallRequest:
-    """What the runtime is asked to run: the call, under its session's key, with the
-    scheduling fields (call index, hints in clock seconds, the shared prefix estimate)."""
+    """What the runtime is asked to run: the call, under its thread's key on the runtime
+    (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
+    seconds, the shared prefix estimate)."""
     return CallRequest(
         request_id=call.request_id,
-        session_key=state.key,
+        session_key=state.runtime_key(thread),
         model=call.model,
         prompt_tokens=prompt_tokens,
         max_output_tokens=call.max_tokens,
@@ -101,12 +103,14 @@ class CallRunner:
         request: CallRequest,
         runtime: RuntimeClient,
         arrived_at: datetime,
+        thread: int = 0,
     ) -> tuple[Events, asyncio.Task[CallOutcome | None]]:
-        """Start the call on ``runtime`` in a task of its own: its events and its task."""
+        """Start the call (of the session's ``thread``) on ``runtime`` in a task of its own:
+        its events and its task."""
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
         events: Events = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(
-            self._execute(call, state, conversation, request, runtime, events, arrived_at)
+            self._execute(call, state, conversation, request, runtime, events, arrived_at, thread)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -139,6 +143,7 @@ class CallRunner:
         runtime: RuntimeClient,
         events: Events,
         arrived_at: datetime,
+        thread: int,
     ) -> CallOutcome | None:
         """Run the call; record its outcome; with durable acknowledgement, wait for the
         records' commit; only then tell the client it is done. Cancelled (shutdown): the client
@@ -158,7 +163,7 @@ class CallRunner:
         outcome = CallOutcome(result, runtime.name, output)
         seq: int | None = None
         try:
-            seq = self._finish(call, state, conversation, request, outcome, arrived_at)
+            seq = self._finish(call, state, conversation, request, outcome, arrived_at, thread)
         except Exception:  # bookkeeping must never cost the client its answer
             log.exception("call %s: recording its outcome failed", call.request_id)
         if seq is not None:
@@ -181,11 +186,12 @@ class CallRunner:
         request: CallRequest,
         outcome: CallOutcome,
         arrived_at: datetime,
+        thread: int,
     ) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the
         session's reservation or end. Returns the sequence number of its last record."""
         finished_at = datetime.now(UTC)
-        self._keeper.replied(call, state, conversation, outcome.instance, outcome.output)
+        self._keeper.replied(call, state, conversation, outcome.instance, outcome.output, thread)
         self._recorder.call_finished(call, state, request, outcome, arrived_at, finished_at)
         self._keeper.after_call(call, state, outcome.instance, outcome.output, finished_at)
         return self._recorder.last_seq

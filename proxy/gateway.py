@@ -258,7 +258,7 @@ class Gateway:
         self.sessions.call_started(state, conversation, now_s, found.thread)
         self.metrics.live_sessions.set(len(self.sessions))
         events, task = self._runner.start(
-            call, state, conversation, request, self.pool[instance], now_at, found.thread
+            call, found, conversation, request, self.pool[instance], now_at
         )
         return CallHandle(events, task, instance, state.session_id, state.key, found.how)
 

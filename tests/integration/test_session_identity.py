@@ -61,6 +61,7 @@ def test_a_correction_after_a_discarded_reply_continues_an_implicit_session(
     assert again.parse().usage.prompt_tokens_details.cached_tokens > 0
     detail = _admin(proxy, f"/admin/sessions/{first.headers['x-talaria-session-key']}")
     assert detail["session"]["calls"] == 2 and detail["children"] == []
+    assert sorted(c["how"] for c in detail["calls"]) == ["corrected", "new"]
 
 
 def test_a_compacted_history_under_an_id_stays_in_the_session(
@@ -80,6 +81,10 @@ def test_a_compacted_history_under_an_id_stays_in_the_session(
     assert compacted.headers["x-talaria-session-how"] == "compacted"
     detail = _admin(proxy, f"/admin/sessions/{sid}")
     assert detail["session"]["calls"] == 3 and detail["children"] == []
+    calls = sorted(detail["calls"], key=lambda c: c["call_index"])
+    assert [(c["how"], c["thread"]) for c in calls] == [
+        ("new", 0), ("continued", 0), ("compacted", 1)
+    ]  # fmt: skip
     listed = _admin(proxy, "/admin/sessions?limit=1000")["data"]
     assert [s["session_id"] for s in listed].count(sid) == 1
 

@@ -104,6 +104,10 @@ def test_dynamo_headers_name_the_session_its_parent_and_its_end(
     detail = _admin(proxy, f"/admin/sessions/{sid}")
     assert detail["session"]["identity_source"] == "dynamo"
     assert [c["session_id"] for c in detail["children"]] == [f"{sid}-sub"]
+    rows = [
+        r for r in _admin(proxy, "/admin/sessions?limit=1000")["data"] if sid in r["session_id"]
+    ]
+    assert [(r["session_id"], r["children"], r["family"]["calls"]) for r in rows] == [(sid, 1, 2)]
     _call(client, task, **{"X-Dynamo-Session-ID": sid, "X-Dynamo-Session-Final": "true"})
     ended = _admin(proxy, f"/admin/sessions/{sid}")["session"]
     assert ended["state"] == "ended" and ended["end_reason"] == "final"

@@ -223,10 +223,10 @@ class Gateway:
             decision = route(
                 self._router,
                 RouteRequest(
-                    session_key=state.key,
+                    session_key=state.runtime_key(found.thread),
                     model=call.model,
                     prompt_tokens=prompt_tokens,
-                    last_instance=state.last_instance,
+                    last_instance=state.threads[found.thread].last_instance,
                     reserved_instance=self.reservations.reserved(state.key, now_s),
                 ),
                 statuses,
@@ -235,7 +235,7 @@ class Gateway:
             )
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
-        await self.keeper.routed(state, decision.instance, now_s, now_at)
+        await self.keeper.routed(state, decision.instance, now_s, now_at, found.thread)
         self._recorder.decision(call, state, decision, found.how, now_at)
         return decision
 
@@ -252,11 +252,13 @@ class Gateway:
     ) -> CallHandle:
         """Start the call on ``instance`` as its session's next call."""
         state = found.state
-        request = runtime_request(call, state, shared_tokens, prompt_tokens, self._time)
-        self.sessions.call_started(state, conversation, now_s)
+        request = runtime_request(
+            call, state, found.thread, shared_tokens, prompt_tokens, self._time
+        )
+        self.sessions.call_started(state, conversation, now_s, found.thread)
         self.metrics.live_sessions.set(len(self.sessions))
         events, task = self._runner.start(
-            call, state, conversation, request, self.pool[instance], now_at
+            call, found, conversation, request, self.pool[instance], now_at
         )
         return CallHandle(events, task, instance, state.session_id, state.key, found.how)
 

@@ -17,7 +17,7 @@ from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.calls import CallOutcome, PreparedCall
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import CallRecord, DecisionRecord, Record, SessionRecord
-from talaria.proxy.sessions.book import SessionState
+from talaria.proxy.sessions.book import Resolution, SessionState
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
 
@@ -134,7 +134,7 @@ class Recorder:
     def call_failed(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         request: CallRequest,
         instance: str,
         arrived_at: datetime,
@@ -145,7 +145,7 @@ class Recorder:
         self.submit(
             _call_record(
                 call,
-                state,
+                found,
                 request,
                 instance,
                 arrived_at,
@@ -155,12 +155,12 @@ class Recorder:
                 error=message[:ERROR_CHARS],
             )
         )
-        self.session(state, datetime.now(UTC))
+        self.session(found.state, datetime.now(UTC))
 
     def call_finished(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         request: CallRequest,
         outcome: CallOutcome,
         arrived_at: datetime,
@@ -176,7 +176,7 @@ class Recorder:
         self.submit(
             _call_record(
                 call,
-                state,
+                found,
                 request,
                 outcome.instance,
                 arrived_at,
@@ -229,7 +229,7 @@ class Recorder:
 
 def _call_record(
     call: PreparedCall,
-    state: SessionState,
+    found: Resolution,
     request: CallRequest,
     instance: str,
     arrived_at: datetime,
@@ -239,7 +239,7 @@ def _call_record(
     """The call's record: who and when, plus ``outcome`` (status, tokens, timings or error)."""
     return CallRecord(
         request_id=call.request_id,
-        session_key=state.key,
+        session_key=found.state.key,
         call_index=request.call_index,
         model=call.model,
         instance=instance,
@@ -247,5 +247,7 @@ def _call_record(
         finished_at=finished_at,
         stream=call.stream,
         api=call.api,
+        how=found.how,
+        thread=found.thread,
         **outcome,
     )

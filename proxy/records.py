@@ -68,6 +68,11 @@ class CallRecord:
     tool_gap_hint_s: float | None = None
     error: str | None = None
     api: str | None = None  # chat | completions | messages | responses
+    how: str | None = None
+    """How the call's session was found (proxy/sessions/index.py ``How``: new, continued,
+    retry, corrected, thread, compacted, child, adopted)."""
+    thread: int | None = None
+    """The session's thread the call ran in (0: its first conversation)."""
 
 
 @dataclass(frozen=True)

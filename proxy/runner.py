@@ -30,7 +30,7 @@ from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
 from talaria.proxy.errors import ApiError, bad_request, unavailable
 from talaria.proxy.recorder import Recorder
 from talaria.proxy.runtimes.base import RuntimeClient
-from talaria.proxy.sessions.book import SessionState
+from talaria.proxy.sessions.book import Resolution, SessionState
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.keeper import SessionKeeper
 
@@ -53,15 +53,17 @@ def tenant_salt(tenant_id: str) -> str:
 def runtime_request(
     call: PreparedCall,
     state: SessionState,
+    thread: int,
     shared_tokens: int | None,
     prompt_tokens: int,
     time: TimeScale,
 ) -> CallRequest:
-    """What the runtime is asked to run: the call, under its session's key, with the
-    scheduling fields (call index, hints in clock seconds, the shared prefix estimate)."""
+    """What the runtime is asked to run: the call, under its thread's key on the runtime
+    (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
+    seconds, the shared prefix estimate)."""
     return CallRequest(
         request_id=call.request_id,
-        session_key=state.key,
+        session_key=state.runtime_key(thread),
         model=call.model,
         prompt_tokens=prompt_tokens,
         max_output_tokens=call.max_tokens,
@@ -96,17 +98,18 @@ class CallRunner:
     def start(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         conversation: Conversation,
         request: CallRequest,
         runtime: RuntimeClient,
         arrived_at: datetime,
     ) -> tuple[Events, asyncio.Task[CallOutcome | None]]:
-        """Start the call on ``runtime`` in a task of its own: its events and its task."""
+        """Start the call (of the session and thread ``found``) on ``runtime`` in a task of
+        its own: its events and its task."""
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
         events: Events = asyncio.Queue()
         task = asyncio.get_running_loop().create_task(
-            self._execute(call, state, conversation, request, runtime, events, arrived_at)
+            self._execute(call, found, conversation, request, runtime, events, arrived_at)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -133,7 +136,7 @@ class CallRunner:
     async def _execute(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         conversation: Conversation,
         request: CallRequest,
         runtime: RuntimeClient,
@@ -143,13 +146,14 @@ class CallRunner:
         """Run the call; record its outcome; with durable acknowledgement, wait for the
         records' commit; only then tell the client it is done. Cancelled (shutdown): the client
         gets a 503 and the call an error record."""
+        state = found.state
         try:
             result = await _generate(runtime, request, events)
         except asyncio.CancelledError:
-            self._fail(call, state, request, runtime, arrived_at, SHUTDOWN, events)
+            self._fail(call, found, request, runtime, arrived_at, SHUTDOWN, events)
             raise
         except Exception as exc:  # a runtime fault fails this call only
-            self._fail(call, state, request, runtime, arrived_at, exc, events)
+            self._fail(call, found, request, runtime, arrived_at, exc, events)
             return None
         finally:
             state.inflight -= 1
@@ -158,7 +162,7 @@ class CallRunner:
         outcome = CallOutcome(result, runtime.name, output)
         seq: int | None = None
         try:
-            seq = self._finish(call, state, conversation, request, outcome, arrived_at)
+            seq = self._finish(call, found, conversation, request, outcome, arrived_at)
         except Exception:  # bookkeeping must never cost the client its answer
             log.exception("call %s: recording its outcome failed", call.request_id)
         if seq is not None:
@@ -176,7 +180,7 @@ class CallRunner:
     def _finish(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         conversation: Conversation,
         request: CallRequest,
         outcome: CallOutcome,
@@ -185,15 +189,18 @@ class CallRunner:
         """Keep a finished call: the session continues from its reply, its records, then the
         session's reservation or end. Returns the sequence number of its last record."""
         finished_at = datetime.now(UTC)
-        self._keeper.replied(call, state, conversation, outcome.instance, outcome.output)
-        self._recorder.call_finished(call, state, request, outcome, arrived_at, finished_at)
+        state = found.state
+        self._keeper.replied(
+            call, state, conversation, outcome.instance, outcome.output, found.thread
+        )
+        self._recorder.call_finished(call, found, request, outcome, arrived_at, finished_at)
         self._keeper.after_call(call, state, outcome.instance, outcome.output, finished_at)
         return self._recorder.last_seq
 
     def _fail(
         self,
         call: PreparedCall,
-        state: SessionState,
+        found: Resolution,
         request: CallRequest,
         runtime: RuntimeClient,
         arrived_at: datetime,
@@ -210,7 +217,7 @@ class CallRunner:
             if isinstance(error, CallRejected):
                 api_error = bad_request(str(error), param=error.param, code=error.code)
         try:
-            self._recorder.call_failed(call, state, request, runtime.name, arrived_at, message)
+            self._recorder.call_failed(call, found, request, runtime.name, arrived_at, message)
         except Exception:
             log.exception("call %s: recording its failure failed", call.request_id)
         finally:

@@ -111,7 +111,11 @@ async def list_sessions(
     started_before: str | None = None,
     cursor: str | None = None,
     limit: int = 50,
+    roots: bool = True,
 ) -> Response:
+    """Sessions newest first, a page at a time. With ``roots`` (the default) one row per root
+    session, with ``children`` (how many sessions are under it) and ``family`` (calls, tokens
+    and completion time summed over it and them); ``roots=false`` lists every session."""
     ctx = _admin(request)
     after, before = _time(started_after, "started_after"), _time(started_before, "started_before")
     if state is not None and state not in SESSION_STATES:
@@ -129,13 +133,22 @@ async def list_sessions(
                 started_before=before,
                 cursor=cursor,
                 limit=limit,
+                roots=roots,
             ),
         )
     except ValueError as exc:
         raise ApiError(400, str(exc), param="cursor" if cursor else "limit") from exc
     keys = [s.session_key for s in page.items]
     instances = await _read(ctx, lambda: ctx.store.sessions.last_instances(keys))
-    data = [{**asdict(s), "instance": instances.get(s.session_key)} for s in page.items]
+    families = await _read(ctx, lambda: ctx.store.sessions.families(keys)) if roots else {}
+    data = []
+    for s in page.items:
+        row = {**asdict(s), "instance": instances.get(s.session_key)}
+        family = families.get(s.session_key)
+        if family is not None:
+            row["children"] = family.sessions - 1
+            row["family"] = asdict(family)
+        data.append(row)
     return json_response({"data": data, "next_cursor": page.next_cursor})
 
 

@@ -40,7 +40,7 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     if named_by_header(request.headers):  # the body cannot change the identity
         known = _identify(request, {})
         if known.identity is not None:
-            key = route_key(tenant, known.identity.session_id, None)
+            key = route_key(tenant, known.identity.placed_by, None)
             await forward_to_owner(request, ctx, key, None)
             known = replace(known, placed=True)
         body = parse_json(raw)
@@ -120,7 +120,7 @@ async def open_call(
     ``extra_records``: what the API stores with the call's records when it succeeds."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
-    key = route_key(tenant, identity.session_id, call.messages)
+    key = route_key(tenant, identity.placed_by, call.messages)
     if not known.placed:
         await forward_to_owner(request, ctx, key, body)
     check_model(ctx, call.model)
@@ -138,6 +138,7 @@ async def open_call(
     headers = {
         "x-talaria-session-id": handle.session_id,
         "x-talaria-session-key": handle.session_key,
+        "x-talaria-session-how": handle.how,
         "x-talaria-instance": handle.instance,
     }
     return handle, headers

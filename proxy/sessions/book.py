@@ -1,34 +1,36 @@
-"""The live sessions and the index that finds them: one place for a session's identity, its
-conversation, its family and its end.
+"""The live sessions: one place for a session's identity, its threads, its family and its
+end.
 
 A session is keyed internally by ``key`` (``ses_<24 hex>``, ``session_key`` in the records,
 the store and the runtime protocol); the store, the runtime and the routing only ever see that
 key, so equal client ids of two tenants are two sessions whose KV and records never meet. The
 client's own id is ``session_id`` (for an implicit session, its key).
 
+A session holds one or more *threads*: each distinct conversation of the session, with its own
+chain values in the conversation index (index.py), its own last instance and its own key on
+the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>`` for thread n, so
+that each conversation keeps its own KV). Calls, tokens and the session's completion time are
+the session's, whatever thread they ran in.
+
 ``resolve`` picks the session of a call:
 
-1. **Explicit id** (tenant, id): the live session of that id, if the call continues its
-   conversation or that of one of its children; a call that continues none opens a *child*
-   (parent = that session: a sub-agent, a side question); with no live session of that id, a
-   new one.
-2. **Implicit**: the live implicit session of the same tenant and model whose conversation the
-   call continues (a session its client named is only continued under that name); else a new
-   one.
-
-"Continues" (see conversation.py for the chain values ``h_i`` of a call's messages): each live
-session indexes ``h`` of its last prompt and of its last prompt + the reply it got. For ``i``
-from the call's length down: a *history* match at ``i`` (and more messages follow) is a
-continuation; a *prompt* match at ``i`` is a retry when nothing follows, or a continuation
-whose reply the agent rewrote when the next message is the assistant's. The longest match wins
-(a history match before a prompt match at the same ``i``). Cost: at most two dictionary
-lookups per message of the call, whatever the number of sessions.
+1. **Explicit id** (tenant, id): the live session of that id, whatever the call's messages.
+   The call continues the thread it matches (index.py's rules); a call that matches none
+   opens a new thread of the session (``compacted`` when it starts like one of its threads:
+   the same first message, then a history the agent rewrote; ``thread`` otherwise). A session
+   is never split because its client sent something new under its id.
+2. **Implicit**: the live implicit session of the same tenant and model whose thread the call
+   continues (a session its client named is only continued under that name); else a new one.
+3. **A new session** is a *child* when the request names a parent (identity.py: only then):
+   its parent is that live session of the tenant (else the id as given), and it joins the
+   parent's family, which ends with its root.
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
 beyond it) and ``max_per_tenant`` per tenant, implicit, named and children alike: a call that
 would open one more gets :class:`SessionLimit` (the gateway's 429); calls that continue,
 retry or take over a live session are never refused. The conversation index holds two
-entries per session (its last prompt, its last prompt + reply).
+entries per thread (its last prompt, its last prompt + reply); a session holds at most
+``MAX_THREADS`` threads (the least recently used is dropped from the index beyond it).
 """
 
 from __future__ import annotations
@@ -38,16 +40,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
 
 from talaria.proxy.records import ReservationRecord
 from talaria.proxy.sessions.conversation import Conversation, Fingerprint, extend
 from talaria.proxy.sessions.identity import Identity
+from talaria.proxy.sessions.index import ConversationIndex, Entry, How, IndexKey, Kind
 
-Kind = Literal["prompt", "history"]
-IndexKey = tuple[str, str, Kind, bytes]
-"""(tenant, model, kind, chain value)."""
-How = Literal["new", "continued", "retry", "child", "adopted"]
+MAX_THREADS = 64
+"""Threads a session keeps indexed; beyond, the least recently used thread is dropped from
+the index (a call of it later opens a new thread)."""
 
 
 DEFAULT_MAX_PER_TENANT = 10_000
@@ -69,6 +70,21 @@ class SessionLimit(Exception):
 def new_key() -> str:
     """A fresh internal session key: ``ses_`` and 24 random hex digits."""
     return f"ses_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class Thread:
+    """One conversation of a session: its index entries (the chain value of its last prompt,
+    "prompt": a retry repeats it; of its last prompt + the reply it got, "history": a
+    continuation starts with it), the chain value of its first message, the instance of its
+    latest call, and when it was last used (clock s)."""
+
+    number: int
+    model: str
+    first: bytes | None
+    indexed: dict[Kind, IndexKey] = field(default_factory=dict)
+    last_instance: str | None = None
+    last_used_s: float = 0.0
 
 
 @dataclass
@@ -98,10 +114,8 @@ class SessionState:
     last_finish_reason: str | None = None
     tools: bytes = b""
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
-    indexed: dict[Kind, IndexKey] = field(default_factory=dict)
-    """The index entries of the session: the chain value of its last prompt ("prompt": a retry
-    repeats it) and of its last prompt + the reply it got ("history": a continuation starts
-    with it)."""
+    threads: list[Thread] = field(default_factory=list)
+    """Its conversations, by number (module docstring)."""
     reservation: ReservationRecord | None = None
     """The record of its soft reservation until released (written again then); the
     reservation itself, and the learned tool gaps, are the gateway's
@@ -118,20 +132,30 @@ class SessionState:
         """Not a child: the family's root is this session itself."""
         return self.root_key == self.key
 
+    def runtime_key(self, thread: int) -> str:
+        """The key the runtime keeps thread ``thread``'s KV under (module docstring)."""
+        return self.key if thread == 0 else f"{self.key}/{thread}"
+
+    @property
+    def last_thread(self) -> Thread | None:
+        """The thread of its latest call, if any."""
+        return max(self.threads, key=lambda t: t.last_used_s, default=None)
+
 
 @dataclass(frozen=True)
 class Resolution:
-    """The session a call belongs to, and ``how`` it was found (new, continued, a retry, a
-    child, or adopted from another replica)."""
+    """The session a call belongs to, its thread, and ``how`` it was found (index.py's
+    ``How``)."""
 
     state: SessionState
     how: How
     shared_tokens: int
-    """Estimated tokens of this call's prompt that the session's KV already holds."""
+    """Estimated tokens of this call's prompt that the thread's KV already holds."""
+    thread: int = 0
 
 
 class SessionBook:
-    """Live sessions by key, the roots by (tenant, client id), the children of each root, and
+    """Live sessions by key, the named ones by (tenant, client id), each root's family, and
     the conversation index. Least recently used sessions are forgotten beyond ``capacity``
     (their records stay in the store). ``on_forget(key)`` runs for every session forgotten
     (ended, handed off, or evicted), so that state kept elsewhere by key goes with it."""
@@ -148,9 +172,11 @@ class SessionBook:
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
         self._by_tenant: dict[str, OrderedDict[str, None]] = {}
         """Each tenant's live session keys, least recently used first."""
-        self._roots: dict[tuple[str, str], str] = {}
+        self._named: dict[tuple[str, str], str] = {}
+        """(tenant, client id) → key, for every session its client named (roots, children)."""
         self._children: dict[str, set[str]] = {}
-        self._index: dict[IndexKey, list[str]] = {}
+        """Root key → the keys of its family's other sessions."""
+        self._index = ConversationIndex()
 
     # -- lookups --------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -168,9 +194,9 @@ class SessionBook:
         return self._sessions.get(key)
 
     def named(self, tenant_id: str, session_id: str) -> SessionState | None:
-        """The live session the tenant calls ``session_id`` (a root), else one whose key it
-        is (an implicit session or a child, named by the key the proxy sent back)."""
-        key = self._roots.get((tenant_id, session_id), session_id)
+        """The live session the tenant calls ``session_id``, else one whose key it is (an
+        implicit session, named by the key the proxy sent back)."""
+        key = self._named.get((tenant_id, session_id), session_id)
         state = self._sessions.get(key)
         return state if state is not None and state.tenant_id == tenant_id else None
 
@@ -180,7 +206,7 @@ class SessionBook:
         return [s for s in self._sessions.values() if s.session_id == session_id and s.is_root]
 
     def children(self, key: str) -> list[SessionState]:
-        """The live children of the root session with internal key ``key``, sorted by key."""
+        """The live sessions of the family whose root has key ``key``, sorted by key."""
         return [
             self._sessions[k] for k in sorted(self._children.get(key, ())) if k in self._sessions
         ]
@@ -197,116 +223,149 @@ class SessionBook:
         now_at: datetime,
         match: bool = True,
     ) -> Resolution:
-        """The session of this call (created if need be); ``match=False`` skips conversation
-        matching (a prompt that is not a conversation, e.g. a text completion)."""
-        root: SessionState | None = None
+        """The session and thread of this call (created if need be; module docstring);
+        ``match=False`` skips conversation matching (a prompt that is not a conversation,
+        e.g. a text completion)."""
+        named = None
         if identity.session_id is not None:
-            root = self.named(tenant_id, identity.session_id)
-            if root is not None and root.root_key != root.key:
-                root = None  # the client named a child by its key: treat as a new root
-        if root is not None and root.adopted:  # its first call here continues it
-            root.adopted = False
-            self._touch(root, now_s)
-            return Resolution(root, "adopted", 0)
-        if not match and root is not None:  # nothing to match: the named session it is
-            self._touch(root, now_s)
-            return Resolution(root, "continued", 0)
-        if match and (root is not None or identity.session_id is None):
-            family = None if root is None else {root.key, *self._children.get(root.key, ())}
-            found = self._match(tenant_id, model, conversation, family)
+            named = self.named(tenant_id, identity.session_id)
+        if named is not None:
+            self._touch(named, now_s)
+            if named.adopted:  # its first call here continues it
+                named.adopted = False
+                return Resolution(named, "adopted", 0, self._thread_for(named, model, None))
+            return self._within(named, model, conversation if match else None)
+        if match and identity.session_id is None:
+            found = self._index.find(tenant_id, model, conversation, self._implicit)
             if found is not None:
-                self._touch(found.state, now_s)
-                return found
-        parent_key = None
-        if root is not None:
-            parent_key = root.key
-        elif identity.parent_session_id is not None:  # the parent's key, else its id as given
-            parent = self.named(tenant_id, identity.parent_session_id)
-            parent_key = parent.key if parent is not None else identity.parent_session_id
+                state = self._sessions[found.key]
+                self._touch(state, now_s)
+                return Resolution(state, found.how, found.shared_tokens, found.thread)
+        state = self._open(tenant_id, identity, model, now_s, now_at)
+        thread = self._thread_for(state, model, conversation if match else None)
+        return Resolution(state, "new" if state.is_root else "child", 0, thread)
+
+    def _implicit(self, entry: Entry) -> bool:
+        """An implicit session's thread (a session its client named is only continued under
+        that name)."""
+        state = self._sessions.get(entry[0])
+        return state is not None and not state.ended and state.identity_source == "implicit"
+
+    def _within(
+        self, state: SessionState, model: str, conversation: Conversation | None
+    ) -> Resolution:
+        """A call of the named ``state``: the thread it continues, else a new thread."""
+        if conversation is None:  # nothing to match: the session's latest thread
+            last = state.last_thread
+            number = last.number if last is not None else self._thread_for(state, model, None)
+            return Resolution(state, "continued", 0, number)
+        found = self._index.find(
+            state.tenant_id, model, conversation, lambda entry: entry[0] == state.key
+        )
+        if found is not None:
+            return Resolution(state, found.how, found.shared_tokens, found.thread)
+        first = conversation.hashes[0] if len(conversation) else None
+        how: How = (
+            "compacted" if any(t.first == first and first for t in state.threads) else "thread"
+        )
+        if not state.threads:  # a session adopted or resumed without a conversation yet
+            how = "continued"
+        return Resolution(state, how, 0, self._thread_for(state, model, conversation))
+
+    def _thread_for(
+        self, state: SessionState, model: str, conversation: Conversation | None
+    ) -> int:
+        """A new thread of ``state`` (the session's first, or one more: the least recently
+        used beyond ``MAX_THREADS`` leaves the index); its number."""
+        first = conversation.hashes[0] if conversation is not None and len(conversation) else None
+        thread = Thread(len(state.threads), model, first, last_used_s=state.last_activity_s)
+        if not state.threads:  # a session taken over keeps the instance its KV is on
+            thread.last_instance = state.last_instance
+        state.threads.append(thread)
+        live = [t for t in state.threads if t.indexed]
+        if len(live) > MAX_THREADS:
+            oldest = min(live, key=lambda t: t.last_used_s)
+            self._unindex_thread(state, oldest)
+        return thread.number
+
+    def _open(
+        self, tenant_id: str, identity: Identity, model: str, now_s: float, now_at: datetime
+    ) -> SessionState:
+        """A new session: a child of the parent the request names, else a root."""
         owned = self._by_tenant.get(tenant_id)
         if owned is not None and len(owned) >= self._max_per_tenant:
             oldest = self._sessions[next(iter(owned))]
             raise SessionLimit(tenant_id, self._max_per_tenant, oldest.last_activity_s)
         key = new_key()
-        explicit = identity.session_id is not None
+        parent = parent_key = None
+        if identity.parent_session_id is not None:  # the parent's key, else its id as given
+            parent = self.named(tenant_id, identity.parent_session_id)
+            parent_key = parent.key if parent is not None else identity.parent_session_id
         state = SessionState(
             key=key,
             tenant_id=tenant_id,
-            session_id=identity.session_id if explicit else key,  # type: ignore[arg-type]
+            session_id=identity.session_id or key,
             identity_source=identity.source,
             model=model,
             started_at=now_at,
             started_s=now_s,
             parent_key=parent_key,
-            root_key=root.key if root is not None else key,
+            root_key=parent.root_key if parent is not None else key,
             last_activity_s=now_s,
         )
         self._hold(state)
-        if root is not None:
-            self._children.setdefault(root.key, set()).add(key)
-        elif explicit:
-            self._roots[(tenant_id, state.session_id)] = key
+        if parent is not None:
+            self._children.setdefault(state.root_key, set()).add(key)
+        if identity.session_id is not None:
+            self._named[(tenant_id, identity.session_id)] = key
         self._evict()
-        return Resolution(state, "child" if root is not None else "new", 0)
+        return state
 
-    def _match(
-        self,
-        tenant_id: str,
-        model: str,
-        conversation: Conversation,
-        family: set[str] | None,
-    ) -> Resolution | None:
-        values, prints = conversation.hashes, conversation.prints
-        n = len(prints)
-        for i in range(n, 0, -1):
-            kinds: list[Kind] = ["history", "prompt"] if i < n else ["prompt"]
-            for kind in kinds:
-                if kind == "prompt" and i < n and prints[i].role != "assistant":
-                    continue
-                for key in self._index.get((tenant_id, model, kind, values[i - 1]), ()):
-                    if family is not None and key not in family:
-                        continue
-                    state = self._sessions.get(key)
-                    if state is None or state.ended:
-                        continue
-                    if family is None and state.identity_source != "implicit":
-                        continue  # a named session is only ever continued under its name
-                    how: How = "retry" if i == n else "continued"
-                    return Resolution(state, how, conversation.tokens[i])
-        return None
-
-    # -- a session's conversation ---------------------------------------------------------
-    def call_started(self, state: SessionState, prompt: Conversation, now_s: float) -> None:
-        """A call with this prompt was sent: index it (a retry or a parallel call finds it)."""
+    # -- a thread's conversation ----------------------------------------------------------
+    def call_started(
+        self, state: SessionState, prompt: Conversation, now_s: float, thread: int = 0
+    ) -> None:
+        """A call of ``thread`` with this prompt was sent: index it (a retry or a parallel
+        call finds it)."""
         state.calls += 1
         state.inflight += 1
         self._touch(state, now_s)
+        conversation = self._thread(state, thread)
+        conversation.last_used_s = now_s
         if prompt.last is not None:
-            self._reindex(state, "prompt", prompt.last)
+            self._reindex(state, conversation, "prompt", prompt.last)
 
     def call_finished(
-        self, state: SessionState, prompt: Conversation, reply: Fingerprint, now_s: float
+        self,
+        state: SessionState,
+        prompt: Conversation,
+        reply: Fingerprint,
+        now_s: float,
+        thread: int = 0,
     ) -> None:
-        """The call got ``reply``: prompt + reply is the conversation to continue."""
+        """The call of ``thread`` got ``reply``: prompt + reply is the conversation to
+        continue."""
         state.last_activity_s = now_s
-        self._reindex(state, "history", extend(prompt.last or b"", reply))
+        conversation = self._thread(state, thread)
+        self._reindex(state, conversation, "history", extend(prompt.last or b"", reply))
 
-    def _reindex(self, state: SessionState, kind: Kind, value: bytes) -> None:
-        self._unindex(state, kind)
-        key: IndexKey = (state.tenant_id, state.model, kind, value)
-        self._index.setdefault(key, []).append(state.key)
-        state.indexed[kind] = key
+    def _thread(self, state: SessionState, number: int) -> Thread:
+        while len(state.threads) <= number:  # a thread the book did not open (adoption)
+            state.threads.append(Thread(len(state.threads), state.model, None))
+        return state.threads[number]
 
-    def _unindex(self, state: SessionState, kind: Kind) -> None:
-        old = state.indexed.pop(kind, None)
-        if old is None:
-            return
-        keys = self._index.get(old)
-        if keys is not None:
-            if state.key in keys:
-                keys.remove(state.key)
-            if not keys:
-                del self._index[old]
+    def _reindex(self, state: SessionState, thread: Thread, kind: Kind, value: bytes) -> None:
+        old = thread.indexed.pop(kind, None)
+        if old is not None:
+            self._index.drop(old, (state.key, thread.number))
+        key: IndexKey = (state.tenant_id, thread.model, kind, value)
+        self._index.put(key, (state.key, thread.number))
+        thread.indexed[kind] = key
+
+    def _unindex_thread(self, state: SessionState, thread: Thread) -> None:
+        for key in thread.indexed.values():
+            self._index.drop(key, (state.key, thread.number))
+        thread.indexed.clear()
 
     def _touch(self, state: SessionState, now_s: float) -> None:
         state.last_activity_s = now_s
@@ -321,7 +380,7 @@ class SessionBook:
         """Hold ``state``, a root session another replica held before (it keeps its key; past
         the tenant's cap too: it continues a session)."""
         self._hold(state)
-        self._roots[(state.tenant_id, state.session_id)] = state.key
+        self._named[(state.tenant_id, state.session_id)] = state.key
         self._evict()
 
     # -- ends -----------------------------------------------------------------------------
@@ -334,15 +393,15 @@ class SessionBook:
             del owned[state.key]
             if not owned:
                 del self._by_tenant[state.tenant_id]
-        for kind in ("prompt", "history"):
-            self._unindex(state, kind)
-        if self._roots.get((state.tenant_id, state.session_id)) == state.key:
-            del self._roots[(state.tenant_id, state.session_id)]
+        for thread in state.threads:
+            self._unindex_thread(state, thread)
+        if self._named.get((state.tenant_id, state.session_id)) == state.key:
+            del self._named[(state.tenant_id, state.session_id)]
         self._children.pop(state.key, None)
         if state.root_key != state.key:
-            siblings = self._children.get(state.root_key)
-            if siblings is not None:
-                siblings.discard(state.key)
+            family = self._children.get(state.root_key)
+            if family is not None:
+                family.discard(state.key)
         if self._on_forget is not None:
             self._on_forget(state.key)
 

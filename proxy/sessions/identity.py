@@ -1,24 +1,36 @@
 """Session identity from a request's headers and body, without any help from the client.
 
-Explicit ids, first match wins (docs/proxy.md has this as a table, docs/agents.md what each
-agent sends):
+A session is what the agent says it is. Explicit ids, first match wins (docs/proxy.md has this
+as a table with each header's source, docs/agents.md what each agent sends):
 
 - Talaria: header ``X-Talaria-Session-Id``;
 - Claude Code: header ``X-Claude-Code-Session-Id``; else body ``metadata.user_id``, a JSON
   string with ``session_id`` (current versions) or ``user_<hash>_account_<uuid>_session_<uuid>``
   (older ones);
 - Codex CLI: header ``session-id``, else ``thread-id``;
+- NVIDIA Dynamo's clients: header ``X-Dynamo-Session-ID``;
 - OpenAI: body ``prompt_cache_key``;
-- aliases: header ``x-session-id``, header ``x-litellm-session-id``, body
+- aliases: header ``x-session-id`` (OpenCode's), header ``x-litellm-session-id``, body
   ``litellm_session_id``.
 
-With none, the call is *implicit*: the session book finds the session whose conversation it
+A sub-agent is a *child* session only when the request names its parent (children are never
+guessed):
+
+- Claude Code: ``x-claude-code-agent-id`` names the sub-agent, whose session id it becomes;
+  its parent is ``x-claude-code-parent-agent-id`` (a sub-agent's sub-agent), else the Claude
+  Code session id;
+- Codex: ``x-codex-parent-thread-id`` names the parent thread; the call's own id is its
+  ``thread-id``;
+- ``X-Talaria-Parent-Session-Id``, and as aliases ``X-Dynamo-Parent-Session-ID`` and
+  OpenCode's ``x-parent-session-id``.
+
+With no id, the call is *implicit*: the session book finds the session whose conversation it
 extends (book.py). Every id is validated the same way wherever it came from: 1 to 200
 printable ASCII characters (no control characters), so it is safe to echo in a header.
 
 Hints: ``X-Talaria-Tool-Gap-Ms`` (tool time expected after this call; finite, 0 to
-``MAX_TOOL_GAP_S``), ``X-Talaria-Session-Final: true``, ``X-Talaria-Parent-Session-Id``
-(validated like an id).
+``MAX_TOOL_GAP_S``), ``X-Talaria-Session-Final: true`` (or ``X-Dynamo-Session-Final``): the
+session ends with this call.
 """
 
 from __future__ import annotations
@@ -55,10 +67,18 @@ class Identity:
     """Where the id came from ("talaria", "claude-code", "codex", "prompt_cache_key",
     "x-session-id", "x-litellm-session-id", "litellm_session_id"), or "implicit"."""
     parent_session_id: str | None = None
-    """The parent's id as the client gave it (``X-Talaria-Parent-Session-Id``)."""
+    """The parent's id as the client gave it (module docstring: which headers)."""
     tool_gap_hint_s: float | None = None
     """Tool time expected after this call, seconds (the header is in milliseconds)."""
     final: bool = False
+    family_id: str | None = None
+    """The id a family of sessions is placed by among replicas (proxy/cluster/owner.py):
+    the agent's own session id for its sub-agents, else the named parent, else the id."""
+
+    @property
+    def placed_by(self) -> str | None:
+        """``family_id`` when set, else the session's id (None: implicit)."""
+        return self.family_id or self.parent_session_id or self.session_id
 
     @property
     def explicit(self) -> bool:
@@ -97,6 +117,14 @@ def claude_code_session(metadata: Any) -> str | None:
 OUTRANKING_HEADERS = ("x-talaria-session-id", "x-claude-code-session-id")
 """The headers ranked above every body field (the first two rows of ``_explicit``)."""
 
+FINAL_HEADERS = ("x-talaria-session-final", "x-dynamo-session-final")
+PARENT_HEADERS = (
+    ("x-talaria-parent-session-id", "X-Talaria-Parent-Session-Id"),
+    ("x-dynamo-parent-session-id", "X-Dynamo-Parent-Session-ID"),
+    ("x-parent-session-id", "x-parent-session-id"),
+)
+"""Headers that name a parent session outright (lower case, and as reported in errors)."""
+
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
     value = headers.get(name)
@@ -109,8 +137,12 @@ def named_by_header(headers: Mapping[str, str]) -> bool:
     return any(_header(headers, name) is not None for name in OUTRANKING_HEADERS)
 
 
-def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(id, source, field) of the first explicit id, or None."""
+Found = tuple[str, str, str]
+"""(value, source, the field it came from)."""
+
+
+def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> Found | None:
+    """The first explicit id, or None."""
 
     def header(name: str) -> str | None:
         return _header(headers, name)
@@ -125,6 +157,7 @@ def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str,
         (claude_code_session(body.get("metadata")), "claude-code", "metadata.user_id"),
         (header("session-id"), "codex", "session-id"),
         (header("thread-id"), "codex", "thread-id"),
+        (header("x-dynamo-session-id"), "dynamo", "X-Dynamo-Session-ID"),
         (field("prompt_cache_key"), "prompt_cache_key", "prompt_cache_key"),
         (header("x-session-id"), "x-session-id", "x-session-id"),
         (header("x-litellm-session-id"), "x-litellm-session-id", "x-litellm-session-id"),
@@ -133,6 +166,34 @@ def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str,
     for value, source, name in candidates:
         if value is not None:
             return value, source, name
+    return None
+
+
+def _sub_agent(headers: Mapping[str, str], found: Found | None) -> tuple[Found, Found] | None:
+    """An agent's own sub-agent headers: (the sub-agent's id, its parent's id), or None.
+    Claude Code: ``x-claude-code-agent-id`` under its session id (parent: the parent agent,
+    else that session); Codex: ``x-codex-parent-thread-id`` with the call's ``thread-id``."""
+    agent = _header(headers, "x-claude-code-agent-id")
+    if agent is not None and found is not None and found[1] in ("claude-code", "talaria"):
+        parent_agent = _header(headers, "x-claude-code-parent-agent-id")
+        parent = (
+            (parent_agent, "claude-code", "x-claude-code-parent-agent-id")
+            if parent_agent is not None
+            else found
+        )
+        return (agent, "claude-code", "x-claude-code-agent-id"), parent
+    parent_thread = _header(headers, "x-codex-parent-thread-id")
+    thread = _header(headers, "thread-id")
+    if parent_thread is not None and thread is not None:
+        return (thread, "codex", "thread-id"), (parent_thread, "codex", "x-codex-parent-thread-id")
+    return None
+
+
+def _parent(headers: Mapping[str, str]) -> str | None:
+    for name, shown in PARENT_HEADERS:
+        raw = headers.get(name)
+        if raw:
+            return valid_id(raw, shown)
     return None
 
 
@@ -157,11 +218,19 @@ def _gap_hint(headers: Mapping[str, str]) -> float | None:
 def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
     """The request's identity; ``IdentityError`` if an id or hint is malformed."""
     gap_s = _gap_hint(headers)
-    final = headers.get("x-talaria-session-final", "").strip().lower() in ("true", "1", "yes")
-    parent_raw = headers.get("x-talaria-parent-session-id")
-    parent = valid_id(parent_raw, "X-Talaria-Parent-Session-Id") if parent_raw else None
+    final = any(
+        headers.get(name, "").strip().lower() in ("true", "1", "yes") for name in FINAL_HEADERS
+    )
     found = _explicit(headers, body)
+    parent = _parent(headers)
+    family = None
+    sub_agent = _sub_agent(headers, found)
+    if sub_agent is not None:
+        if found is not None and found[1] == sub_agent[0][1] == "claude-code":
+            family = valid_id(found[0], found[2])  # the main agent's session
+        found, (parent_value, _, parent_field) = sub_agent
+        parent = valid_id(parent_value, parent_field)
     if found is None:
         return Identity(None, "implicit", parent, gap_s, final)
     value, source, name = found
-    return Identity(valid_id(value, name), source, parent, gap_s, final)
+    return Identity(valid_id(value, name), source, parent, gap_s, final, family)

@@ -50,30 +50,34 @@ class SessionKeeper:
 
     # -- around a call ------------------------------------------------------------------------
     async def routed(
-        self, state: SessionState, instance: str, now_s: float, now_at: datetime
+        self, state: SessionState, instance: str, now_s: float, now_at: datetime, thread: int = 0
     ) -> None:
-        """The session's call goes to ``instance``: a reservation it held is settled (a hit
-        if it came back to the reserved instance), and the instance it left is told."""
+        """The session's call (of ``thread``) goes to ``instance``: a reservation it held is
+        settled (a hit if it came back to the reserved instance), and the instance the thread
+        left is told."""
         settled = self._reservations.started(
             state.key, instance, now_s, concurrent=state.inflight > 0
         )
         if settled is not None:
             self._metrics.reservations.labels(settled.value).inc()
             self._release(state, "expired" if settled is Settled.EXPIRED else "returned", now_at)
-        if state.last_instance is not None and state.last_instance != instance:
-            await self._pool[state.last_instance].session_moved(state.key)
+        left = state.threads[thread].last_instance if thread < len(state.threads) else None
+        if left is not None and left != instance:
+            await self._pool[left].session_moved(state.runtime_key(thread))
 
     def replied(
         self, call: PreparedCall, state: SessionState, conversation: Conversation, instance: str,
-        output: ModelOutput,
+        output: ModelOutput, thread: int = 0,
     ) -> None:  # fmt: skip
-        """The call's reply came from ``instance``: the session continues from it (unless it
-        ended while the call ran)."""
+        """The call's reply came from ``instance``: its thread continues from it (unless the
+        session ended while the call ran)."""
         state.last_instance = instance
+        if thread < len(state.threads):
+            state.threads[thread].last_instance = instance
         state.last_finish_reason = output.finish_reason
         if call.call.messages is not None and not state.ended:
             reply = fingerprint(output.as_message())
-            self._sessions.call_finished(state, conversation, reply, self._clock.now())
+            self._sessions.call_finished(state, conversation, reply, self._clock.now(), thread)
 
     def after_call(
         self, call: PreparedCall, state: SessionState, instance: str, output: ModelOutput,
@@ -150,8 +154,9 @@ class SessionKeeper:
             return False
         self._recorder.submit(HintRecord(state.key, now_at, expected_s, tool))
         expected = self._time.clock(expected_s)
-        if state.last_instance is not None and expected is not None:
-            await self._pool[state.last_instance].hint(state.key, expected)
+        last = state.last_thread
+        if last is not None and last.last_instance is not None and expected is not None:
+            await self._pool[last.last_instance].hint(state.runtime_key(last.number), expected)
             taken = self._reservations.hint(
                 state.key, self._clock.now(), expected, concurrent=state.inflight > 0
             )
@@ -190,9 +195,11 @@ class SessionKeeper:
         return state
 
     async def _end_on_runtime(self, state: SessionState) -> None:
-        """Tell the session's last instance that it ended (its KV may go)."""
-        if state.last_instance is not None:
-            await self._pool[state.last_instance].end_session(state.key)
+        """Tell the last instance of each of the session's threads that it ended (its KV
+        may go)."""
+        for thread in state.threads:
+            if thread.last_instance is not None:
+                await self._pool[thread.last_instance].end_session(state.runtime_key(thread.number))
 
     def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
         """End the session for ``reason``: release its reservation, observe its completion

@@ -157,6 +157,8 @@ class CallRow(Base):
     tool_gap_hint_s: Mapped[float | None] = mapped_column(Float)
     error: Mapped[str | None] = mapped_column(Text)
     api: Mapped[str | None] = mapped_column(String)
+    how: Mapped[str | None] = mapped_column(String)
+    thread: Mapped[int | None] = mapped_column(Integer)
 
 
 class DecisionRow(Base):

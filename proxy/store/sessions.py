@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 
 from talaria.proxy.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
 from talaria.proxy.store.db import TableGroup
@@ -25,6 +26,7 @@ from talaria.proxy.store.models import (
     as_utc,
 )
 from talaria.proxy.store.views import (
+    Family,
     SessionDetail,
     SessionPage,
     SessionSummary,
@@ -177,11 +179,14 @@ class SessionTables(TableGroup):
         started_before: datetime | None = None,
         cursor: str | None = None,
         limit: int = 50,
+        roots: bool = True,
     ) -> SessionPage:
         """Sessions newest first, ordered by (started_at desc, session_key desc), ``limit`` at a
-        time (1..1000). ``state`` is one of ``SESSION_STATES``; ``tenant_id`` is a tenant's id
-        or its name. ``started_after`` is inclusive and ``started_before`` exclusive. Pass a
-        page's ``next_cursor`` (with the same filters) for the next page. ``ValueError`` for an
+        time (1..1000): with ``roots``, only root sessions (no parent, or a parent the store
+        does not hold: the id a client gave), whose families :meth:`families` sums.
+        ``state`` is one of ``SESSION_STATES``; ``tenant_id`` is a tenant's id or its name.
+        ``started_after`` is inclusive and ``started_before`` exclusive. Pass a page's
+        ``next_cursor`` (with the same filters) for the next page. ``ValueError`` for an
         unknown state, a bad limit or an invalid cursor."""
         if not 1 <= limit <= MAX_PAGE:
             raise ValueError(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
@@ -199,6 +204,10 @@ class SessionTables(TableGroup):
             where.append(SessionRow.started_at >= as_utc(started_after))
         if started_before is not None:
             where.append(SessionRow.started_at < as_utc(started_before))
+        if roots:
+            parent = aliased(SessionRow)
+            held = exists().where(parent.session_key == SessionRow.parent_session_key)
+            where.append(or_(SessionRow.parent_session_key.is_(None), ~held))
         if cursor is not None:
             at, sid = decode_cursor(cursor)
             where.append(
@@ -220,6 +229,51 @@ class SessionTables(TableGroup):
         last = items[-1] if items else None
         next_cursor = encode_cursor(last.started_at, last.session_key) if more and last else None
         return SessionPage(items=items, next_cursor=next_cursor)
+
+    async def families(self, root_keys: Sequence[str]) -> dict[str, Family]:
+        """Each root's family (views.Family): the root and every session whose parent is in
+        the family, found with one recursive query for all of ``root_keys``."""
+        if not root_keys:
+            return {}
+        tree = (
+            select(SessionRow.session_key.label("root"), SessionRow.session_key.label("key"))
+            .where(SessionRow.session_key.in_(root_keys))
+            .cte("family_tree", recursive=True)
+        )
+        child = aliased(SessionRow)
+        tree = tree.union(  # a union, not union all: it ends even on a cycle of parents
+            select(tree.c.root, child.session_key).join(
+                child, child.parent_session_key == tree.c.key
+            )
+        )
+        member = aliased(SessionRow)
+        query = (
+            select(
+                tree.c.root,
+                func.count(),
+                func.sum(member.calls),
+                func.sum(member.prompt_tokens),
+                func.sum(member.cached_tokens),
+                func.sum(member.output_tokens),
+                func.min(member.started_at),
+                func.max(func.coalesce(member.ended_at, member.last_call_at)),
+            )
+            .join(member, member.session_key == tree.c.key)
+            .group_by(tree.c.root)
+        )
+        async with self._sessionmaker() as db:
+            rows = (await db.execute(query)).all()
+        return {
+            root: Family(
+                sessions,
+                calls or 0,
+                prompt or 0,
+                cached or 0,
+                output or 0,
+                (as_utc(last) - as_utc(first)).total_seconds(),
+            )
+            for root, sessions, calls, prompt, cached, output, first, last in rows
+        }
 
     async def open_root_session(
         self, tenant_id: str, session_id: str

@@ -57,6 +57,20 @@ class SessionDetail:
 
 
 @dataclass(frozen=True)
+class Family:
+    """A root session with every session under it (its children, theirs, ...): how many,
+    their calls and tokens summed, and the tree's completion time (``sct_s``: from the root's
+    start to the last call or end of any of them)."""
+
+    sessions: int
+    calls: int
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+    sct_s: float
+
+
+@dataclass(frozen=True)
 class SessionPage:
     """One page of sessions, newest first; ``next_cursor`` is None on the last page."""
 

@@ -35,8 +35,7 @@ TOOLS = [
 
 class AgentSession:
     """One agent session (its id in the session header) whose every call continues the
-    conversation with the reply and a tool result (a call that did not continue it would
-    start a child session)."""
+    conversation with the reply and a tool result."""
 
     def __init__(self, console: Console, session: str, model: str = MODEL_A) -> None:
         self.client = OpenAI(base_url=console.serve.v1, api_key="unused", max_retries=0)

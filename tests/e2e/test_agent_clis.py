@@ -6,7 +6,8 @@ sets ``TALARIA_AGENT_BIN``. Each runs a short task in a temporary directory with
 HOME, against a proxy of its own (embedded simulated runtime, 100× real time): its replies call
 a harmless offered tool three times, then answer, so the run ends by itself. Each test asserts:
 exit 0 within 120 s, every request answered 2xx, and the admin API showing the run as one
-session (plus children) with at least two calls and cached tokens on every continuation.
+session (no children: the tasks start no sub-agent) with at least two calls and cached tokens on
+every continuation.
 """
 
 from __future__ import annotations
@@ -95,9 +96,11 @@ def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
 
 
 def _check_session(detail: dict[str, Any], source: str) -> None:
-    """One agent run: ≥ 2 calls, every continuation served from cached KV."""
+    """One agent run: one session, with no children (none of these tasks starts a sub-agent,
+    and children are never guessed), ≥ 2 calls, every continuation served from cached KV."""
     calls = detail["calls"]
     assert detail["session"]["identity_source"] == source
+    assert detail["children"] == []
     assert len(calls) >= 2 and all(c["status"] == "ok" for c in calls)
     assert calls[0]["cached_tokens"] == 0
     assert all(c["cached_tokens"] > 0 for c in calls[1:]), [c["cached_tokens"] for c in calls]

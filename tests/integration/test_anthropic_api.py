@@ -184,16 +184,24 @@ def test_claude_code_identity_and_sub_agents(
     ]
     headers = {"X-Claude-Code-Session-Id": sid}
     client.messages.create(model=MODEL, max_tokens=32, messages=main, extra_headers=headers)
+    side = [{"role": "user", "content": "write a title for this conversation"}]
+    titled = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=32, messages=side, extra_headers=headers
+    )  # another conversation under the same id: a thread of the session, not a child
+    assert titled.headers["x-talaria-session-id"] == sid
     sub = [{"role": "user", "content": "search the code for the bug (sub-agent)"}]
+    agent = {**headers, "x-claude-code-agent-id": f"{sid}-agent-1"}
     raw = client.messages.with_raw_response.create(
-        model=MODEL, max_tokens=32, messages=sub, extra_headers=headers
-    )
-    assert raw.headers["x-talaria-session-id"] == sid  # the client's id, shared by the family
+        model=MODEL, max_tokens=32, messages=sub, extra_headers=agent
+    )  # Claude Code names its sub-agents: a child
+    assert raw.headers["x-talaria-session-id"] == f"{sid}-agent-1"
     detail = _admin(proxy, f"/admin/sessions/{sid}")
     assert detail["session"]["identity_source"] == "claude-code"
-    assert detail["session"]["calls"] == 2
+    assert detail["session"]["calls"] == 3
+    assert titled.headers["x-talaria-session-key"] == detail["session"]["session_key"]
     [child] = detail["children"]
     assert child["session_key"] == raw.headers["x-talaria-session-key"] and child["calls"] == 1
+    assert child["parent_session_key"] == detail["session"]["session_key"]
 
 
 def test_count_tokens(client: anthropic.Anthropic) -> None:

@@ -376,3 +376,30 @@ async def test_replicas_end_only_stale_sessions(store: SqlStore) -> None:
     assert (old.session.state, old.session.end_reason) == ("ended", "stale")
     assert old.reservations[0].release_reason == "stale"
     assert recent.session.state == "active" and recent.reservations[0].released_at is None
+
+
+@pytest.mark.asyncio
+async def test_the_list_shows_roots_with_their_families_summed(store: SqlStore) -> None:
+    """A root, its child and grandchild are one row, the family summed over all three; a
+    session whose parent the store does not hold (an id a client gave) is a root of its own."""
+    at = [T0 + timedelta(seconds=s) for s in (0, 10, 20, 30)]
+    await store.write_batch(
+        [
+            session("root", at=at[0], last_call_at=at[1]),
+            session("child", at=at[1], parent_session_key="root", last_call_at=at[2]),
+            session("grandchild", at=at[2], parent_session_key="child", last_call_at=at[3]),
+            session("orphan", at=at[3], parent_session_key="not-a-key"),
+            *(call(f"r{i}", key, i) for i, key in enumerate(["root", "child", "grandchild"])),
+            call("r3", "root", 3),
+        ]
+    )
+    page = await store.sessions.list_sessions()
+    assert [s.session_key for s in page.items] == ["orphan", "root"]
+    everything = await store.sessions.list_sessions(roots=False)
+    assert len(everything.items) == 4
+    families = await store.sessions.families(["root", "orphan"])
+    root = families["root"]
+    assert (root.sessions, root.calls, root.prompt_tokens, root.cached_tokens) == (3, 4, 400, 160)
+    assert root.sct_s == 30.0  # the root's start to the grandchild's last call
+    assert families["orphan"].sessions == 1 and families["orphan"].calls == 0
+    assert await store.sessions.families([]) == {}

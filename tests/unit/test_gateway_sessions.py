@@ -57,6 +57,7 @@ def _call(
     gap_s: float | None = None,
     tenant: str = "t",
     task: str = "fix the bug ",
+    parent: str | None = None,
 ) -> PreparedCall:
     """Call ``n`` of a conversation: the task, then ``n`` earlier steps (a tool call and its
     result) — so each call continues the one before."""
@@ -68,7 +69,7 @@ def _call(
     return PreparedCall(
         request_id=f"r{n}-{tenant}-{sid}-{task[:8]}",
         tenant_id=tenant,
-        identity=Identity(sid, "talaria" if sid else "implicit", None, gap_s, False),
+        identity=Identity(sid, "talaria" if sid else "implicit", parent, gap_s, False),
         api="chat",
         call=Call(
             model=MODEL,
@@ -245,7 +246,10 @@ def test_idle_sessions_end_by_themselves() -> None:
 def test_ending_a_session_ends_its_children() -> None:
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
         await (await gateway.open_call(_call(0))).outcome()
-        child = await gateway.open_call(_call(0, task="search the code "))  # same id, new talk
+        thread = await gateway.open_call(_call(0, task="search the code "))  # same id
+        assert thread.how == "thread"  # a new conversation under the id: the same session
+        await thread.outcome()
+        child = await gateway.open_call(_call(0, sid="agent-1", parent="s1", task="grep "))
         assert child.how == "child"
         await child.outcome()
         assert await gateway.keeper.end_session("s1", "client", "t")

@@ -57,7 +57,8 @@ NAMED = Identity("task-1", "talaria")
         ({"task": "named", "identity": NAMED, "turns": 1}, "continued"),
         ({"task": "t-new"}, None),  # a new implicit session
         ({"task": "t-new", "identity": Identity("task-2", "talaria")}, None),  # a new named one
-        ({"task": "side", "identity": NAMED}, None),  # a child of the named session
+        ({"task": "side", "identity": NAMED}, "thread"),  # a new thread of the named session
+        ({"task": "sub", "identity": Identity("a-1", "claude-code", "task-1")}, None),  # a child
         ({"task": "t-new", "tenant": "B"}, "new"),  # another tenant
     ],
 )

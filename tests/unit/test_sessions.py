@@ -36,6 +36,8 @@ UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
         ),
         ({"session-id": "s1", "thread-id": "t1"}, {"prompt_cache_key": "k"}, ("s1", "codex")),
         ({"thread-id": "t1"}, {}, ("t1", "codex")),
+        ({"x-dynamo-session-id": "d1"}, {"prompt_cache_key": "k"}, ("d1", "dynamo")),
+        ({"thread-id": "t1", "x-dynamo-session-id": "d1"}, {}, ("t1", "codex")),
         ({"x-session-id": "x"}, {"prompt_cache_key": "k"}, ("k", "prompt_cache_key")),
         ({"x-session-id": "x", "x-litellm-session-id": "y"}, {}, ("x", "x-session-id")),
         ({"x-litellm-session-id": "y"}, {"litellm_session_id": "z"}, ("y", "x-litellm-session-id")),
@@ -51,6 +53,49 @@ def test_identity_sources_in_order(
     assert (found.session_id, found.source) == expected
 
 
+CC_SESSION = {"x-claude-code-session-id": UUID}
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        # (session id, source, parent id, the id the family is placed by)
+        (CC_SESSION, (UUID, "claude-code", None, UUID)),
+        ({**CC_SESSION, "x-claude-code-agent-id": "a1"}, ("a1", "claude-code", UUID, UUID)),
+        (
+            {**CC_SESSION, "x-claude-code-agent-id": "a2", "x-claude-code-parent-agent-id": "a1"},
+            ("a2", "claude-code", "a1", UUID),
+        ),
+        ({"x-claude-code-agent-id": "a1"}, (None, "implicit", None, None)),  # no session: none
+        (
+            {"session-id": "s", "thread-id": "t2", "x-codex-parent-thread-id": "t1"},
+            ("t2", "codex", "t1", "t1"),
+        ),
+        ({"session-id": "s", "thread-id": "t1"}, ("s", "codex", None, "s")),
+        (
+            {"x-talaria-session-id": "c", "x-talaria-parent-session-id": "p"},
+            ("c", "talaria", "p", "p"),
+        ),
+        (
+            {"x-dynamo-session-id": "c", "x-dynamo-parent-session-id": "p"},
+            ("c", "dynamo", "p", "p"),
+        ),
+        ({"x-session-id": "c", "x-parent-session-id": "p"}, ("c", "x-session-id", "p", "p")),
+    ],
+)
+def test_children_are_named_by_the_agents_own_headers(
+    headers: dict[str, str], expected: tuple[str | None, str, str | None, str | None]
+) -> None:
+    found = identify(headers, {})
+    assert (found.session_id, found.source, found.parent_session_id, found.placed_by) == expected
+
+
+@pytest.mark.parametrize("name", ["x-talaria-session-final", "x-dynamo-session-final"])
+def test_a_final_header_ends_the_session(name: str) -> None:
+    assert identify({name: "true", "x-session-id": "s"}, {}).final
+    assert not identify({name: "false", "x-session-id": "s"}, {}).final
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "field"),
     [
@@ -60,6 +105,8 @@ def test_identity_sources_in_order(
         ({}, {"litellm_session_id": "nul\x00"}, "litellm_session_id"),
         ({}, {"prompt_cache_key": "rtl\u202e"}, "prompt_cache_key"),
         ({"x-talaria-parent-session-id": "p" * 300}, {}, "X-Talaria-Parent-Session-Id"),
+        ({"x-dynamo-parent-session-id": "p" * 201}, {}, "X-Dynamo-Parent-Session-ID"),
+        ({**CC_SESSION, "x-claude-code-agent-id": "a" * 201}, {}, "x-claude-code-agent-id"),
         ({"x-talaria-tool-gap-ms": "inf"}, {}, "X-Talaria-Tool-Gap-Ms"),
         ({"x-talaria-tool-gap-ms": "nan"}, {}, "X-Talaria-Tool-Gap-Ms"),
         ({"x-talaria-tool-gap-ms": "1e308"}, {}, "X-Talaria-Tool-Gap-Ms"),
@@ -168,13 +215,15 @@ class Agent:
             now_s=float(self.steps),
             now_at=NOW,
         )
-        self.book.call_started(found.state, prints, float(self.steps))
+        self.book.call_started(found.state, prints, float(self.steps), found.thread)
         reply = {
             "role": "assistant",
             "content": f"step {self.steps} of {self.messages[1]['content']}",
             "tool_calls": [_call("ls", "{}", f"c{self.steps}")],
         }
-        self.book.call_finished(found.state, prints, fingerprint(reply), float(self.steps))
+        self.book.call_finished(
+            found.state, prints, fingerprint(reply), float(self.steps), found.thread
+        )
         found.state.inflight -= 1
         if reply_text is not None:  # the agent rewrote our reply before sending it back
             reply = {**reply, "content": reply_text}
@@ -208,6 +257,53 @@ def test_two_agents_with_the_same_start_stay_apart() -> None:
     assert b.step().how == "new"
 
 
+def test_a_continuation_of_its_own_reply_beats_a_repeat_of_another_sessions_prompt() -> None:
+    """Two runs of a deterministic agent: the second run's second call repeats the first
+    run's last prompt exactly, and continues the reply the second run got; it stays in its
+    own session (the first run, in its tool gap, is not robbed)."""
+    book = SessionBook()
+    first_run = Agent(book, "same task")
+    first_run.step()
+    first_run.step()  # a step ahead: its last prompt is [system, task, reply 0, result 0]
+    opening, reply = Conversation.of(first_run.messages[:2]), first_run.messages[2]
+    second = book.resolve(
+        tenant_id="t", identity=IMPLICIT, model="m", conversation=opening, now_s=9.0,
+        now_at=NOW,
+    )  # fmt: skip
+    book.call_started(second.state, opening, 9.0, second.thread)
+    book.call_finished(second.state, opening, fingerprint(reply), 9.0, second.thread)
+    assert second.how == "new"
+    again = book.resolve(
+        tenant_id="t", identity=IMPLICIT, model="m",
+        conversation=Conversation.of(first_run.messages[:4]), now_s=10.0, now_at=NOW,
+    )  # fmt: skip
+    assert again.state is second.state and again.how == "continued"
+
+
+@pytest.mark.parametrize(
+    ("appended", "how"),
+    [
+        ([], "retry"),
+        ([{"role": "user", "content": "No tool call found; call a tool."}], "corrected"),
+        ([{"role": "assistant", "content": "an answer"}, {"role": "user", "content": "no"}],
+         "continued"),
+    ],
+)  # fmt: skip
+def test_a_discarded_reply_and_a_correction_continue_the_session(
+    appended: list[dict[str, Any]], how: str
+) -> None:
+    book = SessionBook()
+    agent = Agent(book, "task")
+    first = agent.step()
+    prompt = agent.messages[:2] + appended  # the reply dropped, the prompt sent again
+    found = book.resolve(
+        tenant_id="t", identity=IMPLICIT, model="m",
+        conversation=Conversation.of(prompt), now_s=5.0, now_at=NOW,
+    )  # fmt: skip
+    assert found.state is first.state and found.how == how
+    assert found.shared_tokens > 0
+
+
 def test_a_reply_the_agent_rewrote_still_continues() -> None:
     book = SessionBook()
     agent = Agent(book, "task")
@@ -239,16 +335,51 @@ def test_sessions_are_per_tenant_and_model() -> None:
     assert book.named("B", ka.key) is None  # no tenant reaches another's session by key
 
 
-def test_a_named_session_opens_children_for_other_conversations() -> None:
+def test_a_named_session_keeps_other_conversations_as_its_threads() -> None:
+    """An explicit id is authoritative: a call under it that continues none of its
+    conversations is a new thread of the same session, never a child or a new session."""
     book = SessionBook()
     named = Identity(UUID, "claude-code")
-    main, sub = Agent(book, "the task"), Agent(book, "explore the repo")
-    root = main.step(named).state
-    child = sub.step(named)
+    main, side = Agent(book, "the task"), Agent(book, "summarize the repo")
+    side.messages[0] = {"role": "system", "content": "You write titles."}
+    root = main.step(named)
+    other = side.step(named)
+    assert other.how == "thread" and other.state is root.state and other.thread == 1
+    assert side.step(named).thread == 1  # each conversation continues its own thread
+    assert main.step(named).thread == 0
+    assert book.children(root.state.key) == [] and len(book) == 1
+    assert root.state.runtime_key(0) == root.state.key
+    assert root.state.runtime_key(1) == f"{root.state.key}/1"  # its own KV on the runtime
+
+
+def test_a_compacted_history_under_an_id_is_a_thread_of_the_session() -> None:
+    book = SessionBook()
+    named = Identity("task-9", "talaria")
+    agent = Agent(book, "the task")
+    first = agent.step(named)
+    agent.step(named)
+    agent.messages[2:] = [{"role": "user", "content": "Summary of the work so far: ..."}]
+    compacted = agent.step(named)
+    assert compacted.how == "compacted" and compacted.state is first.state
+    assert compacted.thread == 1 and agent.step(named).thread == 1
+
+
+def test_children_only_when_named() -> None:
+    book = SessionBook()
+    root = Agent(book, "the task").step(Identity("main", "claude-code")).state
+    sub = Agent(book, "explore the repo")
+    child_id = Identity("agent-7", "claude-code", parent_session_id="main")
+    child = sub.step(child_id)
     assert child.how == "child" and child.state.parent_key == root.key
-    assert sub.step(named).state is child.state  # the sub-agent continues its own
-    assert main.step(named).state is root  # and the parent its own
-    assert [s.key for s in book.children(root.key)] == [child.state.key]
+    assert child.state.root_key == root.key and child.state.session_id == "agent-7"
+    assert sub.step(child_id).state is child.state  # the sub-agent continues its own
+    grandchild = Agent(book, "grep").step(Identity("agent-8", "claude-code", "agent-7"))
+    assert grandchild.state.parent_key == child.state.key
+    assert [s.key for s in book.children(root.key)] == sorted(
+        [child.state.key, grandchild.state.key]
+    )
+    orphan = Agent(book, "x").step(Identity("agent-9", "claude-code", "gone")).state
+    assert orphan.parent_key == "gone" and orphan.is_root  # the id as given, its own family
     assert Agent(book, "implicit").step().state.parent_key is None
 
 

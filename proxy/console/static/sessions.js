@@ -104,7 +104,8 @@ function renderRows(sessions) {
   body.innerHTML = sessions.map((s) => `
     <tr data-session="${esc(s.session_key)}">
       <td><a href="#/session/${encodeURIComponent(s.session_key)}">${esc(s.session_id || s.session_key)}</a>
-        ${s.parent_session_key ? `<br><small>child of ${esc(s.parent_session_key)}</small>` : ""}</td>
+        ${s.parent_session_key ? `<br><small>child of ${esc(s.parent_session_key)}</small>` : ""}
+        ${s.children ? `<br><small>${s.children} sub-agent session${s.children > 1 ? "s" : ""}: ${s.family.calls} calls in all</small>` : ""}</td>
       <td>${esc(s.tenant_id)}</td><td>${esc(s.model)}</td><td>${esc(s.instance ?? "—")}</td>
       <td><span class="badge ${esc(s.state)}">${esc(s.state)}</span></td>
       <td class="num">${s.calls}</td><td class="num">${seconds(sctSoFar(s))}</td>

@@ -1,5 +1,5 @@
 // The timeline of one session's view: a floating bar per call phase, tool gap and reservation,
-// one lane per session (the session, then its children); and the call detail panel.
+// one lane per thread of the session (its conversations), then one per child; and the call detail panel.
 
 import { KIND_COLOURS, KV_COLOURS, bytes, esc, keepChart, main, seconds, when } from "./common.js";
 
@@ -32,13 +32,15 @@ export function showCall(doc, call, scroll) {
   if (scroll) box.scrollIntoView({ block: "nearest" });
 }
 
-function segmentsOf(doc, lane, t0) {
-  // One floating bar per segment: [start, end] in seconds since t0, on the session's lane.
+function segmentsOf(doc, laneOf, t0) {
+  // One floating bar per segment: [start, end] in seconds since t0, on its thread's lane
+  // (laneOf(call); laneOf(null): the session's first lane).
   const out = [];
   const at = (iso) => (new Date(iso) - t0) / 1000;
   doc.calls.forEach((c, i) => {
     const a = at(c.arrived_at);
     const ref = { doc, call: c };
+    const lane = laneOf(c);
     if (c.status !== "ok" || c.queue_s == null || c.prefill_s == null || c.decode_s == null) {
       const e = c.finished_at ? at(c.finished_at) : a;
       out.push({ kind: "error", x: [a, Math.max(e, a + 0.05)], y: lane, ref });
@@ -55,12 +57,12 @@ function segmentsOf(doc, lane, t0) {
     const next = doc.calls[i + 1];
     if (next && c.finished_at) {
       const gap = doc.tool_gaps.find((g) => g.after_call === c.call_index);
-      out.push({ kind: "gap", x: [at(c.finished_at), at(next.arrived_at)], y: lane, ref: { doc, gap } });
+      out.push({ kind: "gap", x: [at(c.finished_at), at(next.arrived_at)], y: laneOf(c), ref: { doc, gap } });
     }
   });
   for (const r of doc.reservations) {
     const end = r.released_at || r.expires_at;
-    out.push({ kind: "reservation", x: [at(r.created_at), at(end)], y: lane, ref: { doc, reservation: r } });
+    out.push({ kind: "reservation", x: [at(r.created_at), at(end)], y: laneOf(null), ref: { doc, reservation: r } });
   }
   return out;
 }
@@ -91,12 +93,24 @@ function segmentLabel(s) {
   return lines;
 }
 
-/** Draw the timeline chart of session ``doc`` with its ``children`` as more lanes, and its zoom buttons. */
+/** The lanes of one session: one per thread (its conversations), named after ``name``. */
+function threadLanes(doc, name) {
+  const threads = [...new Set(doc.calls.map((c) => c.thread ?? 0))].sort((a, b) => a - b);
+  if (threads.length < 2) return new Map([[threads[0] ?? 0, name]]);
+  return new Map(threads.map((t) => [t, `${name} · thread ${t}`]));
+}
+
+/** Draw the timeline chart of session ``doc`` (a lane per thread) with its ``children`` as more lanes, and its zoom buttons. */
 export function drawTimeline(doc, children) {
   const docs = [doc, ...children];
   const t0 = new Date(Math.min(...docs.map((d) => new Date(d.session.started_at).getTime())));
-  const lanes = docs.map((d, i) => (i === 0 ? `session ${d.session.session_id}` : `child ${d.session.session_id}`));
-  const segments = docs.flatMap((d, i) => segmentsOf(d, lanes[i], t0));
+  const perDoc = docs.map((d, i) => threadLanes(d, i === 0 ? `session ${d.session.session_id}` : `child ${d.session.session_id}`));
+  const lanes = perDoc.flatMap((m) => [...m.values()]);
+  const segments = docs.flatMap((d, i) => {
+    const m = perDoc[i];
+    const first = [...m.values()][0];
+    return segmentsOf(d, (c) => (c ? m.get(c.thread ?? 0) ?? first : first), t0);
+  });
   const kinds = Object.keys(SEGMENT_STYLE);
   const datasets = kinds.map((kind) => ({
     label: SEGMENT_STYLE[kind][0],

@@ -44,14 +44,10 @@ from talaria.proxy.runner import CallRunner, runtime_request
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.schema_check import SchemaCheck
-from talaria.proxy.sessions.book import (
-    DEFAULT_MAX_PER_TENANT,
-    Resolution,
-    SessionBook,
-    SessionLimit,
-)
+from talaria.proxy.sessions.book import DEFAULT_MAX_PER_TENANT, SessionBook, SessionLimit
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
 from talaria.proxy.sessions.keeper import SessionKeeper
+from talaria.proxy.sessions.state import Resolution
 
 SWEEP_S = 1.0
 """How often expired reservations and idle sessions are looked for (clock seconds)."""

@@ -54,10 +54,17 @@ class ProxyMetrics:
         self.sessions_found = Counter(
             "talaria_session_calls",
             "Calls by how their session was found: new, continued (its conversation extended a "
-            "live session's), retry, child (a new sub-session of a named session), adopted (the "
-            "first call of a session taken over from another replica)",
+            "thread of a live session), retry, corrected, drifted, thread and compacted (a new "
+            "conversation of a named session), child (a sub-session a request named), adopted "
+            "(the first call of a session taken over from another replica)",
             ["how"], registry=r,
         )  # fmt: skip
+        self.prefix_drift = Counter(
+            "talaria_prefix_drift",
+            "Calls that repeated a thread's prompt with a message or two rewritten, so the KV "
+            "after the first could not be reused (proxy/sessions/drift.py)",
+            registry=r,
+        )
         self.live_sessions = Gauge("talaria_live_sessions", "Sessions in memory", registry=r)
         self.writer_pending = Gauge(
             "talaria_store_pending_records", "Records waiting for the batched writer", registry=r

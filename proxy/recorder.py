@@ -17,7 +17,7 @@ from talaria.core.types import CallRequest, CallResult
 from talaria.proxy.calls import CallOutcome, PreparedCall
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import CallRecord, DecisionRecord, Record, SessionRecord
-from talaria.proxy.sessions.book import Resolution, SessionState
+from talaria.proxy.sessions.state import Resolution, SessionState
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
 
@@ -119,6 +119,8 @@ class Recorder:
         """The call was routed (its session found ``how``): the decision's record and metrics."""
         self.metrics.decisions.labels(self._router, decision.reason).inc()
         self.metrics.sessions_found.labels(how).inc()
+        if how == "drifted":
+            self.metrics.prefix_drift.inc()
         self.submit(
             DecisionRecord(
                 request_id=call.request_id,
@@ -249,5 +251,6 @@ def _call_record(
         api=call.api,
         how=found.how,
         thread=found.thread,
+        drift_at=found.drift_at,
         **outcome,
     )

@@ -73,6 +73,9 @@ class CallRecord:
     retry, corrected, thread, compacted, child, adopted)."""
     thread: int | None = None
     """The session's thread the call ran in (0: its first conversation)."""
+    drift_at: int | None = None
+    """For a ``drifted`` call, the first message of the thread's prompt it rewrote (the KV of
+    the messages from there on could not be reused: proxy/sessions/drift.py)."""
 
 
 @dataclass(frozen=True)

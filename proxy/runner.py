@@ -30,9 +30,9 @@ from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
 from talaria.proxy.errors import ApiError, bad_request, unavailable
 from talaria.proxy.recorder import Recorder
 from talaria.proxy.runtimes.base import RuntimeClient
-from talaria.proxy.sessions.book import Resolution, SessionState
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.keeper import SessionKeeper
+from talaria.proxy.sessions.state import Resolution, SessionState
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
 

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from talaria.core.clock import TimeScale
 from talaria.core.reservations import SessionReservations
 from talaria.proxy.calls import PreparedCall
-from talaria.proxy.sessions.book import SessionBook, SessionState
+from talaria.proxy.sessions.book import SessionBook
+from talaria.proxy.sessions.state import SessionState
 
 
 @dataclass(frozen=True)

@@ -31,11 +31,14 @@ IndexKey = tuple[str, str, Kind, bytes]
 """(tenant, model, kind, chain value)."""
 Entry = tuple[str, int]
 """(session key, thread number)."""
-How = Literal["new", "continued", "retry", "corrected", "thread", "compacted", "child", "adopted"]
+How = Literal[
+    "new", "continued", "retry", "corrected", "drifted", "thread", "compacted", "child", "adopted"
+]
 """How a call's session was found: a new session; a call that continues a thread, retries
-its prompt, or sends it again with a correction; a new thread of a named session (one that
-starts like none of its threads, or ``compacted``: one that starts like one of them, then
-differs); a child a request named; a session taken over from another replica."""
+its prompt, or sends it again with a correction; a thread's prompt with a message or two
+rewritten (``drifted``: drift.py); a new thread of a named session (one that starts like none
+of its threads, or ``compacted``: one that starts like one of them, then differs); a child a
+request named; a session taken over from another replica."""
 
 
 @dataclass(frozen=True)

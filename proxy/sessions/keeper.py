@@ -21,8 +21,9 @@ from talaria.proxy.errors import ApiError
 from talaria.proxy.recorder import Recorder
 from talaria.proxy.records import HintRecord, ReservationRecord
 from talaria.proxy.runtime_pool import RuntimePool
-from talaria.proxy.sessions.book import SessionBook, SessionState
+from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.state import SessionState
 
 
 class SessionKeeper:

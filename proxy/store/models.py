@@ -159,6 +159,7 @@ class CallRow(Base):
     api: Mapped[str | None] = mapped_column(String)
     how: Mapped[str | None] = mapped_column(String)
     thread: Mapped[int | None] = mapped_column(Integer)
+    drift_at: Mapped[int | None] = mapped_column(Integer)
 
 
 class DecisionRow(Base):

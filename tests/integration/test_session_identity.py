@@ -111,3 +111,26 @@ def test_dynamo_headers_name_the_session_its_parent_and_its_end(
     _call(client, task, **{"X-Dynamo-Session-ID": sid, "X-Dynamo-Session-Final": "true"})
     ended = _admin(proxy, f"/admin/sessions/{sid}")["session"]
     assert ended["state"] == "ended" and ended["end_reason"] == "final"
+
+
+def test_a_volatile_system_prompt_line_is_counted_as_prefix_drift(
+    client: openai.OpenAI, proxy: RunningProxy
+) -> None:
+    sid = f"drift-{uuid.uuid4().hex[:8]}"
+    system = {"role": "system", "content": "You are a coding agent. Time: 12:00. " * 20}
+    messages: list[Any] = [system, {"role": "user", "content": "fix the bug " * 30}]
+    for _ in range(2):
+        reply = _call(client, messages, **{"x-talaria-session-id": sid}).parse()
+        messages += [
+            reply.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "go on"},
+        ]
+    messages[0] = {"role": "system", "content": "You are a coding agent. Time: 12:01. " * 20}
+    drifted = _call(client, messages, **{"x-talaria-session-id": sid})
+    assert drifted.headers["x-talaria-session-how"] == "drifted"
+    detail = _admin(proxy, f"/admin/sessions/{sid}")
+    last = max(detail["calls"], key=lambda c: c["call_index"])
+    assert (last["how"], last["drift_at"], last["thread"]) == ("drifted", 0, 0)
+    assert detail["session"]["calls"] == 3 and detail["children"] == []
+    metrics = httpx.get(proxy.base_url + "/metrics", headers={"authorization": f"Bearer {ADMIN}"})
+    assert "talaria_prefix_drift_total 1.0" in metrics.text

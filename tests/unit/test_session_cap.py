@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from talaria.proxy.sessions.book import Resolution, SessionBook, SessionLimit, SessionState
+from talaria.proxy.sessions.book import SessionBook, SessionLimit
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
 from talaria.proxy.sessions.identity import Identity
+from talaria.proxy.sessions.state import Resolution, SessionState
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 IMPLICIT = Identity(None, "implicit")

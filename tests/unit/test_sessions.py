@@ -364,6 +364,33 @@ def test_a_compacted_history_under_an_id_is_a_thread_of_the_session() -> None:
     assert compacted.thread == 1 and agent.step(named).thread == 1
 
 
+@pytest.mark.parametrize(("rewritten", "drift"), [(0, 0), (3, 3)])
+def test_a_rewritten_message_under_an_id_is_prefix_drift(rewritten: int, drift: int) -> None:
+    """A volatile system-prompt line (message 0) or a re-rendered tool result (message 3):
+    the thread's next call, with only the KV before that message reusable."""
+    book = SessionBook()
+    named = Identity("task-d", "talaria")
+    agent = Agent(book, "the task")
+    for _ in range(3):
+        first = agent.step(named)
+    agent.messages[rewritten] = {**agent.messages[rewritten], "content": "changed, 12:01"}
+    found = agent.step(named)
+    assert found.how == "drifted" and found.drift_at == drift
+    assert found.state is first.state and found.thread == 0
+    assert found.shared_tokens == Conversation.of(agent.messages[:drift]).tokens[-1]
+    assert agent.step(named).how == "continued"  # and the thread goes on from there
+
+
+def test_a_short_or_much_changed_prompt_is_no_drift() -> None:
+    book = SessionBook()
+    named = Identity("task-e", "talaria")
+    agent = Agent(book, "the task")
+    agent.step(named)
+    agent.step(named)
+    agent.messages = [{"role": "system", "content": "other"}, {"role": "user", "content": "q"}]
+    assert agent.step(named).how == "thread"  # shorter than the thread's prompt: a new one
+
+
 def test_children_only_when_named() -> None:
     book = SessionBook()
     root = Agent(book, "the task").step(Identity("main", "claude-code")).state

@@ -134,6 +134,7 @@ function waitNotes(doc) {
     if (rest >= least) notes.push(`Call ${c.call_index} queued ${seconds(rest)}${where} while ${c.model} served: no room yet (batch or KV memory).`);
     if (c.kv_source === "host") notes.push(`Call ${c.call_index}: KV restored from host; prefill with the restore took ${seconds(c.prefill_s)}.`);
     if (c.kv_source === "recompute") notes.push(`Call ${c.call_index}: its KV was gone and ${c.prompt_tokens - c.cached_tokens} prompt tokens were recomputed (prefill ${seconds(c.prefill_s)}).`);
+    if (c.how === "drifted") notes.push(`Call ${c.call_index}: prefix changed at message ${c.drift_at}: ${c.cached_tokens.toLocaleString()} of ${c.prompt_tokens.toLocaleString()} tokens reused (the client rewrote that message: a volatile line in its system prompt, or a re-rendered tool result).`);
     if (c.status !== "ok") notes.push(`Call ${c.call_index} failed: ${c.error ?? "error"}.`);
   }
   return notes;

@@ -1,0 +1,104 @@
+"""A live session as this replica holds it (``SessionState``), its conversations
+(``Thread``), and what resolving a call found (``Resolution``): the book's records
+(book.py keeps them; index.py finds threads)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from talaria.proxy.records import ReservationRecord
+from talaria.proxy.sessions.index import How, IndexKey, Kind
+
+
+def new_key() -> str:
+    """A fresh internal session key: ``ses_`` and 24 random hex digits."""
+    return f"ses_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass
+class Thread:
+    """One conversation of a session: its index entries (the chain value of its last prompt,
+    "prompt": a retry repeats it; of its last prompt + the reply it got, "history": a
+    continuation starts with it), the chain value of its first message, the instance of its
+    latest call, and when it was last used (clock s)."""
+
+    number: int
+    model: str
+    first: bytes | None
+    indexed: dict[Kind, IndexKey] = field(default_factory=dict)
+    last_instance: str | None = None
+    last_used_s: float = 0.0
+    prompt: tuple[bytes, ...] = ()
+    """The digests of its last prompt's messages, kept for the session's latest thread only
+    (drift.py compares a call with it)."""
+
+
+@dataclass
+class SessionState:
+    """One live session as this replica holds it. ``key`` is the internal key (``ses_<hex>``,
+    the ``session_key`` that the store and the runtime see); ``session_id`` is the client's id
+    (its key for an implicit session). Times ending in ``_s`` are seconds of the gateway's
+    clock."""
+
+    key: str
+    tenant_id: str
+    session_id: str
+    identity_source: str
+    model: str
+    started_at: datetime
+    started_s: float
+    """Clock time of the first call (for SCT)."""
+    parent_key: str | None = None
+    """The parent's key (a child, or a session whose client named a live parent), else the
+    parent id the client gave."""
+    root_key: str = ""
+    """The session whose client id this family shares (itself for a root)."""
+    calls: int = 0
+    inflight: int = 0
+    last_activity_s: float = 0.0
+    last_instance: str | None = None
+    last_finish_reason: str | None = None
+    tools: bytes = b""
+    """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
+    threads: list[Thread] = field(default_factory=list)
+    """Its conversations, by number (module docstring)."""
+    reservation: ReservationRecord | None = None
+    """The record of its soft reservation until released (written again then); the
+    reservation itself, and the learned tool gaps, are the gateway's
+    ``core.reservations.SessionReservations``."""
+    ended: bool = False
+    route_key: str | None = None
+    """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
+    adopted: bool = False
+    """Taken over from the replica that held it before (proxy/cluster/): its next call
+    continues it, whatever conversation it sends (this replica has not seen any)."""
+
+    @property
+    def is_root(self) -> bool:
+        """Not a child: the family's root is this session itself."""
+        return self.root_key == self.key
+
+    def runtime_key(self, thread: int) -> str:
+        """The key the runtime keeps thread ``thread``'s KV under (module docstring)."""
+        return self.key if thread == 0 else f"{self.key}/{thread}"
+
+    @property
+    def last_thread(self) -> Thread | None:
+        """The thread of its latest call, if any."""
+        return max(self.threads, key=lambda t: t.last_used_s, default=None)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The session a call belongs to, its thread, and ``how`` it was found (index.py's
+    ``How``)."""
+
+    state: SessionState
+    how: How
+    shared_tokens: int
+    """Estimated tokens of this call's prompt that the thread's KV already holds."""
+    thread: int = 0
+    drift_at: int | None = None
+    """For a ``drifted`` call: the first message it rewrote (drift.py)."""

@@ -223,7 +223,9 @@ class Gateway:
                     model=call.model,
                     prompt_tokens=prompt_tokens,
                     last_instance=state.threads[found.thread].last_instance,
-                    reserved_instance=self.reservations.reserved(state.key, now_s),
+                    reserved_instance=self.reservations.reserved(
+                        state.runtime_key(found.thread), now_s
+                    ),
                 ),
                 statuses,
                 self._routing,

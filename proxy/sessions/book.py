@@ -7,9 +7,9 @@ key, so equal client ids of two tenants are two sessions whose KV and records ne
 client's own id is ``session_id`` (for an implicit session, its key).
 
 A session holds one or more *threads*: each distinct conversation of the session, with its own
-chain values in the conversation index (index.py), its own last instance and its own key on
-the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>`` for thread n, so
-that each conversation keeps its own KV). Calls, tokens and the session's completion time are
+chain values in the conversation index (index.py), its own last instance, its own reservation
+and its own key on the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>``
+for thread n, so that each conversation keeps its own KV and its own reservation). Calls, tokens and the session's completion time are
 the session's, whatever thread they ran in.
 
 ``resolve`` picks the session of a call:
@@ -69,8 +69,9 @@ class SessionLimit(Exception):
 class SessionBook:
     """Live sessions by key, the named ones by (tenant, client id), each root's family, and
     the conversation index. Least recently used sessions are forgotten beyond ``capacity``
-    (their records stay in the store). ``on_forget(key)`` runs for every session forgotten
-    (ended, handed off, or evicted), so that state kept elsewhere by key goes with it."""
+    (their records stay in the store). ``on_forget(key)`` runs for each thread's runtime key of
+    every session forgotten (ended, handed off, or evicted), so that state kept elsewhere by
+    those keys goes with it."""
 
     def __init__(
         self,
@@ -322,7 +323,8 @@ class SessionBook:
             if family is not None:
                 family.discard(state.key)
         if self._on_forget is not None:
-            self._on_forget(state.key)
+            for number in range(max(1, len(state.threads))):
+                self._on_forget(state.runtime_key(number))
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
         """Sessions with no call in flight and none for ``timeout_s``."""

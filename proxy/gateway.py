@@ -188,6 +188,7 @@ class Gateway:
                 now_s=now_s,
                 now_at=now_at,
                 match=call.call.messages is not None,
+                offers_tools=bool(call.call.tools),
             )
         except SessionLimit as full:  # Retry-After: when its least recent one may idle out
             idle_in_s = full.oldest_activity_s + self.keeper.idle_timeout_s - now_s
@@ -223,7 +224,9 @@ class Gateway:
                     model=call.model,
                     prompt_tokens=prompt_tokens,
                     last_instance=state.threads[found.thread].last_instance,
-                    reserved_instance=self.reservations.reserved(state.key, now_s),
+                    reserved_instance=self.reservations.reserved(
+                        state.runtime_key(found.thread), now_s
+                    ),
                 ),
                 statuses,
                 self._routing,

@@ -208,7 +208,7 @@ class Recorder:
         (it holds a reservation) or active."""
         if ended_reason is not None:
             status = "ended"
-        elif state.reservation is not None:
+        elif state.reserved:
             status = "in_tool"
         else:
             status = "active"

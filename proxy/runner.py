@@ -194,7 +194,9 @@ class CallRunner:
             call, state, conversation, outcome.instance, outcome.output, found.thread
         )
         self._recorder.call_finished(call, found, request, outcome, arrived_at, finished_at)
-        self._keeper.after_call(call, state, outcome.instance, outcome.output, finished_at)
+        self._keeper.after_call(
+            call, state, outcome.instance, outcome.output, finished_at, found.thread
+        )
         return self._recorder.last_seq
 
     def _fail(

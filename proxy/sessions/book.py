@@ -7,10 +7,10 @@ key, so equal client ids of two tenants are two sessions whose KV and records ne
 client's own id is ``session_id`` (for an implicit session, its key).
 
 A session holds one or more *threads*: each distinct conversation of the session, with its own
-chain values in the conversation index (index.py), its own last instance and its own key on
-the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>`` for thread n, so
-that each conversation keeps its own KV). Calls, tokens and the session's completion time are
-the session's, whatever thread they ran in.
+chain values in the conversation index (index.py), its own last instance, its own reservation
+and its own key on the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>``
+for thread n, so that each conversation keeps its own KV and its own reservation). Calls,
+tokens and the session's completion time are the session's, whatever thread they ran in.
 
 ``resolve`` picks the session of a call:
 
@@ -21,9 +21,11 @@ the session's, whatever thread they ran in.
    is never split because its client sent something new under its id.
 2. **Implicit**: the live implicit session of the same tenant and model whose thread the call
    continues (a session its client named is only continued under that name); else a new one.
-3. **A new session** is a *child* when the request names a parent (identity.py: only then):
-   its parent is that live session of the tenant (else the id as given), and it joins the
-   parent's family, which ends with its root.
+3. **A new session** is a *child* when the request names a parent (identity.py): its parent is
+   that live session of the tenant (else the id as given), and it joins the parent's family,
+   which ends with its root. An implicit call with a system prompt of its own, arriving while
+   exactly one implicit session of its tenant waits on a reply, is that session's *side call*:
+   a child of it (``_side_call_of`` says what the evidence is and what a wrong guess costs).
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
 beyond it) and ``max_per_tenant`` per tenant, implicit, named and children alike: a call that
@@ -69,8 +71,9 @@ class SessionLimit(Exception):
 class SessionBook:
     """Live sessions by key, the named ones by (tenant, client id), each root's family, and
     the conversation index. Least recently used sessions are forgotten beyond ``capacity``
-    (their records stay in the store). ``on_forget(key)`` runs for every session forgotten
-    (ended, handed off, or evicted), so that state kept elsewhere by key goes with it."""
+    (their records stay in the store). ``on_forget(key)`` runs for each thread's runtime key of
+    every session forgotten (ended, handed off, or evicted), so that state kept elsewhere by
+    those keys goes with it."""
 
     def __init__(
         self,
@@ -134,6 +137,7 @@ class SessionBook:
         now_s: float,
         now_at: datetime,
         match: bool = True,
+        offers_tools: bool = True,
     ) -> Resolution:
         """The session and thread of this call (created if need be; module docstring);
         ``match=False`` skips conversation matching (a prompt that is not a conversation,
@@ -153,9 +157,37 @@ class SessionBook:
                 state = self._sessions[found.key]
                 self._touch(state, now_s)
                 return Resolution(state, found.how, found.shared_tokens, found.thread)
-        state = self._open(tenant_id, identity, model, now_s, now_at)
+        side_of = None
+        if match and not offers_tools and not identity.explicit:
+            side_of = (
+                None if identity.parent_session_id else self._side_call_of(tenant_id, conversation)
+            )
+        state = self._open(tenant_id, identity, model, now_s, now_at, side_of)
         thread = self._thread_for(state, model, conversation if match else None)
         return Resolution(state, "new" if state.is_root else "child", 0, thread)
+
+    def _side_call_of(self, tenant_id: str, conversation: Conversation) -> SessionState | None:
+        """The implicit session a new implicit call is a side call of, when the evidence is
+        unambiguous: the call offers no tools (an agent's own calls do; a title, summary or
+        memory call does not) and opens with a system prompt, and exactly one of the tenant's
+        implicit root sessions waits on a reply now (a call in flight), with a different first
+        message. Else None: the call stays a session of its own. Wrong, it costs only the
+        accounting (the side call counts in that session's tree); its KV and reservation are
+        its own either way. One scan of the tenant's sessions, for a new implicit session
+        only."""
+        if not len(conversation) or conversation.prints[0].role != "system":
+            return None
+        waiting = [
+            s
+            for key in self._by_tenant.get(tenant_id, ())
+            if (s := self._sessions[key]).inflight > 0
+            and s.is_root
+            and s.identity_source == "implicit"
+        ]
+        if len(waiting) != 1:
+            return None
+        first = conversation.hashes[0]
+        return None if any(t.first == first for t in waiting[0].threads) else waiting[0]
 
     def _implicit(self, entry: Entry) -> bool:
         """An implicit session's thread (a session its client named is only continued under
@@ -205,15 +237,22 @@ class SessionBook:
         return thread.number
 
     def _open(
-        self, tenant_id: str, identity: Identity, model: str, now_s: float, now_at: datetime
+        self,
+        tenant_id: str,
+        identity: Identity,
+        model: str,
+        now_s: float,
+        now_at: datetime,
+        side_of: SessionState | None = None,
     ) -> SessionState:
-        """A new session: a child of the parent the request names, else a root."""
+        """A new session: a child of the parent the request names (or of ``side_of``, the
+        session an implicit side call belongs to), else a root."""
         owned = self._by_tenant.get(tenant_id)
         if owned is not None and len(owned) >= self._max_per_tenant:
             oldest = self._sessions[next(iter(owned))]
             raise SessionLimit(tenant_id, self._max_per_tenant, oldest.last_activity_s)
         key = new_key()
-        parent = parent_key = None
+        parent, parent_key = side_of, side_of.key if side_of is not None else None
         if identity.parent_session_id is not None:  # the parent's key, else its id as given
             parent = self.named(tenant_id, identity.parent_session_id)
             parent_key = parent.key if parent is not None else identity.parent_session_id
@@ -322,7 +361,8 @@ class SessionBook:
             if family is not None:
                 family.discard(state.key)
         if self._on_forget is not None:
-            self._on_forget(state.key)
+            for number in range(max(1, len(state.threads))):
+                self._on_forget(state.runtime_key(number))
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
         """Sessions with no call in flight and none for ``timeout_s``."""

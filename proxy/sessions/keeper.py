@@ -23,7 +23,7 @@ from talaria.proxy.records import HintRecord, ReservationRecord
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.state import SessionState
+from talaria.proxy.sessions.state import SessionState, split_runtime_key
 
 
 class SessionKeeper:
@@ -57,11 +57,12 @@ class SessionKeeper:
         settled (a hit if it came back to the reserved instance), and the instance the thread
         left is told."""
         settled = self._reservations.started(
-            state.key, instance, now_s, concurrent=state.inflight > 0
+            state.runtime_key(thread), instance, now_s, concurrent=state.inflight > 0
         )
         if settled is not None:
             self._metrics.reservations.labels(settled.value).inc()
-            self._release(state, "expired" if settled is Settled.EXPIRED else "returned", now_at)
+            reason = "expired" if settled is Settled.EXPIRED else "returned"
+            self._release(state, thread, reason, now_at)
         left = state.threads[thread].last_instance if thread < len(state.threads) else None
         if left is not None and left != instance:
             await self._pool[left].session_moved(state.runtime_key(thread))
@@ -82,7 +83,7 @@ class SessionKeeper:
 
     def after_call(
         self, call: PreparedCall, state: SessionState, instance: str, output: ModelOutput,
-        finished_at: datetime,
+        finished_at: datetime, thread: int = 0,
     ) -> None:  # fmt: skip
         """After the call's records: end the session if the call was its last, else take a
         reservation when the reply asks for tools (or the client hinted a gap); then the
@@ -93,7 +94,7 @@ class SessionKeeper:
         single = call.call.messages is None and not call.identity.explicit
         final = call.identity.final or single
         taken = self._reservations.finished(
-            state.key,
+            state.runtime_key(thread),
             instance,
             self._clock.now(),
             final=final,
@@ -104,15 +105,17 @@ class SessionKeeper:
             self.end(state, "final", finished_at)
             return
         if taken is not None:
-            self._taken(state, taken, finished_at)
+            self._taken(state, thread, taken, finished_at)
         self._recorder.session(state, finished_at)
 
     # -- reservations -------------------------------------------------------------------------
-    def _taken(self, state: SessionState, held: SoftReservation, now_at: datetime) -> None:
-        """Record a reservation just taken (releasing the one it replaces)."""
-        self._release(state, "replaced", now_at)
+    def _taken(
+        self, state: SessionState, thread: int, held: SoftReservation, now_at: datetime
+    ) -> None:
+        """Record a reservation just taken by ``thread`` (releasing the one it replaces)."""
+        self._release(state, thread, "replaced", now_at)
         wall = self._time.wall
-        state.reservation = ReservationRecord(
+        record = ReservationRecord(
             reservation_id=uuid.uuid4().hex,
             session_key=state.key,
             instance=held.instance,
@@ -121,24 +124,27 @@ class SessionKeeper:
             expected_return_at=now_at + timedelta(seconds=wall(held.expected_gap_s)),
             expires_at=now_at + timedelta(seconds=wall(held.expires_s - held.created_s)),
         )
+        state.threads[thread].reservation = record
         self._metrics.reservations.labels("taken").inc()
-        self._recorder.submit(state.reservation)
+        self._recorder.submit(record)
 
-    def _release(self, state: SessionState, reason: str, now_at: datetime) -> None:
-        """Record the release of the session's reservation (if it has one recorded)."""
-        if state.reservation is None:
-            return
-        self._recorder.submit(replace(state.reservation, released_at=now_at, release_reason=reason))
-        state.reservation = None
+    def _release(self, state: SessionState, thread: int, reason: str, now_at: datetime) -> bool:
+        """Record the release of ``thread``'s reservation; False if it had none recorded."""
+        held = state.threads[thread] if thread < len(state.threads) else None
+        if held is None or held.reservation is None:
+            return False
+        self._recorder.submit(replace(held.reservation, released_at=now_at, release_reason=reason))
+        held.reservation = None
+        return True
 
     async def sweep(self) -> None:
         """Release expired reservations; end sessions idle beyond the timeout."""
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         for held in self._reservations.sweep(now_s):
-            state = self._sessions.get(held.session)
-            if state is not None and state.reservation is not None:
+            key, thread = split_runtime_key(held.session)
+            state = self._sessions.get(key)
+            if state is not None and self._release(state, thread, "expired", now_at):
                 self._metrics.reservations.labels("expired").inc()
-                self._release(state, "expired", now_at)
         for state in self._sessions.idle(now_s, self.idle_timeout_s):
             await self._end_on_runtime(state)
             self.end(state, "idle", now_at)
@@ -159,10 +165,11 @@ class SessionKeeper:
         if last is not None and last.last_instance is not None and expected is not None:
             await self._pool[last.last_instance].hint(state.runtime_key(last.number), expected)
             taken = self._reservations.hint(
-                state.key, self._clock.now(), expected, concurrent=state.inflight > 0
-            )
+                state.runtime_key(last.number), self._clock.now(), expected,
+                concurrent=state.inflight > 0,
+            )  # fmt: skip
             if taken is not None:
-                self._taken(state, taken, now_at)
+                self._taken(state, last.number, taken, now_at)
         return True
 
     async def end_session(
@@ -205,9 +212,9 @@ class SessionKeeper:
     def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
         """End the session for ``reason``: release its reservation, observe its completion
         time, forget it, and record its end."""
-        if state.reservation is not None:
-            self._metrics.reservations.labels("ended").inc()
-            self._release(state, "ended", now_at)
+        for thread in state.threads:
+            if self._release(state, thread.number, "ended", now_at):
+                self._metrics.reservations.labels("ended").inc()
         self._metrics.sct.labels(state.model).observe(
             self._time.wall(self._clock.now() - state.started_s)
         )

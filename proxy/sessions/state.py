@@ -12,6 +12,12 @@ from talaria.proxy.records import ReservationRecord
 from talaria.proxy.sessions.index import How, IndexKey, Kind
 
 
+def split_runtime_key(key: str) -> tuple[str, int]:
+    """(session key, thread) of a runtime key (``SessionState.runtime_key``'s inverse)."""
+    session, _, thread = key.partition("/")
+    return session, int(thread) if thread.isdigit() else 0
+
+
 def new_key() -> str:
     """A fresh internal session key: ``ses_`` and 24 random hex digits."""
     return f"ses_{uuid.uuid4().hex[:24]}"
@@ -33,6 +39,10 @@ class Thread:
     prompt: tuple[bytes, ...] = ()
     """The digests of its last prompt's messages, kept for the session's latest thread only
     (drift.py compares a call with it)."""
+    reservation: ReservationRecord | None = None
+    """The record of its soft reservation until released (written again then); the
+    reservation itself, and the learned tool gaps, are the gateway's
+    ``core.reservations.SessionReservations``, under the thread's runtime key."""
 
 
 @dataclass
@@ -64,10 +74,6 @@ class SessionState:
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
     threads: list[Thread] = field(default_factory=list)
     """Its conversations, by number (module docstring)."""
-    reservation: ReservationRecord | None = None
-    """The record of its soft reservation until released (written again then); the
-    reservation itself, and the learned tool gaps, are the gateway's
-    ``core.reservations.SessionReservations``."""
     ended: bool = False
     route_key: str | None = None
     """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
@@ -81,8 +87,15 @@ class SessionState:
         return self.root_key == self.key
 
     def runtime_key(self, thread: int) -> str:
-        """The key the runtime keeps thread ``thread``'s KV under (module docstring)."""
+        """The key thread ``thread``'s KV is kept under on the runtime, and its reservation
+        and learned gaps in ``SessionReservations``: the session's key for thread 0,
+        ``<key>/<n>`` for thread n."""
         return self.key if thread == 0 else f"{self.key}/{thread}"
+
+    @property
+    def reserved(self) -> bool:
+        """Some thread of it holds a reservation (the session is in a tool)."""
+        return any(t.reservation is not None for t in self.threads)
 
     @property
     def last_thread(self) -> Thread | None:

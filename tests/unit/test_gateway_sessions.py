@@ -144,6 +144,33 @@ def test_a_session_that_returns_in_time_hits_its_reservation() -> None:
     )
 
 
+def test_each_thread_holds_its_own_reservation() -> None:
+    """A side conversation under the session's id (thread 1) runs while the main one (thread
+    0) is in its tool gap: the main thread's reservation stays held, and its return hits it."""
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        await (await gateway.open_call(_call(0))).outcome()  # thread 0 reserves
+        side = await gateway.open_call(_call(0, task="write a title "))
+        assert side.how == "thread"
+        await side.outcome()  # thread 1 reserves its own
+        state = gateway.sessions.named("t", "s1")
+        assert state is not None and [t.reservation is not None for t in state.threads] == [
+            True, True
+        ]  # fmt: skip
+        assert gateway.reservations.held(state.key) is not None
+        assert gateway.reservations.held(state.runtime_key(1)) is not None
+        await clock.sleep(1.0)
+        await (await gateway.open_call(_call(1))).outcome()  # the main thread comes back
+
+    sink, metrics = _run(scenario)
+    by_id: dict[str, list[str | None]] = {}
+    for r in sink.reservations():
+        by_id.setdefault(r.reservation_id, []).append(r.release_reason)
+    # thread 0's first returned (a hit); thread 1's is still held; the return took a new one
+    assert sorted(map(tuple, by_id.values())) == [(None,), (None,), (None, "returned")]
+    assert _metric(metrics, "hit") == 1
+
+
 @pytest.mark.parametrize("time_scale", [1.0, 4.0])
 def test_a_calls_record_has_its_slot_wait_in_wall_seconds(time_scale: float) -> None:
     """The first call waits for its model's first slot (the node wakes it); the next one finds

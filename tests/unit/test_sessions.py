@@ -410,6 +410,46 @@ def test_children_only_when_named() -> None:
     assert Agent(book, "implicit").step().state.parent_key is None
 
 
+def _open_call(book: SessionBook, messages: list[dict[str, Any]], tools: bool = True) -> Any:
+    """A call sent and not answered yet (its session waits on the reply)."""
+    prompt = Conversation.of(messages)
+    found = book.resolve(
+        tenant_id="t", identity=IMPLICIT, model="m", conversation=prompt, now_s=1.0,
+        now_at=NOW, offers_tools=tools,
+    )  # fmt: skip
+    book.call_started(found.state, prompt, 1.0, found.thread)
+    return found
+
+
+SIDE = [
+    {"role": "system", "content": "Write a five-word title for this conversation."},
+    {"role": "user", "content": "the user asked to fix the bug"},
+]
+
+
+@pytest.mark.parametrize(
+    ("waiting", "tools", "side", "attached"),
+    [
+        (1, False, SIDE, True),  # one session waits on a reply: its side call
+        (2, False, SIDE, False),  # two wait: ambiguous, apart
+        (0, False, SIDE, False),  # none waits: apart
+        (1, True, SIDE, False),  # it offers tools: another agent starting, apart
+        (1, False, SIDE[1:], False),  # no system prompt of its own: apart
+    ],
+)
+def test_an_implicit_side_call_joins_only_on_unambiguous_evidence(
+    waiting: int, tools: bool, side: list[dict[str, Any]], attached: bool
+) -> None:
+    book = SessionBook()
+    mains = [_open_call(book, Agent(book, f"task {i}").messages) for i in range(waiting)]
+    found = _open_call(book, side, tools=tools)
+    if attached:
+        assert found.how == "child" and found.state.parent_key == mains[0].state.key
+        assert found.state.root_key == mains[0].state.key
+    else:
+        assert found.how == "new" and found.state.parent_key is None
+
+
 def test_forgotten_sessions_leave_no_trace_in_the_index() -> None:
     book = SessionBook()
     agent = Agent(book, "task")

@@ -9,9 +9,13 @@ replay); here: their records and metrics, in wall seconds (``ReservationRecord``
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
+from collections.abc import Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from talaria.core.calls import ModelOutput
 from talaria.core.clock import Clock, TimeScale
@@ -23,7 +27,9 @@ from talaria.proxy.records import HintRecord, ReservationRecord
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.state import SessionState, split_runtime_key
+from talaria.proxy.sessions.state import SessionState, Thread, split_runtime_key
+
+log = logging.getLogger("talaria.proxy")
 
 
 class SessionKeeper:
@@ -48,6 +54,7 @@ class SessionKeeper:
         self._clock = clock
         self._time = time
         self.idle_timeout_s = idle_timeout_s
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # -- around a call ------------------------------------------------------------------------
     async def routed(
@@ -101,7 +108,10 @@ class SessionKeeper:
             asks_tools=bool(output.tool_calls) or output.finish_reason == "tool_calls",
             hint_s=self._time.clock(call.identity.tool_gap_hint_s),
         )
-        if final:
+        if final:  # this call's thread ends on the runtime with the call; the others here
+            others = [t for t in state.threads if t.number != thread and t.last_instance]
+            if others:
+                self._spawn(self._end_threads_on_runtime(state, others))
             self.end(state, "final", finished_at)
             return
         if taken is not None:
@@ -205,9 +215,23 @@ class SessionKeeper:
     async def _end_on_runtime(self, state: SessionState) -> None:
         """Tell the last instance of each of the session's threads that it ended (its KV
         may go)."""
-        for thread in state.threads:
+        await self._end_threads_on_runtime(state, state.threads)
+
+    async def _end_threads_on_runtime(self, state: SessionState, threads: list[Thread]) -> None:
+        for thread in threads:
             if thread.last_instance is not None:
                 await self._pool[thread.last_instance].end_session(state.runtime_key(thread.number))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in a task of its own (kept until done; a failure is logged)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("ending a session's threads on the runtime failed: %r", task.exception())
 
     def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
         """End the session for ``reason``: release its reservation, observe its completion

@@ -3,6 +3,7 @@ children, and tenants that never share a session or its cached prefix."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
@@ -169,6 +170,32 @@ def test_each_thread_holds_its_own_reservation() -> None:
     # thread 0's first returned (a hit); thread 1's is still held; the return took a new one
     assert sorted(map(tuple, by_id.values())) == [(None,), (None,), (None, "returned")]
     assert _metric(metrics, "hit") == 1
+
+
+def test_a_final_call_ends_every_thread_of_the_session_on_the_runtime() -> None:
+    ended: list[str] = []
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        runtime = gateway.pool["n0"]
+        real = runtime.end_session
+
+        async def spy(key: str) -> None:
+            ended.append(key)
+            await real(key)
+
+        runtime.end_session = spy  # type: ignore[method-assign]
+        await (await gateway.open_call(_call(0))).outcome()  # thread 0
+        state = gateway.sessions.named("t", "s1")
+        assert state is not None
+        final = _call(0, task="write a title ")  # thread 1, the session's last call
+        final = replace(final, identity=replace(final.identity, final=True))
+        await (await gateway.open_call(final)).outcome()
+        for _ in range(3):
+            await asyncio.sleep(0)  # the task that ends the other threads
+        assert ended == [state.runtime_key(0)]  # thread 1 ended with its own final call
+        assert len(gateway.sessions) == 0
+
+    _run(scenario)
 
 
 @pytest.mark.parametrize("time_scale", [1.0, 4.0])

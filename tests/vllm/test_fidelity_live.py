@@ -23,8 +23,15 @@ CALL_LATENCY_BOUND = 0.40
 calibration is noisier, and a broken fit or exporter lands far outside this)."""
 
 
-def test_a_replay_predicts_a_small_live_run(tmp_path: Path) -> None:
-    out = tmp_path / "fidelity"
+ATTEMPTS = 2
+"""The quick calibration measures each grid point once (13 samples per model), so one CPU
+hiccup on a shared 2-core box can inflate its fitted step overhead two- to threefold and every
+prediction with it (seen: 1 run in 3 with a per-call error over the bound, fitted overhead
+4.5–5.8 ms against 1.4–2.5 ms in the others). A run outside the bounds is run once more, with
+a new calibration; a broken fit or exporter fails both."""
+
+
+def _run_once(out: Path) -> dict[str, float]:
     args = ["--sessions", "4", "--calls", "6", "--quick-calibration", "--out", str(out)]
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "fidelity" / "run.py"), *args],
@@ -36,11 +43,26 @@ def test_a_replay_predicts_a_small_live_run(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads((out / "fidelity.json").read_text())
-    figures = doc["figures"]
+    figures: dict[str, float] = doc["figures"]
     assert (figures["sessions"], figures["calls"]) == (4, 24)
     print(proc.stdout)  # the comparison table, in the CI log with -s / on failure
-    assert figures["p50_sct_rel_error"] < P50_SCT_BOUND, figures
-    assert figures["call_latency_median_rel_error"] < CALL_LATENCY_BOUND, figures
     assert (out / "fidelity.png").stat().st_size > 10_000
     trace = (out / "live.jsonl").read_text().splitlines()
     assert len(trace) == 24 and all('"latency_s"' in line for line in trace)
+    return figures
+
+
+def _within_bounds(figures: dict[str, float]) -> bool:
+    return (
+        figures["p50_sct_rel_error"] < P50_SCT_BOUND
+        and figures["call_latency_median_rel_error"] < CALL_LATENCY_BOUND
+    )
+
+
+def test_a_replay_predicts_a_small_live_run(tmp_path: Path) -> None:
+    tries = [_run_once(tmp_path / "fidelity-0")]
+    while not _within_bounds(tries[-1]) and len(tries) < ATTEMPTS:
+        tries.append(_run_once(tmp_path / f"fidelity-{len(tries)}"))
+    figures = tries[-1]
+    assert figures["p50_sct_rel_error"] < P50_SCT_BOUND, tries
+    assert figures["call_latency_median_rel_error"] < CALL_LATENCY_BOUND, tries

@@ -179,6 +179,25 @@ def test_timeline_draws_one_bar_per_call_and_explains_a_call(console: Console, p
     screenshot(page, "session-timeline")
 
 
+def test_a_session_with_two_conversations_draws_a_lane_per_thread(
+    console: Console, page: Page
+) -> None:
+    """Two conversations under one id are one session (one row in the list) and two lanes of
+    its timeline."""
+    session = f"threads-{uuid.uuid4().hex[:8]}"
+    AgentSession(console, session).calls(2)
+    side = AgentSession(console, session)
+    side.messages = [{"role": "user", "content": "Write a title for this task."}]
+    side.calls(1)
+    rows = [s for s in admin(console, "/admin/sessions?limit=1000")["data"]]
+    assert [r["session_id"] for r in rows].count(session) == 1
+    sign_in(page, console)
+    page.get_by_role("link", name=session).click()
+    expect(page.locator("#timeline-box")).to_have_attribute("data-main-calls", "3")
+    lanes = page.evaluate("() => Chart.getChart(document.getElementById('timeline')).data.labels")
+    assert lanes == [f"session {session} · thread 0", f"session {session} · thread 1"]
+
+
 def test_ending_a_session_from_the_page(console: Console, page: Page) -> None:
     session = f"end-{uuid.uuid4().hex[:8]}"
     run_session(console, session, calls=2)

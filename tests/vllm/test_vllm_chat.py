@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -222,3 +223,27 @@ def test_every_shipped_model_names_parsers_the_pinned_vllm_has() -> None:
     for spec in load_catalog().models.values():
         assert not spec.tool_parser or spec.tool_parser in tools, spec.name
         assert not spec.reasoning_parser or spec.reasoning_parser in reasoning, spec.name
+
+
+@pytest.mark.parametrize(
+    ("content", "max_tokens"),
+    [("word " * 3000, 8), ("list the files", 4000)],
+    ids=["prompt-over-the-window", "max-tokens-over-the-window"],
+)
+def test_a_call_over_the_context_window_is_a_400_in_each_dialect(
+    proxy: RunningProxy, client: openai.OpenAI, content: str, max_tokens: int
+) -> None:
+    """vLLM's chat layer refuses a prompt, or a prompt plus ``max_tokens``, beyond the model's
+    max_model_len (2048): the caller gets a 400 (context_length_exceeded), never a 503 or
+    Anthropic's 529 (which Claude Code would retry as an overload)."""
+    messages = [{"role": "user", "content": content}]
+    with pytest.raises(openai.BadRequestError) as info:
+        _ask(client, messages=messages, max_tokens=max_tokens, extra_body=NO_THINKING)
+    assert info.value.code == "context_length_exceeded", info.value.message
+    reply = httpx.post(
+        proxy.base_url + "/v1/messages",
+        json={"model": MODEL, "max_tokens": max_tokens, "messages": messages},
+        timeout=120,
+    )
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["type"] == "invalid_request_error"

@@ -173,12 +173,26 @@ def parse_chunk(data: Mapping[str, Any], totals: ChatTotals) -> ChatChunk | None
 
 
 def _error(error: Mapping[str, Any]) -> Exception:
+    """An error response of vLLM's chat layer: the caller's (a 4xx) as ``CallRejected``,
+    else a runtime fault."""
     message = str(error.get("message", "vLLM failed the call"))
     code = error.get("code")
     if isinstance(code, int) and 400 <= code < 500:
         param = error.get("param")
-        return CallRejected("invalid_value", message, param if isinstance(param, str) else None)
+        return _rejected(message, param if isinstance(param, str) else None)
     return RuntimeError(f"vLLM: {message}")
+
+
+WINDOW_WORDS = ("maximum context length", "max_model_len")
+"""What vLLM's messages say when a prompt, or a prompt and its output limit, passes the
+model's window (its ``VLLMValidationError`` texts, vLLM 0.32)."""
+
+
+def _rejected(message: str, param: str | None) -> CallRejected:
+    """The caller's error: ``context_length_exceeded`` when it is about the model's window
+    (as OpenAI reports it), else ``invalid_value``."""
+    window = any(word in message for word in WINDOW_WORDS)
+    return CallRejected("context_length_exceeded" if window else "invalid_value", message, param)
 
 
 class VllmChat:
@@ -265,8 +279,16 @@ class VllmChat:
             ) from exc
 
     async def stream(self, request: Any, totals: ChatTotals) -> AsyncIterator[ChatChunk]:
-        """The call's chunks as vLLM's serving layer streams them."""
-        result = await self._serving.create_chat_completion(request, None)
+        """The call's chunks as vLLM's serving layer streams them. A request vLLM refuses as
+        the client's fault (``VLLMClientError``, raised while it renders and checks the
+        prompt: a prompt or output limit past the window, a bad parameter) is
+        ``CallRejected``, a 400 in the client's dialect, never a runtime fault."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            result = await self._serving.create_chat_completion(request, None)
+        except VLLMClientError as exc:
+            raise _rejected(str(exc), getattr(exc, "parameter", None)) from exc
         if not hasattr(result, "__aiter__"):
             error = json.loads(result.model_dump_json()).get("error", {})
             raise _error(error)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool
 
 from talaria.core.calls import Sampling, ToolChoice, ToolSpec
 from talaria.proxy.dialects.common import invalid
@@ -33,6 +33,17 @@ def session_id_field() -> Any:
 
 
 JSON_SCHEMA_DOC = "a JSON schema"
+
+
+def type_of(value: Any) -> Any:
+    """A union member's ``type``, from the raw object or a model."""
+    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+
+
+def by_type(known: tuple[str, ...], other: str = "other") -> Discriminator:
+    """Tells a union's members apart by ``type``: a ``known`` one is its own tag, any other
+    (or none) is ``other``."""
+    return Discriminator(lambda value: kind if (kind := type_of(value)) in known else other)
 
 
 class FunctionDef(BaseModel):

@@ -6,22 +6,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Discriminator, Field, StrictBool, Tag, field_validator
+from pydantic import BaseModel, Field, StrictBool, Tag, field_validator
 
-from talaria.proxy.dialects.openai_models import JSON_SCHEMA_DOC, OPEN
+from talaria.proxy.dialects.openai_models import JSON_SCHEMA_DOC, OPEN, by_type
 
 MIN_THINKING_BUDGET = 1024
 """Anthropic's least ``thinking.budget_tokens``."""
-
-
-def _by_type(known: tuple[str, ...]) -> Discriminator:
-    """Tells a union's members apart by ``type``: a listed one, else ``other``."""
-
-    def tag(value: Any) -> str:
-        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-        return kind if kind in known else "other"
-
-    return Discriminator(tag)
 
 
 class TextBlock(BaseModel):
@@ -151,7 +141,7 @@ Block = Annotated[
     | Annotated[ThinkingBlock, Tag("thinking")]
     | Annotated[RedactedThinkingBlock, Tag("redacted_thinking")]
     | Annotated[OtherBlock, Tag("other")],
-    _by_type(KNOWN_BLOCKS),
+    by_type(KNOWN_BLOCKS),
 ]
 
 
@@ -197,12 +187,8 @@ class ToolNamedChoice(BaseModel):
 
 AnthropicToolChoice = Annotated[
     Annotated[ModeChoice, Tag("mode")] | Annotated[ToolNamedChoice, Tag("tool")],
-    Discriminator(lambda v: "tool" if _type_of(v) == "tool" else "mode"),
+    by_type(("tool",), other="mode"),
 ]
-
-
-def _type_of(value: Any) -> Any:
-    return value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
 
 
 class ThinkingEnabled(BaseModel):
@@ -241,7 +227,7 @@ class ThinkingOther(BaseModel):
 
 Thinking = Annotated[
     Annotated[ThinkingEnabled, Tag("enabled")] | Annotated[ThinkingOther, Tag("other")],
-    Discriminator(lambda v: "enabled" if _type_of(v) == "enabled" else "other"),
+    by_type(("enabled",)),
 ]
 
 

@@ -14,6 +14,7 @@ from talaria.proxy.dialects.openai_models import (
     OPEN,
     ReasoningEffort,
     ToolMode,
+    by_type,
     session_id_field,
 )
 
@@ -138,16 +139,11 @@ class BuiltinTool(BaseModel):
     type: str = Field(min_length=1, json_schema_extra={"not": {"enum": ["function", "namespace"]}})
 
 
-def _tool_tag(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return kind if kind in ("function", "namespace") else "builtin"
-
-
 ResponsesTool = Annotated[
     Annotated[ResponsesFunctionTool, Tag("function")]
     | Annotated[NamespaceTool, Tag("namespace")]
     | Annotated[BuiltinTool, Tag("builtin")],
-    Discriminator(_tool_tag),
+    by_type(("function", "namespace"), other="builtin"),
 ]
 
 

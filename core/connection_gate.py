@@ -25,7 +25,10 @@ import time
 log = logging.getLogger("talaria.edge")
 
 LINGER_S = 1.0
-"""The longest a refused connection stays half-closed waiting for the client to close."""
+"""The longest a half-closed connection (refused here, or answered before its body arrived:
+core/http_edge.py) waits for the client to close (s). nginx waits up to 30 s
+(``lingering_time``; docs/sources.md §10); a client that reads its answer closes within
+milliseconds, and a short wait keeps descriptors free under a flood."""
 REFUSAL_LOG_EVERY_S = 60.0
 """At most one warning about refused connections per this many seconds (per gate)."""
 

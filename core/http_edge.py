@@ -17,6 +17,14 @@ the process's descriptor limit ``accept`` fails, so every other client waits. Tw
   for a descriptor (core/connection_gate.py, which also sizes the listen backlog). uvicorn's
   own ``limit_concurrency`` is checked only once a request's head has arrived, so a
   connection that never sends one still holds its descriptor: it does not bound this.
+- **Lingering close.** A response that closes the connection before its request's body has
+  all arrived (the 408 of a body past its deadline, a refusal sent before reading) half-closes
+  instead: the response and a FIN go out, what the client still sends is read and discarded,
+  and the socket closes when the client closes its side or ``LINGER_S`` later (as a refused
+  connection does: core/connection_gate.py). Closed at once,
+  the next byte the client sends meets a closed socket, the kernel answers with a reset, and
+  the client reads ``ECONNRESET`` in place of the response (RFC 9112 §9.6, "Tear-down";
+  docs/sources.md).
 
 Imported only by the servers: it needs uvicorn (both the proxy and the runtime extras have it).
 """
@@ -33,7 +41,12 @@ import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
-from talaria.core.connection_gate import Gate, accept_backlog, default_max_connections
+from talaria.core.connection_gate import (
+    LINGER_S,
+    Gate,
+    accept_backlog,
+    default_max_connections,
+)
 
 HEADER_TIMEOUT_S = 10.0
 """Default time for a request's line and headers to arrive (s)."""
@@ -105,6 +118,50 @@ class HeaderDeadline:
             self._close()
 
 
+class LingeringTransport:
+    """The connection's transport as uvicorn's protocol sees it: :meth:`close` while
+    ``body_pending()`` half-closes and lingers (module docstring), any other close is at once.
+    Everything else is the socket transport's own."""
+
+    def __init__(
+        self,
+        inner: asyncio.Transport,
+        loop: asyncio.AbstractEventLoop,
+        body_pending: Callable[[], bool],
+    ) -> None:
+        self._inner = inner
+        self._loop = loop
+        self._body_pending = body_pending
+        self._timer: asyncio.TimerHandle | None = None
+        self.lingering = False
+
+    def close(self) -> None:
+        """Close now, or, while the request's body is still arriving, send what is buffered
+        and a FIN, keep reading (to drop it), and close after ``LINGER_S``."""
+        if self.lingering:
+            return
+        if not self._body_pending() or not self._inner.can_write_eof():
+            self._inner.close()
+            return
+        self.lingering = True
+        self._inner.write_eof()
+        self._inner.resume_reading()  # flow control may have paused it mid-body
+        self._timer = self._loop.call_later(LINGER_S, self._inner.close)
+
+    def is_closing(self) -> bool:
+        """True once closed or lingering: nothing more is written."""
+        return self.lingering or self._inner.is_closing()
+
+    def cancel(self) -> None:
+        """The socket is gone: stop the linger timer."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 class BoundedProtocol:
     """The header deadline and the connection bound for a uvicorn HTTP protocol class, mixed in
     ahead of it (``class X(BoundedProtocol, H11Protocol)``): one definition for h11 and
@@ -127,14 +184,24 @@ class BoundedProtocol:
         self._deadline = HeaderDeadline(
             self.loop, config.header_timeout_s, self._idle, self._close_idle
         )
+        self._lingering: LingeringTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """Refuse the connection if the gate is full; else serve it and arm the deadline."""
+        """Refuse the connection if the gate is full; else serve it (through a
+        :class:`LingeringTransport`) and arm the deadline."""
         # a stream server's transports are Transports (asyncio.Protocol's own signature)
-        if self._gate.refuse_if_full(cast(asyncio.Transport, transport), len(self.connections)):
+        socket_transport = cast(asyncio.Transport, transport)
+        if self._gate.refuse_if_full(socket_transport, len(self.connections)):
             return
-        super().connection_made(transport)  # type: ignore[misc]
+        self._lingering = LingeringTransport(socket_transport, self.loop, self._body_pending)
+        super().connection_made(cast(asyncio.Transport, self._lingering))  # type: ignore[misc]
         self._deadline.arm()
+
+    def data_received(self, data: bytes) -> None:
+        """Drop what arrives on a lingering connection; else parse it as uvicorn does."""
+        if self._lingering is not None and self._lingering.lingering:
+            return
+        super().data_received(data)  # type: ignore[misc]
 
     def on_response_complete(self) -> None:
         """A response is done: re-arm the deadline for the next request head."""
@@ -143,9 +210,15 @@ class BoundedProtocol:
             self._deadline.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        """Cancel the deadline, then let uvicorn's protocol clean up."""
+        """Cancel the deadline and any linger, then let uvicorn's protocol clean up."""
         self._deadline.cancel()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def _body_pending(self) -> bool:
+        """A request is in progress and its body has not all arrived."""
+        return self.cycle is not None and bool(self.cycle.more_body)
 
     def _idle(self) -> bool:
         return self.cycle is None or self.cycle.response_complete

@@ -7,7 +7,8 @@ timeouts"). Loopback only; every loop is bounded in count and time.
   Past the connection bound (half the descriptor limit: 128), new connections get an
   immediate 503 instead of waiting in the kernel's backlog for a descriptor, and the server
   never runs out of descriptors.
-- A body sent a byte at a time gets 408 in the API's envelope after ``TALARIA_BODY_TIMEOUT_S``.
+- A body sent a byte at a time gets 408 in the API's envelope after ``TALARIA_BODY_TIMEOUT_S``,
+  read whole even by a client that is still sending (the server half-closes and lingers).
 - A client that disconnects mid-body leaves one warning line and a 499 in
   ``talaria_requests_total``, not a traceback and a 500.
 - ``talaria runtime`` closes slow request heads too, at the default timeout.
@@ -119,9 +120,12 @@ def _chat() -> dict[str, object]:
     return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
 
 
-async def _flood(served: ServeProcess, count: int) -> tuple[list[Slow], httpx.Response, float]:
+async def _flood(
+    served: ServeProcess, count: int
+) -> tuple[list[Slow], httpx.Response | str, float]:
     """``count`` slow connections, and a normal call once they all are sending: the slow
-    connections' fates, the call's response and its latency (s)."""
+    connections' fates, the call's response (or the name of the error it raised) and its
+    latency (s)."""
     port = urlsplit(served.base_url).port
     assert port is not None
     started = asyncio.Event()
@@ -130,7 +134,11 @@ async def _flood(served: ServeProcess, count: int) -> tuple[list[Slow], httpx.Re
         await started.wait()
     async with httpx.AsyncClient(timeout=30) as client:
         t0 = time.monotonic()
-        response = await client.post(served.v1 + "/chat/completions", json=_chat())
+        response: httpx.Response | str
+        try:
+            response = await client.post(served.v1 + "/chat/completions", json=_chat())
+        except httpx.ReadError as exc:
+            response = type(exc).__name__
         latency = time.monotonic() - t0
     return await flood, response, latency
 
@@ -143,6 +151,7 @@ def test_slowloris_under_the_bound_is_closed_after_the_header_timeout(
     served: ServeProcess,
 ) -> None:
     slow, response, latency = asyncio.run(_flood(served, UNDER))
+    assert isinstance(response, httpx.Response), response
     assert response.status_code == 200, response.text
     assert latency < HEADER_S, latency  # served meanwhile, not after the slow ones went
     lasted = sorted(s.lasted_s for s in slow if s.lasted_s is not None)
@@ -163,14 +172,21 @@ def test_slowloris_past_the_descriptor_limit_gets_quick_503s(served: ServeProces
     assert b"retry-after: 1" in head and b"connection: close" in head
     assert json.loads(body)["error"]["code"] == "too_many_connections"
     refused_s = max(s.lasted_s for s in refused if s.lasted_s is not None)
-    assert all(s.lasted_s is not None for s in slow) and refused_s < 1.5, refused_s
+    # quick: before any held connection's descriptor frees (HEADER_S). Not tighter: a burst
+    # past the accept backlog has its handshakes finished by the kernel's SYN-ACK resend, 1 s
+    # later, so a loaded box sees refusals at 1-2 s
+    quick_s = HEADER_S - 0.5
+    assert all(s.lasted_s is not None for s in slow) and refused_s < quick_s, refused_s
     held_s = sorted(s.lasted_s for s in held if s.lasted_s is not None)
     assert HEADER_S - 0.5 <= held_s[0] <= held_s[-1] <= HEADER_S + SLACK_S, held_s
-    # the call made meanwhile: a quick 503 in the envelope while the bound is full
-    assert response.status_code in (200, 503) and latency < 1.5, (response.status_code, latency)
+    # the call made meanwhile: quick, and a 503 in the envelope while the bound is full; or a
+    # reset when the flood's refusals have used the linger budget (core/connection_gate.py:
+    # past it a refused connection is closed at once, and a client still sending is reset)
+    status = response if isinstance(response, str) else response.status_code
+    assert status in (200, 503, "ReadError") and latency < quick_s, (status, latency)
     print(
         f"\n{count} slow: {len(refused)} refused within {refused_s:.2f} s, {len(held)} closed "
-        f"after {held_s[0]:.2f}-{held_s[-1]:.2f} s; call meanwhile {response.status_code} in "
+        f"after {held_s[0]:.2f}-{held_s[-1]:.2f} s; call meanwhile {status} in "
         f"{latency:.3f} s"
     )
     t0 = time.monotonic()
@@ -270,6 +286,54 @@ def test_a_slow_body_gets_408_in_the_apis_envelope(
     else:
         assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
     assert "did not arrive within 2 s" in body.decode()
+
+
+async def _busy_body(port: int, gap_s: float) -> bytes | str:
+    """A request whose 1 MB body comes a byte per ``gap_s``, never finishing: what the
+    server answers (read until it closes), or the name of the error the read raised."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        b"content-type: application/json\r\ncontent-length: 1000000\r\n\r\n{"
+    )
+
+    async def trickle() -> None:
+        while True:
+            await asyncio.sleep(gap_s)
+            writer.write(b" ")
+            try:
+                await writer.drain()
+            except ConnectionError:
+                return
+
+    trickler = asyncio.create_task(trickle())
+    try:
+        async with asyncio.timeout(BODY_S + SLACK_S):
+            return await reader.read()
+    except ConnectionError as exc:
+        return type(exc).__name__
+    finally:
+        trickler.cancel()
+        writer.close()
+
+
+async def _busy_bodies(port: int) -> list[bytes | str]:
+    gaps = (0.002, 0.005, 0.01, 0.02, 0.05) * 5
+    return await asyncio.gather(*(_busy_body(port, gap) for gap in gaps))
+
+
+def test_a_client_still_sending_reads_the_whole_408(served: ServeProcess) -> None:
+    """The 408 closes a connection whose client is still sending its body: the server
+    half-closes and drops the rest (core/http_edge.py, lingering close), so the client reads
+    the answer, not a reset (closed at once, about half of such connections read ECONNRESET
+    here, and this test failed 4 runs in 4)."""
+    port = urlsplit(served.base_url).port
+    assert port is not None
+    answers = asyncio.run(_busy_bodies(port))
+    for answer in answers:
+        assert isinstance(answer, bytes), answer
+        assert answer.startswith(b"HTTP/1.1 408"), answer
+        assert answer.endswith(b"}"), answer  # the whole JSON envelope
 
 
 def _requests_total(served: ServeProcess, status: str) -> float:

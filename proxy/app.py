@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from talaria.core.body_deadline import BodyDeadline
-from talaria.core.catalog import CatalogError, load_catalog
+from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.api import admin, sessions
@@ -160,8 +160,7 @@ def create_app(
             clients = list(build_embedded(cfg, catalog, the_clock))
         for client in clients:
             await client.start()
-        hosted = {m for c in clients for m in c.models}
-        windows = {m: catalog.model(m).context_window_tokens for m in hosted if m in catalog.models}
+        windows = context_windows(clients, catalog)
         metrics = ProxyMetrics()
         gateway = Gateway(
             clients,
@@ -304,3 +303,16 @@ def create_app(
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def context_windows(clients: Sequence[RuntimeClient], catalog: Catalog) -> dict[str, int]:
+    """Each hosted model's context window: the smallest any instance reports, else the
+    catalog's (a model known to neither has none, and is not checked against one)."""
+    windows: dict[str, int] = {}
+    for client in clients:
+        for model, window in client.context_windows.items():
+            windows[model] = min(window, windows.get(model, window))
+    for model in {m for c in clients for m in c.models} - windows.keys():
+        if model in catalog.models:
+            windows[model] = catalog.model(model).context_window_tokens
+    return windows

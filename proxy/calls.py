@@ -81,6 +81,8 @@ class CallHandle:
     session_key: str
     how: str
     """How the session was found: new, continued, retry or child."""
+    abandon: Callable[[], None] = lambda: None
+    """The client went away: stop the call (proxy/runner.py, ``CallRunner.abandon``)."""
 
     async def outcome(self) -> CallOutcome:
         """Wait for the call's end: its outcome, or its ``ApiError`` raised."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from talaria.core.clock import Clock, TimeScale
@@ -121,7 +122,7 @@ class Gateway:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
         tools = tools_fingerprint(call.call.tools)
-        prompt_tokens, statuses = await self._admit(call, tools)
+        call, prompt_tokens, statuses = await self._admit(call, tools)
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         await self._place(call, now_s)
         messages = call.call.messages
@@ -133,21 +134,15 @@ class Gateway:
 
     async def _admit(
         self, call: PreparedCall, tools: Fingerprint
-    ) -> tuple[int, list[InstanceStatus]]:
-        """The call's prompt tokens and the status of the instances that may run it, or the
-        ApiError that refuses it: a schema past its budget or a prompt past the context
-        window (400), the shutdown or a store that cannot take its records (503), the
-        tenant's calls in flight at their bound (429), no instance of its model (503)."""
+    ) -> tuple[PreparedCall, int, list[InstanceStatus]]:
+        """The call (its output limit fitted to the window: :func:`fit_window`), its prompt
+        tokens and the status of the instances that may run it, or the ApiError that refuses
+        it: a schema past its budget or a prompt past the context window (400), the shutdown
+        or a store that cannot take its records (503), the tenant's calls in flight at their
+        bound (429), no instance of its model (503)."""
         self._schemas.check(call.call, tools.digest, call.api)
         prompt_tokens = call.call.prompt_tokens()
-        window = self.pool.context_window(call.model)
-        if window is not None and prompt_tokens + call.max_tokens > window:
-            raise bad_request(
-                f"This model's maximum context length is {window} tokens; the request has "
-                f"about {prompt_tokens} prompt tokens and asks for up to {call.max_tokens} more.",
-                param="messages",
-                code="context_length_exceeded",
-            )
+        call = fit_window(call, prompt_tokens, self.pool.context_window(call.model))
         if self._closing:
             raise unavailable(SHUTDOWN)
         if self._recorder.refusing:
@@ -160,7 +155,7 @@ class Gateway:
         statuses = await self.pool.statuses(call.model)
         if not statuses:
             raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
-        return prompt_tokens, statuses
+        return call, prompt_tokens, statuses
 
     async def _place(self, call: PreparedCall, now_s: float) -> None:
         """With replicas, hold the session the call names if another replica held it (this
@@ -259,7 +254,15 @@ class Gateway:
         events, task = self._runner.start(
             call, found, conversation, request, self.pool[instance], now_at
         )
-        return CallHandle(events, task, instance, state.session_id, state.key, found.how)
+        return CallHandle(
+            events,
+            task,
+            instance,
+            state.session_id,
+            state.key,
+            found.how,
+            abandon=lambda: self._runner.abandon(task),
+        )
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt) -> None:
@@ -309,3 +312,31 @@ class Gateway:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
         await self._runner.close(timeout_s)
+
+
+def fit_window(call: PreparedCall, prompt_tokens: int, window: int | None) -> PreparedCall:
+    """The call with an output limit that fits the model's context window (None: unknown).
+
+    - ``prompt_tokens + max_tokens ≤ window``: unchanged;
+    - the client set no limit (the server's default applies): the limit becomes
+      ``window − prompt_tokens``, as OpenAI and ``vllm serve`` fill it in;
+    - the client's own limit does not fit, or the prompt alone fills the window: a 400
+      ``context_length_exceeded``.
+
+    ``prompt_tokens`` is the proxy's estimate; the runtime fits the limit again to the prompt
+    it renders (runtime/engines/vllm/generate.py)."""
+    if window is None or prompt_tokens + call.max_tokens <= window:
+        return call
+    if call.call.max_output_tokens is None and prompt_tokens < window:
+        return replace(call, max_tokens=window - prompt_tokens)
+    asked = (
+        f"asks for up to {call.max_tokens} more"
+        if call.call.max_output_tokens is not None
+        else "leaves no room for output"
+    )
+    raise bad_request(
+        f"This model's maximum context length is {window} tokens; the request has "
+        f"about {prompt_tokens} prompt tokens and {asked}.",
+        param="messages",
+        code="context_length_exceeded",
+    )

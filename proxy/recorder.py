@@ -141,8 +141,10 @@ class Recorder:
         instance: str,
         arrived_at: datetime,
         message: str,
+        status: str = "error",
     ) -> None:
-        """The call failed with ``message``: its error record and its session's."""
+        """The call failed with ``message`` (``status``: ``error``, or ``cancelled`` when its
+        client went away): its record and its session's."""
         now_at = datetime.now(UTC)
         self.submit(
             _call_record(
@@ -152,7 +154,7 @@ class Recorder:
                 instance,
                 arrived_at,
                 now_at,
-                status="error",
+                status=status,
                 prompt_tokens=request.prompt_tokens,
                 error=message[:ERROR_CHARS],
             )

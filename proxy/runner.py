@@ -1,7 +1,8 @@
 """Running a routed call: the ``CallRequest`` the runtime gets, a task of its own per call (so a
-client that disconnects never loses the call or its records), the runtime's events passed on
-as they come, the outcome recorded, and, with durable acknowledgement, its records committed
-before the client hears that the call is done.
+call's records never depend on its client; a client that disconnects abandons it:
+``CallRunner.abandon``), the runtime's events passed on as they come, the outcome recorded,
+and, with durable acknowledgement, its records committed before the client hears that the call
+is done.
 
 The runner passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
 never writes output of its own.
@@ -35,6 +36,9 @@ from talaria.proxy.sessions.keeper import SessionKeeper
 from talaria.proxy.sessions.state import Resolution, SessionState
 
 log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+
+CLIENT_GONE = "The client disconnected before the call ended; its generation was stopped."
+"""The record of a call whose client went away (status ``cancelled``)."""
 
 NOT_COMMITTED = (
     "The call ran, but the session store has not committed its records in time (they are "
@@ -85,6 +89,7 @@ class CallRunner:
         self._keeper = keeper
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[str, int] = {}
+        self._abandoned: set[asyncio.Task[Any]] = set()
 
     @property
     def running(self) -> int:
@@ -114,6 +119,16 @@ class CallRunner:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return events, task
+
+    def abandon(self, task: asyncio.Task[Any]) -> None:
+        """The call's client went away before its end: cancel the call. Its runtime stream is
+        closed, so the engine aborts the generation and frees its slot and KV blocks (a killed
+        agent's 32,000-token request no longer runs on for minutes); recorded ``cancelled``."""
+        if task.done():
+            return
+        self._abandoned.add(task)
+        task.add_done_callback(self._abandoned.discard)
+        task.cancel()
 
     def abort(self) -> int:
         """Cancel every running call (each ends with a 503 and an error record); how many."""
@@ -150,7 +165,10 @@ class CallRunner:
         try:
             result = await _generate(runtime, request, events)
         except asyncio.CancelledError:
-            self._fail(call, found, request, runtime, arrived_at, SHUTDOWN, events)
+            if asyncio.current_task() in self._abandoned:
+                self._fail(call, found, request, runtime, arrived_at, CLIENT_GONE, events)
+            else:
+                self._fail(call, found, request, runtime, arrived_at, SHUTDOWN, events)
             raise
         except Exception as exc:  # a runtime fault fails this call only
             self._fail(call, found, request, runtime, arrived_at, exc, events)
@@ -211,6 +229,7 @@ class CallRunner:
     ) -> None:
         """The call failed: an error record, then the error to the client (whatever happens to
         the record)."""
+        status = "cancelled" if error is CLIENT_GONE else "error"
         if isinstance(error, str):
             api_error, message = unavailable(error), error
         else:
@@ -219,7 +238,9 @@ class CallRunner:
             if isinstance(error, CallRejected):
                 api_error = bad_request(str(error), param=error.param, code=error.code)
         try:
-            self._recorder.call_failed(call, found, request, runtime.name, arrived_at, message)
+            self._recorder.call_failed(
+                call, found, request, runtime.name, arrived_at, message, status=status
+            )
         except Exception:
             log.exception("call %s: recording its failure failed", call.request_id)
         finally:

@@ -15,7 +15,7 @@ whole ``block_tokens`` blocks, and never the last prompt token.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from talaria.core.calls import FinishReason, ModelOutput, OutputDelta
 from talaria.core.clock import Clock, LoopClock
@@ -82,6 +82,11 @@ class InstantRuntime:
     @property
     def models(self) -> tuple[str, ...]:
         return self._models
+
+    @property
+    def context_windows(self) -> Mapping[str, int]:
+        """None reported: the catalog's, if any, apply."""
+        return {}
 
     async def start(self) -> None:
         return None

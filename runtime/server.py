@@ -24,6 +24,7 @@ A request body that takes longer than ``BODY_TIMEOUT_S`` to arrive gets 408 (cor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ from talaria.core.types import (
     GenerationEvent,
 )
 from talaria.runtime.config import NodeConfig
+from talaria.runtime.engine import Engine
 from talaria.runtime.factory import BuiltNode, build_node_from_config
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
@@ -94,9 +96,16 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         clock = LoopClock(config.time_scale)
         built: BuiltNode = build_node_from_config(config, load_catalog(catalog_paths or []), clock)
-        for name, engine in built.engines.items():  # one at a time (vLLM's memory check)
-            log.info("starting engine %s", name)
-            await engine.start()
+        started: list[Engine] = []
+        try:
+            for name, engine in built.engines.items():  # one at a time (vLLM's memory check)
+                log.info("starting engine %s", name)
+                await engine.start()
+                started.append(engine)
+        except BaseException:  # the runtime will not serve: stop what started (its processes)
+            for engine in started:
+                await engine.shutdown()
+            raise
         built.node.start()
         watchdog = LoopWatchdog()
         watchdog.start()
@@ -231,10 +240,12 @@ async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes
         return json.dumps(event_to_dict(event)).encode() + b"\n"
 
     try:
-        async for event in node.stream(call):
-            yield line(event)
-            if isinstance(event, Finished):
-                return
+        # closed with this generator (the proxy went away): the call's generation stops too
+        async with contextlib.aclosing(node.stream(call)) as events:
+            async for event in events:
+                yield line(event)
+                if isinstance(event, Finished):
+                    return
     except UnknownModelError as exc:
         yield line(ErrorEvent(str(exc)))
     except CallRejected as exc:  # the caller's fault: the proxy answers 400 with the code

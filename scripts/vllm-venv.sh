@@ -44,6 +44,8 @@ CONSTRAINTS=$(mktemp)
 trap 'rm -f "$CONSTRAINTS"' EXIT
 echo "torch==$TORCH" >"$CONSTRAINTS"
 "$PY" -m pip install -q -c "$CONSTRAINTS" -e '.[dev]'
+# Reading GGUF files (talaria serve --model FILE.gguf; runtime/gguf.py): transformers needs these.
+"$PY" -m pip install -q -c "$CONSTRAINTS" "gguf==0.19.0" "accelerate==1.16.0"
 "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$PY" - <<'EOF'

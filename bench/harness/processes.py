@@ -102,15 +102,19 @@ def talaria_serve(
     data_dir: Path,
     port: int = 0,
     max_descriptors: int | None = None,
+    startup_s: float = STARTUP_S,
 ) -> Iterator[ServeProcess]:
     """Start ``talaria serve --port PORT ARGS`` (0: any free port) with ``env`` on top of this
     process's environment (minus any TALARIA_* setting) and its data dir in ``data_dir``; wait
-    until it listens; on exit terminate it (and kill it if it does not stop within 60 s).
-    ``max_descriptors``: its ``RLIMIT_NOFILE`` (soft and hard)."""
+    until it listens (``startup_s`` at most between two lines of its output); on exit terminate
+    it (and kill it if it does not stop within 60 s). ``max_descriptors``: its
+    ``RLIMIT_NOFILE`` (soft and hard). With ``--model`` its runtime child writes to the same
+    stream: only the proxy's own listening line, after its "talaria proxy on" line, counts."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     full_env = {**base, "TALARIA_DATA_DIR": str(data_dir), **env}
     command = [*talaria_command(), "serve", "--port", str(port), *args]
-    with _listening(command, full_env, max_descriptors) as served:
+    after = "talaria proxy on" if "--model" in args else None
+    with _listening(command, full_env, max_descriptors, after, startup_s) as served:
         yield served
 
 
@@ -125,7 +129,11 @@ def talaria_runtime(config: Path) -> Iterator[ServeProcess]:
 
 @contextmanager
 def _listening(
-    command: list[str], full_env: dict[str, str], max_descriptors: int | None = None
+    command: list[str],
+    full_env: dict[str, str],
+    max_descriptors: int | None = None,
+    after: str | None = None,
+    startup_s: float = STARTUP_S,
 ) -> Iterator[ServeProcess]:
     def limit_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max_descriptors, max_descriptors))
@@ -143,12 +151,14 @@ def _listening(
     threading.Thread(target=_pump, args=(process.stderr, lines, seen), daemon=True).start()
     base_url = None
     try:
+        counting = after is None
         while base_url is None:
-            line = lines.get(timeout=STARTUP_S)  # bounded: queue.Empty fails the test
+            line = lines.get(timeout=startup_s)  # bounded: queue.Empty fails the test
             if line is None:
                 raise RuntimeError(f"{command[1:3]} exited:\n" + "".join(seen))
+            counting = counting or after in line
             match = LISTENING.search(line)
-            if match and any("Application startup complete" in s for s in seen):
+            if counting and match and any("Application startup complete" in s for s in seen):
                 base_url = match.group(1)
         yield ServeProcess(process, base_url, seen)
     finally:

@@ -3,11 +3,13 @@ framing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect, Request
 
 from talaria.core.calls import OutputDelta
 from talaria.proxy.calls import CallHandle, CallOutcome
@@ -81,24 +83,59 @@ def invalid(message: str, param: str) -> ApiError:
 async def output_events(handle: CallHandle) -> AsyncIterator[OutputDelta | CallOutcome | ApiError]:
     """The call's output as the engine streamed it: ``OutputDelta``s, then the ``CallOutcome``
     (or an ``ApiError``). An engine that streamed nothing has its whole output handed out as
-    deltas just before the outcome, so every renderer sees the same sequence."""
+    deltas just before the outcome, so every renderer sees the same sequence. Closed before
+    its end (the client went away: the server cancels the stream), the call is abandoned."""
     seen = False
-    while True:
-        kind, value = await handle.events.get()
-        if kind in ("first", "delta"):
-            if value is not None and not value.empty:
-                seen = True
+    ended = False
+    try:
+        while True:
+            kind, value = await handle.events.get()
+            if kind in ("first", "delta"):
+                if value is not None and not value.empty:
+                    seen = True
+                    yield value
+            elif kind == "done":
+                ended = True
+                outcome: CallOutcome = value
+                if not seen:
+                    for delta in outcome.output.deltas():
+                        yield delta
+                yield outcome
+                return
+            elif kind == "error":
+                ended = True
                 yield value
-        elif kind == "done":
-            outcome: CallOutcome = value
-            if not seen:
-                for delta in outcome.output.deltas():
-                    yield delta
-            yield outcome
-            return
-        elif kind == "error":
-            yield value
-            return
+                return
+    finally:
+        if not ended:
+            handle.abandon()
+
+
+async def outcome_unless_gone(request: Request, handle: CallHandle) -> CallOutcome:
+    """The call's outcome (or its ``ApiError`` raised) for a client waiting for a whole reply;
+    a client that disconnects first has its call abandoned (the engine stops generating it)
+    and ``ClientDisconnect`` raised: no one is left to answer (proxy/edge.py counts a 499)."""
+    waiting = asyncio.ensure_future(handle.outcome())
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        waiting.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if waiting.done():
+        return waiting.result()
+    waiting.cancel()
+    handle.abandon()
+    raise ClientDisconnect()
+
+
+async def _disconnect(request: Request) -> None:
+    """Return when the client disconnects (its body was read whole: the server's next
+    message is ``http.disconnect``)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def sse(data: Mapping[str, Any], event: str | None = None) -> bytes:

@@ -8,7 +8,7 @@ the proxy, only ``embedded.py`` imports ``talaria.runtime``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Protocol
 
 from talaria.core.status import InstanceStatus
@@ -33,6 +33,13 @@ class RuntimeClient(Protocol):
     @property
     def models(self) -> tuple[str, ...]:
         """The models the instance hosts (known after ``start``)."""
+        ...
+
+    @property
+    def context_windows(self) -> Mapping[str, int]:
+        """Each hosted model's context window as the instance reports it (its engine's
+        longest prompt + output; known after ``start``; a model it does not report is left
+        to the catalog)."""
         ...
 
     async def start(self) -> None:

@@ -6,7 +6,7 @@ The only module of the proxy that imports ``talaria.runtime``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
@@ -47,6 +47,11 @@ class InProcessRuntime:
     def models(self) -> tuple[str, ...]:
         """The models the node hosts."""
         return tuple(self._node.engines)
+
+    @property
+    def context_windows(self) -> Mapping[str, int]:
+        """Each engine's window (``EngineInfo.max_model_len``)."""
+        return {name: e.info().max_model_len for name, e in self._node.engines.items()}
 
     async def start(self) -> None:
         """Start the node's scheduling loop."""

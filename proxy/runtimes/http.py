@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx
@@ -61,6 +61,7 @@ class HttpRuntime:
             base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0)
         )
         self._models: tuple[str, ...] = ()
+        self._windows: dict[str, int] = {}
         self._status: InstanceStatus | None = None
         self._status_at = 0.0
 
@@ -68,6 +69,12 @@ class HttpRuntime:
     def models(self) -> tuple[str, ...]:
         """The models the server hosts (empty before ``start``)."""
         return self._models
+
+    @property
+    def context_windows(self) -> Mapping[str, int]:
+        """The windows the runtime's status reported at ``start`` (its engines'
+        ``max_model_len``)."""
+        return self._windows
 
     async def start(self, attempts: int = 5) -> None:
         """Learn the instance's name and models. A runtime that has just started may drop the
@@ -86,6 +93,12 @@ class HttpRuntime:
         data = response.json()
         self.name = data["instance"]
         self._models = tuple(data["model_names"])
+        engines = data.get("engines") or {}
+        self._windows = {
+            m: int(info["max_model_len"])
+            for m, info in engines.items()
+            if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
+        }
         try:
             self._status = status_from_dict(data)
         except ProtocolError as exc:

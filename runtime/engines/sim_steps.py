@@ -59,6 +59,8 @@ class SimSeq:
     """When the first step that took a chunk of it began."""
     first: asyncio.Future[float] = field(default_factory=lambda: _loop().create_future())
     done: asyncio.Future[CallResult] = field(default_factory=lambda: _loop().create_future())
+    aborted: bool = False
+    """Its consumer left before its end (``StepLoop.abort``): a step in flight skips it."""
     deltas: asyncio.Queue[TokenDelta] | None = None
     reply: ReplyStream | None = None
     first_delta: OutputDelta | None = None
@@ -135,27 +137,47 @@ class StepLoop:
 
     async def events(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
         """The admitted call's events: ``FirstToken``, ``TokenDelta``s if it streams, then
-        ``Finished``."""
+        ``Finished``. A consumer that leaves first aborts the sequence (:meth:`abort`)."""
         seq = self._by_id[admission.request.request_id]
-        first_s = await seq.first
-        yield FirstToken(first_s, admission.cached_tokens, admission.kv_source, seq.first_delta)
-        if seq.deltas is not None:
-            while not seq.done.done() or not seq.deltas.empty():
-                if not seq.deltas.empty():
-                    yield seq.deltas.get_nowait()
-                    continue
-                getter = asyncio.ensure_future(seq.deltas.get())
-                pending: list[asyncio.Future[Any]] = [getter, seq.done]
-                try:
-                    await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    if not getter.done():
-                        getter.cancel()
-                if getter.done() and not getter.cancelled():
-                    yield getter.result()
-        result = await seq.done
-        self._by_id.pop(admission.request.request_id, None)
+        try:
+            first_s = await seq.first
+            yield FirstToken(first_s, admission.cached_tokens, admission.kv_source, seq.first_delta)
+            if seq.deltas is not None:
+                while not seq.done.done() or not seq.deltas.empty():
+                    if not seq.deltas.empty():
+                        yield seq.deltas.get_nowait()
+                        continue
+                    getter = asyncio.ensure_future(seq.deltas.get())
+                    pending: list[asyncio.Future[Any]] = [getter, seq.done]
+                    try:
+                        await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        if not getter.done():
+                            getter.cancel()
+                    if getter.done() and not getter.cancelled():
+                        yield getter.result()
+            result = await seq.done
+        finally:
+            self._by_id.pop(admission.request.request_id, None)
+            if not seq.done.done():
+                self.abort(seq)
         yield Finished(result)
+
+    def abort(self, seq: SimSeq) -> None:
+        """Stop a sequence before its end, as vLLM's abort does: it leaves the steps, and its
+        KV (prompt and the output so far) is released to the session as a finished call's."""
+        if seq not in self.seqs:
+            return
+        seq.aborted = True
+        self.seqs.remove(seq)
+        now = self._clock.now()
+        if not self.seqs:
+            self._idle_since = now
+        self._kv.release(seq.admission.request, seq.output_done, now)
+        for future in (seq.first, seq.done):
+            if not future.done():
+                future.cancel()
+        self._wake.set()
 
     # -- timing ----------------------------------------------------------------------------
     def _step_s(self, step_s: float) -> float:
@@ -254,6 +276,8 @@ class StepLoop:
             self._emit(seq, done_steps, now)
 
     def _emit(self, seq: SimSeq, tokens: int, now: float) -> None:
+        if seq.aborted:  # aborted while the step that produced these tokens ran
+            return
         streaming = seq.deltas is not None and seq.reply is not None
         if seq.first_token_s is None:
             seq.first_token_s = now

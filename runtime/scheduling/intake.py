@@ -157,6 +157,7 @@ class Intake:
             task = asyncio.get_running_loop().create_task(
                 self._serve(engine, admission, waiting, slot_wait_s)
             )
+            waiting.serving = task
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
@@ -176,6 +177,9 @@ class Intake:
         except Exception as exc:  # an engine fault fails this call, never the scheduler
             if not waiting.result.done():
                 waiting.result.set_exception(exc)
+        except asyncio.CancelledError:  # its consumer left (NodeScheduler.stream)
+            waiting.result.cancel()
+            raise
         finally:
             self._call_done.set()
             self._wake.set()

@@ -153,8 +153,9 @@ class NodeScheduler:
 
     async def stream(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         """Queue the call and yield its events (``FirstToken``, ``TokenDelta``s for streaming
-        requests, ``Finished``). If the consumer stops before the call is admitted, the call
-        leaves the queue; once admitted it runs to the end (its result still counts)."""
+        requests, ``Finished``). If the consumer stops before the call ends, the call leaves
+        the queue, or, admitted already, its generation is cancelled (the engine aborts it and
+        frees what it holds: a client that went away does not keep the engine busy)."""
         events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
         waiting = self._enqueue(request, events)
         try:
@@ -174,6 +175,8 @@ class NodeScheduler:
                 queue.remove(waiting)
                 waiting.result.cancel()
                 self._wake.set()
+            elif waiting.serving is not None and not waiting.result.done():
+                waiting.serving.cancel()
 
     def _enqueue(
         self, request: CallRequest, events: asyncio.Queue[GenerationEvent] | None

@@ -34,6 +34,8 @@ class WaitingCall:
     arrival_s: float
     result: asyncio.Future[CallResult]
     events: asyncio.Queue[GenerationEvent] | None = None
+    serving: asyncio.Task[None] | None = None
+    """The task generating it, once admitted."""
 
 
 @dataclass

@@ -1,18 +1,71 @@
-"""``talaria runtime``: one node's runtime server (its engines behind the slot scheduler)."""
+"""``talaria runtime``: one node's runtime server (its engines behind the slot scheduler), from a
+node config file or from model paths (``--model``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from talaria.cli.common import CatalogOpt, console
+from talaria.cli.common import CatalogOpt, catalog_of, console
 from talaria.runtime.scheduling.flags import policy_flags
+
+if TYPE_CHECKING:
+    from talaria.core.catalog import Catalog
+    from talaria.runtime.config import NodeConfig
+    from talaria.runtime.model_source import ServingChoices
+
+ModelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        help="Real weights served by vLLM, repeatable: a Hugging Face model directory or a "
+        ".gguf file (converted once to a directory in ~/.cache/talaria/models), as PATH or "
+        "NAME=PATH (default name: the directory's or file's). Needs vLLM in this environment "
+        "(bash scripts/vllm-venv.sh). See docs/models.md.",
+    ),
+]
+ToolParserOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="vLLM tool-call parser of the --model models (e.g. hermes, qwen3_coder); default: "
+        "the catalog's for a model it knows, hermes for a GGUF converted with the project's "
+        "template, else none (then calls with tools get a 400).",
+    ),
+]
+ReasoningParserOpt = Annotated[
+    str | None,
+    typer.Option(help="vLLM reasoning parser of the --model models (e.g. qwen3, deepseek_r1)."),
+]
+ChatTemplateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="Chat template (Jinja file) of the --model models; default: the directory's own "
+        "(chat_template.jinja or tokenizer_config.json)."
+    ),
+]
+MaxModelLenOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=16,
+        help="Context window (prompt + output tokens) of the --model models; default: the "
+        "model's own (config.json's max_position_embeddings).",
+    ),
+]
 
 
 def runtime_server(
-    config: Annotated[Path, typer.Option(help="Node configuration TOML (runtime/config.py).")],
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Node configuration TOML (runtime/config.py); or use --model."),
+    ] = None,
+    model: ModelOpt = None,
+    tool_parser: ToolParserOpt = None,
+    reasoning_parser: ReasoningParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    max_model_len: MaxModelLenOpt = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 9000,
     catalog_dirs: CatalogOpt = None,
@@ -27,19 +80,58 @@ def runtime_server(
     ] = 600.0,
 ) -> None:
     """Run one node's runtime server: its engines (simulated or vLLM) behind the slot scheduler,
-    serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). SIGTERM drains:
-    no new connections, in-flight calls finish, then the engines shut down."""
-    from talaria.runtime.config import NodeConfigError, load_node_config
+    serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). The node comes
+    from --config FILE, or from one or more --model PATH (vLLM engines, everything else from
+    the model itself). SIGTERM drains: no new connections, in-flight calls finish, then the
+    engines shut down."""
+    from talaria.runtime.model_source import ServingChoices
     from talaria.runtime.server import create_runtime_app, serve_runtime
 
-    try:
-        node = load_node_config(config)
-        policy_flags(node.policy)
-    except (NodeConfigError, ValueError) as exc:
-        raise typer.BadParameter(str(exc)) from exc
+    catalog = catalog_of(catalog_dirs)
+    choices = ServingChoices(tool_parser, reasoning_parser, chat_template, max_model_len)
+    node = node_config(config, model, choices, catalog)
     console.print(
         f"talaria runtime {node.name} on http://{host}:{port} — "
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
     )
     app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
     serve_runtime(app_, host, port, log_level, drain_timeout_s)
+
+
+def node_config(
+    config: Path | None, models: list[str] | None, choices: ServingChoices, catalog: Catalog
+) -> NodeConfig:
+    """The node of ``--config`` or of the ``--model`` paths (exactly one of them), checked:
+    its policy parses, and each vLLM model with a tool parser has a chat template that renders
+    tool calls and their results (else one clear line, not a failure at the first call)."""
+    from talaria.runtime.config import NodeConfigError, load_node_config
+    from talaria.runtime.model_source import node_for_models, serving_faults
+
+    if (config is None) == (not models):
+        raise typer.BadParameter("give --config FILE or one or more --model PATH (not both)")
+    try:
+        if config is not None:
+            node = load_node_config(config)
+        else:
+            require_vllm()
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local path needs no hub
+            node = node_for_models(list(models or ()), choices, catalog)
+        policy_flags(node.policy)
+        faults = serving_faults(node)
+    except (NodeConfigError, ValueError, RuntimeError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if faults:
+        raise typer.BadParameter("; ".join(faults))
+    return node
+
+
+def require_vllm() -> None:
+    """vLLM must be importable here to serve real weights; else one line that says how."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise typer.BadParameter(
+            "serving a model needs vLLM in this Python environment: run "
+            "'bash scripts/vllm-venv.sh', then use .venv-vllm/bin/talaria",
+            param_hint="'--model'",
+        )

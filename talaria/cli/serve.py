@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from talaria.cli.common import console
+from talaria.cli.runtime import (
+    ChatTemplateOpt,
+    MaxModelLenOpt,
+    ModelOpt,
+    ReasoningParserOpt,
+    ToolParserOpt,
+)
 from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
@@ -26,8 +34,17 @@ def serve(
         ),
     ] = None,
     models: Annotated[
-        str | None, typer.Option(help="Comma-separated models of the embedded node(s).")
+        str | None,
+        typer.Option(
+            help="Comma-separated catalog models of the embedded simulated node(s) (no "
+            "weights: replies are simulated). For real weights use --model PATH."
+        ),
     ] = None,
+    model: ModelOpt = None,
+    tool_parser: ToolParserOpt = None,
+    reasoning_parser: ReasoningParserOpt = None,
+    chat_template: ChatTemplateOpt = None,
+    max_model_len: MaxModelLenOpt = None,
     nodes: Annotated[int | None, typer.Option(help="Embedded simulated nodes.")] = None,
     policy: Annotated[
         str | None, typer.Option(help="Scheduler flags of the embedded nodes (as in replay).")
@@ -67,7 +84,8 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve the proxy (embedded simulated runtime, or --runtime URLs).
+    """Serve the proxy: over an embedded simulated runtime (--models), over a vLLM runtime it
+    starts for real weights (--model PATH), or over runtime servers (--runtime URL).
 
     It speaks OpenAI chat completions and Responses (base_url http://HOST:PORT/v1) and
     Anthropic Messages (base URL http://HOST:PORT): Claude Code, Codex, Qwen Code and any
@@ -77,17 +95,14 @@ def serve(
     Settings also come from TALARIA_* environment variables (TALARIA_API_KEYS,
     TALARIA_ADMIN_TOKEN, TALARIA_DATABASE_URL, TALARIA_SESSION_IDLE_TIMEOUT_S, ...). The
     simulated engines time every call with the cost model; their replies are simulated
-    (a harmless offered tool, then a \\[simulated] answer). SIGTERM drains within
+    (a harmless offered tool, then a \\[simulated] answer). With --model, a model directory
+    or .gguf file is served by vLLM in a `talaria runtime` child process that this command
+    starts, watches and stops (docs/models.md). SIGTERM drains within
     TALARIA_DRAIN_TIMEOUT_S (30 s); every setting and failure mode: docs/operations.md.
     """
     import os
 
-    from talaria.core.http_edge import EdgeBounds
-    from talaria.proxy import serve as serving
-    from talaria.proxy.app import create_app
     from talaria.proxy.settings import ProxySettings
-    from talaria.proxy.store.db import default_url
-    from talaria.proxy.store.service import location
 
     overrides: dict[str, Any] = {
         key: value
@@ -119,6 +134,21 @@ def serve(
         raise typer.BadParameter(str(exc), param_hint="'--router'") from exc
     if not _is_loopback(host) and not settings.api_keys and not settings.allow_open:
         _refuse_without_keys(settings)
+    if model:
+        if runtime or models:
+            raise typer.BadParameter(
+                "--model starts its own runtime: leave out --runtime and --models",
+                param_hint="'--model'",
+            )
+        from talaria.cli.runtime import require_vllm
+
+        require_vllm()
+        args = _runtime_args(
+            model, tool_parser, reasoning_parser, chat_template, max_model_len, log_level
+        )
+        console.print(f"starting the vLLM runtime for {', '.join(model)}")
+        _serve_over_child(settings, args, host, port, log_level)
+        return
     if settings.runtimes:
         console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
     else:
@@ -128,6 +158,17 @@ def serve(
             f"on {settings.nodes} simulated node(s), time ×{settings.time_scale:g}; "
             "replies are simulated (docs/agents.md)"
         )
+    _serve(settings, host, port, log_level)
+
+
+def _serve(settings: ProxySettings, host: str, port: int, log_level: str) -> None:
+    """Run the proxy of ``settings`` until SIGTERM / SIGINT."""
+    from talaria.core.http_edge import EdgeBounds
+    from talaria.proxy import serve as serving
+    from talaria.proxy.app import create_app
+    from talaria.proxy.store.db import default_url
+    from talaria.proxy.store.service import location
+
     store = location(settings.database_url or default_url())
     console.print(f"session store: {store} (durability: {settings.durability})")
     serving.serve(
@@ -138,6 +179,46 @@ def serve(
         drain_timeout_s=settings.drain_timeout_s,
         bounds=EdgeBounds(settings.header_timeout_s, settings.max_connections),
     )
+
+
+RUNTIME_READY_S = 900.0
+"""How long ``--model``'s runtime may take to start: a GGUF conversion (~30 s for SmolLM2-135M
+on 2 cores) and each vLLM engine's start (~20-60 s on a CPU; minutes for 100B+ on GPUs)."""
+
+
+def _runtime_args(
+    models: list[str],
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    chat_template: Path | None,
+    max_model_len: int | None,
+    log_level: str,
+) -> list[str]:
+    """``talaria runtime``'s arguments for the ``--model`` options."""
+    args = [arg for spec in models for arg in ("--model", spec)]
+    named = {
+        "--tool-parser": tool_parser,
+        "--reasoning-parser": reasoning_parser,
+        "--chat-template": str(chat_template) if chat_template else None,
+        "--max-model-len": str(max_model_len) if max_model_len else None,
+    }
+    args += [arg for flag, value in named.items() if value for arg in (flag, value)]
+    return [*args, "--log-level", log_level]
+
+
+def _serve_over_child(
+    settings: ProxySettings, args: list[str], host: str, port: int, log_level: str
+) -> None:
+    """Start the ``--model`` runtime (cli/supervised.py), serve the proxy over it, stop it."""
+    from talaria.cli.supervised import RuntimeStartError, supervised_runtime
+
+    try:
+        with supervised_runtime(args, settings.drain_timeout_s, RUNTIME_READY_S) as child:
+            served = settings.model_copy(update={"runtimes": [child.url]})
+            console.print(f"talaria proxy on http://{host}:{port}/v1 — runtime {child.url}")
+            _serve(served, host, port, log_level)
+    except RuntimeStartError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--model'") from exc
 
 
 def _is_loopback(host: str) -> bool:

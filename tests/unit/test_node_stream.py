@@ -71,6 +71,28 @@ def test_consumer_leaving_before_admission_removes_the_call() -> None:
     assert run_virtual(main()) == (1, 0)
 
 
+def test_consumer_leaving_after_admission_stops_the_generation() -> None:
+    """A client gone mid-reply (the runtime server closes the call's stream): the engine stops
+    generating it at once, instead of running its 8,000 output tokens on (issue 26)."""
+
+    async def main() -> tuple[int, float, float, int]:
+        clock = LoopClock()
+        node = _node(clock)
+        stream = node.stream(CallRequest("a", "s1", "glm-4.5-fp8", 500, 8000, stream=True))
+        await anext(stream)  # FirstToken: admitted and generating
+        running = node.engines["glm-4.5-fp8"].running
+        left_at = clock.now()
+        await stream.aclose()
+        # the next call runs at once: the engine is not busy with the abandoned one
+        done = await node.submit(CallRequest("b", "s2", "glm-4.5-fp8", 500, 10))
+        await node.stop()
+        return running, left_at, done.finished_s, node.engines["glm-4.5-fp8"].running
+
+    running, left_at, next_done, after = run_virtual(main())
+    assert (running, after) == (1, 0)
+    assert next_done - left_at < 5.0  # 8,000 tokens of decode would take minutes
+
+
 def test_session_moved_releases_its_reservation_but_keeps_its_kv() -> None:
     async def main() -> tuple[int, int, bool]:
         node = _node(LoopClock())

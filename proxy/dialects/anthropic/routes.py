@@ -13,7 +13,7 @@ from talaria.proxy.dialects.anthropic.models import CountTokensRequest, Messages
 from talaria.proxy.dialects.anthropic.parse import messages_call, parse_count_tokens
 from talaria.proxy.dialects.anthropic.render import message, message_stream
 from talaria.proxy.dialects.base import Dialect, request_body
-from talaria.proxy.dialects.common import parse
+from talaria.proxy.dialects.common import outcome_unless_gone, parse
 
 router = APIRouter()
 
@@ -33,7 +33,7 @@ async def messages(request: Request) -> Response:
             media_type="text/event-stream",
             headers={**headers, **SSE_HEADERS},
         )
-    outcome = await handle.outcome()
+    outcome = await outcome_unless_gone(request, handle)
     return json_response(message(outcome, request_id, call.model), headers=headers)
 
 

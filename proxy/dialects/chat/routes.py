@@ -13,7 +13,7 @@ from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.chat.models import ChatCompletionRequest
 from talaria.proxy.dialects.chat.parse import chat_call
 from talaria.proxy.dialects.chat.render import chat_completion, chat_stream
-from talaria.proxy.dialects.common import parse
+from talaria.proxy.dialects.common import outcome_unless_gone, parse
 
 router = APIRouter()
 
@@ -33,7 +33,7 @@ async def chat_completions(request: Request) -> Response:
             media_type="text/event-stream",
             headers={**headers, **SSE_HEADERS},
         )
-    outcome = await handle.outcome()
+    outcome = await outcome_unless_gone(request, handle)
     return json_response(chat_completion(outcome, request_id, call.model, created), headers=headers)
 
 

@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body
 from talaria.proxy.api.context import json_response
 from talaria.proxy.dialects.base import Dialect, request_body
-from talaria.proxy.dialects.common import parse
+from talaria.proxy.dialects.common import outcome_unless_gone, parse
 from talaria.proxy.dialects.completions.models import CompletionRequest
 from talaria.proxy.dialects.completions.parse import completion_call
 from talaria.proxy.dialects.completions.render import completion, completion_stream
@@ -36,7 +36,7 @@ async def completions(request: Request) -> Response:
             media_type="text/event-stream",
             headers={**headers, **SSE_HEADERS},
         )
-    outcome = await handle.outcome()
+    outcome = await outcome_unless_gone(request, handle)
     return json_response(completion(outcome, base), headers=headers)
 
 

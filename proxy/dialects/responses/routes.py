@@ -14,6 +14,7 @@ from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
 from talaria.proxy.api.context import context, json_response
 from talaria.proxy.calls import CallOutcome
 from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.common import outcome_unless_gone
 from talaria.proxy.dialects.responses.models import ResponsesRequest
 from talaria.proxy.dialects.responses.parse import parse_request, to_call
 from talaria.proxy.dialects.responses.render import (
@@ -87,7 +88,7 @@ async def create(request: Request) -> Response:
             media_type="text/event-stream",
             headers={**headers, **SSE_HEADERS},
         )
-    outcome = await handle.outcome()
+    outcome = await outcome_unless_gone(request, handle)
     return json_response(
         final_response(parsed, outcome, request_id, created, stored), headers=headers
     )

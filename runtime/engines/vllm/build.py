@@ -19,6 +19,7 @@ from talaria.runtime.engines.vllm.options import ChatOptions, RateModel, VLLMEng
 from talaria.runtime.tokenizer import (
     TEXT_IDS,
     ByteTokenizer,
+    HFTokenizer,
     Tokenizer,
     has_tokenizer_files,
     load_tokenizer,
@@ -159,7 +160,7 @@ def build_vllm_engine(
     cost: CostModel | None = None,
     tool_parser: str | None = None,
     reasoning_parser: str | None = None,
-    tool_strict_level: str = "auto",
+    tool_strict_level: str = "parameter",
     chat_template: str | None = None,
     **engine_args: Any,
 ) -> VLLMEngine:
@@ -171,7 +172,11 @@ def build_vllm_engine(
     With the byte tokenizer (the tiny models) the output is restricted to ``TEXT_IDS`` unless
     ``sampling`` sets ``allowed_token_ids``. A model with a Hugging Face tokenizer serves
     chat calls through vLLM's serving layer, with ``tool_parser``, ``reasoning_parser``,
-    ``tool_strict_level`` and ``chat_template`` as ``vllm serve`` takes them.
+    ``tool_strict_level`` and ``chat_template`` as ``vllm serve`` takes them; Talaria's own
+    prompt counts use the same template. ``tool_strict_level`` defaults to ``parameter``
+    (``vllm serve``'s is ``auto``): with ``auto`` a named or ``required`` tool choice holds
+    only the call's envelope to its schema, and a small model's arguments then often do not
+    parse (issue 26: SmolLM2-135M's did not).
 
     On the CPU path ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB of KV cache per engine) if
     unset. Offline use of a local directory wants ``HF_HUB_OFFLINE=1`` (set by the caller).
@@ -205,15 +210,21 @@ def build_vllm_engine(
         device_bytes = nvml_total_bytes(range(tp))
     if host_kv_survives_sleep is None:
         host_kv_survives_sleep = args.get("kv_offloading_backend") == "lmcache"
-    tokenizer = tokenizer or load_tokenizer(model_dir)
+    tokenizer = tokenizer or load_tokenizer(model_dir, chat_template)
     sampling = dict(sampling or {})
     if isinstance(tokenizer, ByteTokenizer):
         # random weights: keep the output printable, so that it round-trips (tokenizer.py)
         sampling.setdefault("allowed_token_ids", list(TEXT_IDS))
     chat = None
     if not isinstance(tokenizer, ByteTokenizer):
+        special = tokenizer.special_tokens if isinstance(tokenizer, HFTokenizer) else ()
         chat = ChatOptions(
-            str(model_dir), tool_parser, reasoning_parser, tool_strict_level, chat_template
+            str(model_dir),
+            tool_parser,
+            reasoning_parser,
+            tool_strict_level,
+            chat_template,
+            special_tokens=special,
         )
     options = VLLMEngineOptions(
         sleep_mode=gpu,

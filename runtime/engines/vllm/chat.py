@@ -18,9 +18,10 @@ the deltas folded, which is what a streaming client of ``vllm serve`` would get.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from talaria.core.calls import (
@@ -198,9 +199,13 @@ def _rejected(message: str, param: str | None) -> CallRejected:
 class VllmChat:
     """vLLM's chat serving layer over one engine (see the module docstring)."""
 
-    def __init__(self, serving: Any, model: str) -> None:
+    def __init__(
+        self, serving: Any, model: str, llm: Any = None, special_tokens: Sequence[str] = ()
+    ) -> None:
         self._serving = serving
+        self._llm = llm
         self.model = model
+        self._special = tuple(t for t in special_tokens if t)
 
     @classmethod
     async def build(
@@ -211,12 +216,13 @@ class VllmChat:
         *,
         tool_parser: str | None,
         reasoning_parser: str | None,
-        tool_strict_level: str = "auto",
+        tool_strict_level: str = "parameter",
         chat_template: str | None = None,
+        special_tokens: Sequence[str] = (),
     ) -> VllmChat:
         """The serving objects ``vllm serve`` builds (``init_app_state``), for this engine:
         auto tool choice on with ``tool_parser``, ``reasoning_parser``, cached-token details
-        and usage in every stream."""
+        and usage in every stream; ``special_tokens`` never reach the reply's text."""
         from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
         from vllm.entrypoints.openai.models.protocol import BaseModelPath
         from vllm.entrypoints.openai.models.serving import OpenAIServingModels
@@ -257,7 +263,7 @@ class VllmChat:
             enable_force_include_usage=True,
             **{k: v for k, v in common.items() if k != "default_chat_template_kwargs"},
         )
-        return cls(serving, model)
+        return cls(serving, model, llm, special_tokens)
 
     def request(self, body: Mapping[str, Any]) -> Any:
         """vLLM's ``ChatCompletionRequest``; its validation failures are the caller's fault."""
@@ -282,7 +288,9 @@ class VllmChat:
         """The call's chunks as vLLM's serving layer streams them. A request vLLM refuses as
         the client's fault (``VLLMClientError``, raised while it renders and checks the
         prompt: a prompt or output limit past the window, a bad parameter) is
-        ``CallRejected``, a 400 in the client's dialect, never a runtime fault."""
+        ``CallRejected``, a 400 in the client's dialect, never a runtime fault. Left before
+        its end (the client went away, the call was cancelled), the generation is aborted in
+        the engine at once, so that it stops using the engine and its KV blocks."""
         from vllm.exceptions import VLLMClientError
 
         try:
@@ -292,12 +300,37 @@ class VllmChat:
         if not hasattr(result, "__aiter__"):
             error = json.loads(result.model_dump_json()).get("error", {})
             raise _error(error)
-        async for line in result:
-            if not line.startswith("data: "):
-                continue
-            payload = line[len("data: ") :].strip()
-            if payload == "[DONE]":
-                break
-            chunk = parse_chunk(json.loads(payload), totals)
-            if chunk is not None:
-                yield chunk
+        done = False
+        try:
+            async for line in result:
+                if not line.startswith("data: "):
+                    continue
+                payload = line[len("data: ") :].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                chunk = parse_chunk(json.loads(payload), totals)
+                if chunk is not None:
+                    yield self._clean(chunk)
+        finally:
+            if not done:
+                await self._abort(result, request)
+
+    def _clean(self, chunk: ChatChunk) -> ChatChunk:
+        """The chunk without the tokenizer's special tokens in its text (a special token is
+        one token, so it is never split across chunks)."""
+        text = chunk.delta.text
+        if not self._special or not text:
+            return chunk
+        for token in self._special:
+            text = text.replace(token, "")
+        return replace(chunk, delta=replace(chunk.delta, text=text))
+
+    async def _abort(self, result: Any, request: Any) -> None:
+        """Close vLLM's stream and abort its request in the engine (vLLM's serving layer names
+        it ``chatcmpl-<request_id>``; ``AsyncLLM.abort`` takes that external id)."""
+        with contextlib.suppress(Exception):
+            await result.aclose()
+        if self._llm is not None:
+            with contextlib.suppress(Exception):
+                await self._llm.abort(f"chatcmpl-{request.request_id}")

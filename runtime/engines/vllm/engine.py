@@ -124,6 +124,7 @@ class VLLMEngine:
                 reasoning_parser=chat.reasoning_parser,
                 tool_strict_level=chat.tool_strict_level,
                 chat_template=chat.chat_template,
+                special_tokens=chat.special_tokens,
             )
         if self._opt.sleep_mode:
             await self._states.put_to_sleep_after_start(llm)

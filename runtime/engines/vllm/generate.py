@@ -71,6 +71,29 @@ def _token_sampling(request: CallRequest) -> dict[str, Any]:
     return decoding_params(request.call.sampling if request.call is not None else DEFAULT_SAMPLING)
 
 
+def refuse_what_tokens_cannot_honour(call: Call, model: str) -> None:
+    """A call sent as token ids is generated as plain text: it cannot offer tools, force a tool
+    call or hold the output to a format, so a call that asks for one is the client's error
+    (``CallRejected``: a 400 that names the field), never silently answered in plain text.
+    Such a model is one served without a Hugging Face tokenizer (the tiny test models)."""
+    asked = [
+        name
+        for name, given in (
+            ("tools", bool(call.tools) and call.tool_choice.mode != "none"),
+            ("response_format", bool(call.sampling.response_format)),
+        )
+        if given
+    ]
+    if asked:
+        raise CallRejected(
+            "invalid_value",
+            f"Model {model} cannot honour {' or '.join(repr(a) for a in asked)}: it is served "
+            "without a chat template or tool-call parser (as token ids). Serve it with its "
+            "Hugging Face tokenizer and a tool parser (docs/models.md), or leave these out.",
+            param=asked[0],
+        )
+
+
 class BusyMeter:
     """Seconds during which at least one call was generating (overlapping calls count once)."""
 
@@ -170,6 +193,8 @@ class CallRunner:
         then ``Finished``."""
         request = admission.request
         call = request.call
+        if call is not None:
+            refuse_what_tokens_cannot_honour(call, self._model)
         ids = self._prompts.get(request)
         self._prompts.forget(request.request_id)
         room = self._opt.max_model_len - len(ids)
@@ -255,15 +280,15 @@ class CallRunner:
         """A chat call through vLLM's serving layer (chat.py): its deltas as vLLM streams
         them; the prompt ids and cached tokens it reports go to the session's KV record."""
         request = admission.request
-        self._prompts.forget(request.request_id)
         body = to_vllm_request(
             call,
             model=self._model,
             request_id=f"{request.request_id}#{next(self._ids)}",
             priority=PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT,
-            max_tokens=request.output_tokens or request.max_output_tokens,
+            max_tokens=self._chat_limit(request, call),
             cache_salt=request.cache_salt,
         )
+        self._prompts.forget(request.request_id)
         try:
             vllm_request = chat.request(body)
         except CallRejected as exc:
@@ -308,6 +333,29 @@ class CallRunner:
             prompt_tokens=totals.prompt_tokens,
             output_tokens=totals.completion_tokens,
         )
+
+    def _chat_limit(self, request: CallRequest, call: Call) -> int:
+        """The chat call's output limit: its own, or, when the client set none (the proxy's
+        default applies), at most what the window leaves after the prompt as this engine's
+        tokenizer renders it with the template vLLM serves (``PromptIds``): ``vllm serve``'s
+        rule for a request without ``max_tokens``. A prompt that fills the window is the
+        client's error; one that cannot be rendered here is left to vLLM to judge."""
+        limit = request.output_tokens or request.max_output_tokens
+        if call.max_output_tokens is not None or request.output_tokens is not None:
+            return limit
+        try:
+            prompt = len(self._prompts.get(request))
+        except Exception:  # vLLM renders it next and says what is wrong
+            return limit
+        room = self._opt.max_model_len - prompt
+        if room < 1:
+            raise CallRejected(
+                "context_length_exceeded",
+                f"This model's maximum context length is {self._opt.max_model_len} tokens. "
+                f"However, your messages resulted in {prompt} tokens ({self._model}).",
+                param="messages",
+            )
+        return min(limit, room)
 
     def _finished(
         self,

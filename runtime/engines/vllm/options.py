@@ -77,8 +77,12 @@ class ChatOptions:
     """``--tool-call-parser`` (auto tool choice is on when set)."""
     reasoning_parser: str | None = None
     """``--reasoning-parser``."""
-    tool_strict_level: str = "auto"
+    tool_strict_level: str = "parameter"
     """``--tool-strict-level``: ``auto`` (a tool's own ``strict``), ``function`` or
-    ``parameter`` (every tool's arguments held to its schema)."""
+    ``parameter`` (every tool's arguments held to its schema when the tool choice is named or
+    ``required``; the default here, build.py says why)."""
     chat_template: str | None = None
     """``--chat-template`` (a file or the template itself); None: the model's own."""
+    special_tokens: tuple[str, ...] = ()
+    """The tokenizer's special tokens: removed from reply text (vLLM keeps them in when a tool
+    parser needs to see them, e.g. ``<|endoftext|>`` after a SmolLM2 reply with tools)."""

@@ -1,0 +1,288 @@
+"""A real trained model through the whole path: ``talaria serve --model`` (proxy + the vLLM
+runtime it supervises) with the real ``openai``, ``anthropic`` and OpenAI Agents SDK clients
+over HTTP. Greedy decoding (temperature 0) where a reply is checked; what is asserted is what
+the serving stack guarantees (schema-valid arguments and JSON under constrained decoding, cached
+tokens on a continuation, one session, 400s, an aborted generation), not the 135M model's
+wisdom."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from bench.harness.processes import ServeProcess, descendant_pids
+from talaria.runtime.tokenizer import load_tokenizer
+from tests.real.conftest import ADMIN, NAME
+
+pytestmark = pytest.mark.vllm
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {"name": "get_weather", "description": "The weather of a city", "parameters": CITY},
+}
+FORCED = {"type": "function", "function": {"name": "get_weather"}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _client(served: ServeProcess, session: str | None = None) -> openai.OpenAI:
+    headers = {"X-Talaria-Session-Id": session} if session else None
+    return openai.OpenAI(
+        base_url=served.v1, api_key="none", default_headers=headers, max_retries=0, timeout=120
+    )
+
+
+def _admin(served: ServeProcess, path: str) -> Any:
+    reply = httpx.get(
+        served.base_url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
+    )
+    reply.raise_for_status()
+    return reply.json()
+
+
+def test_models_report_the_models_own_window(served: ServeProcess) -> None:
+    listed = httpx.get(served.v1 + "/models", timeout=30).json()["data"]
+    assert [(m["id"], m["context_window"]) for m in listed] == [(NAME, 8192)]
+
+
+def test_a_plain_question_gets_an_answer(served: ServeProcess) -> None:
+    reply = _client(served).chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        temperature=0,
+        max_tokens=24,
+    )
+    text = reply.choices[0].message.content or ""
+    assert "Paris" in text, text
+    assert reply.usage is not None and reply.usage.completion_tokens <= 24
+
+
+def test_a_call_without_max_tokens_is_fitted_to_the_window(served: ServeProcess) -> None:
+    """The proxy's default (4,096) plus the prompt would pass 8,192 only for a long prompt;
+    a prompt of ~6,000 tokens without max_tokens is served, not refused (issue 26, defect 2)."""
+    long = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 600
+    reply = _client(served).chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": long}], temperature=0, stop=["."]
+    )
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 8192
+
+
+def test_streaming_carries_no_special_tokens(served: ServeProcess) -> None:
+    stream = _client(served).chat.completions.create(
+        model=NAME, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=40, stream=True
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert "<|" not in text, text
+
+
+def test_a_named_tool_choice_gives_arguments_valid_against_the_schema(
+    served: ServeProcess,
+) -> None:
+    reply = _client(served).chat.completions.create(
+        model=NAME, messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=60
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    assert [c.function.name for c in calls] == ["get_weather"]
+    jsonschema.validate(json.loads(calls[0].function.arguments), CITY)
+
+
+def test_response_format_gives_schema_valid_json(served: ServeProcess) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string"}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    reply = _client(served).chat.completions.create(
+        model=NAME,
+        messages=[{"role": "user", "content": "The capital of France, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        max_tokens=40,
+    )
+    jsonschema.validate(json.loads(reply.choices[0].message.content or ""), schema)
+
+
+def test_a_tool_round_trip_is_one_session_with_cached_tokens(served: ServeProcess) -> None:
+    client = _client(served, session="real-round-trip")
+    first = client.chat.completions.create(
+        model=NAME, messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=60
+    )
+    call = (first.choices[0].message.tool_calls or [])[0]
+    messages: list[Any] = [
+        *ASK,
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 21 degrees."},
+    ]
+    second = client.chat.completions.create(
+        model=NAME, messages=messages, tools=[WEATHER], temperature=0, max_tokens=40
+    )
+    assert second.usage is not None and second.usage.prompt_tokens_details is not None
+    assert (second.usage.prompt_tokens_details.cached_tokens or 0) > 0
+    session = _admin(served, "/admin/sessions/real-round-trip")
+    assert [c["status"] for c in session["calls"]] == ["ok", "ok"]
+
+
+def test_talarias_count_is_vllms_count(served: ServeProcess, real_dir: Path) -> None:
+    """One tokenizer and one template for counting and serving (issue 26, defect 3)."""
+    reply = _client(served).chat.completions.create(
+        model=NAME, messages=ASK, tools=[WEATHER], max_tokens=1
+    )
+    ours = load_tokenizer(real_dir).encode_chat(ASK, [WEATHER])
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(ours)
+
+
+def test_anthropic_messages_tool_round_trip(served: ServeProcess) -> None:
+    client = anthropic.Anthropic(base_url=served.base_url, api_key="none", max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather of a city", "input_schema": CITY}
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    first = client.messages.create(
+        model=NAME,
+        max_tokens=60,
+        messages=ask,  # type: ignore[arg-type]
+        tools=[tool],  # type: ignore[list-item]
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    use = [b for b in first.content if b.type == "tool_use"]
+    assert first.stop_reason == "tool_use" and [b.name for b in use] == ["get_weather"]
+    jsonschema.validate(use[0].input, CITY)
+    second = client.messages.create(
+        model=NAME,
+        max_tokens=30,
+        temperature=0,
+        tools=[tool],  # type: ignore[list-item]
+        messages=[  # type: ignore[arg-type]
+            *ask,
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use[0].id, "content": "Sunny"}],
+            },
+        ],
+    )
+    assert second.usage.cache_read_input_tokens and second.usage.cache_read_input_tokens > 0
+
+
+def test_responses_continue_with_previous_response_id(served: ServeProcess) -> None:
+    client = _client(served)
+    first = client.responses.create(
+        model=NAME, input="My name is Ada. Say hello.", max_output_tokens=20, temperature=0
+    )
+    second = client.responses.create(
+        model=NAME,
+        input="What is my name?",
+        previous_response_id=first.id,
+        max_output_tokens=20,
+        temperature=0,
+    )
+    assert second.status == "completed" and second.output_text
+    assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
+
+
+def test_the_agents_sdk_runs_a_real_function_tool(served: ServeProcess) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        RunConfig,
+        Runner,
+        function_tool,
+    )
+
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather of a city."""
+        asked.append(city)
+        return "Sunny, 21 degrees."
+
+    model = OpenAIChatCompletionsModel(
+        model=NAME, openai_client=openai.AsyncOpenAI(base_url=served.v1, api_key="none")
+    )
+    agent = Agent(
+        name="weather",
+        instructions="Answer with the weather tool.",
+        model=model,
+        tools=[get_weather],
+        model_settings=ModelSettings(tool_choice="get_weather", max_tokens=60),
+    )
+    result = Runner.run_sync(
+        agent,
+        "What is the weather in Paris?",
+        max_turns=3,
+        run_config=RunConfig(tracing_disabled=True),
+    )
+    assert asked and result.final_output is not None
+
+
+def test_a_prompt_past_the_window_is_a_400(served: ServeProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        _client(served).chat.completions.create(
+            model=NAME, messages=[{"role": "user", "content": "hi " * 9000}], max_tokens=8
+        )
+    assert caught.value.code == "context_length_exceeded"
+    claude = anthropic.Anthropic(base_url=served.base_url, api_key="none", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(
+            model=NAME, max_tokens=9000, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert refused.value.status_code == 400  # not 529 overloaded_error: Claude Code retries that
+
+
+def _cpu_ticks(pids: list[int]) -> int:
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime + stime
+    return total
+
+
+def test_a_disconnected_client_stops_its_generation(served: ServeProcess) -> None:
+    """A client that goes away mid-stream: its call is recorded ``cancelled`` and the engine
+    stops generating it (the engine processes go idle) instead of running 6,000 tokens on
+    (issue 26, defect 6)."""
+    body = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+        "max_tokens": 6000,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    headers = {"X-Talaria-Session-Id": "real-gone"}
+    with (
+        httpx.Client(timeout=60) as http,
+        http.stream("POST", served.v1 + "/chat/completions", json=body, headers=headers) as r,
+    ):
+        for n, _ in enumerate(r.iter_lines()):
+            if n >= 10:
+                break
+    engines = descendant_pids(served.process.pid)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        calls = _admin(served, "/admin/sessions/real-gone")["calls"]
+        if calls and calls[0]["status"] == "cancelled":
+            break
+        threading.Event().wait(0.2)  # polling a real process's state: no event to wait on
+    assert [c["status"] for c in calls] == ["cancelled"]
+    before = _cpu_ticks(engines)
+    threading.Event().wait(2.0)
+    busy = (_cpu_ticks(engines) - before) / 2.0  # ticks per second; 100 = one core
+    assert busy < 50, busy  # generating, the engine processes use ~200 here

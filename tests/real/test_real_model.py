@@ -163,7 +163,6 @@ def test_anthropic_messages_tool_round_trip(served: ServeProcess) -> None:
     second = client.messages.create(
         model=NAME,
         max_tokens=30,
-        temperature=0,
         tools=[tool],  # type: ignore[list-item]
         messages=[  # type: ignore[arg-type]
             *ask,
@@ -179,8 +178,9 @@ def test_anthropic_messages_tool_round_trip(served: ServeProcess) -> None:
 
 def test_responses_continue_with_previous_response_id(served: ServeProcess) -> None:
     client = _client(served)
-    first = client.responses.create(
-        model=NAME, input="My name is Ada. Say hello.", max_output_tokens=20, temperature=0
+    story = "I write programs for a living, and I like long walks by the sea. " * 20
+    first = client.responses.create(  # > 128 tokens: the CPU build caches whole 128-token blocks
+        model=NAME, input=f"My name is Ada. {story} Say hello.", max_output_tokens=20, temperature=0
     )
     second = client.responses.create(
         model=NAME,
@@ -189,7 +189,7 @@ def test_responses_continue_with_previous_response_id(served: ServeProcess) -> N
         max_output_tokens=20,
         temperature=0,
     )
-    assert second.status == "completed" and second.output_text
+    assert second.status in ("completed", "incomplete") and second.output_text  # 20 tokens
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
 
 

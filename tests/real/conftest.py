@@ -53,3 +53,19 @@ def served(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     args = ["--model", f"{NAME}={real_dir}"]
     with talaria_serve(args, env, data, startup_s=300) as process:
         yield process
+
+
+@pytest.fixture(scope="session")
+def served_long(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    """The same model served with its window stretched to 16,384 tokens (``--max-model-len``;
+    vLLM wants ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` past the config's 8,192), for an agent CLI
+    whose requests with its side calls pass 8,192 (docs/models.md)."""
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+    }
+    data = tmp_path_factory.mktemp("real-serve-long")
+    args = ["--model", f"{NAME}={real_dir}", "--max-model-len", "16384"]
+    with talaria_serve(args, env, data, startup_s=300) as process:
+        yield process

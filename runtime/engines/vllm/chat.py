@@ -196,6 +196,34 @@ def _rejected(message: str, param: str | None) -> CallRejected:
     return CallRejected("context_length_exceeded" if window else "invalid_value", message, param)
 
 
+class MeteredClient:
+    """The engine client vLLM's serving layer calls: the ``AsyncLLM`` itself, except that
+    ``generate`` keeps each request's latest ``RequestOutput.metrics`` (vLLM's own timestamps,
+    adapter.py ``engine_times``), which the chat layer's chunks do not carry."""
+
+    def __init__(self, llm: Any) -> None:
+        self._llm = llm
+        self.metrics: dict[str, Any] = {}
+
+    def generate(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """``AsyncLLM.generate``, metered."""
+        return self._metered(self._llm.generate(*args, **kwargs))
+
+    async def _metered(self, outputs: Any) -> AsyncIterator[Any]:
+        try:
+            async for out in outputs:
+                metrics = getattr(out, "metrics", None)
+                if metrics is not None:
+                    self.metrics[str(getattr(out, "request_id", ""))] = metrics
+                yield out
+        finally:
+            with contextlib.suppress(Exception):
+                await outputs.aclose()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._llm, name)
+
+
 class VllmChat:
     """vLLM's chat serving layer over one engine (see the module docstring)."""
 
@@ -206,6 +234,16 @@ class VllmChat:
         self._llm = llm
         self.model = model
         self._special = tuple(t for t in special_tokens if t)
+        self._metered: MeteredClient | None = None
+        if llm is not None and getattr(serving, "engine_client", None) is llm:
+            self._metered = MeteredClient(llm)
+            serving.engine_client = self._metered
+
+    def metrics_of(self, request: Any) -> Any:
+        """vLLM's stats of the request (None if it kept none), forgotten once read."""
+        if self._metered is None:
+            return None
+        return self._metered.metrics.pop(f"chatcmpl-{request.request_id}", None)
 
     @classmethod
     async def build(
@@ -311,12 +349,13 @@ class VllmChat:
                     break
                 chunk = parse_chunk(json.loads(payload), totals)
                 if chunk is not None:
-                    yield self._clean(chunk)
+                    yield self.clean(chunk)
         finally:
             if not done:
                 await self._abort(result, request)
+                self.metrics_of(request)
 
-    def _clean(self, chunk: ChatChunk) -> ChatChunk:
+    def clean(self, chunk: ChatChunk) -> ChatChunk:
         """The chunk without the tokenizer's special tokens in its text (a special token is
         one token, so it is never split across chunks)."""
         text = chunk.delta.text

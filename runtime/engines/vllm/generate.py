@@ -321,6 +321,7 @@ class CallRunner:
         if first_s is None:
             raise RuntimeError(f"{self._model}: request {request.request_id} ended without output")
         ids, cached = totals.prompt_token_ids, totals.cached_tokens
+        metrics = chat.metrics_of(vllm_request)
         yield self._finished(
             admission,
             kv,
@@ -332,6 +333,7 @@ class CallRunner:
             output.output(finish),
             prompt_tokens=totals.prompt_tokens,
             output_tokens=totals.completion_tokens,
+            engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
         )
 
     def _chat_limit(self, request: CallRequest, call: Call) -> int:

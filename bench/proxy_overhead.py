@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from overhead.apis import APIS, Api
+from overhead.apis import APIS, Api, sized_chat
 from overhead.client import BatchResult, Connection, encode_post, run_batch
 from overhead.profile import PySpy, summarize_profile
 
@@ -285,12 +285,6 @@ class Workload:
         self.calls = calls_per_session
         self.api = api
         self.sessions = max(1, -(-requests // calls_per_session))
-        self._bodies = {
-            (s, c, stream): api.body(s, c, stream)
-            for s in range(self.sessions)
-            for c in range(calls_per_session)
-            for stream in (False, True)
-        }
         self._batch = 0
 
     def batch(self, port: int, stream: bool, n: int | None = None) -> list[bytes]:
@@ -305,7 +299,7 @@ class Workload:
             }
             if call == self.calls - 1:
                 headers["X-Talaria-Session-Final"] = "true"
-            body = self._bodies[(session, call, stream)]
+            body = self.api.body(session, call, stream)
             out.append(encode_post(HOST, port, self.api.path, body, headers))
         return out
 
@@ -406,8 +400,8 @@ async def idle_cpu(server: Server, seconds: float) -> float:
 
 
 def serves(server: Server, api: Api) -> bool:
-    """LiteLLM's proxy is measured on chat completions only."""
-    return server.name != "litellm" or api.name == "chat"
+    """LiteLLM's proxy is measured on chat completions only (of every body size)."""
+    return server.name != "litellm" or api.path == APIS["chat"].path
 
 
 async def measure(
@@ -469,7 +463,7 @@ async def measure(
 
 # -- report ---------------------------------------------------------------------------------------
 def summarize(
-    cells: dict[tuple[str, str, int, str], Cell], servers: list[Server]
+    cells: dict[tuple[str, str, int, str], Cell], servers: list[Server], apis: list[str]
 ) -> list[dict[str, Any]]:
     idle = {s.name: s.idle_cpu_per_s for s in servers}
     rows = []
@@ -506,7 +500,6 @@ def summarize(
             }
         )
     order = {s.name: i for i, s in enumerate(servers)}
-    apis = list(APIS)
     rows.sort(
         key=lambda r: (
             apis.index(r["api"]),
@@ -610,6 +603,62 @@ def targets(rows: list[dict[str, Any]], concurrencies: list[int]) -> list[dict[s
     return out
 
 
+SIZE_TARGETS = {128: ("cpu_ratio", 2.0), 400: ("cpu_ms", 5.0)}
+"""Issue 27's targets on agent-sized chat bodies (non-streaming, worst concurrency): at 128 KB
+talaria's CPU per call ≤ 2× the direct server's (which parses the same body); at 400 KB ≤ 5 ms.
+Throughput at 128 KB ≥ 10× LiteLLM's (highest concurrency)."""
+
+
+def size_targets(rows: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    """The sized workloads against the direct server and LiteLLM: graded where issue 27 sets a
+    target (``SIZE_TARGETS``), for information otherwise."""
+    out: list[dict[str, Any]] = []
+    for kb in sizes:
+        api = f"chat-{kb}k"
+        mine = {(r["mode"], r["concurrency"], r["target"]): r for r in rows if r["api"] == api}
+        for proxy in TALARIA:
+            for mode in MODES:
+                pairs = [
+                    (r, mine[(mode, c, "direct")])
+                    for (m, c, t), r in mine.items()
+                    if (m, t) == (mode, proxy) and (mode, c, "direct") in mine
+                ]
+                if not pairs:
+                    continue
+                worst = max(pairs, key=lambda p: p[0]["server_cpu_ms_per_req"])
+                cpu = worst[0]["server_cpu_ms_per_req"]
+                ratio = cpu / worst[1]["server_cpu_ms_per_req"]
+                kind, limit = SIZE_TARGETS.get(kb, ("", 0.0))
+                graded = mode == "json" and kind != ""
+                out.append(
+                    {
+                        "target": f"{api}: {proxy} CPU per {mode} call {cpu:.2f} ms, "
+                        f"÷ direct {ratio:.2f}"
+                        + (
+                            f" (target ≤ {limit:g}{'×' if kind == 'cpu_ratio' else ' ms'})"
+                            if graded
+                            else ""
+                        ),
+                        "measured": round(ratio if kind == "cpu_ratio" else cpu, 3),
+                        "met": (ratio if kind == "cpu_ratio" else cpu) <= limit if graded else None,
+                    }
+                )
+                highest = max(c for (_, c, _) in mine)
+                lite, me = mine.get((mode, highest, "litellm")), mine.get((mode, highest, proxy))
+                if lite is not None and me is not None:
+                    times = me["rps"] / lite["rps"]
+                    gated = kb == 128 and mode == "json"
+                    out.append(
+                        {
+                            "target": f"{api}: {proxy} throughput ÷ LiteLLM's ({mode}, "
+                            f"concurrency {highest})" + (" ≥ 10×" if gated else ""),
+                            "measured": round(times, 2),
+                            "met": times >= 10.0 if gated else None,
+                        }
+                    )
+    return out
+
+
 def gc_pauses(log: Path, start: int) -> dict[str, dict[str, float]]:
     """Collections over 1 ms a server logged (``--gc-log``) from byte ``start`` of its log on
     (the measurement): per generation, how many and the longest."""
@@ -685,6 +734,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--apis", default=",".join(APIS), help="comma-separated: " + ", ".join(APIS)
     )
+    parser.add_argument(
+        "--sizes",
+        default="",
+        help="comma-separated body sizes in KB (e.g. 2,32,128,400): chat completions shaped "
+        "like an agent's (bench/overhead/apis.py agent_chat_body), one workload per size",
+    )
+    parser.add_argument(
+        "--size-requests", type=int, default=200, help="requests per batch of a sized workload"
+    )
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per mode")
     parser.add_argument(
         "--settle-s",
@@ -725,8 +783,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not set(args.modes) <= set(MODES) or not args.modes:
         parser.error("--modes: json and/or stream")
     args.apis = [a.strip() for a in str(args.apis).split(",") if a.strip()]
-    if not args.apis or not set(args.apis) <= set(APIS):
-        parser.error("--apis: " + ", ".join(APIS))
+    args.sizes = [int(k) for k in str(args.sizes).split(",") if k.strip()]
+    if not set(args.apis) <= set(APIS) or not (args.apis or args.sizes):
+        parser.error("--apis: " + ", ".join(APIS) + " (or none, with --sizes)")
+    if any(k < 1 for k in args.sizes):
+        parser.error("--sizes: positive KB")
     return args
 
 
@@ -816,6 +877,10 @@ def main(argv: list[str] | None = None) -> int:
             print("NOTE:", note, file=sys.stderr)
 
         workloads = [Workload(args.requests, args.calls_per_session, APIS[a]) for a in args.apis]
+        workloads += [
+            Workload(args.size_requests, args.calls_per_session, sized_chat(kb))
+            for kb in args.sizes
+        ]
 
         async def run() -> dict[tuple[str, str, int, str], Cell]:
             for server in list(servers):
@@ -856,13 +921,13 @@ def main(argv: list[str] | None = None) -> int:
         elapsed = time.monotonic() - started
         ours = _cpu_self_s() + sum(proc_tree_cpu_s(s.proc.pid) for s in started_servers)
         other_load = max(0.0, (system_busy_s() - busy0) - (ours - ours0)) / elapsed
-        rows = summarize(cells, servers)
+        rows = summarize(cells, servers, [w.api.name for w in workloads])
         profile = None
         if args.py_spy is not None:
             talaria_requests = sum(c.requests for k, c in cells.items() if k[3] == "talaria")
             profile = summarize_profile(profile_path, args.py_spy_rate, talaria_requests)
             profile["collapsed_stacks"] = str(profile_path)
-        checks = targets(rows, args.concurrency)
+        checks = targets(rows, args.concurrency) + size_targets(rows, args.sizes)
         report = {
             "command": " ".join(["bench/proxy_overhead.py", *(argv or sys.argv[1:])]),
             "machine": local,
@@ -871,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
                 "sessions_per_batch": workloads[0].sessions,
                 "calls_per_session": workloads[0].calls,
                 "apis": args.apis,
+                "sizes_kb": args.sizes,
+                "requests_per_sized_batch": args.size_requests,
                 "concurrency": args.concurrency,
                 "rounds": args.rounds,
                 "modes": args.modes,

@@ -251,10 +251,12 @@ class OutputAccumulator:
 
 def estimate_tokens(text: str) -> int:
     """ceil(UTF-8 bytes / 4), at least 1 for non-empty text. The proxy's estimate for routing
-    and context checks; engines report their own count."""
+    and context checks; engines report their own count. ASCII text (``str.isascii`` is a flag
+    CPython keeps) is not encoded to be counted."""
     if not text:
         return 0
-    return max(1, math.ceil(len(text.encode("utf-8")) / BYTES_PER_TOKEN))
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return max(1, math.ceil(size / BYTES_PER_TOKEN))
 
 
 def content_text(content: Any) -> str:
@@ -274,12 +276,18 @@ def content_text(content: Any) -> str:
 
 def message_tokens(message: Mapping[str, Any]) -> int:
     """Estimated tokens of one chat message: its text, its tool calls, and the role markers."""
-    text = content_text(message.get("content"))
-    calls = message.get("tool_calls") or []
+    return text_and_calls_tokens(
+        content_text(message.get("content")), message.get("tool_calls") or []
+    )
+
+
+def text_and_calls_tokens(text: str, calls: Any) -> int:
+    """``message_tokens`` of a message whose text and tool calls are already at hand:
+    estimate(text) + estimate(JSON of the calls) + ``MESSAGE_OVERHEAD_TOKENS``."""
     return (
         estimate_tokens(text)
         + (estimate_tokens(json.dumps(calls)) if calls else 0)
-        + (MESSAGE_OVERHEAD_TOKENS)
+        + MESSAGE_OVERHEAD_TOKENS
     )
 
 

@@ -122,18 +122,18 @@ class Gateway:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
         tools = tools_fingerprint(call.call.tools)
-        call, prompt_tokens, statuses = await self._admit(call, tools)
-        now_s, now_at = self._clock.now(), datetime.now(UTC)
-        await self._place(call, now_s)
         messages = call.call.messages
         conversation = Conversation.of(messages) if messages is not None else EMPTY
+        call, prompt_tokens, statuses = await self._admit(call, tools, conversation)
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        await self._place(call, now_s)
         found, shared = self._resolve(call, conversation, tools, now_s, now_at)
         decision = await self._route(call, found, prompt_tokens, statuses, now_s, now_at)
         instance = decision.instance
         return self._run(call, found, conversation, shared, prompt_tokens, instance, now_s, now_at)
 
     async def _admit(
-        self, call: PreparedCall, tools: Fingerprint
+        self, call: PreparedCall, tools: Fingerprint, conversation: Conversation
     ) -> tuple[PreparedCall, int, list[InstanceStatus]]:
         """The call (its output limit fitted to the window: :func:`fit_window`), its prompt
         tokens and the status of the instances that may run it, or the ApiError that refuses
@@ -141,7 +141,10 @@ class Gateway:
         or a store that cannot take its records (503), the tenant's calls in flight at their
         bound (429), no instance of its model (503)."""
         self._schemas.check(call.call, tools.digest, call.api)
-        prompt_tokens = call.call.prompt_tokens()
+        if call.call.messages is not None:  # Call.prompt_tokens, from the sums already made
+            prompt_tokens = max(1, conversation.tokens[-1] + tools.tokens)
+        else:
+            prompt_tokens = call.call.prompt_tokens()
         call = fit_window(call, prompt_tokens, self.pool.context_window(call.model))
         if self._closing:
             raise unavailable(SHUTDOWN)

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from types import FrameType
 from typing import Any
 
+import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
@@ -171,8 +172,8 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         if not runtime.ready:
             return _json({"error": "draining"}, 503)
         try:
-            call = request_from_dict(await request.json())
-        except (ProtocolError, json.JSONDecodeError) as exc:
+            call = request_from_dict(msgspec.json.decode(await request.body()))
+        except (ProtocolError, msgspec.DecodeError, RecursionError) as exc:
             return _json({"error": str(exc)}, 400)
         if call.model not in runtime.node.engines:
             return _json({"error": f"model {call.model!r} is not on this node"}, 404)
@@ -237,7 +238,7 @@ async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes
     line (the 200 has already gone out)."""
 
     def line(event: GenerationEvent | ErrorEvent) -> bytes:
-        return json.dumps(event_to_dict(event)).encode() + b"\n"
+        return msgspec.json.encode(event_to_dict(event)) + b"\n"
 
     try:
         # closed with this generator (the proxy went away): the call's generation stops too

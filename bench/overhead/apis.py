@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from overhead.client import HttpError
@@ -91,6 +92,63 @@ def responses_body(session: int, call: int, stream: bool) -> bytes:
     if stream:
         body["stream"] = True
     return _dump(body)
+
+
+AGENT_TOOLS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "agent_tools"
+SOURCE_LINE = "    value_{i} = compute_{j}(items[{i}], offset={k})  # step {i} of module {j}\n"
+
+
+def _file_text(session: int, step: int, lines: int = 60) -> str:
+    """A read_file result: ``lines`` lines of Python source (about 4 KB), different for each
+    session and step."""
+    head = f"# src/module_{session}/part_{step}.py\ndef handler_{step}(items, offset):\n"
+    body = "".join(SOURCE_LINE.format(i=i, j=session, k=step) for i in range(lines))
+    return head + body
+
+
+def _tools() -> list[dict[str, Any]]:
+    """Qwen Code's tools as it sends them on chat completions (captured:
+    tests/fixtures/agent_tools/qwen-code.json)."""
+    tools = json.loads((AGENT_TOOLS / "qwen-code.json").read_text())
+    return [
+        {"type": "function", "function": {"name": t["name"], "description": t.get("description",
+         f"The {t['name']} tool."), "parameters": t["parameters"]}}
+        for t in tools
+    ]  # fmt: skip
+
+
+def agent_chat_body(session: int, call: int, stream: bool, size: int) -> bytes:
+    """An agent's chat completion of about ``size`` bytes: a coding agent's system prompt, its
+    tools (Qwen Code's) and a history of read_file rounds (an assistant tool call, a ~4 KB tool
+    result); call ``c`` of a session adds ``c`` rounds to its call 0, so a session's calls
+    extend one another as an agent's do, and its four calls straddle ``size``. Up to 4 KB, the
+    short SWE-agent history of ``chat_body`` (0.9–1.9 KB) instead."""
+    if size <= 4096:
+        return chat_body(session, call, stream)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM * 4},
+        {"role": "user", "content": _task(session)},
+    ]
+    body: dict[str, Any] = {"model": MODEL, "messages": messages}
+    body["tools"] = _tools()
+    base = len(_dump(body))
+    per_round = len(json.dumps(_round(session, 0))) + 1
+    rounds = max(0, (size - base) // per_round - 2) + call  # calls 0-3 straddle ``size``
+    for step in range(rounds):
+        messages += _round(session, step)
+    if stream:
+        body["stream"] = True
+    return _dump(body)
+
+
+def _round(session: int, step: int) -> list[dict[str, Any]]:
+    call_id = f"call_{session}_{step}"
+    path = f"src/module_{session}/part_{step}.py"
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": call_id, "type": "function",
+         "function": {"name": "read_file", "arguments": json.dumps({"absolute_path": path})}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": _file_text(session, step)},
+    ]  # fmt: skip
 
 
 def _events(body: bytes) -> list[bytes]:
@@ -217,3 +275,12 @@ APIS = {
         _responses_text,
     ),
 }
+
+
+def sized_chat(kb: int) -> Api:
+    """Chat completions of about ``kb`` KB per body (``agent_chat_body``), named ``chat-<kb>k``."""
+    return replace(
+        APIS["chat"],
+        name=f"chat-{kb}k",
+        body=lambda session, call, stream: agent_chat_body(session, call, stream, kb * 1024),
+    )

@@ -4,10 +4,10 @@ framing."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, TypeVar
 
+import msgspec
 from pydantic import BaseModel, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
@@ -19,12 +19,12 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def parse(model: type[M], data: Any, status: int = 422) -> M:
-    """Validate ``data``; a failure becomes an ``ApiError`` (``status``) naming the field. Of
+    """Validate ``data`` (a body ``parse_json`` read: its strings are Unicode text); a failure
+    becomes an ``ApiError`` (``status``) naming the field. Of
     several errors (a value none of a union's members takes) the deepest is reported: the
     member the value came closest to."""
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_value")
-    _check_text(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -55,24 +55,6 @@ def _holds(value: Any, part: int | str) -> bool:
     if isinstance(value, list):
         return isinstance(part, int) and 0 <= part < len(value)
     return isinstance(value, dict) and part in value
-
-
-def _check_text(data: Any) -> None:
-    """400 when a string of the body is not Unicode text: JSON's ``\\ud800`` escapes decode to
-    lone surrogates, which no UTF-8 encoder (token estimates, the store) takes."""
-    try:
-        json.dumps(data, ensure_ascii=False).encode()
-    except UnicodeEncodeError as exc:
-        raise ApiError(
-            400,
-            f"The request body holds a string that is not Unicode text: {exc.reason} "
-            f"({exc.object[exc.start : exc.end]!r}).",
-            code="invalid_value",
-        ) from exc
-    except RecursionError as exc:
-        raise ApiError(
-            400, "The request body nests too deeply to be read.", code="invalid_value"
-        ) from exc
 
 
 def invalid(message: str, param: str) -> ApiError:
@@ -138,7 +120,10 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
 def sse(data: Mapping[str, Any], event: str | None = None) -> bytes:
     """One SSE frame (``event:`` line when named)."""
-    body = b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+    body = b"data: " + _ENCODER.encode(data) + b"\n\n"
     return (b"event: " + event.encode() + b"\n" + body) if event else body

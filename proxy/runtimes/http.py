@@ -10,12 +10,12 @@ with ``RuntimeUnavailable`` (the gateway answers 503).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
 import httpx
+import msgspec
 
 from talaria.core.protocol import (
     ErrorEvent,
@@ -109,7 +109,10 @@ class HttpRuntime:
         """POST the call and yield its events as the server streams them."""
         try:
             async with self._client.stream(
-                "POST", "/v1/runtime/generate", json=request_to_dict(request)
+                "POST",
+                "/v1/runtime/generate",
+                content=msgspec.json.encode(request_to_dict(request)),
+                headers={"content-type": "application/json"},
             ) as response:
                 if response.status_code != 200:
                     body = (await response.aread()).decode(errors="replace")
@@ -118,7 +121,7 @@ class HttpRuntime:
                     )
                 async for line in response.aiter_lines():
                     if line.strip():
-                        yield decode_event(json.loads(line))
+                        yield decode_event(msgspec.json.decode(line))
         except httpx.HTTPError as exc:
             raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
 

@@ -14,54 +14,79 @@ conversation's value at position ``k``, and a change to any earlier message chan
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-from talaria.core.calls import ToolSpec, content_text, message_tokens, tools_tokens
+from talaria.core.calls import ToolSpec, content_text, text_and_calls_tokens, tools_tokens
 
 DIGEST_BYTES = 16
 
 
-@dataclass(frozen=True)
-class Fingerprint:
+class Fingerprint(NamedTuple):
     """One message's digest (``DIGEST_BYTES`` bytes, see the module docstring), its estimated
-    tokens and its role."""
+    tokens and its role (a named tuple: one is made per message of every call)."""
 
     digest: bytes
     tokens: int
     role: str
 
 
-def canonical_arguments(arguments: Any) -> Any:
-    """Tool-call arguments in a form that ignores whitespace and key order."""
+CANONICAL_CACHE = 4096
+"""Argument texts whose canonical form is remembered: an agent resends its earlier tool calls
+with every call, so the same texts come back call after call."""
+
+
+@functools.lru_cache(maxsize=CANONICAL_CACHE)
+def _canonical_text(arguments: str) -> str:
+    try:
+        parsed = json.loads(arguments)
+    except (ValueError, RecursionError):
+        return arguments.strip()
+    return _canonical(parsed)
+
+
+def _canonical(arguments: Any) -> str:
+    try:
+        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError, RecursionError):  # keys of mixed types; nested too deep
+        return repr(arguments)
+
+
+def canonical_arguments(arguments: Any) -> str:
+    """Tool-call arguments as text that ignores whitespace and key order: parsed, then dumped
+    with sorted keys (text that is not JSON, or nests too deep to read, stripped)."""
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except (ValueError, RecursionError):  # not JSON, or nested too deep to read: as text
-            return arguments.strip()
-    return json.loads(json.dumps(arguments, sort_keys=True))
+        return _canonical_text(arguments)
+    return _canonical(arguments)
 
 
 def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
-    """The fingerprint of one OpenAI-form message (what it covers: the module docstring)."""
+    """The fingerprint of one OpenAI-form message (what it covers: the module docstring):
+    blake2b over the length-prefixed role, stripped text (UTF-8) and each tool call's name
+    and canonical arguments, so the text is read once, by the hash, and never re-encoded as
+    JSON."""
     role = str(message.get("role", ""))
     role = "system" if role == "developer" else role
-    calls = []
-    for call in message.get("tool_calls") or ():
+    text = content_text(message.get("content"))
+    calls = message.get("tool_calls") or ()
+    fields = [role.encode(), text.strip().encode("utf-8", "surrogatepass")]
+    for call in calls:
         if isinstance(call, Mapping):
             function = call.get("function")
             function = function if isinstance(function, Mapping) else {}
-            calls.append([function.get("name"), canonical_arguments(function.get("arguments"))])
-    canonical = json.dumps(
-        [role, content_text(message.get("content")).strip(), calls],
-        sort_keys=True,
-        separators=(",", ":"),
-    )
-    digest = hashlib.blake2b(canonical.encode(), digest_size=DIGEST_BYTES).digest()
-    return Fingerprint(digest, message_tokens(message), role)
+            fields.append(str(function.get("name")).encode("utf-8", "surrogatepass"))
+            fields.append(
+                canonical_arguments(function.get("arguments")).encode("utf-8", "surrogatepass")
+            )
+    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for field in fields:  # length-prefixed: no two sequences of fields feed it the same bytes
+        digest.update(len(field).to_bytes(8, "little"))
+        digest.update(field)
+    return Fingerprint(digest.digest(), text_and_calls_tokens(text, calls), role)
 
 
 def tools_fingerprint(tools: Sequence[ToolSpec]) -> Fingerprint:

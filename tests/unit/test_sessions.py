@@ -189,6 +189,17 @@ def test_fingerprints_see_what_matters(other: dict[str, Any]) -> None:
     assert fingerprint(base).digest != fingerprint(other).digest
 
 
+def test_fingerprint_fields_do_not_run_into_each_other() -> None:
+    # the same bytes end to end, cut into fields at other places (the digest length-prefixes
+    # each field); and two calls are not one
+    one = {"role": "assistant", "content": "", "tool_calls": [_call("ab", "c")]}
+    other = {"role": "assistant", "content": "", "tool_calls": [_call("a", "bc")]}
+    assert fingerprint(one).digest != fingerprint(other).digest
+    two = {"role": "assistant", "content": "", "tool_calls": [_call("a", "b"), _call("c", "d")]}
+    merged = {"role": "assistant", "content": "", "tool_calls": [_call("a", "bcd")]}
+    assert fingerprint(two).digest != fingerprint(merged).digest
+
+
 NOW = datetime(2026, 11, 30, tzinfo=UTC)
 IMPLICIT = Identity(None, "implicit")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from talaria.core.calls import Call, ModelOutput
@@ -62,6 +62,31 @@ class CallOutcome:
     output: ModelOutput
 
 
+OVERHEAD_HEADER = "x-talaria-overhead-ms"
+"""The proxy's own time of a request, in milliseconds, on every response (proxy/edge.py): from
+its arrival to its response headers (for the histogram ``talaria_proxy_overhead_seconds``: to
+its last byte), less the time its call spent in the runtime (``RuntimeClock``). A stream's
+headers go out as its call starts, so there it is the time before the runtime; a non-streamed
+reply's includes the commit of its records. A replica that forwards a call counts the owner's
+overhead in and the owner's runtime time out (proxy/cluster/forward.py)."""
+
+
+@dataclass
+class RuntimeClock:
+    """The wall time a call spends in its runtime: from its request sent to the runtime's
+    stream ended (``time.perf_counter`` seconds). The rest of a request's time is the
+    proxy's own (``x-talaria-overhead-ms``, proxy/edge.py)."""
+
+    started: float | None = None
+    ended: float | None = None
+
+    def elapsed(self, now: float) -> float:
+        """Seconds in the runtime up to ``now`` (0 before the call reached it)."""
+        if self.started is None:
+            return 0.0
+        return (self.ended if self.ended is not None else now) - self.started
+
+
 EventKind = Literal["first", "delta", "done", "error"]
 Events = asyncio.Queue[tuple[EventKind, Any]]
 """A running call's events, as :class:`CallHandle` describes them."""
@@ -83,6 +108,8 @@ class CallHandle:
     """How the session was found: new, continued, retry or child."""
     abandon: Callable[[], None] = lambda: None
     """The client went away: stop the call (proxy/runner.py, ``CallRunner.abandon``)."""
+    clock: RuntimeClock = field(default_factory=RuntimeClock)
+    """The call's time in its runtime."""
 
     async def outcome(self) -> CallOutcome:
         """Wait for the call's end: its outcome, or its ``ApiError`` raised."""

@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from talaria.core.body_deadline import BodyTimeout
 from talaria.proxy.api.context import json_response
+from talaria.proxy.calls import OVERHEAD_HEADER
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.dialects.base import Dialect, components, dialect_of
@@ -56,6 +57,7 @@ class RequestIdMiddleware:
         request_id = forward.request_id if forward is not None else uuid.uuid4().hex
         state["request_id"], state["forward"] = request_id, forward
         header = (b"x-request-id", request_id.encode())
+        arrived = time.perf_counter()
 
         started = False
 
@@ -63,8 +65,15 @@ class RequestIdMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                message["headers"] = [*message.get("headers", []), header]
+                overhead = _overhead_s(state, arrived)
+                message["headers"] = [
+                    *message.get("headers", []),
+                    header,
+                    (OVERHEAD_HEADER.encode(), f"{overhead * 1e3:.3f}".encode()),
+                ]
                 _count(scope, message["status"])
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                _observe_overhead(scope, _overhead_s(state, arrived))
             await send(message)
 
         if refused is not None:  # before anything runs
@@ -116,6 +125,20 @@ def _unexpected(exc: Exception) -> ApiError:
         return ApiError(400, "The request nests too deeply to be read.")
     log.exception("unexpected error", exc_info=exc)
     return ApiError(500, "Internal error; see the proxy's log.", type="server_error")
+
+
+def _overhead_s(state: MutableMapping[str, Any], arrived: float) -> float:
+    now = time.perf_counter()
+    clock = state.get("runtime_clock")
+    return max(0.0, now - arrived - (clock.elapsed(now) if clock is not None else 0.0))
+
+
+def _observe_overhead(scope: Scope, seconds: float) -> None:
+    ctx = getattr(scope["app"].state, "talaria", None)
+    if ctx is None:  # before start-up finished
+        return
+    route = scope.get("route")
+    ctx.metrics.overhead.labels(getattr(route, "path", None) or "unmatched").observe(seconds)
 
 
 def _count(scope: Scope, status: int) -> None:

@@ -254,7 +254,7 @@ class Gateway:
         )
         self.sessions.call_started(state, conversation, now_s, found.thread)
         self.metrics.live_sessions.set(len(self.sessions))
-        events, task = self._runner.start(
+        events, task, clock = self._runner.start(
             call, found, conversation, request, self.pool[instance], now_at
         )
         return CallHandle(
@@ -265,6 +265,7 @@ class Gateway:
             state.key,
             found.how,
             abandon=lambda: self._runner.abandon(task),
+            clock=clock,
         )
 
     # -- replicas ---------------------------------------------------------------------------

@@ -8,6 +8,11 @@ LATENCY_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 SCT_BUCKETS_S = (1, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
 
 
+OVERHEAD_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+"""The proxy's own time per request: half a millisecond (a small call, docs/proxy-overhead.md)
+to a second (a store commit stalled)."""
+
+
 class ProxyMetrics:
     """The proxy's Prometheus counters, gauges and histograms (seconds, tokens), in a registry
     of their own."""
@@ -19,6 +24,11 @@ class ProxyMetrics:
             "talaria_requests", "HTTP responses by route (path template) and status",
             ["route", "status"],
             registry=r,
+        )  # fmt: skip
+        self.overhead = Histogram(
+            "talaria_proxy_overhead_seconds",
+            "Time a request spent in the proxy, not in a runtime (x-talaria-overhead-ms), by "
+            "route", ["route"], buckets=OVERHEAD_BUCKETS_S, registry=r,
         )  # fmt: skip
         self.call_latency = Histogram(
             "talaria_call_latency_seconds", "Arrival to last token of an LLM call", ["model"],

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +28,7 @@ from talaria.core.types import (
     FirstToken,
     TokenDelta,
 )
-from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall
+from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
 from talaria.proxy.errors import ApiError, bad_request, unavailable
 from talaria.proxy.recorder import Recorder
 from talaria.proxy.runtimes.base import RuntimeClient
@@ -108,17 +109,18 @@ class CallRunner:
         request: CallRequest,
         runtime: RuntimeClient,
         arrived_at: datetime,
-    ) -> tuple[Events, asyncio.Task[CallOutcome | None]]:
+    ) -> tuple[Events, asyncio.Task[CallOutcome | None], RuntimeClock]:
         """Start the call (of the session and thread ``found``) on ``runtime`` in a task of
-        its own: its events and its task."""
+        its own: its events, its task and the clock of its time in the runtime."""
         self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
         events: Events = asyncio.Queue()
+        clock = RuntimeClock()
         task = asyncio.get_running_loop().create_task(
-            self._execute(call, found, conversation, request, runtime, events, arrived_at)
+            self._execute(call, found, conversation, request, runtime, events, arrived_at, clock)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return events, task
+        return events, task, clock
 
     def abandon(self, task: asyncio.Task[Any]) -> None:
         """The call's client went away before its end: cancel the call. Its runtime stream is
@@ -157,13 +159,14 @@ class CallRunner:
         runtime: RuntimeClient,
         events: Events,
         arrived_at: datetime,
+        clock: RuntimeClock,
     ) -> CallOutcome | None:
         """Run the call; record its outcome; with durable acknowledgement, wait for the
         records' commit; only then tell the client it is done. Cancelled (shutdown): the client
         gets a 503 and the call an error record."""
         state = found.state
         try:
-            result = await _generate(runtime, request, events)
+            result = await _generate(runtime, request, events, clock)
         except asyncio.CancelledError:
             if asyncio.current_task() in self._abandoned:
                 self._fail(call, found, request, runtime, arrived_at, CLIENT_GONE, events)
@@ -247,19 +250,25 @@ class CallRunner:
             events.put_nowait(("error", api_error))
 
 
-async def _generate(runtime: RuntimeClient, request: CallRequest, events: Events) -> CallResult:
+async def _generate(
+    runtime: RuntimeClient, request: CallRequest, events: Events, clock: RuntimeClock
+) -> CallResult:
     """Pass the runtime's events on; the call's result (``RuntimeError`` if the runtime ended
     without one). The runtime's stream is read to its end, and closed when the call is
-    cancelled."""
+    cancelled; ``clock`` times it."""
     result: CallResult | None = None
-    async with contextlib.aclosing(runtime.generate(request)) as stream:
-        async for event in stream:
-            if isinstance(event, FirstToken):
-                events.put_nowait(("first", event.delta))
-            elif isinstance(event, TokenDelta):
-                events.put_nowait(("delta", event.delta))
-            elif isinstance(event, Finished):
-                result = event.result
+    clock.started = time.perf_counter()
+    try:
+        async with contextlib.aclosing(runtime.generate(request)) as stream:
+            async for event in stream:
+                if isinstance(event, FirstToken):
+                    events.put_nowait(("first", event.delta))
+                elif isinstance(event, TokenDelta):
+                    events.put_nowait(("delta", event.delta))
+                elif isinstance(event, Finished):
+                    result = event.result
+    finally:
+        clock.ended = time.perf_counter()
     if result is None:
         raise RuntimeError("the runtime ended the call without a result")
     return result

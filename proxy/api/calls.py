@@ -135,6 +135,7 @@ async def open_call(
         route_key=key if ctx.cluster is not None else None,
     )
     handle = await ctx.gateway.open_call(prepared)
+    request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge.py)
     headers = {
         "x-talaria-session-id": handle.session_id,
         "x-talaria-session-key": handle.session_key,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -38,7 +39,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from talaria.proxy.calls import SHUTDOWN
+from talaria.proxy.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
@@ -128,6 +129,7 @@ class Cluster:
         while (target := self.membership.owner_of(key)) is not None:
             name, url = target
             relay = self.relays.open(name, url)
+            sent = time.perf_counter()
             try:
                 upstream = await self._open(request, relay, content)
             except BaseException:
@@ -136,8 +138,13 @@ class Cluster:
             if upstream is None:
                 self.relays.close(relay)
                 continue
+            # The owner stands for the runtime in this replica's overhead, less the owner's
+            # own overhead before its headers (x-talaria-overhead-ms, proxy/edge.py).
+            owner_overhead_s = _float(upstream.headers.get(OVERHEAD_HEADER)) / 1e3
+            clock = RuntimeClock(started=sent + owner_overhead_s)
+            request.state.runtime_clock = clock
             return StreamingResponse(
-                self._body(_dialect(request), upstream, relay),
+                self._body(_dialect(request), upstream, relay, clock),
                 status_code=upstream.status_code,
                 headers=_headers(upstream, name),
             )
@@ -156,7 +163,7 @@ class Cluster:
             raise _failed(relay, exc) from exc
 
     async def _body(
-        self, dialect: Dialect, upstream: httpx.Response, relay: Relay
+        self, dialect: Dialect, upstream: httpx.Response, relay: Relay, clock: RuntimeClock
     ) -> AsyncIterator[bytes]:
         """The owner's body, chunk by chunk. A stream (SSE) is passed on in whole events,
         so that when the relay fails it can end with an error event of its own; any other
@@ -189,6 +196,7 @@ class Cluster:
             if held:
                 yield held
         finally:
+            clock.ended = time.perf_counter()
             self.relays.close(relay)
             await upstream.aclose()
 
@@ -252,12 +260,22 @@ def _dialect(request: Request) -> Dialect:
 
 
 def _headers(upstream: httpx.Response, replica: str) -> dict[str, str]:
-    """The owner's headers, less hop-by-hop ones and its x-request-id (the same id: this
-    replica adds its own), plus which replica answered."""
+    """The owner's headers, less hop-by-hop ones, its x-request-id (the same id: this replica
+    adds its own) and its overhead (this replica's counts it in), plus which replica
+    answered."""
     kept = {
         k: v
         for k, v in upstream.headers.items()
-        if k.lower() not in HOP_BY_HOP and k.lower() != "x-request-id"
+        if k.lower() not in HOP_BY_HOP and k.lower() not in ("x-request-id", OVERHEAD_HEADER)
     }
     kept["x-talaria-replica"] = replica
     return kept
+
+
+def _float(value: str | None) -> float:
+    """A header's number; 0 for none or one that does not parse."""
+    try:
+        number = float(value) if value is not None else 0.0
+    except ValueError:
+        return 0.0
+    return number if math.isfinite(number) and number > 0 else 0.0

@@ -83,7 +83,7 @@ from bench.harness.processes import (
 from talaria.core.calls import MESSAGE_OVERHEAD_TOKENS, message_tokens
 from talaria.core.catalog import Catalog, load_catalog
 from talaria.core.trace import SessionTrace
-from talaria.proxy.cluster.owner import owner, route_key
+from talaria.proxy.cluster.owner import owner, route_key, weight
 from talaria.proxy.store.db import make_engine
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.metrics import percentile
@@ -213,9 +213,15 @@ class Deployment:
 
 
 def start(
-    stack: ExitStack, work: Path, setup: ExperimentSetup, replicas: int, scale: float
+    stack: ExitStack,
+    work: Path,
+    setup: ExperimentSetup,
+    replicas: int,
+    scale: float,
+    affinity: str = "rendezvous",
 ) -> Deployment:
-    """PostgreSQL, one runtime per node, ``replicas`` proxies; every one stopped by ``stack``."""
+    """PostgreSQL, one runtime per node, ``replicas`` proxies (``TALARIA_REPLICA_AFFINITY``
+    ``affinity``); every one stopped by ``stack``."""
     # a folder of its own: PostgreSQL runs as user postgres, who cannot enter ``work`` (0700)
     pg_dir = Path(tempfile.mkdtemp(prefix="talaria-cluster-pg-"))
     stack.callback(shutil.rmtree, pg_dir, ignore_errors=True)
@@ -243,6 +249,7 @@ def start(
             "TALARIA_REPLICA_URL": f"http://127.0.0.1:{port}",
             "TALARIA_ADMIN_TOKEN": ADMIN,
             "TALARIA_CLUSTER_SECRET": secret,
+            "TALARIA_REPLICA_AFFINITY": affinity,
         }
         data = work / f"replica{i}"
         data.mkdir()
@@ -288,6 +295,13 @@ class SessionResult:
     wait less this is how late the driver's sleeps woke up."""
 
 
+def ingress_index(urls: list[str], session_id: str) -> int:
+    """The replica an ingress that hashes the session header sends ``session_id`` to
+    (``--balancer ingress``): a consistent hash of the header's value over the replicas'
+    positions, independent of the replicas' own owner choice, as nginx's would be."""
+    return max(range(len(urls)), key=lambda i: weight(session_id, f"ingress-{i}"))
+
+
 def owner_index(urls: list[str], session_id: str) -> int:
     """The replica that owns ``session_id`` (proxy/cluster/owner.py: replicas are named by
     their TALARIA_REPLICA_URL; the tenant of an open proxy is ``local``)."""
@@ -305,7 +319,8 @@ async def drive(
     balancer: str = "round-robin",
 ) -> list[SessionResult]:
     """One agent per session, closed loop; call i of a session goes to replica i mod R (with
-    ``balancer`` "owner": always to the session's owner, so nothing is forwarded).
+    ``balancer`` "owner": always to the session's owner, so nothing is forwarded; "ingress":
+    always to the replica a consistent hash of its session header picks).
 
     Each call's user message makes the conversation's estimated size the trace's prompt tokens
     (the replies the engines gave count as they are), so that the simulated engines see the
@@ -325,7 +340,13 @@ async def drive(
         await asyncio.sleep(max(0.0, t0 + session.start_s / scale - loop.time()))
         started = loop.time()
         rng = random.Random(f"{seed}/{session.session_id}")
-        home = owner_index(urls, session.session_id) if balancer == "owner" else None
+        home = (
+            owner_index(urls, session.session_id)
+            if balancer == "owner"
+            else ingress_index(urls, session.session_id)
+            if balancer == "ingress"
+            else None
+        )
         messages: list[Any] = []
         size = 0  # the proxy's estimate of ``messages``, in tokens
         last = len(session.calls) - 1
@@ -447,7 +468,8 @@ def one_run(
     work = Path(tempfile.mkdtemp(prefix=f"talaria-cluster-r{replicas}-"))
     try:
         with ExitStack() as stack:
-            deployment = start(stack, work, setup, replicas, scale)
+            affinity = "ingress" if balancer == "ingress" else "rendezvous"
+            deployment = start(stack, work, setup, replicas, scale, affinity)
             replica_pids = [p.process.pid for p in deployment.replicas]
             runtime_pids = [p.process.pid for p in deployment.runtimes]
             master = postmaster_pid(deployment.pg_dir)
@@ -684,11 +706,14 @@ def main() -> None:
     )
     parser.add_argument(
         "--balancer",
-        choices=("round-robin", "owner"),
+        choices=("round-robin", "owner", "ingress"),
         default="round-robin",
         help="round-robin (default): call i of a session to replica i mod R; owner: every "
         "call to its session's owner replica (a diagnostic: no call is forwarded, so the "
-        "comparison shows what the replicas cost besides the forwarding hop).",
+        "comparison shows what the replicas cost besides the forwarding hop); ingress: every "
+        "call to the replica a consistent hash of its session header picks, the replicas in "
+        "TALARIA_REPLICA_AFFINITY=ingress mode (what nginx in front does, "
+        "deploy/nginx/talaria.conf).",
     )
     parser.add_argument("--json", type=Path, help="Write every figure and per-session SCT here.")
     parser.add_argument(

@@ -88,7 +88,9 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
             summary.session_key, summary.model, summary.started_at, summary.calls, instance
         )
 
-    gateway.use_replicas(lambda key: membership.owner_of(key) is None, adopt)
+    gateway.use_replicas(
+        lambda key: membership.owner_of(key) is None, adopt, lambda: membership.generation
+    )
     assert cfg.cluster_secret is not None  # ProxySettings requires it with replica_url
     cluster = Cluster(membership, cfg.cluster_secret, cfg.replica_read_timeout_s)
     cluster.start()
@@ -155,7 +157,10 @@ def create_app(
         if runtimes is not None:
             clients = list(runtimes)
         elif cfg.runtimes:
-            clients = [HttpRuntime(url, status_ttl_s=cfg.status_ttl_s) for url in cfg.runtimes]
+            clients = [
+                HttpRuntime(url, status_ttl_s=cfg.status_ttl_s, status_stale_s=cfg.status_stale_s)
+                for url in cfg.runtimes
+            ]
         else:
             clients = list(build_embedded(cfg, catalog, the_clock))
         for client in clients:

@@ -37,7 +37,7 @@ from talaria.core.routing import (
 )
 from talaria.core.status import InstanceStatus
 from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
-from talaria.proxy.cluster.handoff import Adopt, Handoff, Owned
+from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
 from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.recorder import Recorder, RecordSink
@@ -269,12 +269,15 @@ class Gateway:
         )
 
     # -- replicas ---------------------------------------------------------------------------
-    def use_replicas(self, owned: Owned, adopt: Adopt) -> None:
+    def use_replicas(self, owned: Owned, adopt: Adopt, generation: Generation) -> None:
         """Serve as one of several replicas (proxy/cluster/): ``owned(route_key)`` says
         whether this replica owns a session now (the sweep hands the others off), ``adopt
         (tenant, client id)`` finds an open session another replica held (taken over at its
-        next call here)."""
-        self._handoff = Handoff(self.sessions, self.reservations, self._time, owned, adopt)
+        next call here), ``generation()`` counts the changes of the live set."""
+        self._handoff = Handoff(
+            self.sessions, self.reservations, self._time, owned, adopt, generation
+        )
+        self.keeper.served_elsewhere = self._handoff.served_elsewhere
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:

@@ -3,6 +3,7 @@ statuses, and the drains an operator set (a drained instance gets no new call)."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -71,15 +72,28 @@ class RuntimePool:
         self._drained = frozenset(names)
 
     async def statuses(self, model: str | None) -> list[InstanceStatus]:
-        """Status of every instance hosting ``model`` (all if None) that answers; an instance
-        that fails is left out of this decision (and logged), not fatal. For a call (a
-        ``model``), drained instances are left out too."""
-        statuses = []
-        for runtime in self.runtimes:
-            if model is not None and (model not in runtime.models or runtime.name in self._drained):
-                continue
+        """Status of every instance hosting ``model`` (all if None) that answers, asked of all
+        at once; an instance that fails is left out of this decision (and logged), not fatal.
+        For a call (a ``model``), drained instances are left out too."""
+        asked = [
+            runtime
+            for runtime in self.runtimes
+            if model is None or (model in runtime.models and runtime.name not in self._drained)
+        ]
+        if len(asked) == 1:  # the common case: no gather (a task per runtime) to pay for
+            answers: list[InstanceStatus | BaseException] = []
             try:
-                statuses.append(await runtime.status())
+                answers.append(await asked[0].status())
             except Exception as exc:
-                log.warning("runtime %s: status failed: %r", runtime.name, exc)
+                answers.append(exc)
+        else:
+            answers = await asyncio.gather(*(r.status() for r in asked), return_exceptions=True)
+        statuses = []
+        for runtime, answer in zip(asked, answers, strict=True):
+            if isinstance(answer, InstanceStatus):
+                statuses.append(answer)
+            elif isinstance(answer, Exception):
+                log.warning("runtime %s: status failed: %r", runtime.name, answer)
+            else:
+                raise answer  # cancellation and the like are not a runtime's failure
         return statuses

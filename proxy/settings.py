@@ -96,6 +96,12 @@ class ProxySettings(BaseSettings):
     status_ttl_s: float = Field(
         0.05, ge=0, description="How long a runtime's status is reused for routing (s)"
     )
+    status_stale_s: float = Field(
+        1.0,
+        ge=0,
+        description="Past status_ttl_s, how much longer a status is still used while one "
+        "refresh runs in the background (s)",
+    )
     # sessions and stored responses
     session_idle_timeout_s: float = Field(
         600.0, gt=0, description="A session with no call for this long ends (wall seconds)"
@@ -165,6 +171,12 @@ class ProxySettings(BaseSettings):
         description="Shared secret of the replicas (at least 32 characters, the same on "
         "every one): they sign the requests they forward to each other with it; required "
         "with replica_url",
+    )
+    replica_affinity: Literal["rendezvous", "ingress"] = Field(
+        "rendezvous",
+        description="rendezvous: the replica a call reaches forwards it to its session's "
+        "owner; ingress: the balancer hashes calls on the session headers "
+        "(deploy/nginx/talaria.conf), so a call that carries one is served where it lands",
     )
     replica_read_timeout_s: float = Field(
         600.0,

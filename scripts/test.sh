@@ -7,7 +7,8 @@
 # The agent CLI tests install pinned Claude Code, Codex and Qwen Code from npm (scripts/agents.sh,
 # cached in .agents/).
 # The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
-# set, it is installed with apt if missing (scripts/browser.sh) and its path exported.
+# set, it is installed with apt if missing (scripts/browser.sh) and its path exported; the same
+# for Debian's nginx (TALARIA_NGINX), the ingress in front of the replicas in one e2e test.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -39,14 +40,15 @@ print(s.getsockname()[1])')
     fi
 fi
 
-# provide VAR SCRIPT WHAT: unless VAR is set, export VAR as the path SCRIPT prints (it installs
-# WHAT if need be); if it cannot, CI stops here, a local run skips WHAT's tests.
+# provide VAR WHAT SCRIPT [ARGS...]: unless VAR is set, export VAR as the path SCRIPT prints
+# (it installs WHAT if need be); if it cannot, CI stops here, a local run skips WHAT's tests.
 provide() {
-    local var=$1 script=$2 what=$3 value
+    local var=$1 what=$2 value
+    shift 2
     if [ -n "${!var:-}" ]; then
         return
     fi
-    if value=$(bash "$script"); then
+    if value=$(bash "$@"); then
         export "$var=$value"
     elif [ -n "${CI:-}" ]; then
         echo "test.sh: could not install $what (required under CI)" >&2
@@ -57,9 +59,11 @@ provide() {
 }
 
 # The coding-agent CLIs (Claude Code, Codex, Qwen Code) from npm, for tests/e2e/test_agent_clis.py
-provide TALARIA_AGENT_BIN scripts/agents.sh "the agent CLIs from npm"
+provide TALARIA_AGENT_BIN "the agent CLIs from npm" scripts/agents.sh
 # Debian's Chromium (apt), driven by Playwright in tests/browser/ (never `playwright install`)
-provide TALARIA_CHROMIUM scripts/browser.sh "chromium"
+provide TALARIA_CHROMIUM "chromium" scripts/browser.sh
+# Debian's nginx, in front of proxy replicas in tests/e2e/test_ingress_affinity.py
+provide TALARIA_NGINX "nginx" scripts/apt-provide.sh nginx-light nginx
 
 .venv/bin/python -m pytest "$@"
 

@@ -3,7 +3,7 @@ model, identify the session, open the call, and the headers every reply carries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,7 +13,7 @@ from talaria.core.calls import Call
 from talaria.proxy.api.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.calls import Api, CallHandle, CallOutcome, PreparedCall
 from talaria.proxy.cluster.forward import Forwarded
-from talaria.proxy.cluster.owner import route_key
+from talaria.proxy.cluster.owner import placement_key
 from talaria.proxy.errors import ApiError, unknown_model
 from talaria.proxy.records import Record
 from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
@@ -40,7 +40,7 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     if named_by_header(request.headers):  # the body cannot change the identity
         known = _identify(request, {})
         if known.identity is not None:
-            key = route_key(tenant, known.identity.placed_by, None)
+            key = _placement_key(request, ctx, tenant, known.identity, None)
             await forward_to_owner(request, ctx, key, None)
             known = replace(known, placed=True)
         body = parse_json(raw)
@@ -75,6 +75,18 @@ def _identify(request: Request, body: Any) -> Identified:
         return Identified(identify(request.headers, body if isinstance(body, dict) else {}))
     except IdentityError as exc:
         return Identified(None, ApiError(400, str(exc), param=exc.field, code="invalid_session"))
+
+
+def _placement_key(
+    request: Request,
+    ctx: ProxyContext,
+    tenant: str,
+    identity: Identity,
+    messages: Sequence[Mapping[str, Any]] | None,
+) -> str | None:
+    """The key the call is placed by among replicas (proxy/cluster/owner.py)."""
+    ingress = ctx.settings.replica_affinity == "ingress"
+    return placement_key(tenant, identity.placed_by, messages, request.headers, ingress=ingress)
 
 
 def check_model(ctx: ProxyContext, model: str) -> None:
@@ -120,7 +132,7 @@ async def open_call(
     ``extra_records``: what the API stores with the call's records when it succeeds."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
-    key = route_key(tenant, identity.placed_by, call.messages)
+    key = _placement_key(request, ctx, tenant, identity, call.messages)
     if not known.placed:
         await forward_to_owner(request, ctx, key, body)
     check_model(ctx, call.model)

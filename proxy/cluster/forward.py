@@ -42,6 +42,7 @@ from fastapi.responses import Response, StreamingResponse
 from talaria.proxy.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
+from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
 from talaria.proxy.dialects.base import Dialect, dialect_of
 from talaria.proxy.errors import ApiError
@@ -121,8 +122,9 @@ class Cluster:
 
     async def forward(self, request: Request, body: Any, key: str | None) -> Response | None:
         """The owner's answer, when ``key``'s owner is another replica; None when this replica
-        serves the request (it owns the key, the request was forwarded here, or no key)."""
-        if key is None or was_forwarded(request):
+        serves the request (it owns the key, the ingress placed it here, the request was
+        forwarded here, or no key)."""
+        if key is None or placed_by_ingress(key) or was_forwarded(request):
             return None
         raw = getattr(request.state, "body", None)
         content = raw if isinstance(raw, bytes) else json.dumps(body).encode()

@@ -8,6 +8,16 @@
   Ending them would release their KV on the runtime under their new owner.
 
 An implicit session (no client id) is not taken over: its next call starts a new session.
+
+With ingress affinity (owner.py), the balancer, not this replica, decides where a session's
+calls go, and it moves sessions when the replicas change. So:
+
+- at the first sweep or call after the live set changed (``generation``), the idle sessions
+  the ingress placed here are forgotten: if one comes back, it is taken over from the store as it
+  stands (another replica may have served it meanwhile);
+- before such a session is ended for idleness, the store is asked whether another replica
+  served it since (more calls there than here): then it is forgotten, not ended, for ending it
+  would release its KV under the replica that holds it now.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from datetime import UTC, datetime
 from talaria.core.clock import TimeScale
 from talaria.core.reservations import SessionReservations
 from talaria.proxy.calls import PreparedCall
+from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.state import SessionState
 
@@ -38,6 +49,8 @@ Owned = Callable[[str], bool]
 """``owned(route_key)``: whether this replica owns that session now."""
 Adopt = Callable[[str, str], Awaitable[AdoptableSession | None]]
 """``adopt(tenant, client id)``: the open session another replica held, if any."""
+Generation = Callable[[], int]
+"""How many times the live set of replicas has changed (membership.py)."""
 
 
 class Handoff:
@@ -50,16 +63,21 @@ class Handoff:
         time: TimeScale,
         owned: Owned,
         adopt: Adopt,
+        generation: Generation,
     ) -> None:
         self._sessions = sessions
         self._reservations = reservations
         self._time = time
         self._owned = owned
         self._adopt = adopt
+        self._generation = generation
+        self._seen = generation()
 
     async def take_over(self, call: PreparedCall, now_s: float) -> None:
         """Hold the session ``call`` names when another replica held it and this one does
         not yet (nothing happens for an implicit call or a session held here)."""
+        if self._generation() != self._seen:  # not waiting for the sweep: this call may be one
+            self.hand_off()
         sid = call.identity.session_id
         if sid is None or self._sessions.named(call.tenant_id, sid):
             return
@@ -87,8 +105,23 @@ class Handoff:
         self._reservations.adopt(stored.key, stored.last_instance)
 
     def hand_off(self) -> None:
-        """Forget, without ending them, the idle sessions another replica owns now."""
+        """Forget, without ending them, the idle sessions another replica owns now, and, once
+        the live set changed, the idle ones the ingress placed here (module docstring)."""
+        changed, self._seen = self._generation() != self._seen, self._generation()
         for state in list(self._sessions):
             key = state.route_key
-            if key is not None and state.inflight == 0 and not self._owned(key):
+            if key is None or state.inflight > 0:
+                continue
+            moved = changed if placed_by_ingress(key) else not self._owned(key)
+            if moved:
                 self._sessions.forget(state)
+
+    async def served_elsewhere(self, state: SessionState) -> bool:
+        """Whether another replica has served ``state`` since this one last did: an
+        ingress-placed session the store shows with more calls (module docstring)."""
+        if state.route_key is None or not placed_by_ingress(state.route_key):
+            return False
+        if state.identity_source == "implicit" or state.parent_key is not None:
+            return False  # only a root session with a client id is taken over (take_over)
+        stored = await self._adopt(state.tenant_id, state.session_id)
+        return stored is not None and stored.key == state.key and stored.calls > state.calls

@@ -42,6 +42,9 @@ class Membership:
         self._on_drained = on_drained
         self._started_at = datetime.now(UTC)
         self._peers: dict[str, str] = {}
+        self.generation = 0
+        """Counts the changes of the live set (a peer joined or left): an ingress that hashes
+        sessions over the replicas moves some of them at each."""
         self._down_until: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -69,7 +72,10 @@ class Membership:
         now = datetime.now(UTC)
         await self._store.heartbeat_replica(self.name, self.url, self._started_at, now)
         live = await self._store.live_replicas(now - timedelta(seconds=self._ttl_s))
-        self._peers = {name: url for name, url in live if name != self.name}
+        peers = {name: url for name, url in live if name != self.name}
+        if peers.keys() != self._peers.keys():
+            self.generation += 1
+        self._peers = peers
         self._on_drained(await self._store.drained())
 
     def mark_down(self, name: str) -> None:

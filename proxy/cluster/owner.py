@@ -18,6 +18,14 @@ The owner is the replica of highest weight (rendezvous hashing):
 
 so when a replica joins or leaves, only the keys it wins or held move (about 1/N of them),
 and every replica that sees the same live set picks the same owner.
+
+*Ingress affinity* (``TALARIA_REPLICA_AFFINITY=ingress``): the balancer in front of the
+replicas hashes each call on the values of ``AFFINITY_HEADERS`` (concatenated; nginx's
+``hash … consistent``, deploy/nginx/talaria.conf) and so sends a session's calls to one
+replica in the first place. A call that carries one of those headers is then owned by the
+replica it reached (key ``ingress|tenant|values``): never forwarded, never handed off by
+rendezvous. A call without them (an implicit session, an id in the body) was spread by the
+balancer and is placed by rendezvous as above.
 """
 
 from __future__ import annotations
@@ -45,6 +53,48 @@ def route_key(
         if printed.role != "system":
             break
     return f"root|{tenant_id}|{root.hexdigest()}"
+
+
+AFFINITY_HEADERS = (
+    "x-talaria-session-id",
+    "x-claude-code-session-id",
+    "session-id",
+    "x-session-id",
+    "x-litellm-session-id",
+)
+"""The session headers an ingress hashes on, in this order (docs/agents.md: the SDK's, Claude
+Code's, Codex's, OpenCode's and LiteLLM's). A sub-agent sends its parent's header (Claude
+Code), so a family lands on one replica."""
+
+INGRESS_PREFIX = "ingress|"
+
+
+def affinity(headers: Mapping[str, str]) -> str | None:
+    """The value an ingress hashes a call on: ``AFFINITY_HEADERS``' values concatenated
+    (nginx: ``"$http_x_talaria_session_id$http_x_claude_code_session_id…"``); None when the
+    call has none of them (the ingress then spreads it round-robin)."""
+    value = "".join(headers.get(name, "") for name in AFFINITY_HEADERS)
+    return value or None
+
+
+def placement_key(
+    tenant_id: str,
+    session_id: str | None,
+    messages: Sequence[Mapping[str, Any]] | None,
+    headers: Mapping[str, str],
+    *,
+    ingress: bool,
+) -> str | None:
+    """The key a call is placed by among replicas: with ``ingress`` affinity and an affinity
+    header, ``ingress|tenant|value`` (owned where it landed); else its ``route_key``."""
+    if ingress and (value := affinity(headers)) is not None:
+        return f"{INGRESS_PREFIX}{tenant_id}|{value}"
+    return route_key(tenant_id, session_id, messages)
+
+
+def placed_by_ingress(key: str) -> bool:
+    """Whether ``key`` was placed by the ingress (the replica it reached owns it)."""
+    return key.startswith(INGRESS_PREFIX)
 
 
 def weight(key: str, replica: str) -> int:

@@ -1,8 +1,9 @@
 """``HttpRuntime``: the ``RuntimeClient`` (base.py) of a runtime server reached over HTTP
 (runtime/server.py).
 
-Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` is cached for ``status_ttl_s``
-seconds. Hints, ends and moves are best effort: a failure is logged, never raised (the call
+Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` comes from a ``StatusCache``
+(status_cache.py: ``status_ttl_s`` fresh, then served while one refresh runs in the
+background). Hints, ends and moves are best effort: a failure is logged, never raised (the call
 path must not fail because a hint got lost). A runtime that cannot be reached fails the call
 with ``RuntimeUnavailable`` (the gateway answers 503).
 """
@@ -31,6 +32,7 @@ from talaria.core.types import (
     GenerationEvent,
 )
 from talaria.proxy.runtimes.base import RuntimeUnavailable
+from talaria.proxy.runtimes.status_cache import StatusCache
 
 log = logging.getLogger("talaria.proxy.runtimes.http")
 
@@ -47,23 +49,30 @@ def decode_event(data: dict[str, Any]) -> GenerationEvent:
 
 
 class HttpRuntime:
-    """A runtime server at ``url``: calls stream as NDJSON events; ``status()`` is cached for
-    ``status_ttl_s`` seconds."""
+    """A runtime server at ``url``: calls stream as NDJSON events; ``status()`` is cached
+    (status_cache.py)."""
 
     kind = "http"
 
-    def __init__(self, url: str, *, status_ttl_s: float = 0.05, timeout_s: float = 600.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        status_ttl_s: float = 0.05,
+        status_stale_s: float = 1.0,
+        timeout_s: float = 600.0,
+    ) -> None:
         self.url = url.rstrip("/")
         self.address: str | None = self.url
         self.name = self.url
-        self._ttl_s = status_ttl_s
         self._client = httpx.AsyncClient(
             base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0)
         )
         self._models: tuple[str, ...] = ()
         self._windows: dict[str, int] = {}
-        self._status: InstanceStatus | None = None
-        self._status_at = 0.0
+        self.status_cache = StatusCache(
+            self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s
+        )
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -100,10 +109,9 @@ class HttpRuntime:
             if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
         }
         try:
-            self._status = status_from_dict(data)
+            self.status_cache.put(status_from_dict(data))
         except ProtocolError as exc:
             raise RuntimeUnavailable(f"runtime {self.url}: {exc}") from exc
-        self._status_at = asyncio.get_running_loop().time()
 
     async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         """POST the call and yield its events as the server streams them."""
@@ -126,18 +134,19 @@ class HttpRuntime:
             raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
 
     async def status(self) -> InstanceStatus:
-        """The server's status, at most ``status_ttl_s`` seconds old."""
-        now = asyncio.get_running_loop().time()
-        if self._status is None or now - self._status_at > self._ttl_s:
-            try:
-                response = await self._client.get("/v1/runtime/status")
-                response.raise_for_status()
-            except httpx.HTTPError as exc:
-                raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
-            data = response.json()
-            self._status = status_from_dict(data)
-            self._status_at = now
-        return self._status
+        """The server's status for routing (status_cache.py says how old it may be)."""
+        return await self.status_cache.get()
+
+    async def _fetch_status(self) -> InstanceStatus:
+        try:
+            response = await self._client.get("/v1/runtime/status")
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
+        try:
+            return status_from_dict(msgspec.json.decode(response.content))
+        except (ProtocolError, msgspec.DecodeError) as exc:
+            raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
 
     async def status_document(self) -> dict[str, Any]:
         """The runtime's whole status document, uncached: InstanceStatus's fields plus
@@ -172,5 +181,6 @@ class HttpRuntime:
         await self._post(f"/v1/runtime/sessions/{session_key}/moved")
 
     async def close(self) -> None:
-        """Close the HTTP connections."""
+        """Stop the status refresh and close the HTTP connections."""
+        await self.status_cache.close()
         await self._client.aclose()

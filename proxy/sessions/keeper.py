@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -54,6 +54,9 @@ class SessionKeeper:
         self._clock = clock
         self._time = time
         self.idle_timeout_s = idle_timeout_s
+        self.served_elsewhere: Callable[[SessionState], Awaitable[bool]] | None = None
+        """With replicas: whether another replica served an idle session since this one did
+        (then the sweep forgets it instead of ending it; proxy/cluster/handoff.py)."""
         self._tasks: set[asyncio.Task[None]] = set()
 
     # -- around a call ------------------------------------------------------------------------
@@ -156,8 +159,20 @@ class SessionKeeper:
             if state is not None and self._release(state, thread, "expired", now_at):
                 self._metrics.reservations.labels("expired").inc()
         for state in self._sessions.idle(now_s, self.idle_timeout_s):
+            if self.served_elsewhere is not None and await self._asked(state):
+                self._sessions.forget(state)
+                continue
             await self._end_on_runtime(state)
             self.end(state, "idle", now_at)
+
+    async def _asked(self, state: SessionState) -> bool:
+        """``served_elsewhere(state)``; False when the store cannot say (the session ends)."""
+        assert self.served_elsewhere is not None
+        try:
+            return await self.served_elsewhere(state)
+        except Exception as exc:
+            log.warning("session %s: could not ask the store who served it: %r", state.key, exc)
+            return False
 
     # -- hints and ends -----------------------------------------------------------------------
     async def hint(

@@ -1,0 +1,242 @@
+"""nginx in front of proxy replicas run with TALARIA_REPLICA_AFFINITY=ingress, all real
+processes on loopback (PostgreSQL, runtime nodes, replicas, Debian's nginx with
+deploy/nginx/talaria.conf as shipped, only its replica list and port filled in):
+
+- a session that names itself in a header reaches one replica for all its calls, which serves
+  it there: nothing is forwarded;
+- a call without such a header is spread round-robin by nginx and placed by the replicas'
+  own rendezvous hash (forwarded to its owner), and stays one session;
+- a replica joining and then leaving moves some sessions away and back: each goes on as one
+  session, its calls numbered 0, 1, 2, ... in the store with none counted twice (the replica
+  it comes back to forgets what it held once the replicas changed, and takes it over from the
+  store).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import socket
+import subprocess
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from talaria.proxy.cluster.owner import AFFINITY_HEADERS
+from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
+from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
+    Deployment,
+    Session,
+    _wait_for_peers,
+    deployment,
+)
+
+CONF = Path(__file__).parents[2] / "deploy" / "nginx" / "talaria.conf"
+INGRESS = {"TALARIA_REPLICA_AFFINITY": "ingress"}
+HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-session-id")
+"""The session headers the agents send (docs/agents.md), one per session in turn."""
+
+
+def _nginx() -> str:
+    found = (
+        os.environ.get("TALARIA_NGINX")
+        or shutil.which("nginx")
+        or shutil.which("nginx", path="/usr/sbin")
+    )
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)")
+        pytest.skip("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
+    return found
+
+
+class Nginx:
+    """nginx running deploy/nginx/talaria.conf with ``upstreams`` and on ``port``; X-Upstream
+    on every answer names the replica that nginx chose."""
+
+    def __init__(self, binary: str, folder: Path) -> None:
+        self.binary, self.folder = binary, folder
+        folder.mkdir()
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.main = folder / "nginx.conf"
+        self.main.write_text(
+            f"daemon off;\nuser root;\nworker_processes 1;\npid {folder}/nginx.pid;\n"
+            f"error_log {folder}/error.log warn;\nevents {{ worker_connections 512; }}\n"
+            f"http {{\n  access_log off;\n  client_body_temp_path {folder}/body;\n"
+            f"  proxy_temp_path {folder}/proxy;\n"
+            "  add_header X-Upstream $upstream_addr always;\n"
+            f"  include {folder}/talaria.conf;\n}}\n"
+        )
+
+    def configure(self, upstreams: list[str]) -> None:
+        """Write talaria.conf with these replicas (``host:port``) and check it (nginx -t)."""
+        text = CONF.read_text()
+        servers = re.findall(r"^\s*server talaria-proxy-\d+:8000([^;]*);\n", text, re.M)
+        assert servers, "deploy/nginx/talaria.conf lists no replica"
+        text = re.sub(r"^\s*server talaria-proxy-\d+:8000[^;]*;\n", "", text, flags=re.M)
+        lines = "".join(f"    server {u}{servers[0]};\n" for u in upstreams)
+        text = text.replace("    keepalive", lines + "    keepalive", 1)
+        text = text.replace("listen 8080;", f"listen 127.0.0.1:{self.port};")
+        (self.folder / "talaria.conf").write_text(text)
+        self._run("-t")
+
+    def _run(self, *args: str) -> None:
+        done = subprocess.run(
+            [self.binary, "-c", str(self.main), "-p", str(self.folder), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+
+    def reload(self, upstreams: list[str]) -> None:
+        """The replicas become ``upstreams`` (nginx -s reload; new workers take them)."""
+        self.configure(upstreams)
+        self._run("-s", "reload")
+
+    @contextmanager
+    def running(self) -> Iterator[Nginx]:
+        process = subprocess.Popen(
+            [self.binary, "-c", str(self.main), "-p", str(self.folder)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            while not _accepts(self.port):
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            yield self
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def _hostport(url: str) -> str:
+    return url.removeprefix("http://")
+
+
+def test_the_shipped_config_hashes_the_headers_the_replicas_trust() -> None:
+    text = CONF.read_text()
+    (key,) = re.findall(r'^\s*hash "([^"]+)" consistent;', text, re.M)
+    nginx_names = re.findall(r"\$http_(\w+)", key)
+    assert nginx_names == [h.replace("-", "_") for h in AFFINITY_HEADERS]
+    assert "".join(f"$http_{n}" for n in nginx_names) == key
+
+
+class Rounds:
+    """Sessions driven through nginx, one call each per round, all at once."""
+
+    def __init__(self, url: str, sessions: list[Session], headers: dict[str, str]) -> None:
+        self.url, self.sessions, self.headers = url, sessions, headers
+        self.upstreams: dict[str, list[str]] = {s.name: [] for s in sessions}
+        self.forwarded: dict[str, int] = {s.name: 0 for s in sessions}
+
+    async def run(self, rounds: int) -> None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(rounds):
+                await asyncio.gather(*(self._one(client, s) for s in self.sessions))
+
+    async def _one(self, client: httpx.AsyncClient, session: Session) -> None:
+        header = self.headers.get(session.name)
+        headers = {header: session.name} if header else {}
+        try:
+            response = await client.post(
+                self.url + "/v1/chat/completions", json=session.body(), headers=headers
+            )
+        except httpx.HTTPError as exc:
+            session.failures.append(repr(exc))
+            return
+        if response.status_code != 200:
+            session.failures.append(f"{response.status_code} {response.text}")
+            return
+        session.answered(response)
+        self.upstreams[session.name].append(response.headers["x-upstream"])
+        self.forwarded[session.name] += "x-talaria-replica" in response.headers
+
+
+def _replicas(running: Deployment, n: int) -> list[str]:
+    for _ in range(n):
+        running.add_replica(None, **INGRESS)
+    return [_hostport(r.base_url) for r in running.replicas]
+
+
+@pytest.mark.replicas(0)
+def test_sessions_named_by_a_header_are_served_where_nginx_sends_them(
+    deployment: Deployment,  # noqa: F811  (the fixture)
+    tmp_path: Path,
+) -> None:
+    nginx = Nginx(_nginx(), tmp_path / "nginx")
+    nginx.configure(_replicas(deployment, 3))
+    tag = uuid.uuid4().hex[:6]
+    named = [Session(f"n{i}-{tag}", explicit=True) for i in range(12)]
+    implicit = [Session(f"i{i}-{tag}", explicit=False) for i in range(4)]
+    headers = {s.name: HEADERS[i % len(HEADERS)] for i, s in enumerate(named)}
+    with nginx.running():
+        rounds = Rounds(nginx.url, [*named, *implicit], headers)
+        asyncio.run(rounds.run(4))
+    assert [f for s in [*named, *implicit] for f in s.failures] == []
+    for session in [*named, *implicit]:
+        assert len(session.keys) == 1, (session.name, session.keys)  # one session each
+    for session in named:
+        assert len(set(rounds.upstreams[session.name])) == 1  # nginx sent it home every time
+        assert rounds.forwarded[session.name] == 0  # and that replica served it
+    assert len({rounds.upstreams[s.name][0] for s in named}) >= 2  # spread over the replicas
+    # calls without a session header: nginx spreads them, the replicas forward to the owner
+    implicit_upstreams = {u for s in implicit for u in rounds.upstreams[s.name]}
+    assert len(implicit_upstreams) >= 2
+    assert sum(rounds.forwarded[s.name] for s in implicit) > 0
+
+
+@pytest.mark.replicas(0)
+def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
+    deployment: Deployment,  # noqa: F811  (the fixture)
+    tmp_path: Path,
+) -> None:
+    nginx = Nginx(_nginx(), tmp_path / "nginx")
+    first = _replicas(deployment, 2)
+    nginx.configure(first)
+    tag = uuid.uuid4().hex[:6]
+    sessions = [Session(f"m{i}-{tag}", explicit=True) for i in range(16)]
+    headers = {s.name: "x-claude-code-session-id" for s in sessions}
+    with nginx.running():
+        rounds = Rounds(nginx.url, sessions, headers)
+        asyncio.run(rounds.run(3))
+        joined = _replicas(deployment, 1)[-1]
+        nginx.reload([*first, joined])
+        asyncio.run(rounds.run(3))
+        leaving = deployment.replicas.pop()
+        leaving.sigterm()
+        assert leaving.wait(60) in STOPPED_BY_SIGTERM
+        _wait_for_peers(deployment)  # the others saw it leave
+        nginx.reload(first)
+        asyncio.run(rounds.run(3))
+    assert [f for s in sessions for f in s.failures] == []
+    away = [s for s in sessions if joined in rounds.upstreams[s.name]]
+    assert away, "no session moved to the replica that joined"
+    for session in sessions:
+        assert len(session.keys) == 1, (session.name, session.keys)
+        assert rounds.forwarded[session.name] == 0
+        (key,) = session.keys
+        timeline: dict[str, Any] = deployment.admin(0, f"/admin/sessions/{key}")
+        assert [c["call_index"] for c in timeline["calls"]] == list(range(9)), session.name

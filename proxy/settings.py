@@ -97,10 +97,12 @@ class ProxySettings(BaseSettings):
         0.05, ge=0, description="How long a runtime's status is reused for routing (s)"
     )
     status_stale_s: float = Field(
-        1.0,
+        0.0,
         ge=0,
         description="Past status_ttl_s, how much longer a status is still used while one "
-        "refresh runs in the background (s)",
+        "refresh runs in the background (s; 0: the call waits for the fresh one). Off by "
+        "default: a stale status can miss the KV a session's last call left on an instance "
+        "and route its next call elsewhere",
     )
     # sessions and stored responses
     session_idle_timeout_s: float = Field(

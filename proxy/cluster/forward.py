@@ -12,7 +12,8 @@ Every hop has a timeout (docs/operations.md, "Bounds, quotas and timeouts"):
 - connecting: :data:`CONNECT_TIMEOUT_S`. An owner that cannot be reached (connection refused
   or timed out) is left out (membership) and the next owner is tried: nothing was sent, so
   nothing can run twice;
-- sending the request: :data:`WRITE_TIMEOUT_S`;
+- sending the request and waiting for the answer: as a call's read (below), and the relay
+  watch;
 - a hint, an end or an admin end asked of the peers: :data:`PEER_READ_TIMEOUT_S` for the
   answer (a peer that does not answer is skipped);
 - a call: ``replica_read_timeout_s`` between two bytes of the answer (a long non-streaming
@@ -24,6 +25,11 @@ gets a 503 ``replica_unavailable`` with ``Retry-After``; once the owner's answer
 stream ends with an error event in the API's format instead. The call may or may not have run
 there: only the client may decide to send it again. The drain aborts every relay with the
 shutdown's 503 (:meth:`Cluster.abort_relays`).
+
+The client is aiohttp's on kept-alive connections (as the runtime hop's, proxy/runtimes/http.py:
+a fraction of httpx's CPU per call). The request goes out with the path and query exactly as
+they came (signed as sent), and nothing is added or decoded on the way: no compression is
+asked for, and the owner's body passes through as its bytes.
 """
 
 from __future__ import annotations
@@ -35,7 +41,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
+import aiohttp
+import yarl
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -63,8 +70,11 @@ HOP_BY_HOP = {
 }
 NOT_FORWARDED = HOP_BY_HOP | set(trust.INTERNAL)
 CONNECT_TIMEOUT_S = 2.0
-WRITE_TIMEOUT_S = 10.0
 PEER_READ_TIMEOUT_S = 3.0
+NOT_ADDED = ("Accept-Encoding", "User-Agent", "Content-Type")
+"""Headers aiohttp would add of its own: the client's are sent as they came, or none."""
+CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+"""Nothing was sent: the next owner may serve the call."""
 
 
 class Forwarded(Exception):
@@ -80,8 +90,8 @@ def was_forwarded(request: Request) -> bool:
     return getattr(request.state, "forward", None) is not None
 
 
-def _timeout(read_s: float) -> httpx.Timeout:
-    return httpx.Timeout(connect=CONNECT_TIMEOUT_S, read=read_s, write=WRITE_TIMEOUT_S, pool=None)
+def _timeout(read_s: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=read_s)
 
 
 class Cluster:
@@ -92,11 +102,19 @@ class Cluster:
         self.secret = secret
         self._call_timeout = _timeout(read_timeout_s)
         self._peer_timeout = _timeout(PEER_READ_TIMEOUT_S)
-        self._client = httpx.AsyncClient(
-            timeout=self._peer_timeout,
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-        )
-        self.relays = Relays(membership, self._client)
+        self._session: aiohttp.ClientSession | None = None
+        self.relays = Relays(membership, self._http)
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The HTTP session to the peers, made on first use (inside the running loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._peer_timeout,
+                connector=aiohttp.TCPConnector(limit=0),
+                auto_decompress=False,
+                skip_auto_headers=NOT_ADDED,
+            )
+        return self._session
 
     @property
     def name(self) -> str:
@@ -110,7 +128,8 @@ class Cluster:
     async def close(self) -> None:
         """Stop the relay watch and close the HTTP client to the peers."""
         await self.relays.stop()
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
     def abort_relays(self) -> int:
         """The drain: every call relayed now gets the shutdown's 503; returns how many."""
@@ -147,30 +166,36 @@ class Cluster:
             request.state.runtime_clock = clock
             return StreamingResponse(
                 self._body(_dialect(request), upstream, relay, clock),
-                status_code=upstream.status_code,
+                status_code=upstream.status,
                 headers=_headers(upstream, name),
             )
         return None
 
-    async def _open(self, request: Request, relay: Relay, content: bytes) -> httpx.Response | None:
+    async def _open(
+        self, request: Request, relay: Relay, content: bytes
+    ) -> aiohttp.ClientResponse | None:
         """The owner's answer (its body to follow); None when it could not be reached."""
         try:
             async with relay.waiting():
                 return await self._send(request, relay.url, content, self._call_timeout)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        except CONNECT_FAILED as exc:
             log.warning("replica %s unreachable (%r): choosing the next owner", relay.target, exc)
             self.membership.mark_down(relay.target)
             return None
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             raise _failed(relay, exc) from exc
 
     async def _body(
-        self, dialect: Dialect, upstream: httpx.Response, relay: Relay, clock: RuntimeClock
+        self,
+        dialect: Dialect,
+        upstream: aiohttp.ClientResponse,
+        relay: Relay,
+        clock: RuntimeClock,
     ) -> AsyncIterator[bytes]:
         """The owner's body, chunk by chunk. A stream (SSE) is passed on in whole events,
         so that when the relay fails it can end with an error event of its own; any other
         body is cut off (the exception breaks the client's connection: no truncated 200)."""
-        chunks = upstream.aiter_raw()
+        chunks = upstream.content.iter_any()
         events = upstream.headers.get("content-type", "").startswith("text/event-stream")
         held = b""
         try:
@@ -180,7 +205,7 @@ class Cluster:
                         chunk = await anext(chunks)
                 except StopAsyncIteration:
                     break
-                except (ApiError, httpx.HTTPError) as exc:
+                except (ApiError, aiohttp.ClientError, TimeoutError) as exc:
                     error = exc if isinstance(exc, ApiError) else _failed(relay, exc)
                     log.warning("relay to %s ended: %s", relay.target, error.message)
                     if not events:
@@ -200,7 +225,7 @@ class Cluster:
         finally:
             clock.ended = time.perf_counter()
             self.relays.close(relay)
-            await upstream.aclose()
+            upstream.release()  # back to the pool if it was read to its end, else closed
 
     async def ask_peers(
         self, request: Request, body: Any, answered: Callable[[int, Any], bool]
@@ -215,43 +240,41 @@ class Cluster:
             try:
                 upstream = await self._send(request, url, content, self._peer_timeout)
                 try:
-                    payload = await upstream.aread()
+                    payload = await upstream.read()
                 finally:
-                    await upstream.aclose()
-            except httpx.HTTPError as exc:
+                    upstream.release()
+            except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("replica %s did not answer (%r)", name, exc)
                 continue
             try:
                 parsed = json.loads(payload)
             except ValueError:
                 parsed = None
-            if answered(upstream.status_code, parsed):
+            if answered(upstream.status, parsed):
                 headers = _headers(upstream, name)
-                return Response(payload, upstream.status_code, headers=headers)
+                return Response(payload, upstream.status, headers=headers)
         return None
 
     async def _send(
-        self, request: Request, url: str, content: bytes, timeout: httpx.Timeout
-    ) -> httpx.Response:
-        """Send the request to ``url``, signed (trust.py); the answer's headers."""
+        self, request: Request, url: str, content: bytes, timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        """Send the request to ``url``, its path and query as they came, signed (trust.py);
+        the answer's headers (its body to follow)."""
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED}
-        outgoing = self._client.build_request(
-            request.method,
-            url + request.url.path,
-            params=request.query_params,
-            headers=headers,
-            content=content,
-            timeout=timeout,
-        )
-        path, _, query = outgoing.url.raw_path.decode("latin-1").partition("?")
+        raw_path = request.scope.get("raw_path") or request.scope["path"].encode()
+        path = raw_path.decode("latin-1")
+        query = request.scope.get("query_string", b"").decode("latin-1")
         forward = trust.Forward(
             request.state.request_id, self.name, int(time.time()), trust.body_digest(content)
         )
-        outgoing.headers.update(trust.sign(self.secret, request.method, path, query, forward))
-        return await self._client.send(outgoing, stream=True)
+        headers.update(trust.sign(self.secret, request.method, path, query, forward))
+        target = yarl.URL(url + path + (f"?{query}" if query else ""), encoded=True)
+        return await self._http().request(
+            request.method, target, data=content, headers=headers, timeout=timeout
+        )
 
 
-def _failed(relay: Relay, exc: httpx.HTTPError) -> ApiError:
+def _failed(relay: Relay, exc: BaseException) -> ApiError:
     return owner_gone(relay.target, f"failed: {exc.__class__.__name__}")
 
 
@@ -261,7 +284,7 @@ def _dialect(request: Request) -> Dialect:
     return dialect_of(request.scope, request.app.state.dialects)
 
 
-def _headers(upstream: httpx.Response, replica: str) -> dict[str, str]:
+def _headers(upstream: aiohttp.ClientResponse, replica: str) -> dict[str, str]:
     """The owner's headers, less hop-by-hop ones, its x-request-id (the same id: this replica
     adds its own) and its overhead (this replica's counts it in), plus which replica
     answered."""

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from types import TracebackType
 
-import httpx
+import aiohttp
 
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.errors import ApiError
@@ -110,13 +110,13 @@ class Relays:
     def __init__(
         self,
         membership: Membership,
-        client: httpx.AsyncClient,
+        http: Callable[[], aiohttp.ClientSession],
         *,
         watch_s: float = WATCH_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         self._membership = membership
-        self._client = client
+        self._http = http
         self._watch_s, self._probe_timeout_s = watch_s, probe_timeout_s
         self._relays: weakref.WeakSet[Relay] = weakref.WeakSet()
         self._task: asyncio.Task[None] | None = None
@@ -184,8 +184,9 @@ class Relays:
                     relay.abort(owner_gone(name, why))
 
     async def _answers(self, url: str) -> bool:
+        timeout = aiohttp.ClientTimeout(total=self._probe_timeout_s)
         try:
-            response = await self._client.get(url + "/healthz", timeout=self._probe_timeout_s)
-        except httpx.HTTPError:
+            async with self._http().get(url + "/healthz", timeout=timeout) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             return False
-        return response.status_code == 200

@@ -24,6 +24,7 @@ from talaria.proxy.store.db import (
 )
 from talaria.proxy.store.deadletters import DEAD_LETTER_FILE, DeadLetters
 from talaria.proxy.store.health import SqliteFileGuard
+from talaria.proxy.store.kept_writes import KeptConnectionWrites
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.sqlite_writes import SqliteWrites
@@ -61,8 +62,8 @@ class StoreService:
     writer: BatchWriter
     dead_letters: DeadLetters
     writes: RecordStore
-    """What the writer writes to: ``store`` itself, or on SQLite a worker thread's
-    connection (sqlite_writes.py)."""
+    """What the writer writes to: on PostgreSQL a connection kept between batches
+    (kept_writes.py), on SQLite a worker thread's connection (sqlite_writes.py)."""
 
     @classmethod
     async def open(cls, settings: ProxySettings) -> StoreService:
@@ -76,7 +77,9 @@ class StoreService:
         guard = SqliteFileGuard.of(url)
         store = SqlStore(make_sessionmaker(engine), guard)
         path = sqlite_path(url)
-        writes: RecordStore = store if path is None else SqliteWrites(path, guard)
+        writes: RecordStore = (
+            KeptConnectionWrites(engine) if path is None else SqliteWrites(path, guard)
+        )
         dead_letters = DeadLetters(store.dead_letters, dead_letter_path(settings, url))
         writer = BatchWriter(
             writes,
@@ -112,7 +115,10 @@ class StoreService:
         return {"ok": True, "pending": writer.pending, "quarantined": writer.quarantined}
 
     async def close(self) -> None:
-        """Stop the SQLite write thread (if any) and close the engine's connections."""
+        """Stop the SQLite write thread, or return the writes' connection, then close the
+        engine's connections."""
         if isinstance(self.writes, SqliteWrites):
             await asyncio.to_thread(self.writes.close)
+        elif isinstance(self.writes, KeptConnectionWrites):
+            await self.writes.close()
         await self.engine.dispose()

@@ -46,6 +46,7 @@ import yarl
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from talaria.core.http_edge import CLIENT_KEEP_ALIVE_S
 from talaria.proxy.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
@@ -110,7 +111,7 @@ class Cluster:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 timeout=self._peer_timeout,
-                connector=aiohttp.TCPConnector(limit=0),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
                 auto_decompress=False,
                 skip_auto_headers=NOT_ADDED,
             )

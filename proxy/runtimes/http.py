@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from talaria.core.http_edge import CLIENT_KEEP_ALIVE_S
 from talaria.core.protocol import (
     ErrorEvent,
     ProtocolError,
@@ -121,7 +122,7 @@ class HttpRuntime:
             self._session = aiohttp.ClientSession(
                 self.url,
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=0),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
                 auto_decompress=False,
             )
         return self._session

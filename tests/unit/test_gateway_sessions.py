@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 
@@ -15,6 +16,7 @@ from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
 from talaria.core.types import CallResult, EngineTimes, KvSource
 from talaria.proxy.calls import PreparedCall
+from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.recorder import engine_parts
@@ -351,3 +353,29 @@ def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool
     assert [r.state for r in mine if isinstance(r, SessionRecord)] == ["ended"]
     assert [r.status for r in mine if isinstance(r, CallRecord)] == ["ok"]
     assert not [r for r in mine if isinstance(r, ReservationRecord)]
+
+
+@pytest.mark.parametrize(("stored_calls", "ended"), [(1, True), (4, False)])
+def test_an_idle_ingress_session_another_replica_served_is_forgotten_not_ended(
+    stored_calls: int, ended: bool
+) -> None:
+    """With ingress affinity (proxy/cluster/handoff.py): past the idle timeout, a session the
+    store shows with more calls than this replica made (another served it since) is only
+    forgotten; one it agrees on ends as usual."""
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        async def adopt(tenant: str, sid: str) -> AdoptableSession | None:
+            state = gateway.sessions.named(tenant, sid)
+            if state is None:  # its first call: nothing open in the store yet
+                return None
+            return AdoptableSession(state.key, MODEL, datetime.now(UTC), stored_calls, "n0")
+
+        gateway.use_replicas(lambda key: True, adopt, lambda: 0)
+        call = replace(_call(0), route_key="ingress|t|s1")
+        await (await gateway.open_call(call)).outcome()
+        await clock.sleep(35.0)
+        assert len(gateway.sessions) == 0  # gone from this replica either way
+
+    sink, _ = _run(scenario, idle_timeout_s=30.0)
+    ends = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
+    assert [r.end_reason for r in ends] == (["idle"] if ended else [])

@@ -16,9 +16,9 @@ replica lists the others in ``/readyz``.
 The preset's sessions for ``--seed`` (``talaria replay --preset cluster --seed S --sessions N``
 replays the same ones) are then driven closed-loop, one agent per session, as
 bench/fidelity/run.py's ``drive`` does, but posting the OpenAI chat bodies with aiohttp and
-msgspec: the ``openai`` client spent about 15 ms of CPU building each 128 KB request (measured
-against a bare server, any transport), so 120 agents of it took most of a core of the two and
-made the drive late; the clients' own tests cover the SDKs. So: each session starts at its offset
+msgspec: with the ``openai`` client this driver took 42-52 s of CPU a run (11-14 ms a call,
+this script's "driver CPU" column), most of a core of the two, and made the drive late; the
+clients' own tests cover the SDKs. So: each session starts at its offset
 and sleeps each tool gap, both divided by the time scale; each call appends a user message of
 letters and spaces (4 bytes a token, the proxy's estimate) sized so that the conversation,
 with the replies the engines gave, is the trace's prompt tokens (a trace call that truncates the

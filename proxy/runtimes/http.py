@@ -8,8 +8,9 @@ path must not fail because a hint got lost). A runtime that cannot be reached fa
 with ``RuntimeUnavailable`` (the gateway answers 503).
 
 The client is aiohttp's, on kept-alive connections (no limit on their number: a streamed call
-holds one for its whole length). httpx spent 1.1-2.7 ms of CPU on a 128 KB call at
-concurrency 1-16 where aiohttp spends 0.26-0.38 ms (docs/proxy-overhead.md, "The HTTP hops").
+holds one for its whole length). On a 127 KB call at concurrency 1 and 16, httpx spent 1.59
+and 2.37 ms of CPU where aiohttp spends 0.41 and 0.26 ms (bench/http_clients.py;
+docs/proxy-overhead.md, "The HTTP hops and replicas").
 Leaving a call early (the client went away) closes its connection, so the runtime sees the
 disconnect and aborts the engine's request.
 """

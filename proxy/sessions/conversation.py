@@ -7,19 +7,26 @@ canonical JSON arguments: parsed and dumped with sorted keys). Left out on purpo
 agents change them when they send a reply back: tool-call ids, reasoning / thinking, cache
 hints and content-block boundaries. Plus the message's estimated tokens (for prefix reuse).
 
-Chain (``chain``): ``h_0 = ∅``, ``h_i = blake2b(h_{i−1} ‖ digest_i)``; ``h_i`` identifies the
+Chain (``chain``): ``h_0 = ∅``, ``h_i = H(h_{i−1} ‖ digest_i)``; ``h_i`` identifies the
 first ``i`` messages, so a call whose first ``k`` messages equal a known conversation has that
 conversation's value at position ``k``, and a change to any earlier message changes it.
+
+``H`` is SHA-256 cut to ``DIGEST_BYTES``: OpenSSL's runs at about twice blake2b's speed on
+x86 (SHA extensions), and a 128 KB conversation is hashed whole on every call. Canonical JSON
+(arguments, tool definitions) is msgspec's with sorted keys: compact, UTF-8 as is. Neither is
+stored: a replica computes them afresh, so a change of either only matters while replicas of
+two versions place the same implicit session (proxy/cluster/owner.py), once.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+import msgspec
 
 from talaria.core.calls import ToolSpec, content_text, text_and_calls_tokens, tools_tokens
 
@@ -40,24 +47,31 @@ CANONICAL_CACHE = 4096
 with every call, so the same texts come back call after call."""
 
 
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+
 @functools.lru_cache(maxsize=CANONICAL_CACHE)
-def _canonical_text(arguments: str) -> str:
+def _canonical_text(arguments: str) -> bytes:
     try:
-        parsed = json.loads(arguments)
-    except (ValueError, RecursionError):
-        return arguments.strip()
+        parsed = msgspec.json.decode(arguments)
+    except (msgspec.DecodeError, RecursionError):
+        return _utf8(arguments.strip())
     return _canonical(parsed)
 
 
-def _canonical(arguments: Any) -> str:
+def _canonical(arguments: Any) -> bytes:
     try:
-        return json.dumps(arguments, sort_keys=True, separators=(",", ":"), default=str)
+        return _ENCODER.encode(arguments)
     except (TypeError, ValueError, RecursionError):  # keys of mixed types; nested too deep
-        return repr(arguments)
+        return _utf8(repr(arguments))
 
 
-def canonical_arguments(arguments: Any) -> str:
-    """Tool-call arguments as text that ignores whitespace and key order: parsed, then dumped
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+def canonical_arguments(arguments: Any) -> bytes:
+    """Tool-call arguments as bytes that ignore whitespace and key order: parsed, then dumped
     with sorted keys (text that is not JSON, or nests too deep to read, stripped)."""
     if isinstance(arguments, str):
         return _canonical_text(arguments)
@@ -66,36 +80,36 @@ def canonical_arguments(arguments: Any) -> str:
 
 def fingerprint(message: Mapping[str, Any]) -> Fingerprint:
     """The fingerprint of one OpenAI-form message (what it covers: the module docstring):
-    blake2b over the length-prefixed role, stripped text (UTF-8) and each tool call's name
-    and canonical arguments, so the text is read once, by the hash, and never re-encoded as
+    ``H`` over the length-prefixed role, stripped text (UTF-8) and each tool call's name and
+    canonical arguments, so the text is read once, by the hash, and never re-encoded as
     JSON."""
     role = str(message.get("role", ""))
     role = "system" if role == "developer" else role
     text = content_text(message.get("content"))
     calls = message.get("tool_calls") or ()
-    fields = [role.encode(), text.strip().encode("utf-8", "surrogatepass")]
+    fields = [role.encode(), _utf8(text.strip())]
     for call in calls:
         if isinstance(call, Mapping):
             function = call.get("function")
             function = function if isinstance(function, Mapping) else {}
-            fields.append(str(function.get("name")).encode("utf-8", "surrogatepass"))
-            fields.append(
-                canonical_arguments(function.get("arguments")).encode("utf-8", "surrogatepass")
-            )
-    digest = hashlib.blake2b(digest_size=DIGEST_BYTES)
-    for field in fields:  # length-prefixed: no two sequences of fields feed it the same bytes
-        digest.update(len(field).to_bytes(8, "little"))
-        digest.update(field)
-    return Fingerprint(digest.digest(), text_and_calls_tokens(text, calls), role)
+            fields.append(_utf8(str(function.get("name"))))
+            fields.append(canonical_arguments(function.get("arguments")))
+    return Fingerprint(_digest(fields), text_and_calls_tokens(text, calls), role)
+
+
+def _digest(fields: Sequence[bytes]) -> bytes:
+    """``H`` of the fields, each length-prefixed (no two sequences of fields feed it the same
+    bytes), fed to it in one piece."""
+    framed = b"".join(b for field in fields for b in (len(field).to_bytes(8, "little"), field))
+    return hashlib.sha256(framed).digest()[:DIGEST_BYTES]
 
 
 def tools_fingerprint(tools: Sequence[ToolSpec]) -> Fingerprint:
     """The tool definitions as one fingerprint: chat templates render them ahead of the
     messages, so they belong to a reused prefix when they did not change (they take no part in
     finding the session: an agent may change its tools mid-conversation)."""
-    canonical = json.dumps([t.to_openai() for t in tools], sort_keys=True, separators=(",", ":"))
-    digest = hashlib.blake2b(canonical.encode(), digest_size=DIGEST_BYTES).digest()
-    return Fingerprint(digest, tools_tokens(tools), "tools")
+    canonical = _canonical([t.to_openai() for t in tools])
+    return Fingerprint(_digest((canonical,)), tools_tokens(tools), "tools")
 
 
 def fingerprints(messages: Sequence[Mapping[str, Any]]) -> list[Fingerprint]:
@@ -115,7 +129,7 @@ def chain(prints: Sequence[Fingerprint]) -> list[bytes]:
 
 def extend(value: bytes, p: Fingerprint) -> bytes:
     """The chain value one message further: ``h_{i+1}`` from ``h_i``."""
-    return hashlib.blake2b(value + p.digest, digest_size=DIGEST_BYTES).digest()
+    return hashlib.sha256(value + p.digest).digest()[:DIGEST_BYTES]
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from talaria.proxy.edge import (
     install_error_handlers,
 )
 from talaria.proxy.gateway import Gateway
+from talaria.proxy.lanes import ASGIApp, ProxyApp
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.records import InstanceRecord
 from talaria.proxy.responses_store import ResponseStore
@@ -138,10 +139,13 @@ def create_app(
     runtimes: Sequence[RuntimeClient] | None = None,
     clock: Clock | None = None,
     dialects: Sequence[Dialect] = DIALECTS,
+    call_lanes: bool = True,
 ) -> FastAPI:
     """The proxy. Without ``runtimes`` it builds the embedded simulated node(s) of
     ``settings``; without ``clock`` it uses the loop's time × ``settings.time_scale``;
-    ``dialects``: the APIs it speaks (proxy/dialects/registry.py)."""
+    ``dialects``: the APIs it speaks (proxy/dialects/registry.py); ``call_lanes``: their
+    call routes served around FastAPI's routing (proxy/lanes.py; False: through it, as the
+    lanes' equivalence test compares)."""
     cfg = settings or ProxySettings()
 
     @asynccontextmanager
@@ -250,14 +254,19 @@ def create_app(
                 await client.close()
             await stored.close()
 
-    app = FastAPI(
+    app = ProxyApp(
         title="Talaria proxy",
         description="OpenAI-compatible, session-aware gateway",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
     )
-    app.add_middleware(RequestIdMiddleware)
+
+    def edge(inner: ASGIApp) -> ASGIApp:
+        """What every request meets around its route (outermost first)."""
+        return BodyDeadline(RequestIdMiddleware(inner), timeout_s=cfg.body_timeout_s)
+
+    app.add_middleware(RequestIdMiddleware)  # FastAPI's stack: the same edge, in this order
     app.add_middleware(BodyDeadline, timeout_s=cfg.body_timeout_s)
     app.state.dialects = tuple(dialects)
     for dialect in dialects:
@@ -270,6 +279,8 @@ def create_app(
     app.state.console_auth = ConsoleAuth(cfg.admin_token) if cfg.admin_token else None
     install_error_handlers(app)
     declare_request_models(app)
+    if call_lanes:
+        app.open_lanes((r for d in dialects for r in d.router.routes), edge)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:

@@ -70,13 +70,13 @@ class Membership:
         """One round: write this replica's row, read the live peers (heard from within
         ``ttl_s``) and hand the drained instances to ``on_drained``."""
         now = datetime.now(UTC)
-        await self._store.heartbeat_replica(self.name, self.url, self._started_at, now)
-        live = await self._store.live_replicas(now - timedelta(seconds=self._ttl_s))
-        peers = {name: url for name, url in live if name != self.name}
+        seen_since = now - timedelta(seconds=self._ttl_s)
+        view = await self._store.heartbeat(self.name, self.url, self._started_at, now, seen_since)
+        peers = {name: url for name, url in view.live if name != self.name}
         if peers.keys() != self._peers.keys():
             self.generation += 1
         self._peers = peers
-        self._on_drained(await self._store.drained())
+        self._on_drained(view.drained)
 
     def mark_down(self, name: str) -> None:
         """A forward to ``name`` could not connect, or its /healthz did not answer (relays.py):

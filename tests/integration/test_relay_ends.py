@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
@@ -24,6 +23,7 @@ from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import owner
 from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.errors import ApiError
+from talaria.proxy.store.cluster import ClusterView
 from tests.integration.server import running_app
 
 FIRST = b'data: {"choices":[{"delta":{"content":"hel"}}]}\n\n'
@@ -58,19 +58,13 @@ def _stand_in_owner(seen: list[dict[str, str]]) -> FastAPI:
 
 
 class _Store:
-    """The two calls of the store Membership makes; ``live`` is what the next beat reads."""
+    """The store's heartbeat round as Membership makes it; ``live`` is what the next one reads."""
 
     def __init__(self, live: list[tuple[str, str]]) -> None:
         self.live = live
 
-    async def heartbeat_replica(self, *_: Any) -> None:
-        return None
-
-    async def live_replicas(self, _since: datetime) -> list[tuple[str, str]]:
-        return list(self.live)
-
-    async def drained(self) -> set[str]:
-        return set()
+    async def heartbeat(self, *_: Any) -> ClusterView:
+        return ClusterView(list(self.live), set())
 
 
 def _key_owned_by(name: str) -> str:

@@ -326,20 +326,21 @@ async def test_tenants_and_api_keys(store: SqlStore) -> None:
 
 @pytest.mark.asyncio
 async def test_replica_heartbeats_and_the_live_set(store: SqlStore) -> None:
-    await store.cluster.heartbeat_replica("r1", "http://a:1", T0, T0)
-    await store.cluster.heartbeat_replica("r2", "http://b:2", T0, T0 + timedelta(seconds=4))
-    await store.cluster.heartbeat_replica(
-        "r1", "http://a:1", T0, T0 + timedelta(seconds=5)
-    )  # beats again
-    assert await store.cluster.live_replicas(T0 + timedelta(seconds=3)) == [
-        ("r1", "http://a:1"),
-        ("r2", "http://b:2"),
-    ]
-    assert await store.cluster.live_replicas(T0 + timedelta(seconds=4, milliseconds=1)) == [
-        ("r1", "http://a:1")
-    ]
+    beat = store.cluster.heartbeat
+    await beat("r1", "http://a:1", T0, T0, T0)
+    await beat("r2", "http://b:2", T0, T0 + timedelta(seconds=4), T0)
+    view = await beat("r1", "http://a:1", T0, T0 + timedelta(seconds=5), T0 + timedelta(seconds=3))
+    assert view.live == [("r1", "http://a:1"), ("r2", "http://b:2")]  # r1 beat again: one row
+    assert view.drained == set()
+    await store.cluster.set_drain("node-a", True, T0)
+    view = await beat("r3", "http://c:3", T0, T0, T0 + timedelta(seconds=4, milliseconds=1))
+    assert view.live == [("r1", "http://a:1")]  # r2 and r3 not heard from since
+    assert view.drained == {"node-a"}
     await store.cluster.remove_replica("r1")
-    assert await store.cluster.live_replicas(T0) == [("r2", "http://b:2")]
+    assert (await beat("r2", "http://b:9", T0, T0 + timedelta(seconds=6), T0)).live == [
+        ("r2", "http://b:9"),
+        ("r3", "http://c:3"),
+    ]
 
 
 @pytest.mark.asyncio

@@ -17,6 +17,15 @@ unused). Context: ``p_0 = C0``, ``p_i = p_{i−1} + o_{i−1} + a_i``, capped at
 previous prompt + output (a truncation: the history is rewritten, nothing is reused).
 Generated traces carry no observed send time for later calls: every call's ``arrival_offset_s``
 is the session start, and only call 0's value is meaningful (the replay is closed-loop).
+
+Demand that shifts (``day_s > 0``): model j's weight at time t is its Zipf weight times
+``1 + diurnal_amplitude · sin(2π (t / day_s + j / n))`` (n models; the phases spread evenly, so
+the hot set rotates while the total rate stays Poisson), times ``burst_factor`` inside one of
+its bursts. Bursts: ``bursts_per_day`` per ``day_s``, each on a model drawn by Zipf weight,
+starting uniformly in the sessions' span estimate ``sessions · mean_interarrival_s`` and lasting
+``burst_s``; they come from their own ``random.Random(seed + BURST_SEED)``, so the sessions'
+draws are the same with or without them (the model draw's one uniform is read against the
+weights at the session's start).
 """
 
 from __future__ import annotations
@@ -68,6 +77,14 @@ class WorkloadSpec:
     gap_short_sigma: float = 1.3
     gap_long_median_s: float = 35.0
     gap_long_sigma: float = 1.0
+    # Demand that shifts over a day (module docstring); day_s = 0: constant Zipf shares.
+    # Assumption: the shape (a sine per model, phases spread evenly, bursts) is ours; production
+    # LLM traffic varies over time and in bursts (docs/sources.md §12).
+    day_s: float = 0.0
+    diurnal_amplitude: float = 0.0
+    bursts_per_day: float = 0.0
+    burst_s: float = 300.0
+    burst_factor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.sessions < 1:
@@ -80,6 +97,55 @@ class WorkloadSpec:
             raise ValueError("mean_interarrival_s must be >= 0 and calls_max >= 1")
         if not 0.0 <= self.gap_long_fraction <= 1.0:
             raise ValueError(f"gap_long_fraction must be in [0, 1], got {self.gap_long_fraction}")
+        if self.day_s < 0 or not 0.0 <= self.diurnal_amplitude < 1.0:
+            raise ValueError("day_s must be >= 0 and diurnal_amplitude in [0, 1)")
+        if self.bursts_per_day < 0 or self.burst_s <= 0 or self.burst_factor < 1:
+            raise ValueError("need bursts_per_day >= 0, burst_s > 0 and burst_factor >= 1")
+
+
+BURST_SEED = 0x5EED_B0
+"""Added to the workload's seed for the bursts' own generator."""
+
+
+@dataclass(frozen=True)
+class Burst:
+    """Model ``model``'s demand × ``WorkloadSpec.burst_factor`` in ``[start_s, end_s)``."""
+
+    model: int
+    start_s: float
+    end_s: float
+
+
+def draw_bursts(spec: WorkloadSpec, seed: int) -> list[Burst]:
+    """The bursts of a workload (module docstring): ``round(bursts_per_day × span / day_s)``
+    of them over the span ``sessions · mean_interarrival_s``; none without a day."""
+    span = spec.sessions * spec.mean_interarrival_s
+    if spec.day_s <= 0 or spec.bursts_per_day <= 0 or span <= 0:
+        return []
+    rng = random.Random(seed + BURST_SEED)
+    weights = zipf_weights(len(spec.models), spec.zipf_s)
+    bursts = []
+    for _ in range(round(spec.bursts_per_day * span / spec.day_s)):
+        model = rng.choices(range(len(weights)), weights=weights)[0]
+        start = rng.uniform(0.0, span)
+        bursts.append(Burst(model, start, start + spec.burst_s))
+    return bursts
+
+
+def demand_weights(spec: WorkloadSpec, t: float, bursts: Sequence[Burst] = ()) -> list[float]:
+    """Each model's weight at time ``t`` (module docstring); the Zipf weights without a day."""
+    weights = zipf_weights(len(spec.models), spec.zipf_s)
+    if spec.day_s <= 0:
+        return weights
+    n, a = len(weights), spec.diurnal_amplitude
+    out = [
+        w * (1.0 + a * math.sin(2 * math.pi * (t / spec.day_s + j / n)))
+        for j, w in enumerate(weights)
+    ]
+    for burst in bursts:
+        if burst.start_s <= t < burst.end_s:
+            out[burst.model] *= spec.burst_factor
+    return out
 
 
 PAPER_WORKLOAD = WorkloadSpec(
@@ -100,9 +166,12 @@ def zipf_weights(n: int, s: float) -> list[float]:
     return [1.0 / (j + 1) ** s for j in range(n)]
 
 
-def draw_model_index(rng: random.Random, spec: WorkloadSpec) -> int:
-    """Model index j with probability ∝ ``1 / (j + 1)^zipf_s`` (one uniform draw)."""
-    weights = zipf_weights(len(spec.models), spec.zipf_s)
+def draw_model_index(
+    rng: random.Random, spec: WorkloadSpec, t: float = 0.0, bursts: Sequence[Burst] = ()
+) -> int:
+    """Model index j with probability ∝ its weight at time ``t`` (``demand_weights``; without
+    a day, ``1 / (j + 1)^zipf_s``): one uniform draw."""
+    weights = demand_weights(spec, t, bursts)
     return rng.choices(range(len(weights)), weights=weights)[0]
 
 
@@ -206,6 +275,7 @@ def generate_sessions(
     if small:
         raise ValueError(f"context windows must be >= 2 tokens, got {small}")
     rng = random.Random(seed)
+    bursts = draw_bursts(spec, seed)
     starts: list[float] = []
     models: list[str] = []
     counts: list[int] = []
@@ -216,7 +286,7 @@ def generate_sessions(
         if k > 0:
             t += -spec.mean_interarrival_s * math.log(1.0 - u)
         starts.append(round(t, 6))
-        models.append(spec.models[draw_model_index(rng, spec)])
+        models.append(spec.models[draw_model_index(rng, spec, t, bursts)])
         counts.append(draw_num_calls(rng, spec))
         c0s.append(max(1, round(_lognormal(rng, spec.c0_median, spec.c0_sigma))))
     if spec.total_calls is not None:

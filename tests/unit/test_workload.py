@@ -15,6 +15,8 @@ from talaria.core.trace import read_trace, write_trace
 from talaria.sim.workload import (
     PAPER_WORKLOAD,
     WorkloadSpec,
+    demand_weights,
+    draw_bursts,
     draw_model_index,
     draw_num_calls,
     draw_output_tokens,
@@ -186,3 +188,61 @@ def test_generated_prompt_growth() -> None:
     assert statistics.median(c0) == pytest.approx(6000, rel=0.1)
     appended = [c.new_tokens for s in sessions for c in s.calls[1:]]
     assert statistics.median(appended) == pytest.approx(550, rel=0.1)
+
+
+# -- demand that shifts over a day -------------------------------------------------------------
+
+SIX = tuple(f"m{j}" for j in range(6))
+SHIFTING = WorkloadSpec(
+    sessions=6000, models=SIX, mean_interarrival_s=1.0, day_s=2000.0, diurnal_amplitude=0.9
+)
+
+
+def _share_in(sessions: list, model: str, start: float, end: float) -> float:
+    inside = [s for s in sessions if start <= s.start_s < end]
+    return sum(s.model == model for s in inside) / len(inside)
+
+
+def test_without_a_day_the_draws_are_the_constant_zipf_ones() -> None:
+    windows = {m: 131_072 for m in SIX}
+    flat = WorkloadSpec(sessions=300, models=SIX)
+    shifted = replace(flat, diurnal_amplitude=0.9, bursts_per_day=5.0)  # no day: no effect
+    assert generate_sessions(flat, windows, {}, 4) == generate_sessions(shifted, windows, {}, 4)
+
+
+def test_each_model_peaks_at_its_own_phase() -> None:
+    """Model j's share is highest around t = day · (1/4 − j/n) mod day (its sine's crest) and
+    lowest half a day later; the arrivals' timing is unchanged (same Poisson draws)."""
+    windows = {m: 131_072 for m in SIX}
+    sessions = generate_sessions(SHIFTING, windows, {}, 7)
+    flat = generate_sessions(replace(SHIFTING, day_s=0.0), windows, {}, 7)
+    assert [s.start_s for s in sessions] == [s.start_s for s in flat]
+    day = SHIFTING.day_s
+    for j in (0, 2, 4):
+        crest = (day * (0.25 - j / len(SIX))) % day
+        trough = (crest + day / 2) % day
+        high = statistics.mean(
+            _share_in(sessions, SIX[j], k * day + crest - 150, k * day + crest + 150)
+            for k in range(3)
+        )
+        low = statistics.mean(
+            _share_in(sessions, SIX[j], k * day + trough - 150, k * day + trough + 150)
+            for k in range(3)
+        )
+        assert high > 3 * low, (j, high, low)
+
+
+def test_a_burst_multiplies_its_models_demand_inside_it_only() -> None:
+    spec = replace(
+        SHIFTING, diurnal_amplitude=0.0, bursts_per_day=3.0, burst_s=400.0, burst_factor=8.0
+    )
+    bursts = draw_bursts(spec, 11)
+    assert len(bursts) == round(3.0 * spec.sessions * spec.mean_interarrival_s / spec.day_s)
+    burst = bursts[0]
+    weights = demand_weights(spec, burst.start_s, [burst])
+    base = demand_weights(spec, burst.end_s, [burst])  # the end is outside
+    assert weights[burst.model] == pytest.approx(8.0 * base[burst.model])
+    assert [w for j, w in enumerate(weights) if j != burst.model] == [
+        w for j, w in enumerate(base) if j != burst.model
+    ]
+    assert draw_bursts(spec, 11) == bursts and draw_bursts(spec, 12) != bursts

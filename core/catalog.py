@@ -21,8 +21,9 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-BYTES_PER_PARAM = {"fp8": 1.0, "bf16": 2.0, "mxfp4": 0.53125}
-"""Bytes per weight by dtype. MXFP4 packs 4-bit values plus one 8-bit scale per 32: 4.25/8."""
+BYTES_PER_PARAM = {"fp8": 1.0, "bf16": 2.0, "mxfp4": 0.53125, "int4": 0.5625}
+"""Bytes per weight by dtype. MXFP4 packs 4-bit values plus one 8-bit scale per 32: 4.25/8;
+INT4 (weight-only, group 32, one 16-bit scale per group, as Kimi-K2-Thinking's experts): 4.5/8."""
 
 
 class CatalogError(ValueError):
@@ -131,8 +132,9 @@ class ServerSpec:
         return self.hbm_bytes * self.gpu_memory_utilization
 
     def flops_per_s(self, dtype: str) -> float:
-        """Dense peak for ``dtype`` per GPU; MXFP4 runs on the FP8 path on Hopper."""
-        key = "fp8" if dtype == "mxfp4" else dtype
+        """Dense peak for ``dtype`` per GPU; MXFP4 runs on the FP8 path on Hopper, and INT4
+        weight-only (W4A16: vLLM's WNA16 kernels dequantize to 16-bit) on the BF16 path."""
+        key = {"mxfp4": "fp8", "int4": "bf16"}.get(dtype, dtype)
         try:
             return self.dense_flops_per_s_per_gpu[key]
         except KeyError as exc:

@@ -3,9 +3,13 @@ and the policies compared by default."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from talaria.core.catalog import Catalog
+from talaria.core.trace import SessionTrace
 from talaria.sim.experiment import ExperimentSetup
+from talaria.sim.placement import model_demand, pack, weight_budget_bytes
 from talaria.sim.policies import CLUSTER_POLICIES, SINGLE_NODE_POLICIES
 from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec
 
@@ -28,11 +32,29 @@ class Preset:
     every model of the workload."""
     policies: tuple[str, ...] = SINGLE_NODE_POLICIES
     """Policies replayed when none are named (``sim/policies.py``)."""
+    packed_nodes: int | None = None
+    """Nodes of a layout packed by the replayed sessions' demand (sim/placement.py ``pack``);
+    None: the preset's own layout, or ``--nodes`` nodes each hosting every model."""
 
-    def experiment_setup(self, nodes: int | None = None) -> ExperimentSetup:
-        """The experiment of this preset; ``nodes`` (every node hosting every model) applies
-        only to presets without their own node layout."""
+    def experiment_setup(
+        self,
+        nodes: int | None = None,
+        sessions: Sequence[SessionTrace] | None = None,
+        catalog: Catalog | None = None,
+    ) -> ExperimentSetup:
+        """The experiment of this preset; ``nodes`` applies to presets without their own node
+        layout (every node hosting every model) and to packed ones (how many to pack onto,
+        which needs the ``sessions`` and the ``catalog``)."""
         models = self.workload.models
+        if self.packed_nodes is not None:
+            if sessions is None or catalog is None:
+                raise ValueError(f"preset {self.name!r} packs its nodes by the sessions' demand")
+            count = nodes or self.packed_nodes
+            demand = {m: 0.0 for m in models}
+            demand.update(model_demand(sessions, catalog, self.server, self.profile))
+            weights = {m: catalog.model(m).weight_bytes for m in models}
+            layout = pack(demand, weights, count, weight_budget_bytes(catalog, self.server))
+            return ExperimentSetup(self.server, self.profile, models, count, self.quantum_s, layout)
         if self.node_models is not None:
             return ExperimentSetup(
                 self.server,
@@ -81,6 +103,47 @@ Poisson arrivals every 3 s on average (an assumption, as for the paper preset): 
 sessions a minute over 4 nodes, close to the paper preset's load per node (6 a minute on one)."""
 
 
+FLEET_MODELS: tuple[str, ...] = (
+    "qwen3-coder-480b-a35b-fp8",
+    "glm-4.6-fp8",
+    "deepseek-v3.1",
+    "kimi-k2-thinking",
+    "minimax-m2",
+    "qwen3-235b-a22b-instruct-2507-fp8",
+    "gpt-oss-120b",
+    "glm-4.5-fp8",
+    "deepseek-r1-0528",
+    "llama-4-maverick-fp8",
+    "glm-4.5-air-fp8",
+    "qwen3-235b-a22b-bf16",
+    "deepseek-v3-fp8",
+    "llama-3.1-405b-instruct-fp8",
+    "llama-4-scout-bf16",
+)
+"""Fifteen catalog models of 106B–671B in Zipf rank order (an assumption: the newer coding
+models first). Kimi-K2-Instruct is in the catalog but not here: its FP8 weights (1,029 GB)
+exceed one 8×H200 node's usable HBM (1,015 GB); Kimi-K2-Thinking (INT4 experts, 594 GB) is.
+Their pinned weights total 6,083 GB, so at least five nodes hold one copy of each
+(sim/placement.py: 1,300 GB of pinned weights per node)."""
+
+FLEET_WORKLOAD = WorkloadSpec(
+    sessions=600,
+    models=FLEET_MODELS,
+    total_calls=600 * 32,
+    mean_interarrival_s=1.5,
+    day_s=900.0,
+    diurnal_amplitude=0.8,
+    bursts_per_day=4.0,
+    burst_s=120.0,
+    burst_factor=4.0,
+)
+"""600 sessions of 32 calls on average, Poisson arrivals every 1.5 s (40 a minute: over the
+default 8 nodes, the cluster preset's 5 a minute per node). A "day" is compressed into the
+sessions' 900 s span, so the hot set rotates once through the run (each model's share
+swings ×(1 ± 0.8)) and four bursts put one model at 4× its share for 2 minutes each
+(docs/sources.md §12: the shape is an assumption)."""
+
+
 PRESETS: dict[str, Preset] = {
     "paper": Preset(
         "paper",
@@ -102,6 +165,15 @@ PRESETS: dict[str, Preset] = {
         CLUSTER_WORKLOAD,
         node_models=CLUSTER_NODE_MODELS,
         policies=CLUSTER_POLICIES,
+    ),
+    "fleet": Preset(
+        "fleet",
+        "a serverless fleet: fifteen 100B+ models with Zipf popularity whose shares rotate "
+        "over a compressed day and burst, 600 sessions; the models packed onto 8 nodes "
+        "(--nodes) by the sessions' demand, a router picks the node of every call",
+        FLEET_WORKLOAD,
+        policies=CLUSTER_POLICIES,
+        packed_nodes=8,
     ),
 }
 

@@ -103,10 +103,10 @@ def run_sweep(
     for param, values in sweeps:
         for value in values:
             varied_preset, varied_catalog = _varied(preset, catalog, param, value)
-            setup = varied_preset.experiment_setup()
             per_seed = []
             for seed in seeds:
                 sessions = make_sessions(varied_preset.workload, varied_catalog, seed)
+                setup = varied_preset.experiment_setup(None, sessions, varied_catalog)
                 doc = run_experiment(sessions, varied_catalog, setup, ["round", "talaria"], on_call)
                 per_seed.append(_row(doc))
             row: dict[str, Any] = {"param": param, "value": value, "seeds": len(per_seed)}

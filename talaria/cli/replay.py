@@ -193,7 +193,7 @@ def replay(
     calls = sum(s.num_calls for s in session_list)
     runs = len(names) + 1
     try:
-        setup = chosen.experiment_setup(nodes)
+        setup = chosen.experiment_setup(nodes, session_list, catalog)
         _check_fits(catalog, setup.server, setup.models)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc

@@ -1,0 +1,109 @@
+"""A static packing of a fleet's models onto nodes by demand (issue 28).
+
+Demand of model m: ``D_m = Σ`` over its sessions of their calls' service time alone on a node
+(the oracle's sum, sim/oracle.py, less the tool gaps): GPU-node seconds of work. A model on
+``r_m`` nodes puts ``D_m / r_m`` on each; a node's load is the sum over its models.
+
+``pack`` (greedy, deterministic):
+
+1. models by demand, largest first, each onto the feasible node with the least load (ties:
+   the lower index). Feasible: the model is not there yet, and the node's models' weights,
+   with this one's, fit ``weight_budget_bytes`` (their pinned host copies: a node can wake
+   any model it hosts, runtime/factory.py ``node_memory``);
+2. then, while it lowers the largest node load, the heaviest share ``D_m / r_m`` on the most
+   loaded node gets one more replica, on the least loaded feasible node.
+
+``weight_budget_bytes``: host DRAM × (1 − reserve) less the host KV tier a node keeps
+(``HOST_KV_FLOOR_BYTES``, as the cluster preset's layout keeps ≥ 500 GB, sim/presets.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from talaria.core.catalog import Catalog
+from talaria.core.trace import SessionTrace
+from talaria.runtime.costmodel import CostModel
+from talaria.runtime.factory import HOST_RESERVE_FRACTION
+from talaria.sim.oracle import oracle_sct_s
+
+HOST_KV_FLOOR_BYTES = 500e9
+"""Host DRAM a node keeps for paused sessions' KV beyond its models' pinned weights."""
+
+
+class NoPlacement(ValueError):
+    """The models cannot all be placed on so few nodes (their weights do not fit)."""
+
+
+def model_demand(
+    sessions: Sequence[SessionTrace], catalog: Catalog, server: str, profile: str
+) -> dict[str, float]:
+    """``D_m`` (module docstring), seconds, for every model with sessions."""
+    costs: dict[str, CostModel] = {}
+    demand: dict[str, float] = {}
+    for session in sessions:
+        if session.model not in costs:
+            costs[session.model] = CostModel(
+                catalog.model(session.model), catalog.server(server), catalog.profile(profile)
+            )
+        gaps = sum(c.tool_gap_s or 0.0 for c in session.calls)
+        alone = oracle_sct_s(session, costs[session.model]) - gaps
+        demand[session.model] = demand.get(session.model, 0.0) + alone
+    return demand
+
+
+def weight_budget_bytes(catalog: Catalog, server: str) -> float:
+    """The pinned weights a node can hold (module docstring)."""
+    dram = catalog.server(server).host_dram_bytes
+    return dram * (1 - HOST_RESERVE_FRACTION) - HOST_KV_FLOOR_BYTES
+
+
+def pack(
+    demand: Mapping[str, float],
+    weight_bytes: Mapping[str, float],
+    nodes: int,
+    budget_bytes: float,
+) -> tuple[tuple[str, ...], ...]:
+    """Each node's models (module docstring); ``NoPlacement`` if some model finds no node."""
+    if nodes < 1:
+        raise NoPlacement(f"need at least one node, got {nodes}")
+    order = sorted(demand, key=lambda m: (-demand[m], m))
+    hosted: list[list[str]] = [[] for _ in range(nodes)]
+    replicas = dict.fromkeys(order, 0)
+
+    def load(i: int) -> float:
+        return sum(demand[m] / replicas[m] for m in hosted[i])
+
+    def feasible(i: int, model: str) -> bool:
+        used = sum(weight_bytes[m] for m in hosted[i])
+        return model not in hosted[i] and used + weight_bytes[model] <= budget_bytes
+
+    def least_loaded(model: str) -> int | None:
+        options = [i for i in range(nodes) if feasible(i, model)]
+        return min(options, key=lambda i: (load(i), i)) if options else None
+
+    for model in order:
+        target = least_loaded(model)
+        if target is None:
+            raise NoPlacement(
+                f"{model} ({weight_bytes[model] / 1e9:.0f} GB) fits no node of {nodes}: "
+                f"each holds at most {budget_bytes / 1e9:.0f} GB of pinned weights"
+            )
+        hosted[target].append(model)
+        replicas[model] += 1
+    while True:
+        busiest = max(range(nodes), key=lambda i: (load(i), -i))
+        peak = load(busiest)
+        if peak <= 0:
+            break
+        heaviest = max(hosted[busiest], key=lambda m: (demand[m] / replicas[m], m))
+        target = least_loaded(heaviest)
+        if target is None:
+            break
+        hosted[target].append(heaviest)
+        replicas[heaviest] += 1
+        if max(load(i) for i in range(nodes)) >= peak:  # no better: undo and stop
+            hosted[target].remove(heaviest)
+            replicas[heaviest] -= 1
+            break
+    return tuple(tuple(models) for models in hosted)

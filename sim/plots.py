@@ -231,3 +231,29 @@ def plot_fidelity(doc: dict[str, Any], path: str | Path, title: str = "") -> Pat
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_plan(doc: dict[str, Any], path: str | Path) -> Path:
+    """GPUs needed against the SLO (p95 SCT ÷ dedicated's, one node per model), per layout
+    family: for each SLO the fewest evaluated nodes whose p95 meets it (``talaria plan``'s
+    replays, read off again for every SLO); the plan's own SLO dashed."""
+    reference = doc["reference"]["p95_sct_s"]
+    gpus = doc["gpus_per_node"]
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    xs = [1.0 + 0.05 * i for i in range(61)]  # 1× to 4×
+    for family in ("static", "dedicated"):
+        points = [p for p in doc["points"] if p["family"] == family]
+        ys = []
+        for x in xs:
+            meeting = [p["nodes"] for p in points if p["p95_sct_s"] <= x * reference]
+            ys.append(min(meeting) * gpus if meeting else math.nan)
+        ax.step(xs, ys, where="post", label=family, linewidth=2 if family == "static" else 1.2)
+    ax.axvline(doc["slo"]["p95_sct_s"] / reference, color="0.4", linestyle="--", label="plan's SLO")
+    ax.set_xlabel("SLO: p95 SCT ÷ dedicated's p95 (one node per model)")
+    ax.set_ylabel("GPUs needed")
+    ax.set_title(f"preset {doc['preset']}, seed {doc['seed']}: GPUs needed against the SLO")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return _save(fig, path)

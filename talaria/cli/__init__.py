@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from talaria.cli import calibrate, catalog, replay, runtime, serve, trace
+from talaria.cli import calibrate, catalog, plan, replay, runtime, serve, trace
 
 app = typer.Typer(
     help="Talaria: session-aware serving of tool-using agents on shared GPU nodes.",
@@ -51,6 +51,7 @@ def _root(
 
 
 app.command()(replay.replay)
+app.command()(plan.plan)
 app.command()(calibrate.calibrate)
 app.command()(catalog.catalog)
 app.command()(serve.serve)

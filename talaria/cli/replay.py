@@ -64,8 +64,10 @@ def replay(
         str,
         typer.Option(
             help="Workload and node setup: 'paper' (30 sessions, 960 calls, one "
-            "8×H200 node, three 100B+ models), 'small', or 'cluster' (four nodes, six "
-            "models, 120 sessions; a router picks the node of every call)."
+            "8×H200 node, three 100B+ models), 'small', 'cluster' (four nodes, six "
+            "models, 120 sessions; a router picks the node of every call), or 'fleet' "
+            "(fifteen models, 600 sessions whose model shares shift and burst, packed onto "
+            "8 nodes or --nodes by demand)."
         ),
     ] = "paper",
     trace: Annotated[
@@ -98,7 +100,7 @@ def replay(
         typer.Option(
             min=1,
             help="Nodes that each host every model (default 1; presets with their own "
-            "node layout, like 'cluster', ignore it).",
+            "node layout, like 'cluster', ignore it; 'fleet' packs its models onto them).",
         ),
     ] = None,
     json_out: Annotated[

@@ -14,7 +14,7 @@ SLO:
 - ``dedicated``: every model on nodes of its own; from one node per model, one more node at a
   time for the model whose sessions' p95 SCT is the worst, until the SLO is met.
 
-Every count evaluated is kept (``curve``), so the nodes needed for any other SLO are read off
+Every count evaluated is kept (``points``), so the nodes needed for any other SLO are read off
 the same replays (``nodes_for``). Talaria with a placement controller that moves models by
 demand is issue 28's next step and is not planned here.
 """

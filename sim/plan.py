@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 from typing import Any
 
 from talaria.core.catalog import Catalog
@@ -196,7 +197,8 @@ def _runner(
                 if on_point:
                     on_point(points[-1])
             return points
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawned, not forked: the parent may hold threads (a progress bar's, a test's loop)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
             futures = [pool.submit(replay_layout, *a) for a in args]
             points = []
             for future in futures:

@@ -286,10 +286,16 @@ def test_a_disconnected_client_stops_its_generation(served: ServeProcess) -> Non
             break
         threading.Event().wait(0.2)  # polling a real process's state: no event to wait on
     assert [c["status"] for c in calls] == ["cancelled"]
-    before = _cpu_ticks(engines)
-    threading.Event().wait(2.0)
-    busy = (_cpu_ticks(engines) - before) / 2.0  # ticks per second; 100 = one core
-    assert busy < 50, busy  # generating, the engine processes use ~200 here
+    # The engine processes go idle within seconds (the abort reaches the engine after the
+    # record: one 2 s window right after it once caught 50 ticks/s under CI load); still
+    # generating, they use ~200 ticks/s for the minute 6,000 tokens take.
+    rates: list[int] = []  # ticks in each second; 100 = one core
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (not rates or rates[-1] >= 50):
+        before = _cpu_ticks(engines)
+        threading.Event().wait(1.0)  # sampling a real process's CPU: no event to wait on
+        rates.append(_cpu_ticks(engines) - before)
+    assert rates[-1] < 50, rates
 
 
 QWEN_ALWAYS_ON = (

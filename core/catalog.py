@@ -119,6 +119,22 @@ class ServerSpec:
     weight_wake_bytes_per_s_per_gpu: float
     weight_sleep_bytes_per_s_per_gpu: float
     gpu_memory_utilization: float = 0.9
+    peer_network_bytes_per_s: float = 0.0
+    """Node to node, the whole node's fabric (a model's weights copied from a peer's host
+    memory); 0: not known (placement then refuses to plan a peer copy)."""
+    storage_read_bytes_per_s: float = 0.0
+    """Weights read from storage by the engine's loader, the whole node; 0: not known."""
+    engine_init_s: float = 0.0
+    """Starting a new engine beyond reading its weights (process, compile, CUDA graphs)."""
+
+    def placement_s(self, weight_bytes: float, from_peer: bool) -> float:
+        """Seconds to place a model on this node: weights ÷ (the peer fabric's or the storage
+        loader's rate) + the engine's start (``engine_init_s``)."""
+        rate = self.peer_network_bytes_per_s if from_peer else self.storage_read_bytes_per_s
+        if rate <= 0:
+            field_name = "peer_network_bytes_per_s" if from_peer else "storage_read_bytes_per_s"
+            raise CatalogError(f"server {self.name} has no {field_name}: placement needs it")
+        return weight_bytes / rate + self.engine_init_s
 
     @property
     def hbm_bytes(self) -> float:

@@ -406,3 +406,18 @@ def test_each_shipped_model_names_its_vllm_parsers(
     that the pinned vLLM registers these names)."""
     model = _model(name)
     assert (model.tool_parser, model.reasoning_parser) == (tool_parser, reasoning_parser)
+
+
+def test_placing_a_model_costs_its_weights_at_the_sources_rate_plus_the_engine_start() -> None:
+    catalog = load_catalog()
+    h200 = catalog.server("h200x8")
+    weights = catalog.model("deepseek-v3-fp8").weight_bytes
+    assert h200.placement_s(weights, from_peer=True) == pytest.approx(
+        weights / h200.peer_network_bytes_per_s + h200.engine_init_s
+    )
+    assert h200.placement_s(weights, from_peer=False) == pytest.approx(
+        weights / h200.storage_read_bytes_per_s + h200.engine_init_s
+    )
+    assert h200.placement_s(weights, from_peer=False) > h200.placement_s(weights, from_peer=True)
+    with pytest.raises(CatalogError, match="storage_read_bytes_per_s"):
+        catalog.server("cpu-vllm").placement_s(1e9, from_peer=False)

@@ -78,6 +78,25 @@ class NodeConfig:
         raise NodeConfigError(f"model {model.name}: no directory {model.path!r}")
 
 
+def model_config(entry: Any, where: str, engines: tuple[str, ...]) -> ModelConfig:
+    """One ``[[model]]`` entry (a TOML table, or the JSON body of the runtime's
+    ``POST /v1/runtime/models``): ``name``, ``engine`` (one of ``engines``; default ``sim``),
+    ``path``, and the engine's options; ``NodeConfigError`` names what is wrong."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise NodeConfigError(f"{where}: every [[model]] needs a name")
+    engine = entry.get("engine", "sim")
+    if engine not in engines:
+        raise NodeConfigError(
+            f"{where}: model {entry['name']}: unknown engine {engine!r}; "
+            f"known engines: {', '.join(engines)}"
+        )
+    path = entry.get("path")
+    if path is not None and not isinstance(path, str):
+        raise NodeConfigError(f"{where}: model {entry['name']}: path must be a string")
+    options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
+    return ModelConfig(entry["name"], engine, path, options)
+
+
 def load_node_config(path: str | Path) -> NodeConfig:
     """The node config of a TOML file (the module docstring shows one); a missing field or an
     unknown name is a ``NodeConfigError``."""
@@ -92,18 +111,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     entries = doc.get("model", [])
     if not isinstance(entries, list) or not entries:
         raise NodeConfigError(f"{file}: needs at least one [[model]]")
-    models = []
-    for entry in entries:
-        if not isinstance(entry, dict) or "name" not in entry:
-            raise NodeConfigError(f"{file}: every [[model]] needs a name")
-        engine = entry.get("engine", "sim")
-        if engine not in ENGINES:
-            raise NodeConfigError(
-                f"{file}: model {entry['name']}: unknown engine {engine!r}; "
-                f"known engines: {', '.join(ENGINES)}"
-            )
-        options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
-        models.append(ModelConfig(entry["name"], engine, entry.get("path"), options))
+    models = [model_config(entry, str(file), tuple(ENGINES)) for entry in entries]
     known = {"name", "policy", "quantum_s", "time_scale", "server", "profile"}
     unknown = set(node) - known
     if unknown:

@@ -9,7 +9,7 @@ the config's ``engine`` name.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
@@ -79,7 +79,26 @@ def build_sim_node(
         )
         for spec in specs
     }
-    return NodeScheduler(name, engines, memory, clock, flags, config, pcie)
+    return NodeScheduler(name, engines, memory, clock, flags, config, pcie, device)
+
+
+def add_sim_model(
+    node: NodeScheduler,
+    setup: NodeSetup,
+    model: str,
+    catalog: Catalog,
+    replies: ReplyPolicy = DEFAULT_REPLIES,
+) -> None:
+    """Host ``model`` on a node ``build_sim_node`` built (placement): a ``SimEngine`` sharing
+    the node's memory, link and GPUs, whose pinned host weight copy leaves the host KV tier."""
+    assert node.pcie is not None and node.device is not None, "a build_sim_node node"
+    spec = catalog.model(model)
+    cost = CostModel(spec, catalog.server(setup.server), catalog.profile(setup.profile))
+    engine = SimEngine(
+        spec, cost, node.memory, node.pcie, node.clock, node.name, node.flags.host_kv, replies,
+        node.device,
+    )  # fmt: skip
+    node.add_model(model, engine, spec.weight_bytes)
 
 
 @dataclass
@@ -88,6 +107,9 @@ class BuiltNode:
 
     node: NodeScheduler
     engines: dict[str, Engine]
+    host_weight_bytes: dict[str, float] = field(default_factory=dict)
+    """Per model: its pinned host weight copy, outside the host KV tier (0 or absent: an
+    engine that keeps its own memory)."""
 
 
 def _calibrated_cost(config: NodeConfig, catalog: Catalog, model: str) -> CostModel | None:
@@ -232,6 +254,43 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
         memory = _device_memory(engines.values())
     scheduler = NodeScheduler(
         config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),
-        pcie,
+        pcie, device,
     )  # fmt: skip
-    return BuiltNode(scheduler, engines)
+    host = {m.name: catalog.model(m.name).weight_bytes for m in bound}
+    return BuiltNode(scheduler, engines, host)
+
+
+async def place_model(
+    built: BuiltNode, config: NodeConfig, model: ModelConfig, catalog: Catalog
+) -> Engine:
+    """Start an engine for ``model`` (a ``[[model]]`` entry) on a running node and host it
+    (placement, the runtime's ``POST /v1/runtime/models``): built by its registered kind with
+    the node's shared memory, link and GPUs, started, then added to the scheduler; an engine
+    that keeps its memory in ``NodeMemory`` takes its pinned host weight copy out of the host
+    KV tier. ``ValueError`` if the node hosts it already."""
+    node = built.node
+    if model.name in node.engines:
+        raise ValueError(f"node {node.name} already hosts {model.name!r}")
+    kind = engine_kind(model.engine)
+    assert node.pcie is not None and node.device is not None, "a built node"
+    site = EngineSite(
+        config, model, catalog, node.clock, node.flags, node.memory, node.pcie, node.device
+    )
+    engine = kind.build(site)
+    await engine.start()
+    host_bytes = catalog.model(model.name).weight_bytes if kind.uses_node_memory else 0.0
+    node.add_model(model.name, engine, host_bytes)
+    built.engines[model.name] = engine
+    built.host_weight_bytes[model.name] = host_bytes
+    return engine
+
+
+async def unplace_model(built: BuiltNode, name: str) -> None:
+    """Stop hosting ``name`` (the runtime's ``DELETE /v1/runtime/models/{name}``): the
+    scheduler retires it once its calls are done (``NodeScheduler.retire``), then its engine
+    shuts down."""
+    engine = built.engines[name]
+    await built.node.retire(name, built.host_weight_bytes.get(name, 0.0))
+    del built.engines[name]
+    built.host_weight_bytes.pop(name, None)
+    await engine.shutdown()

@@ -9,6 +9,8 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   close reason, admissions) and per-model ``engines`` info;
 - ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
   ``.../moved``;
+- ``POST /v1/runtime/models``, ``DELETE /v1/runtime/models/{name}``: placement
+  (runtime/placement_routes.py);
 - ``GET /healthz`` (liveness: 503 while the event loop is blocked and for a minute after,
   core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining).
 
@@ -24,13 +26,14 @@ A request body that takes longer than ``BODY_TIMEOUT_S`` to arrive gets 408 (cor
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
 import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -40,7 +43,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from talaria.core.body_deadline import BODY_TIMEOUT_S, BodyDeadline, BodyTimeout
-from talaria.core.catalog import load_catalog
+from talaria.core.catalog import Catalog, load_catalog
 from talaria.core.clock import LoopClock
 from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline, LoopWatchdog
@@ -60,6 +63,7 @@ from talaria.core.types import (
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.engine import Engine
 from talaria.runtime.factory import BuiltNode, build_node_from_config
+from talaria.runtime.placement_routes import router as placement_router
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
 log = logging.getLogger("talaria.runtime")
@@ -75,13 +79,21 @@ admissions); its ``recent_slots`` holds ``core.status.RECENT_SLOTS``."""
 
 @dataclass
 class RuntimeState:
-    """What the routes read: the node's config, its scheduler, the loop watchdog, and whether
-    it is ready (engines started, not draining)."""
+    """What the routes read: the node's config, the built node (its scheduler and engines),
+    the catalog, the loop watchdog, and whether it is ready (engines started, not draining)."""
 
     config: NodeConfig
-    node: NodeScheduler
+    built: BuiltNode
+    catalog: Catalog
     watchdog: LoopWatchdog
     ready: bool = False
+    changes: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a model is added or removed (runtime/placement_routes.py)."""
+
+    @property
+    def node(self) -> NodeScheduler:
+        """The node's scheduler."""
+        return self.built.node
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -96,7 +108,8 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         clock = LoopClock(config.time_scale)
-        built: BuiltNode = build_node_from_config(config, load_catalog(catalog_paths or []), clock)
+        catalog = load_catalog(catalog_paths or [])
+        built: BuiltNode = build_node_from_config(config, catalog, clock)
         started: list[Engine] = []
         try:
             for name, engine in built.engines.items():  # one at a time (vLLM's memory check)
@@ -110,7 +123,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         built.node.start()
         watchdog = LoopWatchdog()
         watchdog.start()
-        state = RuntimeState(config, built.node, watchdog, ready=True)
+        state = RuntimeState(config, built, catalog, watchdog, ready=True)
         app.state.runtime = state
         try:
             yield
@@ -118,10 +131,11 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             watchdog.stop()
             state.ready = False
             await built.node.stop()
-            for engine in built.engines.values():
+            for engine in list(built.engines.values()):
                 await engine.shutdown()
 
     app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.include_router(placement_router)
     app.add_middleware(BodyDeadline, timeout_s=BODY_TIMEOUT_S)
 
     @app.exception_handler(BodyTimeout)

@@ -140,13 +140,7 @@ class HttpRuntime:
                     raise RuntimeUnavailable(f"runtime {self.url} is not reachable: {exc}") from exc
                 await asyncio.sleep(0.2 * 2**attempt)
         self.name = data["instance"]
-        self._models = tuple(data["model_names"])
-        engines = data.get("engines") or {}
-        self._windows = {
-            m: int(info["max_model_len"])
-            for m, info in engines.items()
-            if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
-        }
+        self._learn_models(data)
         try:
             self.status_cache.put(status_from_dict(data))
         except ProtocolError as exc:
@@ -171,8 +165,23 @@ class HttpRuntime:
         """The server's status for routing (status_cache.py says how old it may be)."""
         return await self.status_cache.get()
 
+    def _learn_models(self, data: Mapping[str, Any]) -> None:
+        """The models (and their windows) a status document lists: a placement controller may
+        add or remove models while the runtime runs (runtime/placement_routes.py), and every
+        status read picks the change up."""
+        names = data.get("model_names")
+        if isinstance(names, list):
+            self._models = tuple(str(n) for n in names)
+        engines = data.get("engines") or {}
+        self._windows = {
+            m: int(info["max_model_len"])
+            for m, info in engines.items()
+            if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
+        }
+
     async def _fetch_status(self) -> InstanceStatus:
         data = await self._get_status()
+        self._learn_models(data)
         try:
             return status_from_dict(data)
         except ProtocolError as exc:

@@ -25,7 +25,7 @@ from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
-from talaria.runtime.scheduling.resources import NodeMemory, PcieLink
+from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.sessions import SessionBook
 from talaria.runtime.scheduling.state import NodeState, SlotRecord, SlotState, WaitingCall
 
@@ -83,9 +83,12 @@ class NodeScheduler:
         flags: SchedulerFlags,
         config: SchedulerConfig | None = None,
         pcie: PcieLink | None = None,
+        device: DeviceShare | None = None,
     ) -> None:
         self.name = name
         self.pcie = pcie  # the engines' shared link, kept for the replay's statistics
+        self.device = device
+        """The engines' shared GPUs, kept for an engine added later (``add_model``)."""
         self.engines = dict(engines)
         self.order = list(engines)
         self.memory = memory
@@ -123,6 +126,11 @@ class NodeScheduler:
     def slots(self) -> list[SlotRecord]:
         """Every slot so far, oldest first."""
         return self._slot.records
+
+    @property
+    def clock(self) -> Clock:
+        """The node's clock (engines added later share it)."""
+        return self._clock
 
     @property
     def active_model(self) -> str | None:
@@ -192,6 +200,48 @@ class NodeScheduler:
         self._waiting[request.model].append(waiting)
         self._wake.set()
         return waiting
+
+    def add_model(self, model: str, engine: Engine, host_weight_bytes: float = 0.0) -> None:
+        """Host ``model`` from now on (placement): it joins the round-robin order last, its
+        pinned host weight copy (``host_weight_bytes``) leaves the host KV tier."""
+        if model in self.engines:
+            raise ValueError(f"node {self.name} already hosts {model!r}")
+        self.memory.resize_host_kv(-host_weight_bytes)
+        self.engines[model] = engine
+        self.order.append(model)
+        self._waiting[model] = deque()
+        self._wake.set()
+
+    async def retire(self, model: str, host_weight_bytes: float = 0.0) -> None:
+        """Stop hosting ``model`` (placement): wait until no call of it waits or runs and no
+        transition is under way, put it to sleep if resident (its weights released, its
+        sessions' KV dropped), and give its pinned host copy back to the host KV tier. The
+        caller has stopped sending it calls."""
+        if model not in self.engines:
+            raise UnknownModelError(f"node {self.name} does not host model {model!r}")
+        engine = self.engines[model]
+        while self._waiting[model] or engine.running or self._loop.transition is not None:
+            self._state.call_done.clear()
+            await self._clock.wait_event(self._state.call_done, self.config.quantum_s)
+        slot = self._slot
+        if model in slot.resident:
+            slot.resident.remove(model)
+            slot.leaving.discard(model)
+            slot.serving_since.pop(model, None)
+            await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=True)
+            if slot.active == model:
+                slot.active = slot.resident[0] if slot.resident else None
+        for key in [k for k, e in self.memory.kv.items() if e.model == model]:
+            self._holds.release(key, ReleaseReason.MOVED)
+            self.memory.drop(key)
+        for key in [k for k, s in self._sessions.sessions.items() if s.model == model]:
+            self._holds.release(key, ReleaseReason.MOVED)
+            self._sessions.forget(key)
+        del self.engines[model]
+        self.order.remove(model)
+        del self._waiting[model]
+        self.memory.resize_host_kv(host_weight_bytes)
+        self._wake.set()
 
     def hint(self, session_key: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s``."""

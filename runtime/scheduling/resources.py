@@ -94,6 +94,17 @@ class NodeMemory:
         self.peak_hbm_bytes = max(self.peak_hbm_bytes, used)
         self.peak_host_kv_bytes = max(self.peak_host_kv_bytes, self._host_kv_bytes)
 
+    def resize_host_kv(self, delta_bytes: float) -> None:
+        """The host KV tier grows by ``delta_bytes`` (shrinks if negative: a model's pinned
+        weight copy arrives); shrinking drops the least recently used unpinned host KV until
+        the tier fits (``CapacityError`` if pinned KV alone exceeds it)."""
+        self.host_kv_capacity_bytes = max(0.0, self.host_kv_capacity_bytes + delta_bytes)
+        for entry in self.lru(KvLocation.HOST):
+            if self._host_kv_bytes <= self.host_kv_capacity_bytes:
+                break
+            self.drop(entry.session_key)
+        self._check()
+
     # -- weights ---------------------------------------------------------------------------
     def load_weights(self, model: str, nbytes: float) -> None:
         """The model's weights are in HBM (replacing any staged copy)."""

@@ -1,0 +1,76 @@
+"""The runtime's placement endpoints over HTTP (runtime/placement_routes.py): a model is added
+to a running node and served through the proxy, then removed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.config import load_node_config
+from talaria.runtime.server import create_runtime_app
+from tests.integration.server import running_app, running_proxy
+
+NODE_TOML = """
+[node]
+name = "rt-place"
+quantum_s = 30
+time_scale = 500
+
+[[model]]
+name = "glm-4.5-fp8"
+engine = "sim"
+"""
+
+
+def test_a_model_is_added_served_through_the_proxy_and_removed(tmp_path: Path) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(NODE_TOML)
+    app = create_runtime_app(load_node_config(path))
+    with running_app(app) as runtime:
+        models = runtime + "/v1/runtime/models"
+        for bad, status in [
+            ({"engine": "sim"}, 400),  # no name
+            ({"name": "gpt-oss-120b", "engine": "tpu"}, 400),  # no such engine
+            ({"name": "not-in-the-catalog", "engine": "sim"}, 400),
+            ({"name": "glm-4.5-fp8", "engine": "sim"}, 409),  # hosted already
+        ]:
+            answer = httpx.post(models, json=bad)
+            assert answer.status_code == status, (bad, answer.text)
+            assert "error" in answer.json()
+        assert httpx.post(models, content=b"{not json").status_code == 400
+        added = httpx.post(models, json={"name": "gpt-oss-120b", "engine": "sim"})
+        assert added.status_code == 201, added.text
+        assert added.json()["model_names"] == ["glm-4.5-fp8", "gpt-oss-120b"]
+        status = httpx.get(runtime + "/v1/runtime/status").json()
+        assert status["model_names"] == ["glm-4.5-fp8", "gpt-oss-120b"]
+        assert set(status["models"]) == {"glm-4.5-fp8", "gpt-oss-120b"}
+
+        settings = ProxySettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
+            admin_token="admin-secret-token",
+            runtimes=[runtime],
+        )
+        with running_proxy(settings) as proxy:
+            client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+            assert sorted(m.id for m in client.models.list()) == ["glm-4.5-fp8", "gpt-oss-120b"]
+            reply = client.chat.completions.create(
+                model="gpt-oss-120b", messages=[{"role": "user", "content": "placed"}]
+            )
+            assert reply.model == "gpt-oss-120b" and reply.usage.completion_tokens > 0
+
+            removed = httpx.delete(models + "/gpt-oss-120b")
+            assert removed.status_code == 200 and removed.json()["model_names"] == ["glm-4.5-fp8"]
+            assert sorted(m.id for m in client.models.list()) == ["glm-4.5-fp8"]
+            try:
+                client.chat.completions.create(
+                    model="gpt-oss-120b", messages=[{"role": "user", "content": "gone"}]
+                )
+                raise AssertionError("a removed model must not be served")
+            except openai.NotFoundError as exc:
+                assert "gpt-oss-120b" in str(exc)
+        assert httpx.delete(models + "/gpt-oss-120b").status_code == 404
+        last = httpx.delete(models + "/glm-4.5-fp8")
+        assert last.status_code == 409 and "last model" in last.json()["error"]

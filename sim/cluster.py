@@ -12,21 +12,40 @@ call the book forgets the session, and every other node the session visited is t
 session ended (so it drops the session's stale KV), as the proxy would.
 
 One node, or a model hosted by one node (``dedicated``): the only candidate, every time.
+
+The candidates are those of the placement table (core/placement/table.py): fixed by the layout,
+or changed by a placement driver (sim/placement_driver.py), which also hears of every call
+(its demand) and is asked for a replica when a call's model has none (a cold start).
 """
 
 from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from talaria.core.clock import Clock
+from talaria.core.placement import PlacementTable
 from talaria.core.reservations import SessionReservations
 from talaria.core.routing import RouteRequest, RoutingConfig, route
 from talaria.core.routing.request import NoInstanceError
 from talaria.core.routing.routers import get_router
 from talaria.core.types import CallRequest, CallResult
 from talaria.runtime.scheduling.node import NodeScheduler
+
+
+class Placer(Protocol):
+    """What the dispatcher needs of a placement driver."""
+
+    def observe(self, request: CallRequest) -> None:
+        """A call arrived (its demand)."""
+
+    async def ensure(self, model: str) -> None:
+        """Return once some node serves ``model``."""
+
+    def finished(self, result: CallResult) -> None:
+        """A call finished (its duration)."""
 
 
 class Dispatcher:
@@ -40,6 +59,8 @@ class Dispatcher:
         clock: Clock,
         config: RoutingConfig | None = None,
         seed: int = 0,
+        table: PlacementTable | None = None,
+        placer: Placer | None = None,
     ) -> None:
         self.router = get_router(router).name
         self.config = config or RoutingConfig()
@@ -50,26 +71,30 @@ class Dispatcher:
         self._clock = clock
         self._rng = random.Random(seed)
         self._nodes = {n.name: n for n in nodes}
-        self._hosting: dict[str, list[NodeScheduler]] = {}
-        for node in nodes:
-            for model in node.engines:
-                self._hosting.setdefault(model, []).append(node)
+        self.table = table or PlacementTable({n.name: n.engines for n in nodes})
+        self._placer = placer
         self._last: dict[str, str] = {}
+        self._model: dict[str, str] = {}
         self._visited: dict[str, set[str]] = {}
 
     async def call(self, request: CallRequest) -> CallResult:
         """Route ``request``, submit it, and keep the session's routing state."""
         sid = request.session_key
-        candidates = self._hosting.get(request.model)
-        if not candidates:
-            raise NoInstanceError(f"no node hosts model {request.model!r}")
+        last = self._last.get(sid)
+        if self._placer is not None:
+            self._placer.observe(request)
+        names = self.table.candidates(request.model, last, self._clock.now())
+        while not names:
+            if self._placer is None:
+                raise NoInstanceError(f"no node hosts model {request.model!r}")
+            await self._placer.ensure(request.model)
+            names = self.table.candidates(request.model, last, self._clock.now())
         now = self._clock.now()
         reserved = self.book.reserved(sid, now)
-        last = self._last.get(sid)
         decision = route(
             self.router,
             RouteRequest(sid, request.model, request.prompt_tokens, last, reserved),
-            [node.status() for node in candidates],
+            [self._nodes[name].status() for name in names],
             self.config,
             self._rng,
         )
@@ -79,9 +104,12 @@ class Dispatcher:
             self.migrations += 1
             self._nodes[last].session_moved(sid)
         self._last[sid] = decision.instance
+        self._model[sid] = request.model
         self._visited.setdefault(sid, set()).add(decision.instance)
         node = self._nodes[decision.instance]
         result = await node.submit(request)
+        if self._placer is not None:
+            self._placer.finished(result)
         final = request.session_final
         self.book.finished(
             sid,
@@ -95,4 +123,13 @@ class Dispatcher:
             for other in sorted(self._visited.pop(sid, set()) - {node.name}):
                 self._nodes[other].end_session(sid)
             self._last.pop(sid, None)
+            self._model.pop(sid, None)
         return result
+
+    def live(self) -> Mapping[tuple[str, str], int]:
+        """(node, model) → sessions not ended whose last call went to that node."""
+        counts: dict[tuple[str, str], int] = {}
+        for sid, node in self._last.items():
+            key = (node, self._model[sid])
+            counts[key] = counts.get(key, 0) + 1
+        return counts

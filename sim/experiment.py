@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.placement import PlacementConfig
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult, KvSource
@@ -50,6 +51,8 @@ class ExperimentSetup:
     """Seed of the router's tie-break rng (``random.Random``), the same for every policy."""
     routing: RoutingConfig = field(default_factory=RoutingConfig)
     """Scorer weights and reference scales of every router (recorded in the document)."""
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    """The placement controller's settings, for policies that run it (``placement``)."""
 
     def __post_init__(self) -> None:
         if self.node_models is None:
@@ -153,9 +156,12 @@ def run_experiment(
             routing=setup.routing,
             routing_seed=seed,
             transport=Transport.of(catalog.profile(setup.profile)),
+            placement=setup.placement if policy.placement else None,
         )
         summary = _summary(outcome)
         summary["flags"] = asdict(policy.flags)
+        if outcome.placement is not None:
+            summary["placement"] = outcome.placement
         results[name] = summary
     document: dict[str, Any] = {
         "setup": asdict(setup),

@@ -11,12 +11,14 @@ SLO:
   ``talaria`` policy (its router and scheduler), the layout fixed for the whole trace; counts
   are tried fewest first, ``jobs`` at a time, until one meets both the SLO and the reference
   itself (so the curve covers every SLO from 1× the reference up);
+- ``talaria``: the same packing as the start, and the placement controller moving models by
+  the demand it measures (core/placement/, the ``placement`` policy); counts as for
+  ``static``;
 - ``dedicated``: every model on nodes of its own; from one node per model, one more node at a
   time for the model whose sessions' p95 SCT is the worst, until the SLO is met.
 
 Every count evaluated is kept (``points``), so the nodes needed for any other SLO are read off
-the same replays (``nodes_for``). Talaria with a placement controller that moves models by
-demand is issue 28's next step and is not planned here.
+the same replays (``nodes_for``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from talaria.sim.metrics import percentile
 from talaria.sim.placement import NoPlacement, model_demand, pack, weight_budget_bytes
 
 POLICY = "talaria"
+FAMILY_POLICY = {"static": POLICY, "dedicated": POLICY, "talaria": "placement"}
+"""The replay policy of each layout family (sim/policies.py)."""
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,14 @@ class Point:
     p95_sct_s: float
     mean_sct_s: float
     sct_s: Mapping[str, float]
+    placement: Mapping[str, Any] | None = None
+    """The placement controller's summary (``talaria`` family), else None."""
 
     def summary(self) -> dict[str, Any]:
         """The point without its per-session SCTs (for documents and tables)."""
+        extra = {"placement": self.placement} if self.placement is not None else {}
         return {
+            **extra,
             "family": self.family,
             "nodes": self.nodes,
             "layout": [list(models) for models in self.layout],
@@ -69,11 +77,12 @@ def replay_layout(
     quantum_s: float,
     layout: tuple[tuple[str, ...], ...],
 ) -> Point:
-    """Replay ``sessions`` on ``layout`` under the ``talaria`` policy."""
+    """Replay ``sessions`` on ``layout`` under the family's policy (``FAMILY_POLICY``)."""
     models = tuple(dict.fromkeys(m for node in layout for m in node))
     setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout)
-    doc = run_experiment(sessions, catalog, setup, [POLICY], include_dedicated=False)
-    result = doc["policies"][POLICY]
+    policy = FAMILY_POLICY[family]
+    doc = run_experiment(sessions, catalog, setup, [policy], include_dedicated=False)
+    result = doc["policies"][policy]
     return Point(
         family,
         len(layout),
@@ -82,7 +91,16 @@ def replay_layout(
         result["p95_sct_s"],
         result["mean_sct_s"],
         result["sct_s"],
+        _placement_summary(result.get("placement")),
     )
+
+
+def _placement_summary(placement: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """What a plan keeps of a replay's placement: moves by reason, copies, cold starts and
+    the final layout (not every move)."""
+    if placement is None:
+        return None
+    return {k: v for k, v in placement.items() if k != "moves"}
 
 
 def dedicated_layout(replicas: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
@@ -144,11 +162,12 @@ def plan(
     slo = slo_p95_s if slo_p95_s is not None else slo_x * reference.p95_sct_s
     layouts = list(static_layouts(sessions, catalog, server, profile, models, limit).values())
     enough = min(slo, reference.p95_sct_s)
-    static: list[Point] = []
-    for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
-        static += run([("static", layout) for layout in layouts[start : start + jobs]])
-        if any(p.p95_sct_s <= enough for p in static):
-            break
+    packed: dict[str, list[Point]] = {"static": [], "talaria": []}
+    for family, points in packed.items():
+        for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
+            points += run([(family, layout) for layout in layouts[start : start + jobs]])
+            if any(p.p95_sct_s <= enough for p in points):
+                break
     dedicated = [reference]
     replicas = dict(one_each)
     while dedicated[-1].p95_sct_s > slo and sum(replicas.values()) < limit:
@@ -156,14 +175,15 @@ def plan(
         replicas[worst] += 1
         dedicated += run([("dedicated", dedicated_layout(replicas))])
     plans = {}
-    for family, points in (("static", static), ("dedicated", dedicated)):
+    families = {**packed, "dedicated": dedicated}
+    for family, points in families.items():
         chosen = nodes_for(points, slo)
         plans[family] = chosen.summary() if chosen is not None else None
     return {
         "slo": {"p95_sct_s": slo, "x": None if slo_p95_s is not None else slo_x},
         "reference": reference.summary(),
         "plans": plans,
-        "points": [p.summary() for p in [*static, *dedicated]],
+        "points": [p.summary() for points in families.values() for p in points],
         "max_nodes": limit,
         "policy": POLICY,
     }

@@ -242,13 +242,15 @@ def plot_plan(doc: dict[str, Any], path: str | Path) -> Path:
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     xs = [1.0 + 0.05 * i for i in range(61)]  # 1× to 4×
-    for family in ("static", "dedicated"):
+    for family in ("talaria", "static", "dedicated"):
         points = [p for p in doc["points"] if p["family"] == family]
+        if not points:
+            continue
         ys = []
         for x in xs:
             meeting = [p["nodes"] for p in points if p["p95_sct_s"] <= x * reference]
             ys.append(min(meeting) * gpus if meeting else math.nan)
-        ax.step(xs, ys, where="post", label=family, linewidth=2 if family == "static" else 1.2)
+        ax.step(xs, ys, where="post", label=family, linewidth=2 if family == "talaria" else 1.2)
     ax.axvline(doc["slo"]["p95_sct_s"] / reference, color="0.4", linestyle="--", label="plan's SLO")
     ax.set_xlabel("SLO: p95 SCT ÷ dedicated's p95 (one node per model)")
     ax.set_ylabel("GPUs needed")

@@ -4,7 +4,8 @@ mapped.
 | name | router | flags | isolates |
 |---|---|---|---|
 | ``round`` | ``load-only`` | all off | the per-request baseline |
-| ``talaria`` | ``talaria`` | all on | the whole system |
+| ``talaria`` | ``talaria`` | all on | the whole system, on the preset's fixed layout |
+| ``placement`` | ``talaria`` | all on | ``talaria`` with the placement controller moving models |
 | ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
 | ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
 | ``-<flag>`` | ``talaria`` | ``talaria`` with one flag off | what one flag adds to the rest |
@@ -44,6 +45,8 @@ class Policy:
     name: str
     router: str
     flags: SchedulerFlags
+    placement: bool = False
+    """A placement controller moves models between the nodes (core/placement/)."""
 
 
 def resolve_policy(name: str) -> Policy:
@@ -52,13 +55,16 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "load-only", ROUND)
     if name == "talaria":
         return Policy(name, "talaria", TALARIA)
+    if name == "placement":
+        return Policy(name, "talaria", TALARIA, placement=True)
     if name in ROUTER_NAMES:
         return Policy(name, name, TALARIA)
     try:
         return Policy(name, "talaria", policy_flags(name))
     except ValueError:
         flags = [*(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
-        choices = ", ".join(dict.fromkeys(["round", "talaria", *ROUTER_NAMES, *flags]))
+        names = ["round", "talaria", "placement", *ROUTER_NAMES, *flags]
+        choices = ", ".join(dict.fromkeys(names))
         raise ValueError(
             f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)"
         ) from None

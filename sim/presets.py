@@ -170,9 +170,10 @@ PRESETS: dict[str, Preset] = {
         "fleet",
         "a serverless fleet: fifteen 100B+ models with Zipf popularity whose shares rotate "
         "over a compressed day and burst, 600 sessions; the models packed onto 8 nodes "
-        "(--nodes) by the sessions' demand, a router picks the node of every call",
+        "(--nodes) by the sessions' demand, a router picks the node of every call, and the "
+        "'placement' policy moves models between the nodes by the demand it measures",
         FLEET_WORKLOAD,
-        policies=CLUSTER_POLICIES,
+        policies=("round", "talaria", "placement", *CLUSTER_POLICIES[2:]),
         packed_nodes=8,
     ),
 }

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from talaria.core.catalog import Catalog, EfficiencyProfile
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult
@@ -28,6 +30,8 @@ from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.cluster import Dispatcher
+from talaria.sim.placement import weight_budget_bytes
+from talaria.sim.placement_driver import PlacementDriver
 
 
 @dataclass
@@ -94,6 +98,8 @@ class ReplayOutcome:
     migrations: int = 0
     """Continuation calls routed to a different node than the session's previous call."""
     transport: Transport = field(default_factory=Transport)
+    placement: dict[str, Any] | None = None
+    """The placement driver's summary (``PlacementDriver.summary``), if one ran."""
 
 
 build_node = build_sim_node
@@ -129,6 +135,7 @@ def replay(
     routing_seed: int = 0,
     transport: Transport | None = None,
     recorded_arrivals: bool = False,
+    placement: PlacementConfig | None = None,
 ) -> ReplayOutcome:
     """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time, each call
     routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``) and
@@ -137,12 +144,15 @@ def replay(
     ``recorded_arrivals``: each call is sent at its trace's ``arrival_offset_s`` (or as soon as
     the session's previous answer is back, if that is later) instead of one tool gap after the
     previous answer: the calls meet the node in the state they met live, so a call's predicted
-    latency tests the node model alone, not the drift of the session before it."""
+    latency tests the node model alone, not the drift of the session before it.
+
+    ``placement``: a placement controller moves models between the nodes by demand
+    (sim/placement_driver.py), starting from ``layout``."""
     hop = transport or Transport()
     return run_virtual(
         _replay(
             sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed, hop,
-            recorded_arrivals,
+            recorded_arrivals, placement,
         )
     )  # fmt: skip
 
@@ -159,6 +169,7 @@ async def _replay(
     routing_seed: int,
     transport: Transport,
     recorded_arrivals: bool = False,
+    placement: PlacementConfig | None = None,
 ) -> ReplayOutcome:
     import asyncio
 
@@ -166,11 +177,23 @@ async def _replay(
     nodes = [build_node(name, setup, catalog, flags, config, clock) for name, setup in layout]
     hosted = {model for node in nodes for model in node.engines}
     for session in sessions:
-        if session.model not in hosted:
+        if session.model not in hosted and placement is None:
             raise ValueError(f"no node hosts model {session.model!r}")
     for node in nodes:
         node.start()
-    proxy = Dispatcher(nodes, router, clock, routing, routing_seed)
+    driver = None
+    table = None
+    if placement is not None:
+        table = PlacementTable({n.name: n.engines for n in nodes}, placement.drain_s)
+        server = layout[0][1].server
+        driver = PlacementDriver(
+            {n.name: n for n in nodes}, dict(layout), catalog, clock, placement, table,
+            weight_budget_bytes(catalog, server), config.quantum_s,
+        )  # fmt: skip
+    proxy = Dispatcher(nodes, router, clock, routing, routing_seed, table, driver)
+    if driver is not None:
+        driver.live = proxy.live
+        driver.start()
 
     async def agent(session: SessionTrace) -> SessionOutcome:
         await clock.sleep(session.start_s - clock.now())
@@ -200,6 +223,8 @@ async def _replay(
         for task in agents:
             task.cancel()
         await asyncio.gather(*agents, return_exceptions=True)
+        if driver is not None:
+            await driver.stop()
         for node in nodes:
             await node.stop()
     return ReplayOutcome(
@@ -210,6 +235,7 @@ async def _replay(
         routing_reasons=dict(sorted(proxy.reasons.items())),
         migrations=proxy.migrations,
         transport=transport,
+        placement=driver.summary() if driver is not None else None,
     )
 
 

@@ -1,5 +1,6 @@
 """``talaria plan``: the fewest nodes (and GPUs) that meet an SLO on session completion time,
-for a static packing of the models and for dedicated nodes (sim/plan.py)."""
+for talaria with its placement controller, for a static packing of the models and for
+dedicated nodes (sim/plan.py)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,13 @@ def plan(
 ) -> None:
     """Find how many 8-GPU nodes the preset's sessions need to meet a p95 SCT SLO.
 
-    Replays the sessions on a static packing of the models by demand at every node count
-    that holds their weights (the talaria policy), and on dedicated nodes (each model on its
-    own, one more node at a time for the model worst off), and prints the fewest nodes of
-    each that meets the SLO. The JSON document has plans.static.nodes and
-    plans.dedicated.nodes (null when no count up to --max-nodes meets it), the SLO, the
-    layouts found and every replay's SCTs.
+    Replays the sessions at every node count that holds the models' weights on a packing of
+    the models by demand, fixed (static) and moved by the placement controller (talaria),
+    and on dedicated nodes (each model on its own, one more node at a time for the model
+    worst off), and prints the fewest nodes of each that meets the SLO. The JSON document
+    has plans.talaria.nodes, plans.static.nodes and plans.dedicated.nodes (null when no
+    count up to --max-nodes meets it), the SLO, the layouts found (talaria's: where it
+    started and ended, and its moves by reason) and every replay's SCTs.
     """
     from talaria.sim.plan import Point
     from talaria.sim.plan import plan as make_plan

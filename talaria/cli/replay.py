@@ -82,7 +82,9 @@ def replay(
         str | None,
         typer.Option(
             help="Comma-separated policies (default: the preset's): round (load-only router, "
-            "all flags off), talaria (talaria router, all flags on), load-only, sticky, "
+            "all flags off), talaria (talaria router, all flags on), placement (talaria "
+            "with the placement controller moving models between nodes by demand), load-only, "
+            "sticky, "
             "kv-aware (that router, all flags on), +sp_admission, +host_kv, +d2d_staging, "
             "+soft_reservations (one flag over round)."
         ),

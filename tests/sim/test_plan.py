@@ -47,8 +47,17 @@ def test_talaria_plan_writes_the_nodes_each_family_needs(tmp_path: Path) -> None
     assert {m for node in static["layout"] for m in node} == {
         m for node in dedicated["layout"] for m in node
     }
+    talaria = doc["plans"]["talaria"]
+    assert talaria["p95_sct_s"] <= slo and talaria["nodes"] <= dedicated["nodes"]
+    static_at = {p["nodes"]: p["layout"] for p in doc["points"] if p["family"] == "static"}
+    for point in (p for p in doc["points"] if p["family"] == "talaria"):
+        if point["nodes"] in static_at:  # both start from the same packing
+            assert point["layout"] == static_at[point["nodes"]]
+    placement = talaria["placement"]  # where the controller left the models, and why it moved
+    assert set(placement) >= {"final_layout", "moves_by_reason", "cold_waits", "config"}
     assert png.stat().st_size > 0
-    assert "static" in result.output and "dedicated" in result.output
+    for family in ("talaria", "static", "dedicated"):
+        assert family in result.output
 
 
 def test_an_slo_tighter_than_one_node_per_model_adds_dedicated_nodes(tmp_path: Path) -> None:

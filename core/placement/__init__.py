@@ -11,7 +11,6 @@ from talaria.core.placement.controller import (
     decide,
     node_wait,
     replicas,
-    waits,
 )
 from talaria.core.placement.table import PlacementTable
 
@@ -26,5 +25,4 @@ __all__ = [
     "decide",
     "node_wait",
     "replicas",
-    "waits",
 ]

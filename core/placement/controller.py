@@ -166,20 +166,6 @@ def node_wait(
     return sum(s * (round_s - serve[m]) for m, s in active.items()) / round_s
 
 
-def waits(view: FleetView) -> dict[str, float]:
-    """``W_i`` of every node of ``view``."""
-    r = replicas(view.nodes)
-    return {
-        n.name: node_wait(
-            {m: view.demand.get(m, 0.0) / r[m] for m in n.hosted},
-            view.call_s,
-            view.quantum_s,
-            view.switch_s,
-        )
-        for n in view.nodes
-    }
-
-
 def decide(view: FleetView, config: PlacementConfig) -> list[Move]:
     """The moves of one look (module docstring), in the order they should be made."""
     plan = _Plan(view, config)
@@ -207,16 +193,12 @@ class _Plan:
     def demand(self, model: str) -> float:
         return self.view.demand.get(model, 0.0)
 
-    def wait(self, node: str, replicas: Mapping[str, int] | None = None) -> float:
-        """``W_i`` of ``node`` as planned (with ``replicas`` counts if given)."""
-        r = replicas or self.replicas
-        return self.node_wait({m: self.demand(m) / r[m] for m in self.hosted[node]})
+    def wait(self, node: str) -> float:
+        """``W_i`` of ``node`` as planned."""
+        return self.node_wait({m: self.demand(m) / self.replicas[m] for m in self.hosted[node]})
 
     def node_wait(self, shares: Mapping[str, float]) -> float:
         return node_wait(shares, self.view.call_s, self.view.quantum_s, self.view.switch_s)
-
-    def total_wait(self) -> float:
-        return sum(self.wait(n) for n in self.hosted)
 
     def used_bytes(self, node: str) -> float:
         held = self.hosted[node] | self.nodes[node].draining

@@ -4,7 +4,7 @@ running node (issue 28).
 - ``POST /v1/runtime/models``: a ``[[model]]`` entry as JSON (``name``, ``engine``, ``path``,
   the engine's options, as in a node config) → 201 once its engine has started and the
   scheduler serves it; 400 for a bad entry (or an unknown catalog model), 409 if the node
-  hosts it already;
+  hosts it already, 503 while the runtime drains;
 - ``DELETE /v1/runtime/models/{name}`` → 200 once the scheduler has retired it (its calls
   finished, runtime/scheduling/node.py ``retire``) and its engine has shut down; 404 if the
   node does not host it, 409 for the node's last model.
@@ -37,6 +37,8 @@ def _json(data: Any, status: int = 200) -> Response:
 async def add_model(request: Request) -> Response:
     """Host one more model (module docstring)."""
     runtime = request.app.state.runtime
+    if not runtime.ready:
+        return _json({"error": "draining"}, 503)
     try:
         entry = json.loads(await request.body())
         model = model_config(entry, "POST /v1/runtime/models", tuple(ENGINES))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -75,6 +76,13 @@ async def _slowloris(port: int, count: int, started: asyncio.Event, run_s: float
 
     async def one() -> Slow:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # Nagle on (asyncio turns it off): the flood overflows the server's small listen
+        # backlog, so the kernel completes handshakes with SYN cookies, which take the
+        # client's first sequence number from whichever segment completes the handshake;
+        # without Nagle a later one-byte segment can arrive first and the bytes before it
+        # are lost (the server then answers 400). With it, a byte is sent only once the one
+        # before it was acknowledged, so the first to arrive is the first sent.
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
         opened = loop.time()
         marked = False
 

@@ -8,6 +8,7 @@ the config's ``engine`` name.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -172,6 +173,10 @@ class EngineSite:
     device: DeviceShare
 
 
+class EngineStartError(RuntimeError):
+    """A model placed on a running node could not be built or started (``place_model``)."""
+
+
 @dataclass(frozen=True)
 class EngineKind:
     """One registered engine: how to build it for a model of a node config."""
@@ -267,7 +272,10 @@ async def place_model(
     (placement, the runtime's ``POST /v1/runtime/models``): built by its registered kind with
     the node's shared memory, link and GPUs, started, then added to the scheduler; an engine
     that keeps its memory in ``NodeMemory`` takes its pinned host weight copy out of the host
-    KV tier. ``ValueError`` if the node hosts it already."""
+    KV tier. ``ValueError`` if the node hosts it already; ``NodeConfigError`` if the entry
+    cannot be built (its model directory missing or unreadable: ``OSError``, or a bad option:
+    ``ValueError``); ``EngineStartError`` if the engine fails otherwise, once what it started
+    is shut down. Either way the node is unchanged."""
     node = built.node
     if model.name in node.engines:
         raise ValueError(f"node {node.name} already hosts {model.name!r}")
@@ -276,8 +284,18 @@ async def place_model(
     site = EngineSite(
         config, model, catalog, node.clock, node.flags, node.memory, node.pcie, node.device
     )
-    engine = kind.build(site)
-    await engine.start()
+    try:
+        engine = kind.build(site)
+    except (OSError, ValueError) as exc:
+        raise NodeConfigError(f"model {model.name!r}: {exc}") from exc
+    except Exception as exc:
+        raise EngineStartError(f"model {model.name!r}: engine not built: {exc!r}") from exc
+    try:
+        await engine.start()
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await engine.shutdown()
+        raise EngineStartError(f"model {model.name!r}: engine did not start: {exc!r}") from exc
     host_bytes = catalog.model(model.name).weight_bytes if kind.uses_node_memory else 0.0
     node.add_model(model.name, engine, host_bytes)
     built.engines[model.name] = engine

@@ -4,7 +4,8 @@ running node (issue 28).
 - ``POST /v1/runtime/models``: a ``[[model]]`` entry as JSON (``name``, ``engine``, ``path``,
   the engine's options, as in a node config) → 201 once its engine has started and the
   scheduler serves it; 400 for a bad entry (or an unknown catalog model), 409 if the node
-  hosts it already, 503 while the runtime drains;
+  hosts it already, 503 while the runtime drains, 500 if its engine fails to start (what it
+  started is shut down; the node is unchanged);
 - ``DELETE /v1/runtime/models/{name}`` → 200 once the scheduler has retired it (its calls
   finished, runtime/scheduling/node.py ``retire``) and its engine has shut down; 404 if the
   node does not host it, 409 for the node's last model.
@@ -17,6 +18,7 @@ start one at a time, as at boot: vLLM's free-memory check).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,9 +26,10 @@ from fastapi.responses import Response
 
 from talaria.core.catalog import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
-from talaria.runtime.factory import ENGINES, place_model, unplace_model
+from talaria.runtime.factory import ENGINES, EngineStartError, place_model, unplace_model
 
 router = APIRouter()
+log = logging.getLogger("talaria.runtime")
 
 
 def _json(data: Any, status: int = 200) -> Response:
@@ -51,6 +54,9 @@ async def add_model(request: Request) -> Response:
             await place_model(runtime.built, runtime.config, model, runtime.catalog)
         except (CatalogError, NodeConfigError) as exc:
             return _json({"error": str(exc)}, 400)
+        except EngineStartError as exc:
+            log.error("%s", exc)
+            return _json({"error": str(exc)}, 500)
     return _json({"ok": True, "model_names": list(runtime.node.engines)}, 201)
 
 

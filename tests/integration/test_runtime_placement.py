@@ -4,12 +4,17 @@ to a running node and served through the proxy, then removed."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import httpx
 import openai
+import pytest
 
 from talaria.proxy.settings import ProxySettings
 from talaria.runtime.config import load_node_config
+from talaria.runtime.engine import Engine
+from talaria.runtime.engines.sim import SimEngine
+from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import running_app, running_proxy
 
@@ -36,6 +41,7 @@ def test_a_model_is_added_served_through_the_proxy_and_removed(tmp_path: Path) -
             ({"name": "gpt-oss-120b", "engine": "tpu"}, 400),  # no such engine
             ({"name": "not-in-the-catalog", "engine": "sim"}, 400),
             ({"name": "glm-4.5-fp8", "engine": "sim"}, 409),  # hosted already
+            ({"name": "mine", "engine": "vllm", "path": str(tmp_path / "absent")}, 400),
         ]:
             answer = httpx.post(models, json=bad)
             assert answer.status_code == status, (bad, answer.text)
@@ -74,3 +80,45 @@ def test_a_model_is_added_served_through_the_proxy_and_removed(tmp_path: Path) -
         assert httpx.delete(models + "/gpt-oss-120b").status_code == 404
         last = httpx.delete(models + "/glm-4.5-fp8")
         assert last.status_code == 409 and "last model" in last.json()["error"]
+
+
+class _FailsToStart(SimEngine):
+    """A simulated engine whose start fails after it has taken something (a child process,
+    for vLLM): ``shut_down`` tells whether the node released it."""
+
+    shut_down: ClassVar[list[str]] = []
+
+    async def start(self) -> None:
+        raise RuntimeError("engine core died during startup")
+
+    async def shutdown(self) -> None:
+        self.shut_down.append(self.model)
+
+
+def test_an_engine_that_fails_to_start_is_a_json_500_and_leaves_the_node_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def build(site: EngineSite) -> Engine:
+        engine = ENGINES["sim"].build(site)
+        engine.__class__ = _FailsToStart
+        return engine
+
+    _FailsToStart.shut_down.clear()
+    monkeypatch.setitem(ENGINES, "flaky", EngineKind(build, uses_node_memory=True))
+    path = tmp_path / "node.toml"
+    path.write_text(NODE_TOML)
+    app = create_runtime_app(load_node_config(path))
+    with running_app(app) as runtime:
+        memory = app.state.runtime.built.node.memory
+        host_kv_bytes = memory.host_kv_capacity_bytes
+        models = runtime + "/v1/runtime/models"
+        failed = httpx.post(models, json={"name": "gpt-oss-120b", "engine": "flaky"})
+        assert failed.status_code == 500 and failed.headers["content-type"] == "application/json"
+        assert "engine core died during startup" in failed.json()["error"]
+        assert _FailsToStart.shut_down == ["gpt-oss-120b"]
+        after = httpx.get(runtime + "/v1/runtime/status").json()
+        assert after["model_names"] == ["glm-4.5-fp8"] and set(after["models"]) == {"glm-4.5-fp8"}
+        assert memory.host_kv_capacity_bytes == host_kv_bytes  # no weight copy pinned
+        # the node still takes the model once an engine starts
+        added = httpx.post(models, json={"name": "gpt-oss-120b", "engine": "sim"})
+        assert added.status_code == 201, added.text

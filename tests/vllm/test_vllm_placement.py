@@ -1,15 +1,18 @@
 """Placement on the CPU build with real vLLM: a running ``talaria runtime`` process gains a
-tiny model's engine over HTTP, serves it through the proxy, and lets it go
-(runtime/placement_routes.py)."""
+tiny model's engine over HTTP, serves it through the proxy, and lets it go; an engine that
+fails to start is a JSON 500 and leaves the node as it was (runtime/placement_routes.py)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 
+import talaria.runtime
 from talaria.core.protocol import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.settings import ProxySettings
@@ -31,11 +34,40 @@ max_model_len = 2048
 """
 
 
+def _broken_model(tmp_path: Path) -> Path:
+    """tiny-llama-b's directory with an architecture vLLM does not know: its engine fails
+    to start."""
+    shipped = Path(talaria.runtime.__file__).parent / "models" / "tiny-llama-b"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    config = json.loads((shipped / "config.json").read_text())
+    config["architectures"] = ["NoSuchForCausalLM"]
+    (broken / "config.json").write_text(json.dumps(config))
+    return broken
+
+
+def _engine_cores() -> int:
+    """vLLM EngineCore processes running on this machine (their name is cut to 15 characters:
+    ``VLLM::EngineCor``)."""
+    return sum("EngineCor" in (p.info["name"] or "") for p in psutil.process_iter(["name"]))
+
+
 def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text(NODE)
     with running_runtime(config) as runtime:
         models = runtime + "/v1/runtime/models"
+        broken = _broken_model(tmp_path)
+        engine_cores = _engine_cores()
+        assert engine_cores >= 1  # tiny-a's
+        failed = httpx.post(
+            models, json={"name": "tiny-x", "engine": "vllm", "path": str(broken)}, timeout=600
+        )
+        assert failed.status_code == 500, failed.text
+        assert "NoSuchForCausalLM" in failed.json()["error"]
+        assert httpx.get(runtime + "/v1/runtime/status").json()["model_names"] == ["tiny-a"]
+        assert _engine_cores() == engine_cores  # nothing of the failed engine left running
+
         entry = {"name": "tiny-b", "engine": "vllm", "path": "tiny-llama-b", "max_model_len": 2048}
         added = httpx.post(models, json=entry, timeout=600)  # the engine starts (~20 s)
         assert added.status_code == 201, added.text

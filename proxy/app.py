@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from talaria.core.body_deadline import BodyDeadline
-from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.catalog import CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.api import admin, sessions
@@ -169,7 +169,7 @@ def create_app(
             clients = list(build_embedded(cfg, catalog, the_clock))
         for client in clients:
             await client.start()
-        windows = context_windows(clients, catalog)
+        windows = {m: spec.context_window_tokens for m, spec in catalog.models.items()}
         metrics = ProxyMetrics()
         gateway = Gateway(
             clients,
@@ -178,7 +178,7 @@ def create_app(
             the_clock,
             router=cfg.router,
             routing_seed=cfg.routing_seed,
-            context_windows=windows,
+            catalog_windows=windows,
             max_inflight_per_tenant=cfg.max_inflight_per_tenant,
             max_sessions_per_tenant=cfg.max_sessions_per_tenant,
             session_idle_timeout_s=cfg.session_idle_timeout_s,
@@ -319,16 +319,3 @@ def create_app(
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def context_windows(clients: Sequence[RuntimeClient], catalog: Catalog) -> dict[str, int]:
-    """Each hosted model's context window: the smallest any instance reports, else the
-    catalog's (a model known to neither has none, and is not checked against one)."""
-    windows: dict[str, int] = {}
-    for client in clients:
-        for model, window in client.context_windows.items():
-            windows[model] = min(window, windows.get(model, window))
-    for model in {m for c in clients for m in c.models} - windows.keys():
-        if model in catalog.models:
-            windows[model] = catalog.model(model).context_window_tokens
-    return windows

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -77,7 +77,7 @@ class Gateway:
         router: str = "talaria",
         routing: RoutingConfig | None = None,
         routing_seed: int = 0,
-        context_windows: dict[str, int] | None = None,
+        catalog_windows: Mapping[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
         max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
         session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -100,7 +100,7 @@ class Gateway:
         self.sessions = SessionBook(
             on_forget=self.reservations.end, max_per_tenant=max_sessions_per_tenant
         )
-        self.pool = RuntimePool(runtimes, time, context_windows)
+        self.pool = RuntimePool(runtimes, time, catalog_windows)
         self._recorder = Recorder(
             sink, metrics, time, router=router, durable=durable, commit_timeout_s=commit_timeout_s
         )

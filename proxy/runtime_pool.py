@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from talaria.core.clock import TimeScale
@@ -16,18 +16,19 @@ log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log 
 
 
 class RuntimePool:
-    """The runtime clients by name; ``context_windows``: model → its context window (tokens)."""
+    """The runtime clients by name; ``catalog_windows``: model → the catalog's context window
+    (tokens), for a model no instance reports a window for."""
 
     def __init__(
         self,
         runtimes: Sequence[RuntimeClient],
         time: TimeScale,
-        context_windows: dict[str, int] | None = None,
+        catalog_windows: Mapping[str, int] | None = None,
     ) -> None:
         self.runtimes = list(runtimes)
         self._by_name = {r.name: r for r in self.runtimes}
         self._time = time
-        self._windows = context_windows or {}
+        self._catalog_windows = catalog_windows or {}
         self._drained: frozenset[str] = frozenset()
 
     def __getitem__(self, name: str) -> RuntimeClient:
@@ -40,8 +41,15 @@ class RuntimePool:
         return sorted({m for r in self.runtimes for m in r.models})
 
     def context_window(self, model: str) -> int | None:
-        """The model's context window in tokens (None: unknown)."""
-        return self._windows.get(model)
+        """The model's context window in tokens: the smallest any instance reports now (its
+        engine's ``max_model_len``; a model placed while the proxy runs reports it from its
+        runtime's next status read), else the catalog's, else None (not checked)."""
+        reported = [
+            window
+            for runtime in self.runtimes
+            if (window := runtime.context_windows.get(model)) is not None
+        ]
+        return min(reported) if reported else self._catalog_windows.get(model)
 
     async def residency(self) -> dict[str, list[dict[str, Any]]]:
         """model → [{instance, state, next_slot_in_s}] (for /v1/models; wall seconds)."""

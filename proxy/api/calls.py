@@ -89,10 +89,15 @@ def _placement_key(
     return placement_key(tenant, identity.placed_by, messages, request.headers, ingress=ingress)
 
 
-def check_model(ctx: ProxyContext, model: str) -> None:
-    """404 (``unknown_model``) unless some instance hosts ``model``."""
-    if model not in ctx.gateway.pool.models():
-        raise unknown_model(model, ctx.gateway.pool.models())
+async def check_model(ctx: ProxyContext, model: str) -> None:
+    """404 (``unknown_model``) unless some instance hosts ``model``. A model no instance
+    listed may have been placed since (runtime/placement_routes.py): the instances' models
+    are read again (their statuses, cached for ``status_ttl_s``) before the 404."""
+    pool = ctx.gateway.pool
+    if model not in pool.models():
+        await pool.statuses(None)
+        if model not in pool.models():
+            raise unknown_model(model, pool.models())
 
 
 async def forward_to_owner(request: Request, ctx: ProxyContext, key: str | None, body: Any) -> None:
@@ -135,7 +140,7 @@ async def open_call(
     key = _placement_key(request, ctx, tenant, identity, call.messages)
     if not known.placed:
         await forward_to_owner(request, ctx, key, body)
-    check_model(ctx, call.model)
+    await check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
         tenant_id=tenant,

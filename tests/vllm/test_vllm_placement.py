@@ -55,6 +55,10 @@ def _engine_cores() -> int:
 def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text(NODE)
+    settings = ProxySettings(
+        database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
+        admin_token="admin-secret-token",
+    )
     with running_runtime(config) as runtime:
         models = runtime + "/v1/runtime/models"
         broken = _broken_model(tmp_path)
@@ -68,20 +72,21 @@ def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: P
         assert httpx.get(runtime + "/v1/runtime/status").json()["model_names"] == ["tiny-a"]
         assert _engine_cores() == engine_cores  # nothing of the failed engine left running
 
-        entry = {"name": "tiny-b", "engine": "vllm", "path": "tiny-llama-b", "max_model_len": 2048}
-        added = httpx.post(models, json=entry, timeout=600)  # the engine starts (~20 s)
-        assert added.status_code == 201, added.text
-        assert added.json()["model_names"] == ["tiny-a", "tiny-b"]
-        status = httpx.get(runtime + "/v1/runtime/status").json()
-        assert status["engines"]["tiny-b"]["max_model_len"] == 2048
-
-        settings = ProxySettings(
-            database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
-            admin_token="admin-secret-token",
-            runtimes=[runtime],
-        )
-        with running_proxy(settings) as proxy:
+        # the proxy runs before the model is placed: it learns the model and its window
+        # from the runtime's status
+        with running_proxy(settings.model_copy(update={"runtimes": [runtime]})) as proxy:
             client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0, timeout=300)
+            entry = {
+                "name": "tiny-b",
+                "engine": "vllm",
+                "path": "tiny-llama-b",
+                "max_model_len": 2048,
+            }
+            added = httpx.post(models, json=entry, timeout=600)  # the engine starts (~20 s)
+            assert added.status_code == 201, added.text
+            assert added.json()["model_names"] == ["tiny-a", "tiny-b"]
+            status = httpx.get(runtime + "/v1/runtime/status").json()
+            assert status["engines"]["tiny-b"]["max_model_len"] == 2048
             for model in ("tiny-b", "tiny-a"):
                 reply = client.chat.completions.create(
                     model=model,
@@ -89,6 +94,17 @@ def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: P
                     max_tokens=8,
                 )
                 assert reply.model == model and reply.usage.completion_tokens > 0
+            # the placed engine's window (its max_model_len) holds: the proxy refuses a
+            # prompt past it with its 400, as for a model hosted from the start
+            with pytest.raises(
+                openai.BadRequestError,
+                match="maximum context length is 2048 tokens; the request has about",
+            ):
+                client.chat.completions.create(
+                    model="tiny-b",
+                    messages=[{"role": "user", "content": "placed " * 3000}],
+                    max_tokens=8,
+                )
 
         removed = httpx.delete(models + "/tiny-b", timeout=300)
         assert removed.status_code == 200 and removed.json()["model_names"] == ["tiny-a"]

@@ -43,7 +43,7 @@ async def count_tokens(request: Request) -> Response:
     tools and each message's role markers); the engine's tokenizer is not consulted."""
     ctx, _, raw = await read_body(request)
     call = parse_count_tokens(raw)
-    check_model(ctx, call.model)
+    await check_model(ctx, call.model)
     return json_response({"input_tokens": call.prompt_tokens()})
 
 

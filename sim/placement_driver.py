@@ -3,7 +3,8 @@ carries out the moves on the simulated nodes (issue 28).
 
 - **demand**: ``d_m`` is the number of sessions that sent model ``m`` a call within the last
   ``window_s`` (the calls are seen as they arrive), and ``c_m`` the mean duration (admitted
-  to finished) of its calls that finished within it;
+  to finished) of its calls that finished within it (core/placement/demand.py, which a live
+  proxy can feed the same way);
 - **add**: the weights come from a peer hosting the model (the fabric) or from storage, then
   the engine starts (``ServerSpec.placement_s``); copies into one node run one after another;
   the model is routed to once they end (``PlacementTable.ready``);
@@ -21,7 +22,6 @@ assumption in placement's favour, stated in docs/results.md).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.core.placement import (
+    DemandMeter,
     FleetView,
     Move,
     MoveKind,
@@ -94,8 +95,8 @@ class PlacementDriver:
         self.cold_wait_s = 0.0
         """Seconds calls spent waiting for a cold start, summed over calls."""
         self.cold_waits = 0
-        self._arrivals: deque[tuple[float, str, str]] = deque()
-        self._finished: deque[tuple[float, str, float]] = deque()
+        self.meter = DemandMeter(config.window_s)
+        """``d_m`` and ``c_m`` (core/placement/demand.py)."""
         self._started_s = 0.0
         self._bounded_s: list[float] = []
         self._unplaced: dict[str, asyncio.Event] = {}
@@ -107,32 +108,12 @@ class PlacementDriver:
     # -- demand ------------------------------------------------------------------------------
     def observe(self, request: CallRequest) -> None:
         """A call arrived: its session counts for its model's demand for a window."""
-        self._arrivals.append((self.clock.now(), request.model, request.session_key))
+        self.meter.arrived(self.clock.now(), request.model, request.session_key)
 
     def finished(self, result: CallResult) -> None:
         """A call finished: its duration counts for its model's ``c_m`` for a window."""
         seconds = result.finished_s - result.admitted_s
-        self._finished.append((result.finished_s, result.model, seconds))
-
-    def call_s(self) -> dict[str, float]:
-        """``c_m``: mean duration of the calls that finished in the last ``window_s``."""
-        horizon = self.clock.now() - self.config.window_s
-        while self._finished and self._finished[0][0] < horizon:
-            self._finished.popleft()
-        sums: dict[str, list[float]] = {}
-        for _, model, seconds in self._finished:
-            sums.setdefault(model, []).append(seconds)
-        return {m: sum(v) / len(v) for m, v in sums.items()}
-
-    def demand(self) -> dict[str, float]:
-        """``d_m``: distinct sessions with a call in the last ``window_s``."""
-        horizon = self.clock.now() - self.config.window_s
-        while self._arrivals and self._arrivals[0][0] < horizon:
-            self._arrivals.popleft()
-        sessions: dict[str, set[str]] = {}
-        for _, model, session in self._arrivals:
-            sessions.setdefault(model, set()).add(session)
-        return {m: float(len(s)) for m, s in sessions.items()}
+        self.meter.finished(result.finished_s, result.model, seconds)
 
     # -- the loop ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -164,12 +145,12 @@ class PlacementDriver:
         view = FleetView(
             now,
             self.table.views(self.budget_bytes, self.live()),
-            self.demand(),
+            self.meter.demand(now),
             weights,
             unplaced_waiting=frozenset(self._unplaced),
             recent_moves_s=tuple(self._bounded_s),
             measured_s=now - self._started_s,
-            call_s=self.call_s(),
+            call_s=self.meter.call_s(now),
             quantum_s=self.quantum_s,
             switch_s=self._switch_s,
         )

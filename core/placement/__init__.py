@@ -12,9 +12,11 @@ from talaria.core.placement.controller import (
     node_wait,
     replicas,
 )
+from talaria.core.placement.demand import DemandMeter
 from talaria.core.placement.table import PlacementTable
 
 __all__ = [
+    "DemandMeter",
     "FleetView",
     "Move",
     "MoveKind",

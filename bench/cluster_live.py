@@ -326,6 +326,7 @@ async def drive(
     seed: int,
     scale: float,
     balancer: str = "round-robin",
+    ignore_eos: bool = False,
 ) -> list[SessionResult]:
     """One agent per session, closed loop; call i of a session goes to replica i mod R (with
     ``balancer`` "owner": always to the session's owner, so nothing is forwarded; "ingress":
@@ -334,7 +335,8 @@ async def drive(
     Each call's user message makes the conversation's estimated size the trace's prompt tokens
     (the replies the engines gave count as they are), so that the simulated engines see the
     trace's prompts; a trace call that truncates the context (new tokens = prompt tokens)
-    starts the conversation over."""
+    starts the conversation over. ``ignore_eos``: each reply runs to the trace's output tokens
+    (vLLM's extension), not to the simulated answer's own end."""
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=600),
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
@@ -370,6 +372,8 @@ async def drive(
                 headers["X-Talaria-Session-Final"] = "true"
             url = urls[i % len(urls) if home is None else home]
             body = {"model": session.model, "messages": messages, "max_tokens": call.output_tokens}
+            if ignore_eos:
+                body["ignore_eos"] = True
             sent = loop.time()
             result.calls += 1
             try:

@@ -79,6 +79,9 @@ class Sampling:
     response_format: Mapping[str, Any] | None = None
     """OpenAI's ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema":
     {"name", "schema"}}``; None or ``{"type": "text"}`` for free text."""
+    ignore_eos: bool = False
+    """vLLM's extension: generate up to the output limit past the end of sequence (the
+    reply's length is then the limit: benchmarks hold output lengths to a trace's so)."""
 
 
 AUTO = ToolChoice()

@@ -86,6 +86,8 @@ class OpenAICommon(BaseModel):
     stop: str | list[str] | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    ignore_eos: StrictBool = False
+    """vLLM's extension (core/calls.py ``Sampling.ignore_eos``)."""
     user: str | None = None
     prompt_cache_key: str | None = session_id_field()
     litellm_session_id: str | None = session_id_field()
@@ -109,6 +111,7 @@ class OpenAICommon(BaseModel):
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             response_format=fmt,
+            ignore_eos=self.ignore_eos,
         )
 
 

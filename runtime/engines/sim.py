@@ -287,6 +287,12 @@ class SimEngine:
 
 
 def _writes_reply(request: CallRequest) -> bool:
-    """Whether the engine writes the reply's content: a live call whose length is not given
-    (a replayed trace entry has its length and no content)."""
-    return request.output_tokens is None and request.live
+    """Whether the engine writes the reply's content: a live call whose length is not given,
+    or is the limit because it asked to go past its end (``ignore_eos``; the text is the
+    answer, the tokens count to the limit); a replayed trace entry has its length and no
+    content."""
+    if not request.live:
+        return False
+    return request.output_tokens is None or (
+        request.call is not None and request.call.sampling.ignore_eos
+    )

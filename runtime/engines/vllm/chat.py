@@ -117,6 +117,8 @@ def to_vllm_request(
         body["stop"] = list(s.stop)
     if s.logprobs:
         body["logprobs"] = True
+    if s.ignore_eos:
+        body["ignore_eos"] = True
     return body
 
 

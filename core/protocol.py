@@ -66,7 +66,15 @@ _CALL_FIELDS = {f.name for f in fields(Call)}
 _RESULT_FIELDS = {f.name for f in fields(CallResult)}
 _ENGINE_FIELDS = {f.name for f in fields(EngineTimes)}
 _SAMPLING_FIELDS = {f.name for f in fields(Sampling)}
-STATUS_EXTRA_KEYS = ("v", "model_names", "slots", "engines")
+STATUS_EXTRA_KEYS = (
+    "v",
+    "model_names",
+    "slots",
+    "engines",
+    "draining_models",
+    "weight_budget_bytes",
+    "quantum_s",
+)
 """Status document keys beyond ``InstanceStatus``'s fields."""
 
 
@@ -319,8 +327,7 @@ def event_from_dict(data: Mapping[str, Any]) -> GenerationEvent | ErrorEvent:
 
 
 def status_to_dict(status: InstanceStatus, **extra: Any) -> dict[str, Any]:
-    """The status document: ``status`` plus the node's extras (``model_names``, ``slots``,
-    ``engines``)."""
+    """The status document: ``status`` plus the node's extras (``STATUS_EXTRA_KEYS``)."""
     return {**status.to_dict(), **extra, "v": PROTOCOL_VERSION}
 
 

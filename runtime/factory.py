@@ -28,6 +28,16 @@ from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLi
 HOST_RESERVE_FRACTION = 0.1
 """Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight
 copies of every hosted model, is the host KV tier."""
+HOST_KV_FLOOR_BYTES = 500e9
+"""Host DRAM a node keeps for paused sessions' KV beyond its models' pinned weights (the
+cluster preset's layout keeps ≥ 500 GB, sim/presets.py)."""
+
+
+def pinned_weight_budget_bytes(server: ServerSpec) -> float:
+    """The pinned weight copies a node may hold, so that each hosted model can be woken:
+    host DRAM × (1 − ``HOST_RESERVE_FRACTION``) − ``HOST_KV_FLOOR_BYTES`` (what a placement
+    packs models into, sim/placement.py, and a live node reports in its status)."""
+    return server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - HOST_KV_FLOOR_BYTES
 
 
 def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
@@ -186,6 +196,10 @@ class EngineKind:
     """Its KV and weights live in the node's ``NodeMemory``, sized from the catalog specs of
     the models of such engines (the simulated engine). An engine that manages its own memory
     (vLLM) says False; a node of only such engines gets ``_device_memory``."""
+    loads_on_clock: bool = False
+    """Its start takes no real time (the simulated engine): placed on a running node, it
+    serves only after the time a real load would take on the node's clock
+    (``ServerSpec.placement_s`` from storage: a live runtime loads from its model's path)."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -221,7 +235,7 @@ def _build_vllm(site: EngineSite) -> Engine:
 
 
 ENGINES: dict[str, EngineKind] = {
-    "sim": EngineKind(_build_sim, uses_node_memory=True),
+    "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
     "vllm": EngineKind(_build_vllm, uses_node_memory=False),
 }
 """The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
@@ -270,7 +284,8 @@ async def place_model(
 ) -> Engine:
     """Start an engine for ``model`` (a ``[[model]]`` entry) on a running node and host it
     (placement, the runtime's ``POST /v1/runtime/models``): built by its registered kind with
-    the node's shared memory, link and GPUs, started, then added to the scheduler; an engine
+    the node's shared memory, link and GPUs, started (a simulated one: and loaded on the
+    node's clock, ``EngineKind.loads_on_clock``), then added to the scheduler; an engine
     that keeps its memory in ``NodeMemory`` takes its pinned host weight copy out of the host
     KV tier. ``ValueError`` if the node hosts it already; ``NodeConfigError`` if the entry
     cannot be built (its model directory missing or unreadable: ``OSError``, or a bad option:
@@ -280,6 +295,10 @@ async def place_model(
     if model.name in node.engines:
         raise ValueError(f"node {node.name} already hosts {model.name!r}")
     kind = engine_kind(model.engine)
+    load_s = 0.0
+    if kind.loads_on_clock:
+        weight_bytes = catalog.model(model.name).weight_bytes
+        load_s = catalog.server(config.server).placement_s(weight_bytes, from_peer=False)
     assert node.pcie is not None and node.device is not None, "a built node"
     site = EngineSite(
         config, model, catalog, node.clock, node.flags, node.memory, node.pcie, node.device
@@ -292,6 +311,7 @@ async def place_model(
         raise EngineStartError(f"model {model.name!r}: engine not built: {exc!r}") from exc
     try:
         await engine.start()
+        await node.clock.sleep(load_s)
     except Exception as exc:
         with contextlib.suppress(Exception):
             await engine.shutdown()

@@ -88,6 +88,11 @@ class InstantRuntime:
         """None reported: the catalog's, if any, apply."""
         return {}
 
+    @property
+    def draining_models(self) -> frozenset[str]:
+        """None: its models are fixed."""
+        return frozenset()
+
     async def start(self) -> None:
         return None
 

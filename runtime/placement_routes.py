@@ -6,17 +6,32 @@ running node (issue 28).
   scheduler serves it; 400 for a bad entry (or an unknown catalog model), 409 if the node
   hosts it already, 503 while the runtime drains, 500 if its engine fails to start (what it
   started is shut down; the node is unchanged);
+- ``POST /v1/runtime/models/{name}/drain`` → 200: the model is marked *draining* (the status
+  document lists it in ``draining_models``): every proxy routes no new session to it here
+  while another node serves it, and its sessions here stay until they end (the controller
+  then removes it); the node itself serves every call it gets as before; 404 if the node
+  does not host it;
 - ``DELETE /v1/runtime/models/{name}`` → 200 once the scheduler has retired it (its calls
-  finished, runtime/scheduling/node.py ``retire``) and its engine has shut down; 404 if the
-  node does not host it, 409 for the node's last model.
+  finished, runtime/scheduling/node.py ``retire``) and its engine has shut down (its drain
+  mark goes with it); 404 if the node does not host it, 409 for the node's last model. The
+  status stops listing it in ``model_names`` ``LEAVE_GRACE_S`` before the retirement begins,
+  so that every proxy has read a status without it (and routes its calls elsewhere) before
+  a call of it would be refused; a call that comes meanwhile is still served.
 
-Both answer the node's ``model_names`` after the change; the status document lists them too,
+- ``GET /v1/runtime/demand?window_s=W`` → each model's demand over the last W clock seconds
+  (at most an hour): ``demand``, the distinct sessions with a call (core/placement/demand.py
+  ``d_m``), ``call_s``, the mean engine time of the calls that finished, and
+  ``finished_calls``, their number (a controller merges several runtimes' means by it).
+  Every proxy replica's calls come here, so the controller reads all of them.
+
+The changes answer the node's ``model_names``; the status document lists them too,
 so a proxy routes to the new set on its next status read. Changes run one at a time (engines
 start one at a time, as at boot: vLLM's free-memory check).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Any
@@ -29,6 +44,11 @@ from talaria.runtime.config import NodeConfigError, model_config
 from talaria.runtime.factory import ENGINES, EngineStartError, place_model, unplace_model
 
 router = APIRouter()
+DEMAND_HORIZON_S = 3600.0
+"""The longest window a placement controller may read demand over (clock seconds)."""
+LEAVE_GRACE_S = 1.0
+"""Wall seconds between unlisting a model and retiring it: longer than a proxy reuses a status
+(``TALARIA_STATUS_TTL_S``, 0.05 s, plus ``TALARIA_STATUS_STALE_S``, 0 s, by default)."""
 log = logging.getLogger("talaria.runtime")
 
 
@@ -60,6 +80,33 @@ async def add_model(request: Request) -> Response:
     return _json({"ok": True, "model_names": list(runtime.node.engines)}, 201)
 
 
+@router.get("/v1/runtime/demand")
+async def demand(request: Request, window_s: float = 300.0) -> Response:
+    """The models' demand over the last ``window_s`` (module docstring)."""
+    if not 0 < window_s <= DEMAND_HORIZON_S:
+        return _json({"error": f"window_s must be in (0, {DEMAND_HORIZON_S:g}]"}, 400)
+    runtime = request.app.state.runtime
+    meter, now = runtime.demand, runtime.node.clock.now()
+    return _json(
+        {
+            "window_s": window_s,
+            "demand": meter.demand(now, window_s),
+            "call_s": meter.call_s(now, window_s),
+            "finished_calls": meter.finished_calls(now, window_s),
+        }
+    )
+
+
+@router.post("/v1/runtime/models/{name}/drain")
+async def drain_model(name: str, request: Request) -> Response:
+    """Mark a model draining (module docstring)."""
+    runtime = request.app.state.runtime
+    if name not in runtime.node.engines:
+        return _json({"error": f"model {name!r} is not on this node"}, 404)
+    runtime.draining.setdefault(name, runtime.node.clock.now())
+    return _json({"ok": True, "draining_models": sorted(runtime.draining)})
+
+
 @router.delete("/v1/runtime/models/{name}")
 async def remove_model(name: str, request: Request) -> Response:
     """Stop hosting a model once its calls are done (module docstring)."""
@@ -69,5 +116,11 @@ async def remove_model(name: str, request: Request) -> Response:
             return _json({"error": f"model {name!r} is not on this node"}, 404)
         if len(runtime.node.engines) == 1:
             return _json({"error": f"model {name!r} is this node's last model"}, 409)
-        await unplace_model(runtime.built, name)
+        runtime.leaving.add(name)
+        try:
+            await asyncio.sleep(LEAVE_GRACE_S)
+            await unplace_model(runtime.built, name)
+        finally:
+            runtime.leaving.discard(name)
+            runtime.draining.pop(name, None)
     return _json({"ok": True, "model_names": list(runtime.node.engines)})

@@ -6,10 +6,13 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   (core/protocol.py has both);
 - ``GET /v1/runtime/status``: the status document (core/protocol.py): ``InstanceStatus`` plus
   ``model_names`` (in order), ``slots`` (the latest slots: model, start, switch seconds, end,
-  close reason, admissions) and per-model ``engines`` info;
+  close reason, admissions), per-model ``engines`` info, and for a placement controller
+  ``draining_models``, ``weight_budget_bytes`` (runtime/factory.py
+  ``pinned_weight_budget_bytes``) and ``quantum_s``;
 - ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
   ``.../moved``;
-- ``POST /v1/runtime/models``, ``DELETE /v1/runtime/models/{name}``: placement
+- ``POST /v1/runtime/models``, ``POST /v1/runtime/models/{name}/drain``,
+  ``DELETE /v1/runtime/models/{name}``, ``GET /v1/runtime/demand``: placement
   (runtime/placement_routes.py);
 - ``GET /healthz`` (liveness: 503 while the event loop is blocked and for a minute after,
   core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining).
@@ -47,6 +50,7 @@ from talaria.core.catalog import Catalog, load_catalog
 from talaria.core.clock import LoopClock
 from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline, LoopWatchdog
+from talaria.core.placement import DemandMeter
 from talaria.core.protocol import (
     ErrorEvent,
     ProtocolError,
@@ -62,7 +66,8 @@ from talaria.core.types import (
 )
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.engine import Engine
-from talaria.runtime.factory import BuiltNode, build_node_from_config
+from talaria.runtime.factory import BuiltNode, build_node_from_config, pinned_weight_budget_bytes
+from talaria.runtime.placement_routes import DEMAND_HORIZON_S
 from talaria.runtime.placement_routes import router as placement_router
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
@@ -89,6 +94,13 @@ class RuntimeState:
     ready: bool = False
     changes: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while a model is added or removed (runtime/placement_routes.py)."""
+    draining: dict[str, float] = field(default_factory=dict)
+    """Model → when (node clock seconds) a placement controller began draining it."""
+    leaving: set[str] = field(default_factory=set)
+    """Models being removed: no longer listed in the status's ``model_names``."""
+    demand: DemandMeter = field(default_factory=lambda: DemandMeter(DEMAND_HORIZON_S))
+    """Every call's session as it comes and its engine time as it ends, for a placement
+    controller (``GET /v1/runtime/demand``: runtime/placement_routes.py)."""
 
     @property
     def node(self) -> NodeScheduler:
@@ -160,7 +172,8 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
 
     @app.get("/v1/runtime/status")
     async def status(request: Request) -> Response:
-        node = state_of(request).node
+        runtime = state_of(request)
+        node = runtime.node
         slots = [
             {
                 "model": s.model,
@@ -176,7 +189,15 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         engines = {name: asdict(e.info()) for name, e in node.engines.items()}
         return _json(
             status_to_dict(
-                node.status(), model_names=list(node.engines), slots=slots, engines=engines
+                node.status(),
+                model_names=[m for m in node.engines if m not in runtime.leaving],
+                slots=slots,
+                engines=engines,
+                draining_models=sorted(runtime.draining),
+                weight_budget_bytes=pinned_weight_budget_bytes(
+                    runtime.catalog.server(runtime.config.server)
+                ),
+                quantum_s=runtime.config.quantum_s,
             )
         )
 
@@ -191,7 +212,9 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
             return _json({"error": str(exc)}, 400)
         if call.model not in runtime.node.engines:
             return _json({"error": f"model {call.model!r} is not on this node"}, 404)
-        return StreamingResponse(_events(runtime.node, call), media_type="application/x-ndjson")
+        runtime.demand.arrived(runtime.node.clock.now(), call.model, call.session_key)
+        events = _events(runtime.node, call, runtime.demand)
+        return StreamingResponse(events, media_type="application/x-ndjson")
 
     @app.post("/v1/runtime/sessions/{session_key}/hint")
     async def hint(session_key: str, request: Request) -> Response:
@@ -247,9 +270,11 @@ def serve_runtime(
     _DeadlineServer(config, drain_timeout_s + ENGINE_SHUTDOWN_S).run()
 
 
-async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes]:
+async def _events(
+    node: NodeScheduler, call: CallRequest, demand: DemandMeter
+) -> AsyncIterator[bytes]:
     """The call's events as NDJSON lines; a failure ends the stream with an ``ErrorEvent``
-    line (the 200 has already gone out)."""
+    line (the 200 has already gone out). A finished call's engine time goes to ``demand``."""
 
     def line(event: GenerationEvent | ErrorEvent) -> bytes:
         return msgspec.json.encode(event_to_dict(event)) + b"\n"
@@ -260,6 +285,9 @@ async def _events(node: NodeScheduler, call: CallRequest) -> AsyncIterator[bytes
             async for event in events:
                 yield line(event)
                 if isinstance(event, Finished):
+                    result = event.result
+                    seconds = result.finished_s - result.admitted_s
+                    demand.finished(node.clock.now(), call.model, seconds)
                     return
     except UnknownModelError as exc:
         yield line(ErrorEvent(str(exc)))

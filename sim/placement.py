@@ -14,7 +14,7 @@ Demand of model m: ``D_m = Σ`` over its sessions of their calls' service time a
    loaded node gets one more replica, on the least loaded feasible node.
 
 ``weight_budget_bytes``: host DRAM × (1 − reserve) less the host KV tier a node keeps
-(``HOST_KV_FLOOR_BYTES``, as the cluster preset's layout keeps ≥ 500 GB, sim/presets.py).
+(runtime/factory.py ``pinned_weight_budget_bytes``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ from collections.abc import Mapping, Sequence
 from talaria.core.catalog import Catalog
 from talaria.core.trace import SessionTrace
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.factory import HOST_RESERVE_FRACTION
+from talaria.runtime.factory import pinned_weight_budget_bytes
 from talaria.sim.oracle import oracle_sct_s
-
-HOST_KV_FLOOR_BYTES = 500e9
-"""Host DRAM a node keeps for paused sessions' KV beyond its models' pinned weights."""
 
 
 class NoPlacement(ValueError):
@@ -54,8 +51,7 @@ def model_demand(
 
 def weight_budget_bytes(catalog: Catalog, server: str) -> float:
     """The pinned weights a node can hold (module docstring)."""
-    dram = catalog.server(server).host_dram_bytes
-    return dram * (1 - HOST_RESERVE_FRACTION) - HOST_KV_FLOOR_BYTES
+    return pinned_weight_budget_bytes(catalog.server(server))
 
 
 def pack(

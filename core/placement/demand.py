@@ -6,8 +6,9 @@ caller passes the time, so the simulator's virtual clock and a live proxy's cloc
 - ``c_m`` (:meth:`DemandMeter.call_s`): the mean duration (admitted to finished) of ``m``'s
   calls that finished within it.
 
-Both forget what fell out of the window as they are read: memory is bounded by the calls of
-one window.
+Both may be read over a shorter window than the meter keeps (``window_s`` of the read); the
+meter forgets what fell out of its own window as calls come and as it is read, so its memory
+is bounded by the calls of one window.
 """
 
 from __future__ import annotations
@@ -26,27 +27,46 @@ class DemandMeter:
     def arrived(self, now_s: float, model: str, session: str) -> None:
         """A call of ``session`` to ``model`` arrived at ``now_s`` (times never go back)."""
         self._arrivals.append((now_s, model, session))
+        self._forget(now_s)
 
     def finished(self, now_s: float, model: str, seconds: float) -> None:
         """A call to ``model`` that ran ``seconds`` finished at ``now_s``."""
         self._finished.append((now_s, model, seconds))
+        self._forget(now_s)
 
-    def demand(self, now_s: float) -> dict[str, float]:
-        """``d_m``: distinct sessions with a call in the last ``window_s``."""
+    def _forget(self, now_s: float) -> None:
         horizon = now_s - self.window_s
         while self._arrivals and self._arrivals[0][0] < horizon:
             self._arrivals.popleft()
-        sessions: dict[str, set[str]] = {}
-        for _, model, session in self._arrivals:
-            sessions.setdefault(model, set()).add(session)
-        return {m: float(len(s)) for m, s in sessions.items()}
-
-    def call_s(self, now_s: float) -> dict[str, float]:
-        """``c_m``: mean duration of the calls that finished in the last ``window_s``."""
-        horizon = now_s - self.window_s
         while self._finished and self._finished[0][0] < horizon:
             self._finished.popleft()
-        sums: dict[str, list[float]] = {}
-        for _, model, seconds in self._finished:
-            sums.setdefault(model, []).append(seconds)
-        return {m: sum(v) / len(v) for m, v in sums.items()}
+
+    def demand(self, now_s: float, window_s: float | None = None) -> dict[str, float]:
+        """``d_m``: distinct sessions with a call in the last ``window_s`` (the meter's window
+        if None or longer)."""
+        self._forget(now_s)
+        horizon = now_s - min(window_s or self.window_s, self.window_s)
+        sessions: dict[str, set[str]] = {}
+        for at_s, model, session in self._arrivals:
+            if at_s >= horizon:
+                sessions.setdefault(model, set()).add(session)
+        return {m: float(len(s)) for m, s in sessions.items()}
+
+    def call_s(self, now_s: float, window_s: float | None = None) -> dict[str, float]:
+        """``c_m``: mean duration of the calls that finished in the last ``window_s``."""
+        return {m: total / n for m, (n, total) in self._calls(now_s, window_s).items()}
+
+    def finished_calls(self, now_s: float, window_s: float | None = None) -> dict[str, int]:
+        """How many calls of each model finished in the last ``window_s`` (the weights that
+        merge several meters' ``c_m``)."""
+        return {m: n for m, (n, _) in self._calls(now_s, window_s).items()}
+
+    def _calls(self, now_s: float, window_s: float | None) -> dict[str, tuple[int, float]]:
+        self._forget(now_s)
+        horizon = now_s - min(window_s or self.window_s, self.window_s)
+        sums: dict[str, tuple[int, float]] = {}
+        for at_s, model, seconds in self._finished:
+            if at_s >= horizon:
+                n, total = sums.get(model, (0, 0.0))
+                sums[model] = (n + 1, total + seconds)
+        return sums

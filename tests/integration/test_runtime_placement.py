@@ -3,6 +3,7 @@ to a running node and served through the proxy, then removed."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
 
@@ -10,7 +11,10 @@ import httpx
 import openai
 import pytest
 
+from talaria.core.protocol import request_to_dict
+from talaria.core.types import CallRequest
 from talaria.proxy.settings import ProxySettings
+from talaria.runtime import placement_routes
 from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
@@ -124,3 +128,42 @@ def test_an_engine_that_fails_to_start_is_a_json_500_and_leaves_the_node_unchang
         # the node still takes the model once an engine starts
         added = httpx.post(models, json={"name": "gpt-oss-120b", "engine": "sim"})
         assert added.status_code == 201, added.text
+
+
+def test_a_model_being_removed_is_unlisted_first_and_still_serves_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(placement_routes, "LEAVE_GRACE_S", 5.0)
+    path = tmp_path / "node.toml"
+    path.write_text(NODE_TOML + '\n[[model]]\nname = "gpt-oss-120b"\nengine = "sim"\n')
+    app = create_runtime_app(load_node_config(path))
+    with running_app(app) as runtime, ThreadPoolExecutor(1) as pool:
+        removal = pool.submit(httpx.delete, runtime + "/v1/runtime/models/gpt-oss-120b",
+                              timeout=120)  # fmt: skip
+        while "gpt-oss-120b" in httpx.get(runtime + "/v1/runtime/status").json()["model_names"]:
+            assert not removal.done(), removal.result().text
+        # a proxy that routed a call before it read that status: the call is served
+        call = request_to_dict(CallRequest("r1", "s1", "gpt-oss-120b", 10, 1))
+        served = httpx.post(runtime + "/v1/runtime/generate", json=call, timeout=120)
+        assert served.status_code == 200 and '"finished"' in served.text
+        assert not removal.done()  # still within the grace
+        assert removal.result().status_code == 200
+
+
+def test_the_runtime_meters_demand_over_the_window_a_controller_asks_for(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "node.toml"
+    path.write_text(NODE_TOML)
+    with running_app(create_runtime_app(load_node_config(path))) as runtime:
+        for i, session in enumerate(["s1", "s1", "s2"]):
+            call = request_to_dict(CallRequest(f"r{i}", session, "glm-4.5-fp8", 100, 8))
+            served = httpx.post(runtime + "/v1/runtime/generate", json=call, timeout=120)
+            assert served.status_code == 200 and '"finished"' in served.text
+        doc = httpx.get(runtime + "/v1/runtime/demand", params={"window_s": 300}).json()
+        assert doc["demand"] == {"glm-4.5-fp8": 2.0}  # distinct sessions
+        assert doc["finished_calls"] == {"glm-4.5-fp8": 3}
+        assert doc["call_s"]["glm-4.5-fp8"] > 0
+        for bad in (0, -1, 3601):
+            refused = httpx.get(runtime + "/v1/runtime/demand", params={"window_s": bad})
+            assert refused.status_code == 400 and "window_s" in refused.json()["error"]

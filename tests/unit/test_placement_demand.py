@@ -63,3 +63,37 @@ def test_demand_matches_a_recount_at_every_read(
             m: float(len({s for _, mm, s in seen if mm == m})) for m in {m for _, m, _ in seen}
         }
         assert meter.demand(now_s) == recount
+
+
+@pytest.mark.parametrize(
+    ("window_s", "demand", "call_s", "finished"),
+    [
+        (None, {"a": 2.0, "b": 1.0}, {"a": 55.0, "b": 4.0}, {"a": 2, "b": 1}),  # the meter's
+        (10_000.0, {"a": 2.0, "b": 1.0}, {"a": 55.0, "b": 4.0}, {"a": 2, "b": 1}),  # capped
+        (120.0, {"a": 1.0, "b": 1.0}, {"a": 10.0, "b": 4.0}, {"a": 1, "b": 1}),
+        (40.0, {}, {}, {}),
+    ],
+)
+def test_a_read_may_take_a_shorter_window(
+    window_s: float | None,
+    demand: dict[str, float],
+    call_s: dict[str, float],
+    finished: dict[str, int],
+) -> None:
+    meter = DemandMeter(WINDOW_S)
+    for at_s, model, session in [(0.0, "a", "s1"), (100.0, "a", "s2"), (150.0, "b", "s3")]:
+        meter.arrived(at_s, model, session)
+    meter.finished(0.0, "a", 100.0)
+    meter.finished(100.0, "a", 10.0)
+    meter.finished(150.0, "b", 4.0)
+    assert meter.demand(200.0, window_s) == demand
+    assert meter.call_s(200.0, window_s) == call_s
+    assert meter.finished_calls(200.0, window_s) == finished
+
+
+def test_calls_that_fell_out_of_the_window_are_forgotten_as_calls_come() -> None:
+    meter = DemandMeter(WINDOW_S)
+    for i in range(1_000):
+        meter.arrived(float(i), "a", f"s{i}")
+        meter.finished(float(i), "a", 1.0)
+    assert len(meter._arrivals) == len(meter._finished) == int(WINDOW_S) + 1

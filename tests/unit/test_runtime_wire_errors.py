@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from talaria.core.placement import DemandMeter
 from talaria.core.types import CallRejected, CallRequest
 from talaria.proxy.runtimes.base import RuntimeUnavailable
 from talaria.proxy.runtimes.http import decode_event
@@ -30,7 +31,8 @@ class FailingNode:
 
 def _lines(exc: Exception) -> list[dict[str, Any]]:
     async def collect() -> list[bytes]:
-        return [line async for line in _events(FailingNode(exc), CALL)]  # type: ignore[arg-type]
+        events = _events(FailingNode(exc), CALL, DemandMeter(300.0))  # type: ignore[arg-type]
+        return [line async for line in events]
 
     return [json.loads(line) for line in asyncio.run(collect())]
 

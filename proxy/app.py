@@ -15,9 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from talaria.core.body_deadline import BodyDeadline
-from talaria.core.catalog import CatalogError, load_catalog
+from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
 from talaria.core.loop_watchdog import LoopWatchdog
+from talaria.core.placement import PlacementConfig
 from talaria.proxy.api import admin, sessions
 from talaria.proxy.api import models as models_api
 from talaria.proxy.api.context import ProxyContext, context, json_response
@@ -37,6 +38,8 @@ from talaria.proxy.edge import (
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.lanes import ASGIApp, ProxyApp
 from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.placement_library import load_library
+from talaria.proxy.placement_loop import LEADER_KEY, PlacementLoop
 from talaria.proxy.records import InstanceRecord
 from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.runtimes.base import RuntimeClient
@@ -96,6 +99,36 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
     cluster = Cluster(membership, cfg.cluster_secret, cfg.replica_read_timeout_s)
     cluster.start()
     return cluster
+
+
+def _start_placement(
+    cfg: ProxySettings, gateway: Gateway, catalog: Catalog, clock: Clock, cluster: Cluster | None
+) -> PlacementLoop | None:
+    """With a model library: the placement controller over the runtimes; with replicas, the
+    owner of its key looks (proxy/placement_loop.py)."""
+    if cfg.placement_library is None:
+        return None
+    config = PlacementConfig(
+        interval_s=cfg.placement_interval_s,
+        window_s=cfg.placement_window_s,
+        min_hold_s=cfg.placement_min_hold_s,
+        drain_s=cfg.placement_drain_s,
+    )
+    membership = cluster.membership if cluster is not None else None
+    try:
+        loop = PlacementLoop(
+            gateway.pool,
+            load_library(cfg.placement_library),
+            {name: spec.weight_bytes for name, spec in catalog.models.items()},
+            config,
+            clock,
+            leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
+            cold_start_timeout_s=cfg.placement_cold_start_timeout_s,
+        )
+    except ValueError as exc:  # a library that does not load, runtimes that cannot place
+        raise RuntimeError(f"placement: {exc}") from exc
+    loop.start()
+    return loop
 
 
 STALE_SWEEP_S = 60.0
@@ -208,6 +241,7 @@ def create_app(
             )
             writer.submit(record)
         cluster = await _join_replicas(cfg, store, gateway)
+        placement = _start_placement(cfg, gateway, catalog, the_clock, cluster)
         shutdown = Shutdown(
             gateway,
             writer,
@@ -230,6 +264,7 @@ def create_app(
             shutdown,
             watchdog,
             cluster,
+            placement,
         )
         sweeper = (
             asyncio.get_running_loop().create_task(_end_stale_sessions(store, cfg))
@@ -245,6 +280,8 @@ def create_app(
                 if task is not None:
                     task.cancel()
                     await asyncio.gather(task, return_exceptions=True)
+            if placement is not None:
+                await placement.close()
             await responses.close()
             await shutdown.finish()
             watchdog.stop()

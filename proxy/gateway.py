@@ -214,6 +214,7 @@ class Gateway:
         """The instance that runs the call (503 if none can); the session's reservation is
         settled and the decision recorded."""
         state = found.state
+        last_instance = state.threads[found.thread].last_instance
         try:
             decision = route(
                 self._router,
@@ -221,12 +222,12 @@ class Gateway:
                     session_key=state.runtime_key(found.thread),
                     model=call.model,
                     prompt_tokens=prompt_tokens,
-                    last_instance=state.threads[found.thread].last_instance,
+                    last_instance=last_instance,
                     reserved_instance=self.reservations.reserved(
                         state.runtime_key(found.thread), now_s
                     ),
                 ),
-                statuses,
+                self.pool.routable(call.model, statuses, last_instance),
                 self._routing,
                 self._rng,
             )

@@ -79,6 +79,7 @@ def runtime_request(
         shared_prefix_tokens=shared_tokens,
         call=call.call,
         cache_salt=tenant_salt(call.tenant_id),
+        output_tokens=call.max_tokens if call.call.sampling.ignore_eos else None,
     )
 
 

@@ -1,5 +1,6 @@
 """The runtime pool: the runtime instances the proxy routes to, the models they host, their
-statuses, and the drains an operator set (a drained instance gets no new call)."""
+statuses, the drains an operator set (a drained instance gets no new call), and the models a
+placement controller drains (a draining model gets no new session on that instance)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,18 @@ class RuntimePool:
     def set_drained(self, names: set[str]) -> None:
         """Drain exactly ``names`` from now on (the others serve again)."""
         self._drained = frozenset(names)
+
+    def routable(
+        self, model: str, statuses: list[InstanceStatus], last_instance: str | None
+    ) -> list[InstanceStatus]:
+        """Of ``statuses`` (instances hosting ``model``), those that take a call of a session
+        whose last call ran on ``last_instance``: an instance draining the model takes only
+        its own sessions' calls (they keep their KV there until the controller removes the
+        model), unless no other instance serves it (then every one does)."""
+        draining = {r.name for r in self.runtimes if model in r.draining_models}
+        if not draining or all(s.instance in draining for s in statuses):
+            return statuses
+        return [s for s in statuses if s.instance not in draining or s.instance == last_instance]
 
     async def statuses(self, model: str | None) -> list[InstanceStatus]:
         """Status of every instance hosting ``model`` (all if None) that answers, asked of all

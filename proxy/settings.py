@@ -76,6 +76,32 @@ class ProxySettings(BaseSettings):
     policy: str = Field("talaria", description="Scheduler flags of the embedded nodes")
     quantum_s: float = Field(60.0, gt=0, description="Slot quantum of the embedded nodes (s)")
     time_scale: float = Field(1.0, gt=0, description="Simulated seconds per real second")
+    # placement (proxy/placement_loop.py)
+    placement_library: str | None = Field(
+        None,
+        description="A TOML file of [[model]] entries (as in a node config, paths as the "
+        "runtimes see them, optional weight_bytes): with runtime servers, a placement "
+        "controller adds, drains and removes these models on them by demand, and a call "
+        "for one that no runtime hosts waits for its cold start instead of a 404",
+    )
+    placement_interval_s: float = Field(
+        60.0, gt=0, description="How often the placement controller looks (clock seconds)"
+    )
+    placement_window_s: float = Field(
+        300.0, gt=0, description="Demand is the sessions with a call this far back (s)"
+    )
+    placement_min_hold_s: float = Field(
+        900.0, ge=0, description="A placed model stays at least this long before a drain (s)"
+    )
+    placement_drain_s: float = Field(
+        600.0,
+        ge=0,
+        description="A drained model's sessions keep its runtime this long at most, then it "
+        "is removed (s)",
+    )
+    placement_cold_start_timeout_s: float = Field(
+        900.0, gt=0, description="How long a call waits for its model's cold start (s)"
+    )
     # routing
     router: str = Field("talaria", description="talaria, load-only, sticky or kv-aware")
     routing_seed: int = Field(0, description="Seed of the routers' tie-breaks")

@@ -327,3 +327,18 @@ async def _set_drain(name: str, request: Request, *, draining: bool) -> Response
     drained = set(ctx.gateway.pool.drained)
     ctx.gateway.pool.set_drained(drained | {name} if draining else drained - {name})
     return json_response({"name": name, "draining": draining})
+
+
+@router.get("/placement")
+async def placement(request: Request) -> Response:
+    """The placement controller's state (proxy/placement_loop.py ``summary``): its library,
+    each runtime's models, the demand it measures, and every move it made with its reason
+    and outcome. 404 when the proxy runs without a model library."""
+    ctx = _admin(request)
+    if ctx.placement is None:
+        raise ApiError(
+            404,
+            "Placement is off: start the proxy with a model library (--placement-library).",
+            code="placement_off",
+        )
+    return json_response(await ctx.placement.summary())

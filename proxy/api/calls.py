@@ -14,9 +14,13 @@ from talaria.proxy.api.context import ProxyContext, context, parse_json, read_by
 from talaria.proxy.calls import Api, CallHandle, CallOutcome, PreparedCall
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
-from talaria.proxy.errors import ApiError, unknown_model
+from talaria.proxy.errors import ApiError, unavailable, unknown_model
+from talaria.proxy.placement_loop import ColdStartFailed
 from talaria.proxy.records import Record
 from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
+
+COLD_RETRY_S = 30.0
+"""Retry-After of a call whose model's cold start failed (seconds)."""
 
 
 async def tenant_of(ctx: ProxyContext, request: Request) -> str:
@@ -92,12 +96,22 @@ def _placement_key(
 async def check_model(ctx: ProxyContext, model: str) -> None:
     """404 (``unknown_model``) unless some instance hosts ``model``. A model no instance
     listed may have been placed since (runtime/placement_routes.py): the instances' models
-    are read again (their statuses, cached for ``status_ttl_s``) before the 404."""
+    are read again (their statuses, cached for ``status_ttl_s``) before the 404. With a
+    placement controller, a model of its library waits for its cold start instead (503 with
+    Retry-After if that fails: proxy/placement_loop.py ``ensure``)."""
     pool = ctx.gateway.pool
     if model not in pool.models():
         await pool.statuses(None)
-        if model not in pool.models():
-            raise unknown_model(model, pool.models())
+        if model in pool.models():
+            return
+        try:
+            if ctx.placement is not None and await ctx.placement.ensure(model):
+                return
+        except ColdStartFailed as exc:
+            raise unavailable(
+                f"The model {model} could not be started: {exc}", retry_after_s=COLD_RETRY_S
+            ) from exc
+        raise unknown_model(model, pool.models())
 
 
 async def forward_to_owner(request: Request, ctx: ProxyContext, key: str | None, body: Any) -> None:

@@ -19,6 +19,7 @@ from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
 from talaria.proxy.errors import ApiError, bad_request
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
+from talaria.proxy.placement_loop import PlacementLoop
 from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.shutdown import Shutdown
@@ -44,6 +45,8 @@ class ProxyContext:
     """Watches the event loop for stalls (/healthz)."""
     cluster: Cluster | None = None
     """This replica's peers, when several share the database (proxy/cluster/)."""
+    placement: PlacementLoop | None = None
+    """The placement controller, with a model library (proxy/placement_loop.py)."""
 
 
 def context(request: Request) -> ProxyContext:

@@ -1,5 +1,7 @@
-"""``GET /v1/models``: the models some instance hosts, in OpenAI's list shape or, when the
-caller sends ``anthropic-version``, in Anthropic's."""
+"""``GET /v1/models``: the models some instance hosts, and with a placement controller those
+of its library (a call starts one no instance hosts: proxy/placement_loop.py; its
+``instances`` list is empty until then), in OpenAI's list shape or, when the caller sends
+``anthropic-version``, in Anthropic's."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ async def models(request: Request) -> Response:
     await tenant_of(ctx, request)
     residency = await ctx.gateway.pool.residency()
     names = ctx.gateway.pool.models()
+    if ctx.placement is not None:
+        names = sorted(set(names) | set(ctx.placement.library))
     data: list[dict[str, object]]
     if request.headers.get("anthropic-version"):
         data = [

@@ -42,6 +42,12 @@ class RuntimeClient(Protocol):
         to the catalog)."""
         ...
 
+    @property
+    def draining_models(self) -> frozenset[str]:
+        """Hosted models a placement controller is draining here: no new session is routed
+        to them while another instance serves them (runtime/placement_routes.py)."""
+        ...
+
     async def start(self) -> None:
         """Connect (or start the in-process node) and learn the instance's name and models."""
         ...

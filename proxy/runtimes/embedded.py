@@ -53,6 +53,11 @@ class InProcessRuntime:
         """Each engine's window (``EngineInfo.max_model_len``)."""
         return {name: e.info().max_model_len for name, e in self._node.engines.items()}
 
+    @property
+    def draining_models(self) -> frozenset[str]:
+        """None: a proxy-side placement controller drives HTTP runtimes only."""
+        return frozenset()
+
     async def start(self) -> None:
         """Start the node's scheduling loop."""
         self._node.start()

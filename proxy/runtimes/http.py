@@ -13,6 +13,11 @@ and 2.37 ms of CPU where aiohttp spends 0.41 and 0.26 ms (bench/http_clients.py;
 docs/proxy-overhead.md, "The HTTP hops and replicas").
 Leaving a call early (the client went away) closes its connection, so the runtime sees the
 disconnect and aborts the engine's request.
+
+A placement controller (proxy/placement_loop.py) reads the server's ``demand`` and changes
+its models through ``add_model``, ``drain_model`` and ``remove_model``
+(runtime/placement_routes.py); each change raises ``PlacementRefused`` with the server's
+answer when it does not take it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,18 @@ log = logging.getLogger("talaria.proxy.runtimes.http")
 CONNECT_TIMEOUT_S = 5.0
 HINT_TIMEOUT_S = 2.0
 JSON = {"content-type": "application/json"}
+PLACEMENT_TIMEOUT_S = 1800.0
+"""How long an add or a remove may take: an engine's start (vLLM: tens of seconds on the CPU
+build, minutes for a 100B+ model from storage) or its running calls' end."""
+
+
+class PlacementRefused(RuntimeError):
+    """The runtime did not take a placement change: ``status`` is its HTTP answer (0: it
+    could not be reached), the message its error."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def decode_event(data: dict[str, Any]) -> GenerationEvent:
@@ -101,6 +118,11 @@ class HttpRuntime:
         self._session: aiohttp.ClientSession | None = None
         self._models: tuple[str, ...] = ()
         self._windows: dict[str, int] = {}
+        self._draining: frozenset[str] = frozenset()
+        self.weight_budget_bytes = float("inf")
+        """The pinned weights the node may hold (its status; a placement's budget)."""
+        self.quantum_s: float | None = None
+        """The node's slot quantum (its status)."""
         self.status_cache = StatusCache(
             self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s
         )
@@ -115,6 +137,11 @@ class HttpRuntime:
         """The windows the runtime's status reported at ``start`` (its engines'
         ``max_model_len``)."""
         return self._windows
+
+    @property
+    def draining_models(self) -> frozenset[str]:
+        """The models the server's last status read listed as draining."""
+        return self._draining
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -172,12 +199,21 @@ class HttpRuntime:
         names = data.get("model_names")
         if isinstance(names, list):
             self._models = tuple(str(n) for n in names)
-        engines = data.get("engines") or {}
-        self._windows = {
-            m: int(info["max_model_len"])
-            for m, info in engines.items()
-            if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
-        }
+        draining = data.get("draining_models")
+        if isinstance(draining, list):
+            self._draining = frozenset(str(n) for n in draining)
+        budget, quantum = data.get("weight_budget_bytes"), data.get("quantum_s")
+        if isinstance(budget, int | float):
+            self.weight_budget_bytes = float(budget)
+        if isinstance(quantum, int | float):
+            self.quantum_s = float(quantum)
+        engines = data.get("engines")
+        if isinstance(engines, dict):
+            self._windows = {
+                m: int(info["max_model_len"])
+                for m, info in engines.items()
+                if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
+            }
 
     async def _fetch_status(self) -> InstanceStatus:
         data = await self._get_status()
@@ -206,6 +242,62 @@ class HttpRuntime:
         """The runtime's whole status document, uncached: InstanceStatus's fields plus
         ``model_names``, recent ``slots`` and per-model ``engines`` info."""
         return await self._get_status()
+
+    async def demand(self, window_s: float) -> dict[str, Any]:
+        """The runtime's demand document over the last ``window_s`` (``GET
+        /v1/runtime/demand``: ``demand``, ``call_s``, ``finished_calls`` per model)."""
+        try:
+            async with self._http.get(
+                "/v1/runtime/demand", params={"window_s": str(window_s)}
+            ) as answer:
+                answer.raise_for_status()
+                data = msgspec.json.decode(await answer.read())
+        except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
+            raise RuntimeUnavailable(f"runtime {self.name} demand: {exc!r}") from exc
+        if not isinstance(data, dict):
+            raise RuntimeUnavailable(f"runtime {self.name} demand: not a JSON object")
+        return data
+
+    async def add_model(self, entry: Mapping[str, Any]) -> None:
+        """Host one more model: ``entry`` is its ``[[model]]`` table (the engine starts)."""
+        await self._place("POST", "/v1/runtime/models", entry)
+
+    async def drain_model(self, name: str) -> None:
+        """Mark ``name`` draining (no new session is routed to it here)."""
+        await self._place("POST", f"/v1/runtime/models/{name}/drain", None)
+
+    async def remove_model(self, name: str) -> None:
+        """Stop hosting ``name`` (once its calls here are done)."""
+        await self._place("DELETE", f"/v1/runtime/models/{name}", None)
+
+    async def _place(self, method: str, path: str, body: Mapping[str, Any] | None) -> None:
+        """One placement request; the models of its answer are learned at once."""
+        try:
+            async with self._http.request(
+                method,
+                path,
+                data=msgspec.json.encode(body or {}),
+                headers=JSON,
+                timeout=aiohttp.ClientTimeout(total=PLACEMENT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            ) as answer:
+                raw = await answer.read()
+                status = answer.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise PlacementRefused(f"runtime {self.name}: {method} {path}: {exc!r}", 0) from exc
+        try:
+            data = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        if status >= 300:
+            error = data.get("error") or raw[:200].decode(errors="replace")
+            raise PlacementRefused(f"runtime {self.name}: {method} {path}: {error}", status)
+        self._learn_models(data)
+        try:  # the whole status now (windows, residency), so routing sees the change at once
+            self.status_cache.put(await self._fetch_status())
+        except RuntimeUnavailable as exc:
+            log.warning("runtime %s: status after %s %s failed: %r", self.name, method, path, exc)
 
     async def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
         try:

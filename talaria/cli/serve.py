@@ -82,6 +82,14 @@ def serve(
             "loses the last moments of them (docs/operations.md).",
         ),
     ] = None,
+    placement_library: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --runtime: a TOML file of \\[\\[model]] entries that a placement "
+            "controller moves between the runtimes by demand (cold-starting one on its first "
+            "call); docs/operations.md, 'Placement'.",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the proxy: over an embedded simulated runtime (--models), over a vLLM runtime it
@@ -116,6 +124,7 @@ def serve(
             "runtimes": runtime or None,
             "allow_open": allow_open or None,
             "durability": durability,
+            "placement_library": str(placement_library) if placement_library else None,
         }.items()
         if value is not None
     }
@@ -149,6 +158,8 @@ def serve(
         console.print(f"starting the vLLM runtime for {', '.join(model)}")
         _serve_over_child(settings, args, host, port, log_level)
         return
+    if settings.placement_library is not None:
+        _check_placement(settings)
     if settings.runtimes:
         console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
     else:
@@ -251,6 +262,22 @@ def _refuse_without_keys(settings: ProxySettings) -> None:
             "everyone without a key",
             param_hint="'--host'",
         )
+
+
+def _check_placement(settings: ProxySettings) -> None:
+    """A placement library needs runtime servers and must load."""
+    from talaria.proxy.placement_library import load_library
+
+    hint = "'--placement-library'"
+    if not settings.runtimes:
+        raise typer.BadParameter(
+            "placement moves models between runtime servers: give them with --runtime",
+            param_hint=hint,
+        )
+    try:
+        load_library(settings.placement_library or "")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint=hint) from exc
 
 
 def _check_embedded(settings: ProxySettings) -> None:

@@ -1,6 +1,7 @@
 """Placement on the CPU build with real vLLM: a running ``talaria runtime`` process gains a
-tiny model's engine over HTTP, serves it through the proxy, and lets it go; an engine that
-fails to start is a JSON 500 and leaves the node as it was (runtime/placement_routes.py)."""
+tiny model's engine when the proxy's placement controller cold-starts it for its first call
+(proxy/placement_loop.py), serves it through the proxy, and lets it go; an engine that fails
+to start is a JSON 500 and leaves the node as it was (runtime/placement_routes.py)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,15 @@ max_model_len = 2048
 """
 
 
+LIBRARY = """
+[[model]]
+name = "tiny-b"
+engine = "vllm"
+path = "tiny-llama-b"
+max_model_len = 2048
+"""
+
+
 def _broken_model(tmp_path: Path) -> Path:
     """tiny-llama-b's directory with an architecture vLLM does not know: its engine fails
     to start."""
@@ -56,7 +66,7 @@ def _engine_cores() -> int:
     return count
 
 
-def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: Path) -> None:
+def test_a_vllm_engine_is_cold_started_on_a_running_node_served_and_removed(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text(NODE)
     settings = ProxySettings(
@@ -76,21 +86,13 @@ def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: P
         assert httpx.get(runtime + "/v1/runtime/status").json()["model_names"] == ["tiny-a"]
         assert _engine_cores() == engine_cores  # nothing of the failed engine left running
 
-        # the proxy runs before the model is placed: it learns the model and its window
-        # from the runtime's status
-        with running_proxy(settings.model_copy(update={"runtimes": [runtime]})) as proxy:
-            client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0, timeout=300)
-            entry = {
-                "name": "tiny-b",
-                "engine": "vllm",
-                "path": "tiny-llama-b",
-                "max_model_len": 2048,
-            }
-            added = httpx.post(models, json=entry, timeout=600)  # the engine starts (~20 s)
-            assert added.status_code == 201, added.text
-            assert added.json()["model_names"] == ["tiny-a", "tiny-b"]
-            status = httpx.get(runtime + "/v1/runtime/status").json()
-            assert status["engines"]["tiny-b"]["max_model_len"] == 2048
+        # the proxy's placement controller starts tiny-b's engine for its first call (a
+        # cold start over POST /v1/runtime/models), and learns its window from the status
+        library = tmp_path / "library.toml"
+        library.write_text(LIBRARY)
+        update = {"runtimes": [runtime], "placement_library": str(library)}
+        with running_proxy(settings.model_copy(update=update)) as proxy:
+            client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0, timeout=600)
             for model in ("tiny-b", "tiny-a"):
                 reply = client.chat.completions.create(
                     model=model,
@@ -98,6 +100,19 @@ def test_a_vllm_engine_is_added_to_a_running_node_served_and_removed(tmp_path: P
                     max_tokens=8,
                 )
                 assert reply.model == model and reply.usage.completion_tokens > 0
+            status = httpx.get(runtime + "/v1/runtime/status").json()
+            assert status["model_names"] == ["tiny-a", "tiny-b"]
+            assert status["engines"]["tiny-b"]["max_model_len"] == 2048
+            placement = httpx.get(
+                proxy.base_url + "/admin/placement",
+                headers={"authorization": "Bearer admin-secret-token"},
+            ).json()
+            [move] = placement["moves"]
+            assert (move["model"], move["reason"], move["outcome"]) == (
+                "tiny-b",
+                "cold-start",
+                "ok",
+            )
             # the placed engine's window (its max_model_len) holds: the proxy refuses a
             # prompt past it with its 400, as for a model hosted from the start
             with pytest.raises(

@@ -1,0 +1,412 @@
+"""The placement controller against live runtimes (issue 28): the replay's ``decide``
+(core/placement/controller.py, as sim/placement_driver.py drives it), its moves carried out
+over the runtimes' HTTP API (runtime/placement_routes.py).
+
+What one look reads:
+
+- **demand**: each runtime meters the calls it serves — every replica's — with the simulator's
+  meter (core/placement/demand.py; ``GET /v1/runtime/demand``): ``d_m`` is the sum over the
+  runtimes of the sessions with a call of ``m`` in the last ``window_s`` (a session counts
+  once per runtime it called), ``c_m`` the mean engine time (admitted to finished) of its
+  calls that finished in it, the runtimes' means weighted by their calls; a runtime whose
+  demand does not answer is left out of the look;
+- **nodes**: every runtime whose status answers: *hosted*, its models less those it drains,
+  plus those this loop is adding to it; *draining*, its ``draining_models``; the *budget*, its
+  ``weight_budget_bytes``; *live*, each model's ``live_sessions``; *placed*, when this loop
+  added a model there (absent: from the start);
+- **weights**: a library entry's ``weight_bytes``, else the catalog's, else 0;
+- ``w_m``: the largest ``switch_s`` a runtime reports for the model; ``Q``: the largest
+  ``quantum_s`` a runtime reports.
+
+Moves, each in a task of its own and recorded (``records``):
+
+- **add**: the model's ``[[model]]`` entry from the library (``weight_bytes`` left out) is
+  POSTed to the runtime; its engine starts there from the entry's ``path`` (a live runtime
+  loads from storage whatever source the controller chose), one add into a runtime at a time;
+- **evict**: ``DELETE`` at once (the runtime retires the model once its calls are done);
+- **drain**: the runtime marks the model draining (no proxy routes a new session to it there
+  while another runtime serves it: ``RuntimePool.routable``), then ``DELETE`` once its live
+  sessions there are gone or ``drain_s`` has passed.
+
+The controller manages the library's models only: a move of a model the library does not
+list is not made (it could not be placed again). Looks run every ``interval_s`` on the
+replica that ``leads`` (with replicas, the owner of ``LEADER_KEY`` among the live ones:
+proxy/cluster/owner.py), so one replica moves models at a time; a **cold start** — a call for
+a library model no runtime hosts — is looked for at once by the replica that serves the call
+(its session's owner), and the call waits for its add (``ensure``, at most
+``cold_start_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, cast
+
+from talaria.core.clock import Clock
+from talaria.core.placement import (
+    FleetView,
+    Move,
+    MoveKind,
+    NodeView,
+    PlacementConfig,
+    Reason,
+    decide,
+)
+from talaria.core.status import InstanceStatus
+from talaria.proxy.placement_library import LIBRARY_ONLY_KEYS, merge_demand
+from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.runtimes.http import PlacementRefused
+
+log = logging.getLogger("talaria.proxy.placement")
+
+LEADER_KEY = "talaria-placement"
+"""The key whose owner among the live replicas runs the looks."""
+DRAIN_POLL_S = 15.0
+"""How often a drain reads whether its runtime's sessions of the model have ended."""
+DEFAULT_QUANTUM_S = 60.0
+"""``Q`` when no runtime reports its quantum."""
+BOUNDED = (Reason.SCALE_OUT, Reason.SCALE_IN, Reason.MOVE)
+
+
+class ColdStartFailed(RuntimeError):
+    """A call's model could not be placed (no room, its engine failed, or too slow)."""
+
+
+class PlacementTarget(Protocol):
+    """A runtime client whose models the loop changes (proxy/runtimes/http.py)."""
+
+    name: str
+    weight_budget_bytes: float
+    quantum_s: float | None
+
+    @property
+    def models(self) -> tuple[str, ...]: ...
+
+    @property
+    def draining_models(self) -> frozenset[str]: ...
+
+    async def status(self) -> InstanceStatus: ...
+
+    async def demand(self, window_s: float) -> Mapping[str, Any]: ...
+
+    async def add_model(self, entry: Mapping[str, Any]) -> None: ...
+
+    async def drain_model(self, name: str) -> None: ...
+
+    async def remove_model(self, name: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class LiveMove:
+    """One move the loop made: when (clock seconds), what, why, and how it ended (``ok``,
+    ``failed: ...``, or ``running``) after how many seconds."""
+
+    at_s: float
+    kind: str
+    model: str
+    runtime: str
+    reason: str
+    outcome: str = "running"
+    seconds: float = 0.0
+
+
+class PlacementLoop:
+    """Looks at the live fleet and moves models (module docstring)."""
+
+    def __init__(
+        self,
+        pool: RuntimePool,
+        library: Mapping[str, Mapping[str, Any]],
+        catalog_weights: Mapping[str, float],
+        config: PlacementConfig,
+        clock: Clock,
+        *,
+        leads: Callable[[], bool] = lambda: True,
+        cold_start_timeout_s: float = 900.0,
+    ) -> None:
+        for runtime in pool.runtimes:
+            if not hasattr(runtime, "add_model"):
+                raise ValueError(
+                    f"placement needs runtime servers reached over HTTP; {runtime.name} is "
+                    f"{runtime.kind}"
+                )
+        self.pool = pool
+        self.library = {name: dict(entry) for name, entry in library.items()}
+        self.config = config
+        self.clock = clock
+        self._leads = leads
+        self.cold_start_timeout_s = cold_start_timeout_s
+        self._weights = {
+            name: float(entry.get("weight_bytes") or catalog_weights.get(name, 0.0))
+            for name, entry in self.library.items()
+        }
+        self._catalog_weights = catalog_weights
+        self.records: list[LiveMove] = []
+        self.looks = 0
+        self._started_s = clock.now()
+        self._bounded_s: list[float] = []
+        self._adding: dict[tuple[str, str], float] = {}
+        """(runtime, model) → when this loop began adding it."""
+        self._placed_s: dict[tuple[str, str], float] = {}
+        self._waiting: dict[str, asyncio.Future[None]] = {}
+        self._look_lock = asyncio.Lock()
+        self._copy_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+
+    def _target(self, name: str) -> PlacementTarget:
+        return cast(PlacementTarget, self.pool[name])  # checked at construction
+
+    # -- the loop -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Look every ``interval_s`` from now on (on the leading replica)."""
+        self._started_s = self.clock.now()
+        self._loop = asyncio.get_running_loop().create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop looking and cancel the moves under way."""
+        tasks = [t for t in [self._loop, *self._tasks] if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await self.clock.sleep(self.config.interval_s)
+            if not self._leads():
+                continue
+            try:
+                await self.look()
+            except Exception:  # a runtime's odd answer must not stop the controller
+                log.exception("placement: a look failed")
+
+    async def look(self) -> list[Move]:
+        """One look: read the fleet, decide, start the moves; returns those started."""
+        async with self._look_lock:
+            statuses = {s.instance: s for s in await self.pool.statuses(None)}
+            demand, call_s = await self.demand(list(statuses))
+            now = self.clock.now()
+            view = self.view(now, statuses, demand, call_s)
+            moves = [m for m in decide(view, self.config) if self._may(m)]
+            for move in moves:
+                self._apply(move, now)
+            self.looks += 1
+            return moves
+
+    def _may(self, move: Move) -> bool:
+        """A move of a model outside the library is not made (module docstring)."""
+        if move.model in self.library:
+            return True
+        log.info(
+            "placement: %s of %s on %s not made: not in the library",
+            move.kind.value,
+            move.model,
+            move.node,
+        )
+        return False
+
+    async def demand(self, runtimes: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+        """``d_m`` and ``c_m`` over ``runtimes``' demand documents (module docstring)."""
+        window = self.config.window_s
+        answers = await asyncio.gather(
+            *(self._target(name).demand(window) for name in runtimes), return_exceptions=True
+        )
+        documents = []
+        for name, answer in zip(runtimes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, Exception):
+                    raise answer  # cancellation is not the runtime's failure
+                log.warning("placement: %s's demand: %r", name, answer)
+                continue
+            documents.append(answer)
+        return merge_demand(documents)
+
+    def view(
+        self,
+        now_s: float,
+        statuses: Mapping[str, InstanceStatus],
+        demand: Mapping[str, float],
+        call_s: Mapping[str, float],
+    ) -> FleetView:
+        """The controller's view of the runtimes whose ``statuses`` answered, with the
+        demand they measured (module docstring)."""
+        nodes = []
+        switch_s: dict[str, float] = {}
+        quanta = []
+        for runtime in self.pool.runtimes:
+            status = statuses.get(runtime.name)
+            if status is None:
+                continue
+            target = self._target(runtime.name)
+            draining = target.draining_models & set(target.models)
+            adding = {m for (r, m) in self._adding if r == runtime.name}
+            nodes.append(
+                NodeView(
+                    runtime.name,
+                    frozenset((set(target.models) - draining) | adding),
+                    frozenset(draining),
+                    target.weight_budget_bytes,
+                    {m: t for (r, m), t in self._placed_s.items() if r == runtime.name},
+                    {m: res.live_sessions for m, res in status.models.items()},
+                )
+            )
+            for model, res in status.models.items():
+                switch_s[model] = max(switch_s.get(model, 0.0), res.switch_s)
+            if target.quantum_s is not None:
+                quanta.append(target.quantum_s)
+        hosted = {m for node in nodes for m in node.hosted | node.draining}
+        weights = {m: self._catalog_weights.get(m, 0.0) for m in hosted} | self._weights
+        waiting = {m for m, f in self._waiting.items() if not f.done()}
+        return FleetView(
+            now_s,
+            nodes,
+            demand,
+            weights,
+            unplaced_waiting=frozenset(waiting),
+            recent_moves_s=tuple(self._bounded_s),
+            measured_s=now_s - self._started_s,
+            call_s=call_s,
+            switch_s=switch_s,
+            quantum_s=max(quanta, default=DEFAULT_QUANTUM_S),
+        )
+
+    # -- cold starts --------------------------------------------------------------------------
+    async def ensure(self, model: str) -> bool:
+        """For a call of ``model``, which no runtime hosts: False if the library does not
+        list it; else True once a runtime serves it, after a cold start (``ColdStartFailed``
+        if none could be made, the engine failed, or it took ``cold_start_timeout_s``)."""
+        if model not in self.library:
+            return False
+        waiting = self._waiting.get(model)
+        if waiting is None or waiting.done():
+            waiting = asyncio.get_running_loop().create_future()
+            waiting.add_done_callback(_retrieve)
+            self._waiting[model] = waiting
+            try:
+                await self.look()
+            except Exception as exc:  # the call gets the reason, not a 500
+                log.exception("placement: the look for %s's cold start failed", model)
+                self._settle(model, ColdStartFailed(f"the placement look failed: {exc!r}"))
+            placed_meanwhile = model in self.pool.models()  # e.g. another replica's move
+            if placed_meanwhile or not any(m == model for (_, m) in self._adding):
+                failed = ColdStartFailed(f"no runtime has room for {model}")
+                self._settle(model, None if placed_meanwhile else failed)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiting), self.cold_start_timeout_s)
+        except TimeoutError as exc:
+            raise ColdStartFailed(
+                f"{model} was not placed within {self.cold_start_timeout_s:g} s"
+            ) from exc
+        return True
+
+    def _settle(self, model: str, error: Exception | None) -> None:
+        waiting = self._waiting.pop(model, None)
+        if waiting is None or waiting.done():
+            return
+        if error is None:
+            waiting.set_result(None)
+        else:
+            waiting.set_exception(error)
+
+    # -- moves --------------------------------------------------------------------------------
+    def _apply(self, move: Move, now: float) -> None:
+        if move.reason in BOUNDED:
+            self._bounded_s = [t for t in self._bounded_s if now - t < 3600.0] + [now]
+        record = LiveMove(now, move.kind.value, move.model, move.node, move.reason.value)
+        self.records.append(record)
+        index = len(self.records) - 1
+        if move.kind is MoveKind.ADD:
+            self._adding[(move.node, move.model)] = now
+            self._spawn(self._add(move, index))
+        elif move.kind is MoveKind.EVICT:
+            self._spawn(self._remove(move.node, move.model, index))
+        else:
+            self._spawn(self._drain(move.node, move.model, index))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _ended(self, index: int, outcome: str) -> None:
+        record = self.records[index]
+        seconds = self.clock.now() - record.at_s
+        self.records[index] = LiveMove(**{**asdict(record), "outcome": outcome, "seconds": seconds})
+
+    async def _add(self, move: Move, index: int) -> None:
+        entry = {k: v for k, v in self.library[move.model].items() if k not in LIBRARY_ONLY_KEYS}
+        lock = self._copy_locks.setdefault(move.node, asyncio.Lock())
+        try:
+            async with lock:  # one add into a runtime at a time
+                await self._target(move.node).add_model(entry)
+        except PlacementRefused as exc:
+            log.error("placement: adding %s to %s failed: %s", move.model, move.node, exc)
+            self._ended(index, f"failed: {exc}")
+            self._settle(move.model, ColdStartFailed(str(exc)))
+        else:
+            self._placed_s[(move.node, move.model)] = self.clock.now()
+            self._ended(index, "ok")
+            self._settle(move.model, None)
+        finally:
+            self._adding.pop((move.node, move.model), None)
+
+    async def _drain(self, runtime: str, model: str, index: int) -> None:
+        target = self._target(runtime)
+        began = self.clock.now()
+        try:
+            await target.drain_model(model)
+        except PlacementRefused as exc:
+            log.error("placement: draining %s on %s failed: %s", model, runtime, exc)
+            self._ended(index, f"failed: {exc}")
+            return
+        while self.clock.now() - began < self.config.drain_s:
+            try:
+                live = (await target.status()).models.get(model)
+            except Exception as exc:  # unreachable for now: keep waiting out the drain
+                log.warning("placement: %s's status during a drain: %r", runtime, exc)
+                live = None
+            if live is not None and live.live_sessions == 0:
+                break
+            await self.clock.sleep(DRAIN_POLL_S)
+        await self._remove(runtime, model, index)
+
+    async def _remove(self, runtime: str, model: str, index: int) -> None:
+        try:
+            await self._target(runtime).remove_model(model)
+        except PlacementRefused as exc:
+            log.error("placement: removing %s from %s failed: %s", model, runtime, exc)
+            self._ended(index, f"failed: {exc}")
+        else:
+            self._placed_s.pop((runtime, model), None)
+            self._ended(index, "ok")
+
+    # -- what the admin API shows -------------------------------------------------------------
+    async def summary(self) -> dict[str, Any]:
+        """The library, each runtime's models (and those draining or being added), the
+        demand now, the looks and every move."""
+        demand, call_s = await self.demand([r.name for r in self.pool.runtimes])
+        return {
+            "library": sorted(self.library),
+            "runtimes": {
+                r.name: {
+                    "models": list(r.models),
+                    "draining": sorted(r.draining_models),
+                    "adding": sorted(m for (n, m) in self._adding if n == r.name),
+                }
+                for r in self.pool.runtimes
+            },
+            "demand": demand,
+            "call_s": call_s,
+            "looks": self.looks,
+            "moves": [asdict(r) for r in self.records],
+            "config": asdict(self.config),
+        }
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a cold start's failure seen (a call that stopped waiting leaves nobody to)."""
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,144 @@
+"""The placement controller against live runtime servers over HTTP (proxy/placement_loop.py,
+runtime/placement_routes.py): a call for a library model that no runtime hosts is served
+after its cold start; a model a runtime drains takes only its own sessions there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from talaria.proxy.settings import ProxySettings
+from talaria.runtime.config import load_node_config
+from talaria.runtime.server import create_runtime_app
+from tests.integration.server import RunningProxy, running_app, running_proxy
+
+ADMIN = "admin-secret-token"
+NODE = """
+[node]
+name = "{name}"
+quantum_s = 30
+time_scale = 500
+{models}
+"""
+LIBRARY = """
+[[model]]
+name = "gpt-oss-120b"
+engine = "sim"
+
+[[model]]
+name = "minimax-m2"
+engine = "vllm"
+path = "{absent}"
+"""
+
+
+def _node(tmp_path: Path, name: str, *models: str) -> Path:
+    entries = "".join(f'\n[[model]]\nname = "{m}"\nengine = "sim"\n' for m in models)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(NODE.format(name=name, models=entries))
+    return path
+
+
+@contextmanager
+def _fleet(tmp_path: Path, *nodes: tuple[str, ...]) -> Iterator[tuple[RunningProxy, list[str]]]:
+    """Runtime servers hosting ``nodes``' models, and a proxy with the placement library
+    over them (its periodic looks an hour apart: only cold starts move models here)."""
+    library = tmp_path / "library.toml"
+    library.write_text(LIBRARY.format(absent=tmp_path / "absent"))
+    with ExitStack() as stack:
+        urls = [
+            stack.enter_context(
+                running_app(create_runtime_app(load_node_config(_node(tmp_path, f"rt{i}", *ms))))
+            )
+            for i, ms in enumerate(nodes)
+        ]
+        settings = ProxySettings(
+            database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
+            admin_token=ADMIN,
+            runtimes=urls,
+            status_ttl_s=0.0,  # every call reads the runtimes' drains afresh
+            placement_library=str(library),
+            placement_interval_s=3600.0,
+        )
+        yield stack.enter_context(running_proxy(settings)), urls
+
+
+def _models(url: str) -> list[str]:
+    names: list[str] = httpx.get(url + "/v1/runtime/status").json()["model_names"]
+    return names
+
+
+def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> None:
+    with _fleet(tmp_path, ("glm-4.5-fp8",), ("glm-4.5-air-fp8",)) as (proxy, urls):
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+        listed = {m.id: m.model_extra for m in client.models.list()}
+        assert sorted(listed) == ["glm-4.5-air-fp8", "glm-4.5-fp8", "gpt-oss-120b", "minimax-m2"]
+        assert listed["gpt-oss-120b"]["instances"] == []  # servable: a call starts it
+        reply = client.chat.completions.with_raw_response.create(
+            model="gpt-oss-120b", messages=[{"role": "user", "content": "cold"}]
+        )
+        assert reply.parse().model == "gpt-oss-120b"
+        hosts = [url for url in urls if "gpt-oss-120b" in _models(url)]
+        assert len(hosts) == 1
+        assert reply.headers["x-talaria-instance"] in ("rt0", "rt1")
+        listed = {m.id: m.model_extra for m in client.models.list()}
+        assert [i["instance"] for i in listed["gpt-oss-120b"]["instances"]] == [
+            reply.headers["x-talaria-instance"]
+        ]
+
+        admin = httpx.get(
+            proxy.base_url + "/admin/placement", headers={"authorization": f"Bearer {ADMIN}"}
+        ).json()
+        [move] = admin["moves"]
+        assert (move["kind"], move["model"], move["reason"], move["outcome"]) == (
+            "add",
+            "gpt-oss-120b",
+            "cold-start",
+            "ok",
+        )
+        assert admin["library"] == ["gpt-oss-120b", "minimax-m2"]
+        assert admin["demand"] == {"gpt-oss-120b": 1.0}  # as its runtime metered it
+        assert admin["call_s"]["gpt-oss-120b"] > 0
+
+        # a model outside the library is still a 404; one whose engine cannot start, a 503
+        with pytest.raises(openai.NotFoundError, match="kimi-k2-instruct"):
+            client.chat.completions.create(
+                model="kimi-k2-instruct", messages=[{"role": "user", "content": "x"}]
+            )
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.create(
+                model="minimax-m2", messages=[{"role": "user", "content": "x"}]
+            )
+        assert failed.value.status_code == 503
+        assert "minimax-m2 could not be started" in failed.value.message
+        assert "absent" in failed.value.message  # the runtime's reason: no such directory
+        assert failed.value.response.headers["retry-after"] == "30"
+        assert all("minimax-m2" not in _models(url) for url in urls)
+
+
+def test_a_draining_model_keeps_its_sessions_and_takes_no_new_one(tmp_path: Path) -> None:
+    with _fleet(tmp_path, ("glm-4.5-fp8", "gpt-oss-120b"), ("glm-4.5-fp8",)) as (proxy, urls):
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+
+        def call(session: str) -> str:
+            reply = client.chat.completions.with_raw_response.create(
+                model="glm-4.5-fp8",
+                messages=[{"role": "user", "content": f"work of {session}"}],
+                extra_headers={"x-talaria-session-id": session},
+            )
+            return reply.headers["x-talaria-instance"]
+
+        first = call("kept")
+        by_name = dict(zip(("rt0", "rt1"), urls, strict=True))
+        drained = httpx.post(by_name[first] + "/v1/runtime/models/glm-4.5-fp8/drain")
+        assert drained.status_code == 200 and drained.json()["draining_models"] == ["glm-4.5-fp8"]
+        other = "rt1" if first == "rt0" else "rt0"
+        assert call("kept") == first  # its KV is there: it stays
+        assert {call(f"new-{i}") for i in range(4)} == {other}
+        missing = httpx.post(by_name[first] + "/v1/runtime/models/kimi-k2-instruct/drain")
+        assert missing.status_code == 404

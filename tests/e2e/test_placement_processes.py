@@ -5,6 +5,7 @@ or with a library that does not load, is refused before anything starts."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -78,8 +79,9 @@ def test_a_placement_library_without_runtimes_or_entries_is_refused(
     (tmp_path / "empty.toml").write_text("")
     paths = {"library": tmp_path / "library.toml", "empty": tmp_path / "empty.toml"}
     command = [*talaria_command(), "serve", *(a.format(**paths) for a in args)]
+    env = {**os.environ, "COLUMNS": "400"}  # the error panel unwrapped, whatever the path
     done = subprocess.run(
-        command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL
+        command, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, env=env
     )
     assert done.returncode == 2, done.stderr
     assert message in " ".join(done.stderr.split())

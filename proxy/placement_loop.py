@@ -26,7 +26,12 @@ Moves, each in a task of its own and recorded (``records``):
 - **evict**: ``DELETE`` at once (the runtime retires the model once its calls are done);
 - **drain**: the runtime marks the model draining (no proxy routes a new session to it there
   while another runtime serves it: ``RuntimePool.routable``), then ``DELETE`` once its live
-  sessions there are gone or ``drain_s`` has passed.
+  sessions there are gone or ``drain_s`` has passed. A drain this loop did not begin — a
+  library model a runtime lists as draining, say because the replica that began it has
+  gone — is taken over at the next look (recorded with reason ``taken-over``), its
+  ``drain_s`` counted from then, so that no model is left draining for good. A ``DELETE`` of
+  a model the runtime no longer hosts (404: another replica removed it) ends the drain too;
+  one the runtime refuses otherwise is recorded as failed and not taken over again here.
 
 The controller manages the library's models only: a move of a model the library does not
 list is not made (it could not be placed again). Looks run every ``interval_s`` on the
@@ -42,8 +47,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
-from typing import Any, Protocol, cast
+from dataclasses import asdict
+from typing import Any, cast
 
 from talaria.core.clock import Clock
 from talaria.core.placement import (
@@ -57,6 +62,7 @@ from talaria.core.placement import (
 )
 from talaria.core.status import InstanceStatus
 from talaria.proxy.placement_library import LIBRARY_ONLY_KEYS, merge_demand
+from talaria.proxy.placement_target import LiveMove, PlacementTarget
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.http import PlacementRefused
 
@@ -69,48 +75,12 @@ DRAIN_POLL_S = 15.0
 DEFAULT_QUANTUM_S = 60.0
 """``Q`` when no runtime reports its quantum."""
 BOUNDED = (Reason.SCALE_OUT, Reason.SCALE_IN, Reason.MOVE)
+TAKEN_OVER = "taken-over"
+"""The recorded reason of a drain this loop took over (module docstring)."""
 
 
 class ColdStartFailed(RuntimeError):
     """A call's model could not be placed (no room, its engine failed, or too slow)."""
-
-
-class PlacementTarget(Protocol):
-    """A runtime client whose models the loop changes (proxy/runtimes/http.py)."""
-
-    name: str
-    weight_budget_bytes: float
-    quantum_s: float | None
-
-    @property
-    def models(self) -> tuple[str, ...]: ...
-
-    @property
-    def draining_models(self) -> frozenset[str]: ...
-
-    async def status(self) -> InstanceStatus: ...
-
-    async def demand(self, window_s: float) -> Mapping[str, Any]: ...
-
-    async def add_model(self, entry: Mapping[str, Any]) -> None: ...
-
-    async def drain_model(self, name: str) -> None: ...
-
-    async def remove_model(self, name: str) -> None: ...
-
-
-@dataclass(frozen=True)
-class LiveMove:
-    """One move the loop made: when (clock seconds), what, why, and how it ended (``ok``,
-    ``failed: ...``, or ``running``) after how many seconds."""
-
-    at_s: float
-    kind: str
-    model: str
-    runtime: str
-    reason: str
-    outcome: str = "running"
-    seconds: float = 0.0
 
 
 class PlacementLoop:
@@ -150,6 +120,8 @@ class PlacementLoop:
         self._bounded_s: list[float] = []
         self._adding: dict[tuple[str, str], float] = {}
         """(runtime, model) → when this loop began adding it."""
+        self._draining: set[tuple[str, str]] = set()
+        """(runtime, model): the drains this loop began or took over and has not removed."""
         self._placed_s: dict[tuple[str, str], float] = {}
         self._waiting: dict[str, asyncio.Future[None]] = {}
         self._look_lock = asyncio.Lock()
@@ -189,12 +161,24 @@ class PlacementLoop:
             statuses = {s.instance: s for s in await self.pool.statuses(None)}
             demand, call_s = await self.demand(list(statuses))
             now = self.clock.now()
+            self._take_over_drains(statuses, now)
             view = self.view(now, statuses, demand, call_s)
             moves = [m for m in decide(view, self.config) if self._may(m)]
             for move in moves:
                 self._apply(move, now)
             self.looks += 1
             return moves
+
+    def _take_over_drains(self, statuses: Mapping[str, InstanceStatus], now: float) -> None:
+        """Carry out the drains of library models that runtimes list and this loop is not
+        carrying out (module docstring)."""
+        for name in statuses:
+            target = self._target(name)
+            for model in sorted(target.draining_models & set(target.models)):
+                if model in self.library and (name, model) not in self._draining:
+                    self._record_and_start(
+                        Move(MoveKind.DRAIN, model, name, Reason.MOVE), now, reason=TAKEN_OVER
+                    )
 
     def _may(self, move: Move) -> bool:
         """A move of a model outside the library is not made (module docstring)."""
@@ -315,7 +299,10 @@ class PlacementLoop:
     def _apply(self, move: Move, now: float) -> None:
         if move.reason in BOUNDED:
             self._bounded_s = [t for t in self._bounded_s if now - t < 3600.0] + [now]
-        record = LiveMove(now, move.kind.value, move.model, move.node, move.reason.value)
+        self._record_and_start(move, now, reason=move.reason.value)
+
+    def _record_and_start(self, move: Move, now: float, *, reason: str) -> None:
+        record = LiveMove(now, move.kind.value, move.model, move.node, reason)
         self.records.append(record)
         index = len(self.records) - 1
         if move.kind is MoveKind.ADD:
@@ -324,6 +311,7 @@ class PlacementLoop:
         elif move.kind is MoveKind.EVICT:
             self._spawn(self._remove(move.node, move.model, index))
         else:
+            self._draining.add((move.node, move.model))
             self._spawn(self._drain(move.node, move.model, index))
 
     def _spawn(self, coro: Any) -> None:
@@ -377,11 +365,13 @@ class PlacementLoop:
         try:
             await self._target(runtime).remove_model(model)
         except PlacementRefused as exc:
-            log.error("placement: removing %s from %s failed: %s", model, runtime, exc)
-            self._ended(index, f"failed: {exc}")
-        else:
-            self._placed_s.pop((runtime, model), None)
-            self._ended(index, "ok")
+            if exc.status != 404:  # 404: another replica removed it meanwhile
+                log.error("placement: removing %s from %s failed: %s", model, runtime, exc)
+                self._ended(index, f"failed: {exc}")  # and not taken over again
+                return
+        self._placed_s.pop((runtime, model), None)
+        self._draining.discard((runtime, model))
+        self._ended(index, "ok")
 
     # -- what the admin API shows -------------------------------------------------------------
     async def summary(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,8 @@ LIBRARY = """
 name = "gpt-oss-120b"
 engine = "sim"
 """
+POLLS = 600
+"""Reads of the runtime's status before a test gives up (each takes milliseconds)."""
 
 
 def test_the_first_call_of_a_library_model_starts_it_on_a_runtime(tmp_path: Path) -> None:
@@ -63,6 +66,42 @@ def test_the_first_call_of_a_library_model_starts_it_on_a_runtime(tmp_path: Path
             assert [
                 (m["model"], m["runtime"], m["reason"], m["outcome"]) for m in placement["moves"]
             ] == [("gpt-oss-120b", instance, "cold-start", "ok")]
+
+
+def test_a_drain_left_by_a_gone_replica_is_taken_over_and_the_model_removed(
+    tmp_path: Path,
+) -> None:
+    """A runtime lists a library model as draining that no proxy is carrying out (the replica
+    that began the drain has gone: here the drain is asked of the runtime directly); the
+    proxy's next look takes the drain over and removes the model, which has no session."""
+    library = tmp_path / "library.toml"
+    library.write_text(LIBRARY)
+    config = tmp_path / "rt-a.toml"
+    config.write_text(NODE.format(name="rt-a", model="glm-4.5-fp8") + LIBRARY)
+    with talaria_runtime(config) as a:
+        drained = httpx.post(a.base_url + "/v1/runtime/models/gpt-oss-120b/drain", timeout=30)
+        assert drained.status_code == 200, drained.text
+        args = ["--runtime", a.base_url, "--placement-library", str(library)]
+        env = {"TALARIA_ADMIN_TOKEN": ADMIN, "TALARIA_TIME_SCALE": "200"}
+        with talaria_serve(args, env, tmp_path) as proxy:
+
+            def moves() -> list[tuple[str, str, str, str]]:
+                placement = httpx.get(
+                    proxy.base_url + "/admin/placement",
+                    headers={"authorization": f"Bearer {ADMIN}"},
+                ).json()
+                return [
+                    (m["kind"], m["model"], m["reason"], m["outcome"]) for m in placement["moves"]
+                ]
+
+            for _ in range(POLLS):  # looks run on the proxy's timer: 60 clock s, 0.3 s here
+                made = moves()
+                if made and all(m[3] != "running" for m in made):
+                    break
+                time.sleep(0.05)
+            assert moves() == [("drain", "gpt-oss-120b", "taken-over", "ok")]
+            names = httpx.get(a.base_url + "/v1/runtime/status").json()["model_names"]
+            assert names == ["glm-4.5-fp8"]
 
 
 @pytest.mark.parametrize(

@@ -101,6 +101,8 @@ class FakeRuntime:
 
     async def remove_model(self, name: str) -> None:
         self.requests.append(("remove", name))
+        if name not in self.hosted:
+            raise PlacementRefused(f"model {name!r} is not on this node", 404)
         if len(self.hosted) == 1:
             raise PlacementRefused(f"model {name!r} is this node's last model", 409)
         self.hosted.remove(name)
@@ -238,6 +240,59 @@ def test_a_drain_whose_sessions_stay_ends_after_drain_s() -> None:
         assert "a" in n0.models
         await asyncio.sleep(20.0)
         assert n0.models == ("b",)
+
+    run_virtual(main())
+
+
+def test_a_drain_no_replica_carries_out_is_taken_over_and_ends() -> None:
+    """A library model left draining (the replica that began the drain has gone) is removed
+    by the next looker once its sessions end; a second look does not take it over twice."""
+
+    async def main() -> None:
+        n0, n1 = FakeRuntime("n0", ["a", "b"]), FakeRuntime("n1", ["a"])
+        n0.draining, n0.live = {"a"}, {"a": 1}
+        loop = _loop([n0, n1])
+        assert await loop.look() == []  # no demand: the controller itself moves nothing
+        await loop.look()
+        assert [(r.kind, r.model, r.runtime, r.reason) for r in loop.records] == [
+            ("drain", "a", "n0", "taken-over")
+        ]
+        n0.live = {}
+        await asyncio.sleep(20.0)
+        assert n0.models == ("b",) and loop.records[0].outcome == "ok"
+        await loop.look()
+        assert len(loop.records) == 1
+
+    run_virtual(main())
+
+
+def test_a_drain_whose_model_another_replica_removed_ends_ok() -> None:
+    async def main() -> None:
+        n0, n1 = FakeRuntime("n0", ["a", "b"]), FakeRuntime("n1", ["a"])
+        n0.draining, n0.live = {"a"}, {"a": 1}
+        loop = _loop([n0, n1])
+        await loop.look()
+        n0.hosted.remove("a")  # removed meanwhile by the replica that began the drain
+        n0.draining.clear()
+        await asyncio.sleep(PlacementConfig().drain_s + 20.0)
+        assert n0.requests[-1] == ("remove", "a")
+        assert loop.records[0].outcome == "ok"
+
+    run_virtual(main())
+
+
+def test_a_removal_the_runtime_refuses_is_not_taken_over_again() -> None:
+    async def main() -> None:
+        n0, n1 = FakeRuntime("n0", ["a"]), FakeRuntime("n1", ["a"])
+        n0.draining = {"a"}
+        loop = _loop([n0, n1], config=PlacementConfig(drain_s=30.0))
+        await loop.look()
+        await asyncio.sleep(60.0)
+        assert loop.records[0].outcome.startswith("failed") and "last model" in (
+            loop.records[0].outcome
+        )
+        await loop.look()
+        assert len(loop.records) == 1
 
     run_virtual(main())
 

@@ -73,6 +73,23 @@ def test_a_plain_question_gets_an_answer(served: ServeProcess) -> None:
     assert reply.usage is not None and reply.usage.completion_tokens <= 24
 
 
+def test_ignore_eos_runs_the_reply_to_max_tokens(served: ServeProcess) -> None:
+    """vLLM's ``ignore_eos`` through the proxy (core/calls.py ``Sampling.ignore_eos``): the
+    answer that ends by itself well under the limit runs to the limit when asked to."""
+    ask: dict[str, Any] = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "temperature": 0,
+        "max_tokens": 64,
+    }
+    ended = _client(served).chat.completions.create(**ask)
+    assert ended.choices[0].finish_reason == "stop"
+    assert ended.usage is not None and ended.usage.completion_tokens < 64
+    ran_on = _client(served).chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    assert ran_on.choices[0].finish_reason == "length"
+    assert ran_on.usage is not None and ran_on.usage.completion_tokens == 64
+
+
 def test_a_call_without_max_tokens_is_fitted_to_the_window(served: ServeProcess) -> None:
     """The proxy's default (4,096) plus the prompt would pass 8,192 only for a long prompt;
     a prompt of ~6,000 tokens without max_tokens is served, not refused (issue 26, defect 2)."""

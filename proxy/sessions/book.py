@@ -21,9 +21,11 @@ tokens and the session's completion time are the session's, whatever thread they
    is never split because its client sent something new under its id.
 2. **Implicit**: the live implicit session of the same tenant and model whose thread the call
    continues (a session its client named is only continued under that name); else a new one.
-3. **A new session** is a *child* when the request names a parent (identity.py): its parent is
-   that live session of the tenant (else the id as given), and it joins the parent's family,
-   which ends with its root. An implicit call with a system prompt of its own, arriving while
+3. **A new session** is a *child* when the request names a parent (identity.py) that is a
+   live session of the *same tenant* (by the client's id, or by the key the proxy sent back);
+   it joins the parent's family, which ends with its root. Any other parent (another
+   tenant's session or key, an ended or unknown one) is not kept: the session is a root, so
+   no tenant can graft sessions onto another's tree. An implicit call with a system prompt of its own, arriving while
    exactly one implicit session of its tenant waits on a reply, is that session's *side call*:
    a child of it (``_side_call_of`` says what the evidence is and what a wrong guess costs).
 
@@ -252,10 +254,9 @@ class SessionBook:
             oldest = self._sessions[next(iter(owned))]
             raise SessionLimit(tenant_id, self._max_per_tenant, oldest.last_activity_s)
         key = new_key()
-        parent, parent_key = side_of, side_of.key if side_of is not None else None
-        if identity.parent_session_id is not None:  # the parent's key, else its id as given
+        parent = side_of
+        if identity.parent_session_id is not None:  # only a live session of this tenant
             parent = self.named(tenant_id, identity.parent_session_id)
-            parent_key = parent.key if parent is not None else identity.parent_session_id
         state = SessionState(
             key=key,
             tenant_id=tenant_id,
@@ -264,7 +265,7 @@ class SessionBook:
             model=model,
             started_at=now_at,
             started_s=now_s,
-            parent_key=parent_key,
+            parent_key=parent.key if parent is not None else None,
             root_key=parent.root_key if parent is not None else key,
             last_activity_s=now_s,
         )

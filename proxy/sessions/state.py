@@ -61,8 +61,8 @@ class SessionState:
     started_s: float
     """Clock time of the first call (for SCT)."""
     parent_key: str | None = None
-    """The parent's key (a child, or a session whose client named a live parent), else the
-    parent id the client gave."""
+    """The parent's key: a live session of the same tenant that the request named, or the
+    session an implicit side call belongs to (book.py); None for a root."""
     root_key: str = ""
     """The session whose client id this family shares (itself for a root)."""
     calls: int = 0

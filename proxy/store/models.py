@@ -102,7 +102,8 @@ class SessionRow(Base):
     key (``ses_<hex>``, unique across tenants); ``session_id`` is what the client calls the
     session (the key itself for an implicit session), unique per tenant among live sessions
     only: a client may reuse an id after its session ended. ``parent_session_key`` is the
-    parent's key (or, for a parent the proxy did not hold live, the id the client gave)."""
+    parent's key, a session of the same tenant (older rows may hold an id a client gave:
+    the admin views join a parent by key *and* tenant, proxy/store/sessions.py)."""
 
     __tablename__ = "sessions"
     __table_args__ = (Index("ix_sessions_tenant_id_session_id", "tenant_id", "session_id"),)

@@ -157,7 +157,10 @@ class SessionTables(TableGroup):
             )
             children = await db.scalars(
                 select(SessionRow)
-                .where(SessionRow.parent_session_key == session_key)
+                .where(
+                    SessionRow.parent_session_key == session_key,
+                    SessionRow.tenant_id == row.tenant_id,
+                )
                 .order_by(SessionRow.started_at, SessionRow.session_key)
             )
             return SessionDetail(
@@ -182,8 +185,8 @@ class SessionTables(TableGroup):
         roots: bool = True,
     ) -> SessionPage:
         """Sessions newest first, ordered by (started_at desc, session_key desc), ``limit`` at a
-        time (1..1000): with ``roots``, only root sessions (no parent, or a parent the store
-        does not hold: the id a client gave), whose families :meth:`families` sums.
+        time (1..1000): with ``roots``, only root sessions (no parent, or no parent of the
+        same tenant in the store), whose families :meth:`families` sums.
         ``state`` is one of ``SESSION_STATES``; ``tenant_id`` is a tenant's id or its name.
         ``started_after`` is inclusive and ``started_before`` exclusive. Pass a page's
         ``next_cursor`` (with the same filters) for the next page. ``ValueError`` for an
@@ -206,7 +209,10 @@ class SessionTables(TableGroup):
             where.append(SessionRow.started_at < as_utc(started_before))
         if roots:
             parent = aliased(SessionRow)
-            held = exists().where(parent.session_key == SessionRow.parent_session_key)
+            held = exists().where(
+                parent.session_key == SessionRow.parent_session_key,
+                parent.tenant_id == SessionRow.tenant_id,
+            )
             where.append(or_(SessionRow.parent_session_key.is_(None), ~held))
         if cursor is not None:
             at, sid = decode_cursor(cursor)
@@ -231,19 +237,25 @@ class SessionTables(TableGroup):
         return SessionPage(items=items, next_cursor=next_cursor)
 
     async def families(self, root_keys: Sequence[str]) -> dict[str, Family]:
-        """Each root's family (views.Family): the root and every session whose parent is in
-        the family, found with one recursive query for all of ``root_keys``."""
+        """Each root's family (views.Family): the root and every session of the root's tenant
+        whose parent is in the family, found with one recursive query for all of
+        ``root_keys``."""
         if not root_keys:
             return {}
         tree = (
-            select(SessionRow.session_key.label("root"), SessionRow.session_key.label("key"))
+            select(
+                SessionRow.session_key.label("root"),
+                SessionRow.session_key.label("key"),
+                SessionRow.tenant_id.label("tenant"),
+            )
             .where(SessionRow.session_key.in_(root_keys))
             .cte("family_tree", recursive=True)
         )
         child = aliased(SessionRow)
         tree = tree.union(  # a union, not union all: it ends even on a cycle of parents
-            select(tree.c.root, child.session_key).join(
-                child, child.parent_session_key == tree.c.key
+            select(tree.c.root, child.session_key, child.tenant_id).join(
+                child,  # a family never crosses tenants (a parent is joined by key and tenant)
+                and_(child.parent_session_key == tree.c.key, child.tenant_id == tree.c.tenant),
             )
         )
         member = aliased(SessionRow)

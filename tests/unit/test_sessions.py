@@ -417,7 +417,7 @@ def test_children_only_when_named() -> None:
         [child.state.key, grandchild.state.key]
     )
     orphan = Agent(book, "x").step(Identity("agent-9", "claude-code", "gone")).state
-    assert orphan.parent_key == "gone" and orphan.is_root  # the id as given, its own family
+    assert orphan.parent_key is None and orphan.is_root  # no live parent: a root
     assert Agent(book, "implicit").step().state.parent_key is None
 
 

@@ -87,7 +87,7 @@ def one_call(book: SessionBook, session: int, conversation: Conversation, now_s:
     )
     book.call_started(found.state, conversation, now_s, found.thread)
     book.call_finished(found.state, conversation, fingerprint(reply(session)), now_s, found.thread)
-    found.state.inflight -= 1
+    book.call_ended(found.state, found.thread)
     return found
 
 
@@ -143,7 +143,7 @@ def main() -> None:
         ordered = sorted(values)
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
-    threads = [t for s in book for t in s.threads]
+    threads = [t for s in book for t in s.threads.values()]
     doc = {
         "command": "bench/session_memory.py "
         + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "json"),

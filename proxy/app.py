@@ -214,6 +214,7 @@ def create_app(
             catalog_windows=windows,
             max_inflight_per_tenant=cfg.max_inflight_per_tenant,
             max_sessions_per_tenant=cfg.max_sessions_per_tenant,
+            max_threads_per_session=cfg.max_threads_per_session,
             session_idle_timeout_s=cfg.session_idle_timeout_s,
             durable=cfg.durability == "commit",
             commit_timeout_s=cfg.commit_timeout_s,

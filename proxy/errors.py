@@ -87,11 +87,24 @@ def too_many_sessions(limit: int, retry_after_s: float) -> ApiError:
     live sessions are never refused)."""
     return ApiError(
         429,
-        f"Too many live sessions for this key (limit {limit}); continue or end one "
-        "(POST /v1/sessions/{id}/end), or retry once one has ended.",
+        f"Too many live sessions and conversations for this key (limit {limit}); continue "
+        "or end one (POST /v1/sessions/{id}/end), or retry once one has ended.",
         type="rate_limit_error",
         code="too_many_sessions",
         retry_after_s=retry_after_s,
+    )
+
+
+def too_many_threads(limit: int) -> ApiError:
+    """A call that would open one more conversation of a session whose ``limit`` threads all
+    have a call in flight (proxy/sessions/book.py)."""
+    return ApiError(
+        429,
+        f"This session has {limit} conversations with a call in flight (the limit); retry "
+        "once one of them has its reply.",
+        type="rate_limit_error",
+        code="too_many_threads",
+        retry_after_s=1.0,
     )
 
 

@@ -38,17 +38,29 @@ from talaria.core.routing import (
 from talaria.core.status import InstanceStatus
 from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
 from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
-from talaria.proxy.errors import bad_request, too_many_requests, too_many_sessions, unavailable
+from talaria.proxy.errors import (
+    bad_request,
+    too_many_requests,
+    too_many_sessions,
+    too_many_threads,
+    unavailable,
+)
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.recorder import Recorder, RecordSink
 from talaria.proxy.runner import CallRunner, runtime_request
 from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.schema_check import SchemaCheck
-from talaria.proxy.sessions.book import DEFAULT_MAX_PER_TENANT, SessionBook, SessionLimit
+from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
 from talaria.proxy.sessions.keeper import SessionKeeper
 from talaria.proxy.sessions.state import Resolution
+from talaria.proxy.sessions.tenancy import (
+    DEFAULT_MAX_PER_TENANT,
+    DEFAULT_MAX_THREADS,
+    SessionLimit,
+    ThreadLimit,
+)
 
 SWEEP_S = 1.0
 """How often expired reservations and idle sessions are looked for (clock seconds)."""
@@ -80,6 +92,7 @@ class Gateway:
         catalog_windows: Mapping[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
         max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
+        max_threads_per_session: int = DEFAULT_MAX_THREADS,
         session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         durable: bool = True,
         commit_timeout_s: float = 30.0,
@@ -98,7 +111,10 @@ class Gateway:
         self.reservations = SessionReservations()
         """Soft reservations and learned tool gaps, by session key (clock seconds)."""
         self.sessions = SessionBook(
-            on_forget=self.reservations.end, max_per_tenant=max_sessions_per_tenant
+            on_forget=self.reservations.end,
+            max_per_tenant=max_sessions_per_tenant,
+            max_threads=max_threads_per_session,
+            on_retire=lambda state, thread: self.keeper.thread_retired(state, thread),
         )
         self.pool = RuntimePool(runtimes, time, catalog_windows)
         self._recorder = Recorder(
@@ -191,6 +207,8 @@ class Gateway:
         except SessionLimit as full:  # Retry-After: when its least recent one may idle out
             idle_in_s = full.oldest_activity_s + self.keeper.idle_timeout_s - now_s
             raise too_many_sessions(full.limit, self._time.wall(idle_in_s)) from full
+        except ThreadLimit as busy:
+            raise too_many_threads(busy.limit) from busy
         state = found.state
         if state.route_key is None:
             state.route_key = call.route_key

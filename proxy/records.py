@@ -104,7 +104,7 @@ class ReservationRecord:
     expected_return_at: datetime
     expires_at: datetime
     released_at: datetime | None = None
-    release_reason: str | None = None  # returned | ended | expired
+    release_reason: str | None = None  # returned | replaced | ended | expired | retired
 
 
 @dataclass(frozen=True)

@@ -178,7 +178,7 @@ class CallRunner:
             self._fail(call, found, request, runtime, arrived_at, exc, events)
             return None
         finally:
-            state.inflight -= 1
+            self._keeper.call_ended(state, found.thread)
             self._inflight[call.tenant_id] -= 1
         output = result.output or ModelOutput(finish_reason="stop")
         outcome = CallOutcome(result, runtime.name, output)

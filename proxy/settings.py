@@ -116,8 +116,14 @@ class ProxySettings(BaseSettings):
     max_sessions_per_tenant: int = Field(
         10_000,
         gt=0,
-        description="Live sessions (implicit and named) one tenant may have; a call that "
-        "would open one more gets 429",
+        description="Live sessions (implicit and named) one tenant may have, each of a "
+        "session's conversations (threads) counted; a call that would open one more gets 429",
+    )
+    max_threads_per_session: int = Field(
+        64,
+        gt=0,
+        description="Live conversations (threads) one session may hold; beyond, its least "
+        "recently used idle one is retired",
     )
     status_ttl_s: float = Field(
         0.05, ge=0, description="How long a runtime's status is reused for routing (s)"

@@ -25,16 +25,22 @@ tokens and the session's completion time are the session's, whatever thread they
    live session of the *same tenant* (by the client's id, or by the key the proxy sent back);
    it joins the parent's family, which ends with its root. Any other parent (another
    tenant's session or key, an ended or unknown one) is not kept: the session is a root, so
-   no tenant can graft sessions onto another's tree. An implicit call with a system prompt of its own, arriving while
-   exactly one implicit session of its tenant waits on a reply, is that session's *side call*:
-   a child of it (``_side_call_of`` says what the evidence is and what a wrong guess costs).
+   no tenant can graft sessions onto another's tree. An implicit call with a system prompt
+   of its own, arriving while exactly one implicit session of its tenant waits on a reply,
+   is that session's *side call*: a child of it (``_side_call_of`` says what the evidence is
+   and what a wrong guess costs).
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
-beyond it) and ``max_per_tenant`` per tenant, implicit, named and children alike: a call that
-would open one more gets :class:`SessionLimit` (the gateway's 429); calls that continue,
-retry or take over a live session are never refused. The conversation index holds two
-entries per thread (its last prompt, its last prompt + reply); a session holds at most
-``MAX_THREADS`` threads (the least recently used is dropped from the index beyond it).
+beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*
+its least recently used thread with no call in flight (out of the index, its reservation
+released and its runtime entry ended by ``on_retire``), and when every thread has a call in
+flight the call gets :class:`ThreadLimit` (the gateway's 429). A tenant holds at most
+``max_per_tenant`` live threads, every session's counted (implicit, named and children alike;
+each session has one at least: tenancy.py): a call that would open one more gets
+:class:`SessionLimit` (429); calls that continue, retry or take over a live session's thread
+are never refused. The conversation index holds two entries per live thread (its last
+prompt, its last prompt + reply). What each tenant holds is kept as it changes (tenancy.py),
+so no call scans a tenant's sessions.
 """
 
 from __future__ import annotations
@@ -48,26 +54,13 @@ from talaria.proxy.sessions.drift import drift_at
 from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.sessions.index import ConversationIndex, Entry, How, IndexKey, Kind
 from talaria.proxy.sessions.state import Resolution, SessionState, Thread, new_key
-
-MAX_THREADS = 64
-"""Threads a session keeps indexed; beyond, the least recently used thread is dropped from
-the index (a call of it later opens a new thread)."""
-
-
-DEFAULT_MAX_PER_TENANT = 10_000
-"""Live sessions per tenant (``TALARIA_MAX_SESSIONS_PER_TENANT``): a tenth of the book's
-capacity, so one tenant cannot push the others' sessions out."""
-
-
-class SessionLimit(Exception):
-    """A call would open a session past its tenant's ``limit`` of live sessions."""
-
-    def __init__(self, tenant_id: str, limit: int, oldest_activity_s: float) -> None:
-        super().__init__(f"tenant {tenant_id} has {limit} live sessions")
-        self.limit = limit
-        self.oldest_activity_s = oldest_activity_s
-        """Clock time (s) of the last call of the tenant's least recently used session: it
-        may idle out first."""
+from talaria.proxy.sessions.tenancy import (
+    DEFAULT_MAX_PER_TENANT,
+    DEFAULT_MAX_THREADS,
+    SessionLimit,
+    TenantLedger,
+    ThreadLimit,
+)
 
 
 class SessionBook:
@@ -75,20 +68,24 @@ class SessionBook:
     the conversation index. Least recently used sessions are forgotten beyond ``capacity``
     (their records stay in the store). ``on_forget(key)`` runs for each thread's runtime key of
     every session forgotten (ended, handed off, or evicted), so that state kept elsewhere by
-    those keys goes with it."""
+    those keys goes with it; ``on_retire(state, thread)`` for each thread retired while its
+    session lives on (module docstring)."""
 
     def __init__(
         self,
         capacity: int = 100_000,
         on_forget: Callable[[str], object] | None = None,
         max_per_tenant: int = DEFAULT_MAX_PER_TENANT,
+        max_threads: int = DEFAULT_MAX_THREADS,
+        on_retire: Callable[[SessionState, Thread], object] | None = None,
     ) -> None:
         self._capacity = capacity
         self._on_forget = on_forget
-        self._max_per_tenant = max_per_tenant
+        self._on_retire = on_retire
+        self._max_threads = max_threads
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()
-        self._by_tenant: dict[str, OrderedDict[str, None]] = {}
-        """Each tenant's live session keys, least recently used first."""
+        self._tenants = TenantLedger(max_per_tenant)
+        """Each tenant's live sessions, threads and waiting implicit roots."""
         self._named: dict[tuple[str, str], str] = {}
         """(tenant, client id) → key, for every session its client named (roots, children)."""
         self._children: dict[str, set[str]] = {}
@@ -101,7 +98,11 @@ class SessionBook:
 
     def count(self, tenant_id: str) -> int:
         """The tenant's live sessions."""
-        return len(self._by_tenant.get(tenant_id, ()))
+        return self._tenants.sessions(tenant_id)
+
+    def threads(self, tenant_id: str) -> int:
+        """The tenant's live threads (every session has one at least)."""
+        return self._tenants.threads(tenant_id)
 
     def __iter__(self) -> Iterator[SessionState]:
         return iter(list(self._sessions.values()))
@@ -175,21 +176,16 @@ class SessionBook:
         implicit root sessions waits on a reply now (a call in flight), with a different first
         message. Else None: the call stays a session of its own. Wrong, it costs only the
         accounting (the side call counts in that session's tree); its KV and reservation are
-        its own either way. One scan of the tenant's sessions, for a new implicit session
-        only."""
+        its own either way. The waiting sessions are kept as calls start and end (tenancy.py):
+        no scan."""
         if not len(conversation) or conversation.prints[0].role != "system":
             return None
-        waiting = [
-            s
-            for key in self._by_tenant.get(tenant_id, ())
-            if (s := self._sessions[key]).inflight > 0
-            and s.is_root
-            and s.identity_source == "implicit"
-        ]
+        waiting = self._tenants.waiting(tenant_id)
         if len(waiting) != 1:
             return None
+        state = self._sessions[waiting[0]]
         first = conversation.hashes[0]
-        return None if any(t.first == first for t in waiting[0].threads) else waiting[0]
+        return None if any(t.first == first for t in state.threads.values()) else state
 
     def _implicit(self, entry: Entry) -> bool:
         """An implicit session's thread (a session its client named is only continued under
@@ -210,13 +206,15 @@ class SessionBook:
         )
         if found is not None:
             return Resolution(state, found.how, found.shared_tokens, found.thread)
-        for thread in state.threads:
+        for thread in state.threads.values():
             k = drift_at(thread.prompt, conversation) if thread.model == model else None
             if k is not None:
                 return Resolution(state, "drifted", conversation.tokens[k], thread.number, k)
         first = conversation.hashes[0] if len(conversation) else None
         how: How = (
-            "compacted" if any(t.first == first and first for t in state.threads) else "thread"
+            "compacted"
+            if any(t.first == first and first for t in state.threads.values())
+            else "thread"
         )
         if not state.threads:  # a session adopted or resumed without a conversation yet
             how = "continued"
@@ -225,18 +223,43 @@ class SessionBook:
     def _thread_for(
         self, state: SessionState, model: str, conversation: Conversation | None
     ) -> int:
-        """A new thread of ``state`` (the session's first, or one more: the least recently
-        used beyond ``MAX_THREADS`` leaves the index); its number."""
+        """A new thread of ``state``, its number: the session's first, or one more (module
+        docstring: past ``max_threads`` the least recently used idle one is retired; none
+        idle, :class:`ThreadLimit`; the tenant at its cap, :class:`SessionLimit`)."""
+        if len(state.threads) >= self._max_threads:
+            idle = [t for t in state.threads.values() if t.inflight == 0]
+            if not idle:
+                raise ThreadLimit(state.key, self._max_threads)
+            self._retire(state, min(idle, key=lambda t: t.last_used_s))
+        elif state.threads:
+            self._require_room(state.tenant_id)
         first = conversation.hashes[0] if conversation is not None and len(conversation) else None
-        thread = Thread(len(state.threads), model, first, last_used_s=state.last_activity_s)
+        thread = Thread(state.next_thread, model, first, last_used_s=state.last_activity_s)
         if not state.threads:  # a session taken over keeps the instance its KV is on
             thread.last_instance = state.last_instance
-        state.threads.append(thread)
-        live = [t for t in state.threads if t.indexed]
-        if len(live) > MAX_THREADS:
-            oldest = min(live, key=lambda t: t.last_used_s)
-            self._unindex_thread(state, oldest)
+        self._add_thread(state, thread)
         return thread.number
+
+    def _add_thread(self, state: SessionState, thread: Thread) -> None:
+        state.threads[thread.number] = thread
+        state.next_thread = max(state.next_thread, thread.number + 1)
+        self._tenants.thread_opened(state.tenant_id)
+
+    def _retire(self, state: SessionState, thread: Thread) -> None:
+        """Drop ``thread`` (no call in flight) from the session and the index; then
+        ``on_retire``."""
+        self._unindex_thread(state, thread)
+        del state.threads[thread.number]
+        self._tenants.threads_closed(state.tenant_id)
+        if self._on_retire is not None:
+            self._on_retire(state, thread)
+
+    def _require_room(self, tenant_id: str) -> None:
+        """:class:`SessionLimit` when the tenant holds its cap of live threads."""
+        if self._tenants.full(tenant_id):
+            oldest = self._tenants.oldest(tenant_id)
+            activity = self._sessions[oldest].last_activity_s if oldest is not None else 0.0
+            raise SessionLimit(tenant_id, self._tenants.max_threads, activity)
 
     def _open(
         self,
@@ -249,10 +272,7 @@ class SessionBook:
     ) -> SessionState:
         """A new session: a child of the parent the request names (or of ``side_of``, the
         session an implicit side call belongs to), else a root."""
-        owned = self._by_tenant.get(tenant_id)
-        if owned is not None and len(owned) >= self._max_per_tenant:
-            oldest = self._sessions[next(iter(owned))]
-            raise SessionLimit(tenant_id, self._max_per_tenant, oldest.last_activity_s)
+        self._require_room(tenant_id)
         key = new_key()
         parent = side_of
         if identity.parent_session_id is not None:  # only a live session of this tenant
@@ -287,8 +307,11 @@ class SessionBook:
         state.inflight += 1
         self._touch(state, now_s)
         conversation = self._thread(state, thread)
+        conversation.inflight += 1
         conversation.last_used_s = now_s
-        for other in state.threads:
+        if state.inflight == 1 and state.is_root and state.identity_source == "implicit":
+            self._tenants.waits(state.tenant_id, state.key, True)
+        for other in state.threads.values():
             other.prompt = ()
         conversation.prompt = tuple(p.digest for p in prompt.prints)
         if prompt.last is not None:
@@ -304,14 +327,26 @@ class SessionBook:
     ) -> None:
         """The call of ``thread`` got ``reply``: prompt + reply is the conversation to
         continue."""
-        state.last_activity_s = now_s
-        conversation = self._thread(state, thread)
-        self._reindex(state, conversation, "history", extend(prompt.last or b"", reply))
+        self._touch(state, now_s)
+        conversation = state.threads.get(thread)
+        if conversation is not None and not state.ended:
+            self._reindex(state, conversation, "history", extend(prompt.last or b"", reply))
+
+    def call_ended(self, state: SessionState, thread: int) -> None:
+        """A call of ``thread`` is over (replied, failed or cancelled): one fewer in flight."""
+        state.inflight -= 1
+        held = state.threads.get(thread)
+        if held is not None:
+            held.inflight -= 1
+        if state.inflight == 0:
+            self._tenants.waits(state.tenant_id, state.key, False)
 
     def _thread(self, state: SessionState, number: int) -> Thread:
-        while len(state.threads) <= number:  # a thread the book did not open (adoption)
-            state.threads.append(Thread(len(state.threads), state.model, None))
-        return state.threads[number]
+        held = state.threads.get(number)
+        if held is None:  # a thread the book did not open (adoption)
+            held = Thread(number, state.model, None)
+            self._add_thread(state, held)
+        return held
 
     def _reindex(self, state: SessionState, thread: Thread, kind: Kind, value: bytes) -> None:
         old = thread.indexed.pop(kind, None)
@@ -327,13 +362,15 @@ class SessionBook:
         thread.indexed.clear()
 
     def _touch(self, state: SessionState, now_s: float) -> None:
+        if state.key not in self._sessions:  # forgotten while its call ran
+            return
         state.last_activity_s = now_s
         self._sessions.move_to_end(state.key)
-        self._by_tenant[state.tenant_id].move_to_end(state.key)
+        self._tenants.touch(state.tenant_id, state.key)
 
     def _hold(self, state: SessionState) -> None:
         self._sessions[state.key] = state
-        self._by_tenant.setdefault(state.tenant_id, OrderedDict())[state.key] = None
+        self._tenants.hold(state.tenant_id, state.key)
 
     def adopt(self, state: SessionState) -> None:
         """Hold ``state``, a root session another replica held before (it keeps its key; past
@@ -348,11 +385,8 @@ class SessionBook:
         is evicted), then run ``on_forget(key)``."""
         state.ended = True
         if self._sessions.pop(state.key, None) is not None:
-            owned = self._by_tenant[state.tenant_id]
-            del owned[state.key]
-            if not owned:
-                del self._by_tenant[state.tenant_id]
-        for thread in state.threads:
+            self._tenants.release(state.tenant_id, state.key, len(state.threads))
+        for thread in state.threads.values():
             self._unindex_thread(state, thread)
         if self._named.get((state.tenant_id, state.session_id)) == state.key:
             del self._named[(state.tenant_id, state.session_id)]
@@ -362,7 +396,7 @@ class SessionBook:
             if family is not None:
                 family.discard(state.key)
         if self._on_forget is not None:
-            for number in range(max(1, len(state.threads))):
+            for number in state.threads or (0,):
                 self._on_forget(state.runtime_key(number))
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:

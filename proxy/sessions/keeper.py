@@ -73,7 +73,8 @@ class SessionKeeper:
             self._metrics.reservations.labels(settled.value).inc()
             reason = "expired" if settled is Settled.EXPIRED else "returned"
             self._release(state, thread, reason, now_at)
-        left = state.threads[thread].last_instance if thread < len(state.threads) else None
+        held = state.threads.get(thread)
+        left = held.last_instance if held is not None else None
         if left is not None and left != instance:
             await self._pool[left].session_moved(state.runtime_key(thread))
 
@@ -84,8 +85,8 @@ class SessionKeeper:
         """The call's reply came from ``instance``: its thread continues from it (unless the
         session ended while the call ran)."""
         state.last_instance = instance
-        if thread < len(state.threads):
-            state.threads[thread].last_instance = instance
+        if (held := state.threads.get(thread)) is not None:
+            held.last_instance = instance
         state.last_finish_reason = output.finish_reason
         if call.call.messages is not None and not state.ended:
             reply = fingerprint(output.as_message())
@@ -112,7 +113,7 @@ class SessionKeeper:
             hint_s=self._time.clock(call.identity.tool_gap_hint_s),
         )
         if final:  # this call's thread ends on the runtime with the call; the others here
-            others = [t for t in state.threads if t.number != thread and t.last_instance]
+            others = [t for t in state.threads.values() if t.number != thread and t.last_instance]
             if others:
                 self._spawn(self._end_threads_on_runtime(state, others))
             self.end(state, "final", finished_at)
@@ -120,6 +121,25 @@ class SessionKeeper:
         if taken is not None:
             self._taken(state, thread, taken, finished_at)
         self._recorder.session(state, finished_at)
+
+    def call_ended(self, state: SessionState, thread: int) -> None:
+        """A call of the session's ``thread`` is over, whatever its outcome."""
+        self._sessions.call_ended(state, thread)
+
+    def thread_retired(self, state: SessionState, thread: Thread) -> None:
+        """The book retired ``thread`` of the live ``state`` (book.py: past the session's
+        bound of threads): its reservation is released (``retired``), its learned gaps
+        forgotten, and its runtime entry ended (its KV may go)."""
+        now_at = datetime.now(UTC)
+        if thread.reservation is not None:
+            self._recorder.submit(
+                replace(thread.reservation, released_at=now_at, release_reason="retired")
+            )
+            thread.reservation = None
+            self._metrics.reservations.labels("ended").inc()
+        self._reservations.end(state.runtime_key(thread.number))
+        if thread.last_instance is not None:
+            self._spawn(self._end_threads_on_runtime(state, [thread]))
 
     # -- reservations -------------------------------------------------------------------------
     def _taken(
@@ -143,7 +163,7 @@ class SessionKeeper:
 
     def _release(self, state: SessionState, thread: int, reason: str, now_at: datetime) -> bool:
         """Record the release of ``thread``'s reservation; False if it had none recorded."""
-        held = state.threads[thread] if thread < len(state.threads) else None
+        held = state.threads.get(thread)
         if held is None or held.reservation is None:
             return False
         self._recorder.submit(replace(held.reservation, released_at=now_at, release_reason=reason))
@@ -230,7 +250,7 @@ class SessionKeeper:
     async def _end_on_runtime(self, state: SessionState) -> None:
         """Tell the last instance of each of the session's threads that it ended (its KV
         may go)."""
-        await self._end_threads_on_runtime(state, state.threads)
+        await self._end_threads_on_runtime(state, list(state.threads.values()))
 
     async def _end_threads_on_runtime(self, state: SessionState, threads: list[Thread]) -> None:
         for thread in threads:
@@ -251,7 +271,7 @@ class SessionKeeper:
     def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
         """End the session for ``reason``: release its reservation, observe its completion
         time, forget it, and record its end."""
-        for thread in state.threads:
+        for thread in state.threads.values():
             if self._release(state, thread.number, "ended", now_at):
                 self._metrics.reservations.labels("ended").inc()
         self._metrics.sct.labels(state.model).observe(

@@ -36,6 +36,8 @@ class Thread:
     indexed: dict[Kind, IndexKey] = field(default_factory=dict)
     last_instance: str | None = None
     last_used_s: float = 0.0
+    inflight: int = 0
+    """Its calls running now (a thread with none may be retired: book.py)."""
     prompt: tuple[bytes, ...] = ()
     """The digests of its last prompt's messages, kept for the session's latest thread only
     (drift.py compares a call with it)."""
@@ -72,8 +74,11 @@ class SessionState:
     last_finish_reason: str | None = None
     tools: bytes = b""
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
-    threads: list[Thread] = field(default_factory=list)
-    """Its conversations, by number (module docstring)."""
+    threads: dict[int, Thread] = field(default_factory=dict)
+    """Its live conversations, by number (book.py retires the least recently used beyond
+    its bound; numbers are never reused)."""
+    next_thread: int = 0
+    """The number its next new thread gets."""
     ended: bool = False
     route_key: str | None = None
     """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
@@ -95,12 +100,12 @@ class SessionState:
     @property
     def reserved(self) -> bool:
         """Some thread of it holds a reservation (the session is in a tool)."""
-        return any(t.reservation is not None for t in self.threads)
+        return any(t.reservation is not None for t in self.threads.values())
 
     @property
     def last_thread(self) -> Thread | None:
         """The thread of its latest call, if any."""
-        return max(self.threads, key=lambda t: t.last_used_s, default=None)
+        return max(self.threads.values(), key=lambda t: t.last_used_s, default=None)
 
 
 @dataclass(frozen=True)

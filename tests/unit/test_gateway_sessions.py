@@ -157,7 +157,7 @@ def test_each_thread_holds_its_own_reservation() -> None:
         assert side.how == "thread"
         await side.outcome()  # thread 1 reserves its own
         state = gateway.sessions.named("t", "s1")
-        assert state is not None and [t.reservation is not None for t in state.threads] == [
+        assert state is not None and [t.reservation is not None for t in state.threads.values()] == [
             True, True
         ]  # fmt: skip
         assert gateway.reservations.held(state.key) is not None

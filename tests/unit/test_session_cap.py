@@ -1,6 +1,8 @@
-"""The cap on a tenant's live sessions (``SessionBook(max_per_tenant=...)``): a call that would
-open a session past it is refused; continuations, retries and take-overs never are; an ended
-session frees its place; other tenants are unaffected."""
+"""The cap on a tenant's live sessions and threads (``SessionBook(max_per_tenant=...)``): a
+call that would open a session or a new thread of one past it is refused; continuations,
+retries and take-overs never are; an ended session frees its place; other tenants are
+unaffected. The bound on one session's threads (``max_threads``): the least recently used
+idle thread is retired, with its runtime entry; all busy, the call is refused."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from talaria.proxy.sessions.book import SessionBook, SessionLimit
+from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
 from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.sessions.state import Resolution, SessionState
+from talaria.proxy.sessions.tenancy import SessionLimit
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 IMPLICIT = Identity(None, "implicit")
@@ -43,7 +46,7 @@ def _call(
     )  # fmt: skip
     book.call_started(found.state, prompt, now_s)
     book.call_finished(found.state, prompt, fingerprint(REPLY), now_s)
-    found.state.inflight -= 1
+    book.call_ended(found.state, found.thread)
     return found
 
 
@@ -58,7 +61,7 @@ NAMED = Identity("task-1", "talaria")
         ({"task": "named", "identity": NAMED, "turns": 1}, "continued"),
         ({"task": "t-new"}, None),  # a new implicit session
         ({"task": "t-new", "identity": Identity("task-2", "talaria")}, None),  # a new named one
-        ({"task": "side", "identity": NAMED}, "thread"),  # a new thread of the named session
+        ({"task": "side", "identity": NAMED}, None),  # a new thread counts as a session
         ({"task": "sub", "identity": Identity("a-1", "claude-code", "task-1")}, None),  # a child
         ({"task": "t-new", "tenant": "B"}, "new"),  # another tenant
     ],

@@ -59,7 +59,7 @@ def _send(book: SessionBook, agent: Agent, prompt: list[dict[str, Any]], t: floa
              "tool_calls": [{"id": "c", "type": "function",
                              "function": {"name": "ls", "arguments": "{}"}}]}  # fmt: skip
     book.call_finished(found.state, conversation, fingerprint(reply), t, found.thread)
-    found.state.inflight -= 1
+    book.call_ended(found.state, found.thread)
     agent.keys.add(found.state.key)
     return found.state.key
 

@@ -235,7 +235,7 @@ class Agent:
         self.book.call_finished(
             found.state, prints, fingerprint(reply), float(self.steps), found.thread
         )
-        found.state.inflight -= 1
+        self.book.call_ended(found.state, found.thread)
         if reply_text is not None:  # the agent rewrote our reply before sending it back
             reply = {**reply, "content": reply_text}
         self.messages += [

@@ -12,7 +12,6 @@ with ``Retry-After``: the admin API never hangs on a store that is down.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -58,7 +57,8 @@ async def _read(ctx: ProxyContext, read: Callable[[], Awaitable[T]]) -> T:
 
 def _admin(request: Request) -> ProxyContext:
     """The context, once the caller proves to be the operator: the admin token as a bearer
-    token (a wrong one counts as a failed sign-in of its address, proxy/console/throttle.py),
+    token (a wrong one counts as a failed sign-in of its address; proxy/console/throttle.py
+    says when even the right one waits),
     or the console's signed-in cookie (proxy/console/auth.py) — then, for a request that
     changes something, with the console's CSRF token in ``x-csrf-token``."""
     ctx = context(request)
@@ -68,20 +68,17 @@ def _admin(request: Request) -> ProxyContext:
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
     if scheme.lower() == "bearer":
-        throttle, address = console_auth(request).throttle, client_address(request)
-        wait_s = throttle.retry_after_s(address)
-        if wait_s is not None:
+        verdict = console_auth(request).sign_in(client_address(request), value.strip())
+        if verdict.retry_after_s is not None:
             raise ApiError(
                 429,
-                f"Too many failed sign-ins from this address; retry in {wait_s} s.",
+                f"Too many failed sign-ins from this address; retry in {verdict.retry_after_s} s.",
                 type="rate_limit_error",
                 code="too_many_sign_ins",
-                retry_after_s=wait_s,
+                retry_after_s=verdict.retry_after_s,
             )
-        if hmac.compare_digest(value.strip().encode(), token.encode()):
-            throttle.succeeded(address)
+        if verdict.ok:
             return ctx
-        throttle.failed(address)
     login = signed_in(request)
     if login is None:
         raise ApiError(401, "Admin token required.", type="authentication_error")

@@ -19,7 +19,8 @@ Signing out revokes the cookie's nonce in this process (a copy of the cookie sto
 here at once; on other replicas at its expiry, ``CONSOLE_LOGIN_S``).
 
 Failed sign-ins (the form, or a wrong bearer token on /admin) are throttled per address
-(proxy/console/throttle.py): five a minute, then 429.
+(proxy/console/throttle.py): five a minute, then 429 — for the right token too only when five
+failed with its first four characters, so a guesser cannot lock the operator out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from talaria.proxy.console.throttle import SignInThrottle
+from talaria.proxy.console.throttle import SignIn, SignInThrottle
 
 COOKIE = "talaria_console"
 CONSOLE_LOGIN_S = 8 * 3600
@@ -64,9 +65,9 @@ class ConsoleAuth:
         """How long a sign-in lasts, seconds (the cookie's max-age)."""
         return self._login_s
 
-    def token_matches(self, given: str) -> bool:
-        """Whether ``given`` is the admin token (constant time)."""
-        return hmac.compare_digest(given.encode(), self._token.encode())
+    def sign_in(self, address: str, given: str) -> SignIn:
+        """Whether ``given`` from ``address`` is the admin token, throttled (throttle.py)."""
+        return self.throttle.attempt(address, given, self._token)
 
     def issue(self, now: float | None = None) -> tuple[str, ConsoleLogin]:
         """A new cookie value and the login it stands for."""

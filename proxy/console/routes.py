@@ -104,15 +104,14 @@ async def login(request: Request) -> Response:
     auth = console_auth(request)
     form = await _form(request)
     address = client_address(request)
-    wait_s = auth.throttle.retry_after_s(address)
-    if wait_s is not None:
+    verdict = auth.sign_in(address, form.get("token", ""))
+    if verdict.retry_after_s is not None:
+        wait_s = verdict.retry_after_s
         page = _page("login.html", 429, error=f"Too many failed sign-ins; retry in {wait_s} s.")
         page.headers["retry-after"] = str(wait_s)
         return page
-    if not auth.token_matches(form.get("token", "")):
-        auth.throttle.failed(address)
+    if not verdict.ok:
         return _page("login.html", 401, error="That is not the admin token.")
-    auth.throttle.succeeded(address)
     cookie, _ = auth.issue()
     response = RedirectResponse("/console", status_code=303, headers=SECURITY_HEADERS)
     response.set_cookie(

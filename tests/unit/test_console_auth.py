@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from talaria.proxy.console.auth import CONSOLE_LOGIN_S, ConsoleAuth
-from talaria.proxy.console.throttle import MAX_FAILURES, WINDOW_S, SignInThrottle
+from talaria.proxy.console.throttle import MAX_FAILURES, WINDOW_S, SignIn, SignInThrottle
 
 NOW = 1_800_000_000.0
 
@@ -73,9 +73,9 @@ def test_csrf_token_belongs_to_one_login() -> None:
 
 def test_the_admin_token_is_compared_whole() -> None:
     auth = ConsoleAuth("admin-token")
-    assert auth.token_matches("admin-token")
+    assert auth.sign_in("a", "admin-token").ok
     for wrong in ("", "admin", "admin-token ", "ädmin-token"):
-        assert not auth.token_matches(wrong)
+        assert auth.sign_in("b", wrong) == SignIn(False, None)
 
 
 class _Clock:
@@ -86,34 +86,62 @@ class _Clock:
         return self.now
 
 
+TOKEN = "k7Qe-operator-token"
+
+
 def test_five_failed_sign_ins_a_minute_then_a_wait_until_the_oldest_is_a_minute_old() -> None:
     clock = _Clock()
     throttle = SignInThrottle(clock=clock)
     for _ in range(MAX_FAILURES):
-        assert throttle.retry_after_s("10.0.0.1") is None
-        throttle.failed("10.0.0.1")
+        assert throttle.attempt("10.0.0.1", "k7Qe-guess", TOKEN) == SignIn(False, None)
         clock.now += 2
-    assert throttle.retry_after_s("10.0.0.1") == WINDOW_S - 2 * MAX_FAILURES
-    assert throttle.retry_after_s("10.0.0.2") is None  # per address
-    clock.now = 1000.0 + WINDOW_S  # the first failure has left the window
-    assert throttle.retry_after_s("10.0.0.1") is None
-    throttle.failed("10.0.0.1")
-    assert throttle.retry_after_s("10.0.0.1") == 2
+    wait_s = int(WINDOW_S - 2 * MAX_FAILURES)
+    assert throttle.attempt("10.0.0.1", "k7Qe-guess", TOKEN) == SignIn(False, wait_s)
+    assert throttle.attempt("10.0.0.2", "guess", TOKEN) == SignIn(False, None)  # per address
+    clock.now = 1000.0 + WINDOW_S + 2  # two failures left the window (the sixth counted)
+    assert throttle.attempt("10.0.0.1", "guess", TOKEN) == SignIn(False, None)
 
 
-def test_a_success_forgets_the_failures() -> None:
+@pytest.mark.parametrize(
+    ("guesses", "right_token"),
+    [
+        ([], SignIn(True)),
+        (["guess"] * MAX_FAILURES, SignIn(True)),  # a flood without the prefix: still in
+        (["guess"] * 50, SignIn(True)),
+        (["k7Q"] * 50, SignIn(True)),  # shorter than the prefix
+        (["k7Qf-x"] * 50, SignIn(True)),  # one character off
+        (["k7Qe-x"] * (MAX_FAILURES - 1), SignIn(True)),  # the operator's own typos
+        (["k7Qe-x"] * MAX_FAILURES, SignIn(False, 60)),  # five with its prefix: held
+        (["guess"] * 20 + ["k7Qe-x"] * MAX_FAILURES, SignIn(False, 60)),
+    ],
+)
+def test_the_right_token_waits_only_behind_failures_with_its_prefix(
+    guesses: list[str], right_token: SignIn
+) -> None:
+    throttle = SignInThrottle(clock=_Clock())
+    for guess in guesses:
+        assert not throttle.attempt("shared", guess, TOKEN).ok
+    assert throttle.attempt("shared", TOKEN, TOKEN) == right_token
+
+
+def test_a_success_forgets_only_the_failures_with_the_tokens_prefix() -> None:
     throttle = SignInThrottle(clock=_Clock())
     for _ in range(MAX_FAILURES - 1):
-        throttle.failed("a")
-    throttle.succeeded("a")
-    throttle.failed("a")
-    assert throttle.retry_after_s("a") is None
+        throttle.attempt("a", "k7Qe-typo", TOKEN)
+        throttle.attempt("a", "guess", TOKEN)
+    assert throttle.attempt("a", TOKEN, TOKEN).ok
+    for _ in range(MAX_FAILURES - 1):
+        throttle.attempt("a", "k7Qe-typo", TOKEN)  # the typos were forgotten: 4 again
+    assert throttle.attempt("a", TOKEN, TOKEN).ok
+    assert throttle.attempt("a", "guess", TOKEN) == SignIn(False, None)  # its fifth
+    assert throttle.attempt("a", "guess", TOKEN).retry_after_s is not None  # not forgotten
 
 
 def test_the_table_of_addresses_is_bounded_least_recently_seen_out() -> None:
     throttle = SignInThrottle(max_failures=1, max_addresses=3, clock=_Clock())
     for address in ("a", "b", "c"):
-        throttle.failed(address)
-    assert throttle.retry_after_s("a") is not None  # seen again: "b" is now the oldest
-    throttle.failed("d")
-    assert [throttle.retry_after_s(x) is not None for x in "abcd"] == [True, False, True, True]
+        throttle.attempt(address, "guess", TOKEN)
+    assert throttle.attempt("a", "guess", TOKEN).retry_after_s is not None  # "b" oldest now
+    throttle.attempt("d", "guess", TOKEN)
+    held = [throttle.attempt(x, "guess", TOKEN).retry_after_s is not None for x in "acdb"]
+    assert held == [True, True, True, False]

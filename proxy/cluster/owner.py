@@ -20,12 +20,15 @@ so when a replica joins or leaves, only the keys it wins or held move (about 1/N
 and every replica that sees the same live set picks the same owner.
 
 *Ingress affinity* (``TALARIA_REPLICA_AFFINITY=ingress``): the balancer in front of the
-replicas hashes each call on the values of ``AFFINITY_HEADERS`` (concatenated; nginx's
-``hash … consistent``, deploy/nginx/talaria.conf) and so sends a session's calls to one
-replica in the first place. A call that carries one of those headers is then owned by the
-replica it reached (key ``ingress|tenant|values``): never forwarded, never handed off by
-rendezvous. A call without them (an implicit session, an id in the body) was spread by the
-balancer and is placed by rendezvous as above.
+replicas hashes each call on its session's name — the value of the first of
+``AFFINITY_HEADERS`` (the proxy's own ranked session headers, proxy/sessions/identity.py)
+that the call carries, as :func:`affinity` and the nginx maps of :func:`nginx_session_maps`
+(deploy/nginx/talaria.conf) take it — and so sends a session's calls to one replica in the
+first place, whatever lower-ranked headers the client also sends or varies. A call that
+carries one of those headers is then owned by the replica it reached (key
+``ingress|tenant|value``): never forwarded, never handed off by rendezvous. A call without
+them (an implicit session, an id in the body) was spread by the balancer and is placed by
+rendezvous as above.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from talaria.proxy.sessions.conversation import DIGEST_BYTES, fingerprint
+from talaria.proxy.sessions.identity import SESSION_HEADERS
 
 
 def route_key(
@@ -55,26 +59,39 @@ def route_key(
     return f"root|{tenant_id}|{root.hexdigest()}"
 
 
-AFFINITY_HEADERS = (
-    "x-talaria-session-id",
-    "x-claude-code-session-id",
-    "session-id",
-    "x-session-id",
-    "x-litellm-session-id",
-)
-"""The session headers an ingress hashes on, in this order (docs/agents.md: the SDK's, Claude
-Code's, Codex's, OpenCode's and LiteLLM's). A sub-agent sends its parent's header (Claude
-Code), so a family lands on one replica."""
+AFFINITY_HEADERS = SESSION_HEADERS
+"""The session headers an ingress hashes on, in rank order: the proxy's own (docs/agents.md:
+the SDK's, Claude Code's, Codex's, Dynamo's, OpenCode's and LiteLLM's). A sub-agent sends its
+parent's header (Claude Code's session id, Codex's ``session-id``), so a family lands on one
+replica."""
 
 INGRESS_PREFIX = "ingress|"
+NGINX_KEY = "talaria_session_name"
+"""The nginx variable :func:`nginx_session_maps` defines: the balancer's hash key."""
 
 
 def affinity(headers: Mapping[str, str]) -> str | None:
-    """The value an ingress hashes a call on: ``AFFINITY_HEADERS``' values concatenated
-    (nginx: ``"$http_x_talaria_session_id$http_x_claude_code_session_id…"``); None when the
-    call has none of them (the ingress then spreads it round-robin)."""
-    value = "".join(headers.get(name, "") for name in AFFINITY_HEADERS)
-    return value or None
+    """The value an ingress hashes a call on: the first of ``AFFINITY_HEADERS`` that is not
+    empty (nginx: ``$talaria_session_name``, :func:`nginx_session_maps`); None when the call
+    has none of them (the ingress then spreads it round-robin)."""
+    for name in AFFINITY_HEADERS:
+        value = headers.get(name, "")
+        if value:
+            return value
+    return None
+
+
+def nginx_session_maps(headers: tuple[str, ...] = AFFINITY_HEADERS) -> str:
+    """nginx ``map`` blocks that set ``$talaria_session_name`` to the first non-empty of
+    ``headers`` (each map falls through to the next header's on an empty value, as
+    :func:`affinity` does), for ``hash $talaria_session_name consistent;``."""
+    names = [f"$http_{h.replace('-', '_')}" for h in headers]
+    steps = [f"${NGINX_KEY}"] + [f"${NGINX_KEY}_{i}" for i in range(2, len(headers) + 1)]
+    blocks = []
+    for i, (source, target) in enumerate(zip(names, steps, strict=True)):
+        empty = f'    ""      {steps[i + 1]};\n' if i + 1 < len(steps) else ""
+        blocks.append(f"map {source} {target} {{\n{empty}    default {source};\n}}\n")
+    return "".join(blocks)
 
 
 def placement_key(

@@ -43,6 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_SESSION_ID_CHARS = 200
+MAX_USER_ID_CHARS = 1024
+"""A longer ``metadata.user_id`` is not read for a session id: Claude Code's is ~170
+characters of JSON (three ids), and parsing the client's JSON held the event loop for
+0.6 s when it was 8 MiB of empty arrays."""
 MAX_TOOL_GAP_S = 24 * 3600.0
 """A tool gap hint beyond a day is refused (no reservation should outlive that)."""
 _VALID_ID = re.compile(rf"[\x20-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
@@ -97,11 +101,12 @@ def valid_id(value: str, field: str) -> str:
 
 
 def claude_code_session(metadata: Any) -> str | None:
-    """The session id inside Claude Code's ``metadata.user_id``, if any."""
+    """The session id inside Claude Code's ``metadata.user_id``, if any (none from one
+    longer than ``MAX_USER_ID_CHARS``)."""
     if not isinstance(metadata, Mapping):
         return None
     user_id = metadata.get("user_id")
-    if not isinstance(user_id, str) or not user_id:
+    if not isinstance(user_id, str) or not user_id or len(user_id) > MAX_USER_ID_CHARS:
         return None
     if user_id.startswith("{"):
         try:
@@ -114,8 +119,29 @@ def claude_code_session(metadata: Any) -> str | None:
     return legacy.group(1) if legacy else None
 
 
+SESSION_ID_SOURCES: tuple[tuple[str, str, str, str], ...] = (
+    ("header", "x-talaria-session-id", "talaria", "X-Talaria-Session-Id"),
+    ("header", "x-claude-code-session-id", "claude-code", "X-Claude-Code-Session-Id"),
+    ("metadata", "metadata", "claude-code", "metadata.user_id"),
+    ("header", "session-id", "codex", "session-id"),
+    ("header", "thread-id", "codex", "thread-id"),
+    ("header", "x-dynamo-session-id", "dynamo", "X-Dynamo-Session-ID"),
+    ("body", "prompt_cache_key", "prompt_cache_key", "prompt_cache_key"),
+    ("header", "x-session-id", "x-session-id", "x-session-id"),
+    ("header", "x-litellm-session-id", "x-litellm-session-id", "x-litellm-session-id"),
+    ("body", "litellm_session_id", "litellm_session_id", "litellm_session_id"),
+)
+"""Where an explicit session id is read, first match wins: (where: a ``header`` (lower
+case), a ``body`` field, or Claude Code's ``metadata``; its name; the source it is recorded
+as; the name errors show). The one rule for a session's name: the proxy's identity reads it,
+and a balancer's hash key (proxy/cluster/owner.py ``AFFINITY_HEADERS``, deploy/nginx/
+talaria.conf) takes the first of its headers."""
+
+SESSION_HEADERS = tuple(name for where, name, _, _ in SESSION_ID_SOURCES if where == "header")
+"""The session headers, in rank order."""
+
 OUTRANKING_HEADERS = ("x-talaria-session-id", "x-claude-code-session-id")
-"""The headers ranked above every body field (the first two rows of ``_explicit``)."""
+"""The headers ranked above every body field (the first two rows of ``SESSION_ID_SOURCES``)."""
 
 FINAL_HEADERS = ("x-talaria-session-final", "x-dynamo-session-final")
 PARENT_HEADERS = (
@@ -142,30 +168,18 @@ Found = tuple[str, str, str]
 
 
 def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> Found | None:
-    """The first explicit id, or None."""
-
-    def header(name: str) -> str | None:
-        return _header(headers, name)
-
-    def field(name: str) -> str | None:
-        value = body.get(name)
-        return value if isinstance(value, str) and value.strip() else None
-
-    candidates: list[tuple[str | None, str, str]] = [
-        (header("x-talaria-session-id"), "talaria", "X-Talaria-Session-Id"),
-        (header("x-claude-code-session-id"), "claude-code", "X-Claude-Code-Session-Id"),
-        (claude_code_session(body.get("metadata")), "claude-code", "metadata.user_id"),
-        (header("session-id"), "codex", "session-id"),
-        (header("thread-id"), "codex", "thread-id"),
-        (header("x-dynamo-session-id"), "dynamo", "X-Dynamo-Session-ID"),
-        (field("prompt_cache_key"), "prompt_cache_key", "prompt_cache_key"),
-        (header("x-session-id"), "x-session-id", "x-session-id"),
-        (header("x-litellm-session-id"), "x-litellm-session-id", "x-litellm-session-id"),
-        (field("litellm_session_id"), "litellm_session_id", "litellm_session_id"),
-    ]
-    for value, source, name in candidates:
+    """The first explicit id of ``SESSION_ID_SOURCES``, or None."""
+    for where, name, source, shown in SESSION_ID_SOURCES:
+        value: str | None
+        if where == "header":
+            value = _header(headers, name)
+        elif where == "metadata":
+            value = claude_code_session(body.get(name))
+        else:
+            given = body.get(name)
+            value = given if isinstance(given, str) and given.strip() else None
         if value is not None:
-            return value, source, name
+            return value, source, shown
     return None
 
 

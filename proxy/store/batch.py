@@ -26,7 +26,9 @@ Rules (the writer may retry a batch, so applying one twice must give the same ro
   written after the end), except that a record with state ``active`` whose ``last_call_at``
   is after ``ended_at`` reopens it (a new call arrived after the end): state ``active``,
   ``ended_at`` and ``end_reason`` cleared.
-- ``CallRecord``: upserted by ``request_id`` within its session. On first insert the session's
+- ``CallRecord``: upserted by ``request_id`` within its session. On first insert its
+  ``call_index`` is checked (a taken one becomes the session's next free one:
+  call_numbers.py) and kept from then on, the session's
   ``calls`` goes up by one and its token counters by the call's tokens; a re-write (a retried
   batch, or the same call written again when it finished) moves the token counters by the
   difference only, so nothing is counted twice. A call for a session that has no row yet gets
@@ -60,6 +62,7 @@ from talaria.proxy.records import (
     ResponseRecord,
     SessionRecord,
 )
+from talaria.proxy.store.call_numbers import CallNumbers
 from talaria.proxy.store.mapping import SESSION_COUNTERS, row_values
 from talaria.proxy.store.models import (
     Base,
@@ -87,11 +90,13 @@ def _table(model: type[Base]) -> Table:
 
 
 @functools.cache
-def _select_by_keys(model: type[Base], key: str) -> Select[Any]:
+def _select_by_keys(model: type[Base], key: str, lock: bool = False) -> Select[Any]:
     """``SELECT * FROM table WHERE key IN :keys``, built once per table: one expanding
-    parameter instead of a bind (and its coercion) per key."""
+    parameter instead of a bind (and its coercion) per key. ``lock``: ``ORDER BY key FOR
+    UPDATE`` (PostgreSQL; SQLite renders no lock, its writes are serialized anyway)."""
     table = _table(model)
-    return select(table).where(table.c[key].in_(bindparam("keys", expanding=True)))
+    query = select(table).where(table.c[key].in_(bindparam("keys", expanding=True)))
+    return query.order_by(table.c[key]).with_for_update() if lock else query
 
 
 @functools.cache
@@ -116,6 +121,8 @@ class _Table:
     model: type[Base]
     key: str
     owner: str | None = None
+    lock: bool = False
+    """Load its rows ``FOR UPDATE`` (sessions: call_numbers.py says why)."""
     rows: dict[str, Row] = field(default_factory=dict)
     owners: dict[str, str] = field(default_factory=dict)
     """The owner of each loaded row, as loaded."""
@@ -137,7 +144,7 @@ class _Table:
     def load(self, db: Connection, keys: Iterable[str]) -> None:
         """The existing rows whose key is in ``keys``."""
         wanted = sorted(set(keys))
-        query = _select_by_keys(self.model, self.key)
+        query = _select_by_keys(self.model, self.key, self.lock)
         for start in range(0, len(wanted), _IN_CHUNK):
             chunk = wanted[start : start + _IN_CHUNK]
             result = db.execute(query, {"keys": chunk})
@@ -216,7 +223,7 @@ def _placeholder_session(rec: CallRecord) -> Row:
 _TOKENS = ("prompt_tokens", "cached_tokens", "output_tokens")
 
 
-def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
+def _apply_call(sessions: _Table, calls: _Table, numbers: CallNumbers, rec: CallRecord) -> None:
     row = calls.get(rec.request_id)
     if row is not None and row["session_key"] != rec.session_key:
         _refused("call", rec.request_id, "session")
@@ -227,6 +234,7 @@ def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
     sessions.touch(rec.session_key)
     fields = row_values(rec)
     if row is None:
+        fields["call_index"] = numbers.number(rec.session_key, rec.call_index, rec.request_id)
         calls.add(fields)
         session["calls"] += 1
         for name in _TOKENS:
@@ -235,6 +243,7 @@ def _apply_call(sessions: _Table, calls: _Table, rec: CallRecord) -> None:
     calls.touch(rec.request_id)
     for name in _TOKENS:
         session[name] += fields[name] - row[name]
+    fields["call_index"] = row["call_index"]  # as first stored (call_numbers.py)
     row.update(fields)
 
 
@@ -270,13 +279,22 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     ``AsyncConnection.run_sync`` runs it on PostgreSQL (asyncpg), and the SQLite writer thread
     on its own connection (proxy/store/sqlite_writes.py)."""
     now = datetime.now(UTC)
-    sessions = _Table(SessionRow, "session_key", "tenant_id")
+    sessions = _Table(SessionRow, "session_key", "tenant_id", lock=True)
     calls = _Table(CallRow, "request_id", "session_key")
     reservations = _Table(ReservationRow, "reservation_id")
     instances = _Table(InstanceRow, "name")
     responses = _Table(StoredResponse, "response_id", "tenant_id")
     sessions.load(db, (r.session_key for r in records if isinstance(r, SessionRecord | CallRecord)))
     calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
+    numbers = CallNumbers(_table(CallRow))
+    numbers.load(
+        db,
+        (
+            (r.session_key, r.call_index)
+            for r in records
+            if isinstance(r, CallRecord) and calls.get(r.request_id) is None
+        ),
+    )
     reservations.load(db, (r.reservation_id for r in records if isinstance(r, ReservationRecord)))
     instances.load(db, (r.name for r in records if isinstance(r, InstanceRecord)))
     responses.load(db, (r.response_id for r in records if isinstance(r, ResponseRecord)))
@@ -286,7 +304,7 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
         if isinstance(rec, SessionRecord):
             _apply_session(sessions, rec)
         elif isinstance(rec, CallRecord):
-            _apply_call(sessions, calls, rec)
+            _apply_call(sessions, calls, numbers, rec)
         elif isinstance(rec, DecisionRecord):
             decision = row_values(rec)
             decision["created_at"] = decision["created_at"] or now

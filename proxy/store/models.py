@@ -127,11 +127,14 @@ class SessionRow(Base):
 
 class CallRow(Base):
     """One model call (a ``CallRecord``: a column per field, proxy/store/mapping.py). The
-    (session_key, call_index) index also serves lookups by session_key alone, so there is no
-    separate index on it."""
+    (session_key, call_index) index is unique (a session's calls are numbered without a
+    repeat: proxy/store/call_numbers.py) and also serves lookups by session_key alone, so
+    there is no separate index on it."""
 
     __tablename__ = "calls"
-    __table_args__ = (Index("ix_calls_session_key_call_index", "session_key", "call_index"),)
+    __table_args__ = (
+        Index("ix_calls_session_key_call_index", "session_key", "call_index", unique=True),
+    )
 
     request_id: Mapped[str] = mapped_column(String, primary_key=True)
     session_key: Mapped[str] = mapped_column(ForeignKey("sessions.session_key"))

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from talaria.proxy.cluster.owner import AFFINITY_HEADERS
+from talaria.proxy.cluster.owner import AFFINITY_HEADERS, NGINX_KEY, nginx_session_maps
 from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
 from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
     Deployment,
@@ -136,19 +136,31 @@ def _hostport(url: str) -> str:
     return url.removeprefix("http://")
 
 
-def test_the_shipped_config_hashes_the_headers_the_replicas_trust() -> None:
+def test_the_shipped_config_hashes_the_name_the_replicas_give_a_session() -> None:
+    """The balancer's key is the proxy's own rule (proxy/cluster/owner.py ``affinity``): the
+    first of the ranked session headers, as the maps say it."""
     text = CONF.read_text()
-    (key,) = re.findall(r'^\s*hash "([^"]+)" consistent;', text, re.M)
-    nginx_names = re.findall(r"\$http_(\w+)", key)
-    assert nginx_names == [h.replace("-", "_") for h in AFFINITY_HEADERS]
-    assert "".join(f"$http_{n}" for n in nginx_names) == key
+    assert nginx_session_maps() in text
+    (key,) = re.findall(r"^\s*hash (\S+) consistent;", text, re.M)
+    assert key == f"${NGINX_KEY}"
+    assert [m.replace("_", "-") for m in re.findall(r"^map \$http_(\w+) ", text, re.M)] == list(
+        AFFINITY_HEADERS
+    )
 
 
 class Rounds:
     """Sessions driven through nginx, one call each per round, all at once."""
 
-    def __init__(self, url: str, sessions: list[Session], headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        url: str,
+        sessions: list[Session],
+        headers: dict[str, str],
+        extra: dict[str, str] | None = None,
+    ) -> None:
         self.url, self.sessions, self.headers = url, sessions, headers
+        self.extra = extra or {}
+        """Lower-ranked headers sent with every call, each with a value new every call."""
         self.upstreams: dict[str, list[str]] = {s.name: [] for s in sessions}
         self.forwarded: dict[str, int] = {s.name: 0 for s in sessions}
 
@@ -160,6 +172,7 @@ class Rounds:
     async def _one(self, client: httpx.AsyncClient, session: Session) -> None:
         header = self.headers.get(session.name)
         headers = {header: session.name} if header else {}
+        headers |= {name: f"{prefix}-{uuid.uuid4().hex[:8]}" for name, prefix in self.extra.items()}
         try:
             response = await client.post(
                 self.url + "/v1/chat/completions", json=session.body(), headers=headers
@@ -240,3 +253,29 @@ def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
         (key,) = session.keys
         timeline: dict[str, Any] = deployment.admin(0, f"/admin/sessions/{key}")
         assert [c["call_index"] for c in timeline["calls"]] == list(range(9)), session.name
+
+
+@pytest.mark.replicas(0)
+def test_a_client_varying_a_lower_ranked_header_stays_one_session_on_one_replica(
+    deployment: Deployment,  # noqa: F811  (the fixture)
+    tmp_path: Path,
+) -> None:
+    """Issue 36, finding 6: nginx hashed all five headers joined while the proxy names a
+    session by the highest-ranked one, so a client that varied a lower-ranked header reached
+    several replicas with one session (call indices 0, 1, 1, 2, 2, ...). Now both take the
+    first ranked header: one replica, one session, its calls numbered without a repeat."""
+    nginx = Nginx(_nginx(), tmp_path / "nginx")
+    nginx.configure(_replicas(deployment, 3))
+    tag = uuid.uuid4().hex[:6]
+    sessions = [Session(f"v{i}-{tag}", explicit=True) for i in range(6)]
+    headers = {s.name: "x-talaria-session-id" for s in sessions}
+    with nginx.running():
+        rounds = Rounds(nginx.url, sessions, headers, extra={"x-session-id": "opencode"})
+        asyncio.run(rounds.run(5))
+    assert [f for s in sessions for f in s.failures] == []
+    for session in sessions:
+        assert len(set(rounds.upstreams[session.name])) == 1, rounds.upstreams[session.name]
+        assert len(session.keys) == 1 and rounds.forwarded[session.name] == 0
+        (key,) = session.keys
+        timeline: dict[str, Any] = deployment.admin(0, f"/admin/sessions/{key}")
+        assert [c["call_index"] for c in timeline["calls"]] == list(range(5)), session.name

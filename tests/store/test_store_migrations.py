@@ -4,7 +4,7 @@ models' schema; the ``talaria db`` commands; default locations."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
@@ -58,7 +59,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0009"
+    assert await migrate.current_async(db_url) == migrate.head() == "0010"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -312,6 +313,58 @@ async def test_0008_renames_the_key_and_the_client_id_keeping_every_row(db_url: 
 
 
 @pytest.mark.asyncio
+async def test_0010_renumbers_repeated_call_indices_and_makes_them_unique(db_url: str) -> None:
+    """0010: a session whose calls two replicas numbered alike (0, 1, 1, 2, 2) is renumbered
+    0..4 in (call_index, arrived_at, request_id) order; other sessions keep their numbers; a
+    repeat is refused from then on."""
+    await migrate.upgrade_async(db_url, "0009")
+    engine = make_engine(db_url)
+    t0 = datetime(2026, 11, 1, tzinfo=UTC)
+    calls = [("a0", "s", 0), ("a1", "s", 1), ("b1", "s", 1), ("a2", "s", 2), ("b2", "s", 2)]
+    calls += [("o0", "o", 0), ("o5", "o", 5)]  # a gap is no repeat: kept
+    try:
+        async with engine.begin() as conn:
+            for key in ("s", "o"):
+                await conn.execute(
+                    text(
+                        "INSERT INTO sessions (session_key, tenant_id, session_id, model, state,"
+                        " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
+                        " output_tokens) VALUES (:k, 't', :k, 'm', 'active', :at, :at, 0, 0, 0, 0)"
+                    ),
+                    {"k": key, "at": t0},
+                )
+            for n, (rid, key, index) in enumerate(calls):
+                await conn.execute(
+                    text(
+                        "INSERT INTO calls (request_id, session_key, call_index, model,"
+                        " arrived_at, status, prompt_tokens, cached_tokens, output_tokens, stream)"
+                        " VALUES (:r, :k, :i, 'm', :at, 'ok', 0, 0, 0, false)"
+                    ),
+                    {"r": rid, "k": key, "i": index, "at": t0 + timedelta(seconds=n)},
+                )
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                text("SELECT request_id, call_index FROM calls ORDER BY session_key, call_index")
+            )
+            numbered = [tuple(r) for r in rows]
+        renumbered = [("a0", 0), ("a1", 1), ("b1", 2), ("a2", 3), ("b2", 4)]
+        assert numbered == [("o0", 0), ("o5", 5), *renumbered]
+        with pytest.raises(IntegrityError):
+            async with engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        "INSERT INTO calls (request_id, session_key, call_index, model,"
+                        " arrived_at, status, prompt_tokens, cached_tokens, output_tokens, stream)"
+                        " VALUES ('x', 's', 3, 'm', :at, 'ok', 0, 0, 0, false)"
+                    ),
+                    {"at": t0},
+                )
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -334,9 +387,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0009" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0010" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0009" in out and "head: 0009" in out
+    assert "current: 0010" in out and "head: 0010" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -346,7 +399,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0009"
+    assert migrate.current(url) == "0010"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -357,7 +410,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0009"
+    assert migrate.current(url) == "0010"
 
 
 def test_default_sqlite_url_honours_data_dir(

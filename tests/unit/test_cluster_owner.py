@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from talaria.proxy.cluster.owner import owner, route_key
+from talaria.proxy.cluster.owner import affinity, owner, placement_key, route_key
+from talaria.proxy.sessions.identity import identify
 
 SYSTEM = {"role": "system", "content": "You are a coding agent."}
 
@@ -84,3 +85,33 @@ def test_keys_spread_evenly_over_replicas() -> None:
     counts = Counter(owner(f"id|t|session-{i}", ["r1", "r2", "r3"]) for i in range(3000))
     assert set(counts) == {"r1", "r2", "r3"}
     assert all(800 <= n <= 1200 for n in counts.values()), counts
+
+
+@pytest.mark.parametrize(
+    ("headers", "name"),
+    [
+        ({}, None),
+        ({"x-session-id": "b"}, "b"),
+        ({"x-talaria-session-id": "a", "x-session-id": "b"}, "a"),  # the higher rank wins
+        ({"x-session-id": "b", "x-talaria-session-id": "a"}, "a"),  # whatever the order sent
+        ({"x-talaria-session-id": "", "session-id": "c"}, "c"),  # an empty one is absent
+        ({"thread-id": "t", "x-litellm-session-id": "l"}, "t"),
+        ({"x-dynamo-session-id": "d"}, "d"),
+    ],
+)
+def test_the_balancers_name_for_a_session_is_its_first_ranked_header(
+    headers: dict[str, str], name: str | None
+) -> None:
+    assert affinity(headers) == name
+    if name is not None:  # the proxy names the session the same (no body field outranks)
+        assert identify(headers, {}).session_id == name
+
+
+def test_varying_a_lower_ranked_header_keeps_the_placement_key() -> None:
+    keys = {
+        placement_key(
+            "t", "a", None, {"x-talaria-session-id": "a", "x-session-id": v}, ingress=True
+        )
+        for v in ("1", "2", "3")
+    }
+    assert keys == {"ingress|t|a"}

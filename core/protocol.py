@@ -22,6 +22,10 @@ Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
 
 A peer speaking another version is refused with a clear error (``ProtocolError``) rather than
 misread.
+
+**Authentication.** A runtime started with a token (``RUNTIME_TOKEN_ENV``) answers every
+request but ``GET /healthz`` and ``GET /readyz`` with 401 unless it carries
+``Authorization: Bearer <token>`` (runtime/auth.py); the proxy sends it on every request.
 """
 
 from __future__ import annotations
@@ -60,6 +64,11 @@ calls, strict tools, logprobs; 4: the call's content as one nested ``call`` docu
 fields) instead of top-level fields of the request; 5: the session's key as ``session_key`` (was
 ``session_id``) in the request and the result (``session_id`` is the client's id, which the
 runtime never sees)."""
+
+RUNTIME_TOKEN_ENV = "TALARIA_RUNTIME_TOKEN"
+"""The environment variable holding the runtime's bearer token, on both ends."""
+MIN_RUNTIME_TOKEN_CHARS = 16
+"""A shorter runtime token is refused at start, on both ends (as ``TALARIA_ADMIN_TOKEN``)."""
 
 _REQUEST_FIELDS = {f.name for f in fields(CallRequest)}
 _CALL_FIELDS = {f.name for f in fields(Call)}

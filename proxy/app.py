@@ -194,8 +194,14 @@ def create_app(
         if runtimes is not None:
             clients = list(runtimes)
         elif cfg.runtimes:
+            token = cfg.runtime_token.get_secret_value() if cfg.runtime_token else None
             clients = [
-                HttpRuntime(url, status_ttl_s=cfg.status_ttl_s, status_stale_s=cfg.status_stale_s)
+                HttpRuntime(
+                    url,
+                    status_ttl_s=cfg.status_ttl_s,
+                    status_stale_s=cfg.status_stale_s,
+                    token=token,
+                )
                 for url in cfg.runtimes
             ]
         else:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from talaria.core.body_deadline import BODY_TIMEOUT_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
+from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS
 from talaria.proxy.cluster.trust import MIN_SECRET_CHARS
 
 MIN_ADMIN_TOKEN_CHARS = 16
@@ -32,7 +33,8 @@ class ProxySettings(BaseSettings):
     """Everything ``talaria serve`` and ``create_app`` are configured with: each field is the
     ``TALARIA_<FIELD>`` environment variable, or an argument."""
 
-    # errors never echo their input: it holds secrets (keys, tokens, the cluster secret)
+    # errors never echo their input: it holds secrets (keys, tokens, the cluster secret); the
+    # runtime token is a SecretStr besides, so no repr of the settings shows it
     model_config = SettingsConfigDict(
         env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True
     )
@@ -61,6 +63,12 @@ class ProxySettings(BaseSettings):
     runtimes: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="URLs of runtime servers; when empty, an embedded simulated runtime",
+    )
+    runtime_token: SecretStr | None = Field(
+        None,
+        description="Bearer token sent to the runtime servers on every request (the "
+        f"TALARIA_RUNTIME_TOKEN they were started with); at least {MIN_RUNTIME_TOKEN_CHARS} "
+        "characters; unset: none is sent",
     )
     # embedded runtime (simulated engines)
     models: Annotated[list[str], NoDecode] = Field(
@@ -257,6 +265,18 @@ class ProxySettings(BaseSettings):
                 f"TALARIA_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters "
                 f"(it has {len(value)}); e.g. `openssl rand -hex 24`"
             )
+        return value
+
+    @field_validator("runtime_token", mode="before")
+    @classmethod
+    def _a_real_token(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = value.strip() or None  # a Secret file's trailing newline is no part of it
+            if value is not None and len(value) < MIN_RUNTIME_TOKEN_CHARS:
+                raise ValueError(
+                    f"TALARIA_RUNTIME_TOKEN must be at least {MIN_RUNTIME_TOKEN_CHARS} "
+                    f"characters (it has {len(value)})"
+                )
         return value
 
     @field_validator("api_keys", "models", "catalog_path", "runtimes", mode="before")

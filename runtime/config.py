@@ -80,8 +80,9 @@ class NodeConfig:
 
 def model_config(entry: Any, where: str, engines: tuple[str, ...]) -> ModelConfig:
     """One ``[[model]]`` entry (a TOML table, or the JSON body of the runtime's
-    ``POST /v1/runtime/models``): ``name``, ``engine`` (one of ``engines``; default ``sim``),
-    ``path``, and the engine's options; ``NodeConfigError`` names what is wrong."""
+    ``POST /v1/runtime/models``, which then holds it to runtime/placement_rules.py): ``name``,
+    ``engine`` (one of ``engines``; default ``sim``), ``path``, and the engine's options;
+    ``NodeConfigError`` names what is wrong."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise NodeConfigError(f"{where}: every [[model]] needs a name")
     engine = entry.get("engine", "sim")

@@ -9,7 +9,7 @@ the config's ``engine`` name.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
+from talaria.runtime.placement_rules import OptionKind
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
@@ -200,6 +201,10 @@ class EngineKind:
     """Its start takes no real time (the simulated engine): placed on a running node, it
     serves only after the time a real load would take on the node's clock
     (``ServerSpec.placement_s`` from storage: a live runtime loads from its model's path)."""
+    options: Mapping[str, OptionKind] = field(default_factory=dict)
+    """The ``[[model]]`` options (besides name, engine, path) a model placed over HTTP may
+    set, each with how it is checked (runtime/placement_rules.py); a node's own TOML may set
+    any."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -234,9 +239,22 @@ def _build_vllm(site: EngineSite) -> Engine:
     )
 
 
+VLLM_PLACEABLE: dict[str, OptionKind] = {
+    **dict.fromkeys(
+        ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "dtype",
+         "kv_offloading_size", "kv_offloading_backend", "tool_parser", "reasoning_parser",
+         "tool_strict_level", "rates"),
+        "value",
+    ),
+    "chat_template": "path",
+    "trust_remote_code": "code",
+}  # fmt: skip
+"""The options of a vLLM model placed over HTTP: those docs/models.md and docs/deploy-h200.md
+document (any other engine argument only in the node's own TOML)."""
+
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
-    "vllm": EngineKind(_build_vllm, uses_node_memory=False),
+    "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE),
 }
 """The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
 

@@ -3,9 +3,11 @@ running node (issue 28).
 
 - ``POST /v1/runtime/models``: a ``[[model]]`` entry as JSON (``name``, ``engine``, ``path``,
   the engine's options, as in a node config) → 201 once its engine has started and the
-  scheduler serves it; 400 for a bad entry (or an unknown catalog model), 409 if the node
-  hosts it already, 503 while the runtime drains, 500 if its engine fails to start (what it
-  started is shut down; the node is unchanged);
+  scheduler serves it; 400 for a bad entry (or an unknown catalog model), or one the
+  operator's rules refuse (runtime/placement_rules.py: an option its engine does not list, a
+  path outside ``--models-dir``, ``trust_remote_code`` not allowed), 409 if the node hosts it
+  already, 503 while the runtime drains, 500 if its engine fails to start (what it started
+  is shut down; the node is unchanged);
 - ``POST /v1/runtime/models/{name}/drain`` → 200: the model is marked *draining* (the status
   document lists it in ``draining_models``): every proxy routes no new session to it here
   while another node serves it, and its sessions here stay until they end (the controller
@@ -42,6 +44,7 @@ from fastapi.responses import Response
 from talaria.core.catalog import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
 from talaria.runtime.factory import ENGINES, EngineStartError, place_model, unplace_model
+from talaria.runtime.placement_rules import placed_model
 
 router = APIRouter()
 DEMAND_HORIZON_S = 3600.0
@@ -65,6 +68,7 @@ async def add_model(request: Request) -> Response:
     try:
         entry = json.loads(await request.body())
         model = model_config(entry, "POST /v1/runtime/models", tuple(ENGINES))
+        model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
     except (ValueError, NodeConfigError) as exc:
         return _json({"error": str(exc)}, 400)
     async with runtime.changes:

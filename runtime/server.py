@@ -17,6 +17,15 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
 - ``GET /healthz`` (liveness: 503 while the event loop is blocked and for a minute after,
   core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining).
 
+Who may call: with a ``token`` (``talaria runtime`` reads ``TALARIA_RUNTIME_TOKEN``) every
+route but the two probes answers 401 without ``Authorization: Bearer <token>``
+(runtime/auth.py, around the whole app, so a route added here is covered too). Without one the
+API is open to anyone who reaches the port — placement loads model files, session control
+acts on any session, ``generate`` runs with no tenant or quota — so ``talaria runtime``
+refuses a non-loopback ``--host`` without a token. A model placed over HTTP is held to the
+operator's ``PlacementRules`` (runtime/placement_rules.py: its keys, its paths inside
+``--models-dir``, no ``trust_remote_code`` unless allowed); the node's own config is trusted.
+
 Draining (:func:`serve_runtime`): on SIGTERM uvicorn stops accepting connections and waits up
 to the drain timeout D for in-flight requests — streams included — before the lifespan stops
 the node and shuts the engines down; readiness reports 503 from then on. The signal also arms
@@ -64,11 +73,13 @@ from talaria.core.types import (
     Finished,
     GenerationEvent,
 )
+from talaria.runtime.auth import RuntimeAuth
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.engine import Engine
 from talaria.runtime.factory import BuiltNode, build_node_from_config, pinned_weight_budget_bytes
 from talaria.runtime.placement_routes import DEMAND_HORIZON_S
 from talaria.runtime.placement_routes import router as placement_router
+from talaria.runtime.placement_rules import PlacementRules
 from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
 
 log = logging.getLogger("talaria.runtime")
@@ -91,6 +102,8 @@ class RuntimeState:
     built: BuiltNode
     catalog: Catalog
     watchdog: LoopWatchdog
+    rules: PlacementRules
+    """What a model placed over HTTP may hold (runtime/placement_routes.py)."""
     ready: bool = False
     changes: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held while a model is added or removed (runtime/placement_routes.py)."""
@@ -112,10 +125,18 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(json.dumps(data), status, media_type="application/json")
 
 
-def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = None) -> FastAPI:
+def create_runtime_app(
+    config: NodeConfig,
+    catalog_paths: list[str] | None = None,
+    *,
+    token: str | None = None,
+    rules: PlacementRules | None = None,
+) -> FastAPI:
     """The runtime's FastAPI app (endpoints in the module docstring). Its lifespan builds the
     node from ``config`` and the catalog, starts the engines one at a time and then the
-    scheduler, and at the end stops the scheduler and shuts the engines down."""
+    scheduler, and at the end stops the scheduler and shuts the engines down. ``token``:
+    the bearer token every route but the probes needs (None: open); ``rules``: what a model
+    placed over HTTP may hold (default: no paths, no remote code)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -135,7 +156,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         built.node.start()
         watchdog = LoopWatchdog()
         watchdog.start()
-        state = RuntimeState(config, built, catalog, watchdog, ready=True)
+        state = RuntimeState(config, built, catalog, watchdog, rules or PlacementRules(), True)
         app.state.runtime = state
         try:
             yield
@@ -149,6 +170,7 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
     app = FastAPI(title="Talaria runtime", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(placement_router)
     app.add_middleware(BodyDeadline, timeout_s=BODY_TIMEOUT_S)
+    app.add_middleware(RuntimeAuth, token=token)  # the outermost: before anything else runs
 
     @app.exception_handler(BodyTimeout)
     async def body_timeout(request: Request, exc: BodyTimeout) -> Response:
@@ -218,11 +240,10 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
 
     @app.post("/v1/runtime/sessions/{session_key}/hint")
     async def hint(session_key: str, request: Request) -> Response:
-        body = await request.json()
-        gap = body.get("expected_gap_s") if isinstance(body, dict) else None
-        if not isinstance(gap, int | float) or gap < 0:
-            return _json({"error": "expected_gap_s must be a non-negative number"}, 400)
-        state_of(request).node.hint(session_key, float(gap))
+        gap_s = _gap_s(await request.body())
+        if gap_s is None:
+            return _json({"error": "expected_gap_s must be a finite, non-negative number"}, 400)
+        state_of(request).node.hint(session_key, gap_s)
         return _json({"ok": True})
 
     @app.post("/v1/runtime/sessions/{session_key}/end")
@@ -236,6 +257,23 @@ def create_runtime_app(config: NodeConfig, catalog_paths: list[str] | None = Non
         return _json({"ok": True})
 
     return app
+
+
+def _gap_s(raw: bytes) -> float | None:
+    """A hint body's ``expected_gap_s`` in seconds, or None unless it is a finite number ≥ 0
+    (JSON parsers take ``NaN`` and ``Infinity``; neither may reach the reservation)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    gap = body.get("expected_gap_s") if isinstance(body, dict) else None
+    if isinstance(gap, bool) or not isinstance(gap, int | float):
+        return None
+    try:
+        seconds = float(gap)
+    except OverflowError:  # an integer past float's range
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 class _DeadlineServer(uvicorn.Server):

@@ -338,10 +338,11 @@ class Calibrator:
 
 
 async def run_calibration(
-    url: str, models: Sequence[str], plan: CalibrationPlan, tick: Tick
+    url: str, models: Sequence[str], plan: CalibrationPlan, tick: Tick, token: str | None = None
 ) -> CalibrationRun:
-    """Measure ``models`` one after another on the runtime at ``url`` and fit each."""
-    runtime = HttpRuntime(url)
+    """Measure ``models`` one after another on the runtime at ``url`` (``token``: its runtime
+    token) and fit each."""
+    runtime = HttpRuntime(url, token=token)
     try:
         await runtime.start()
         info = check_models(await runtime.status_document(), models)

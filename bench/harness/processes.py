@@ -119,11 +119,15 @@ def talaria_serve(
 
 
 @contextmanager
-def talaria_runtime(config: Path) -> Iterator[ServeProcess]:
-    """Start ``talaria runtime --config CONFIG`` on a free port; wait until it listens."""
+def talaria_runtime(
+    config: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Iterator[ServeProcess]:
+    """Start ``talaria runtime --config CONFIG --port 0 ARGS`` with ``env`` on top of this
+    process's environment (minus any TALARIA_* setting: e.g. ``TALARIA_RUNTIME_TOKEN`` only if
+    ``env`` sets it); wait until it listens."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
-    command = [*talaria_command(), "runtime", "--config", str(config), "--port", "0"]
-    with _listening(command, base) as served:
+    command = [*talaria_command(), "runtime", "--config", str(config), "--port", "0", *args]
+    with _listening(command, {**base, **(env or {})}) as served:
         yield served
 
 

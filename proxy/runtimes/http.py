@@ -14,6 +14,10 @@ docs/proxy-overhead.md, "The HTTP hops and replicas").
 Leaving a call early (the client went away) closes its connection, so the runtime sees the
 disconnect and aborts the engine's request.
 
+With a ``token`` every request carries ``Authorization: Bearer <token>`` (the runtime's
+``TALARIA_RUNTIME_TOKEN``, runtime/auth.py). A runtime that answers 401 at ``start`` fails it
+at once with ``RuntimeTokenRefused``, not after the retries meant for a runtime still starting.
+
 A placement controller (proxy/placement_loop.py) reads the server's ``demand`` and changes
 its models through ``add_model``, ``drain_model`` and ``remove_model``
 (runtime/placement_routes.py); each change raises ``PlacementRefused`` with the server's
@@ -66,6 +70,19 @@ class PlacementRefused(RuntimeError):
         self.status = status
 
 
+class RuntimeTokenRefused(RuntimeUnavailable):
+    """The runtime answered 401: it wants a runtime token, or another one."""
+
+
+def described(exc: BaseException) -> str:
+    """``exc`` for a log line or an error message. Not its ``repr`` for an aiohttp answer
+    error (``raise_for_status``): that holds the request's headers, the runtime token among
+    them; its ``str`` is the status, the reason and the URL."""
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return f"{type(exc).__name__}({exc})"
+    return repr(exc)
+
+
 def decode_event(data: dict[str, Any]) -> GenerationEvent:
     """A generation event, or raise: ``CallRejected`` for the caller's fault,
     ``RuntimeUnavailable`` for the runtime's."""
@@ -108,8 +125,11 @@ class HttpRuntime:
         status_ttl_s: float = 0.05,
         status_stale_s: float = 0.0,
         timeout_s: float = 600.0,
+        token: str | None = None,
     ) -> None:
+        """``token``: the runtime's bearer token (None: send none)."""
         self.url = url.rstrip("/")
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.address: str | None = self.url
         self.name = self.url
         self._timeout = aiohttp.ClientTimeout(
@@ -152,16 +172,20 @@ class HttpRuntime:
                 timeout=self._timeout,
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
                 auto_decompress=False,
+                headers=self._headers,
             )
         return self._session
 
     async def start(self, attempts: int = 5) -> None:
         """Learn the instance's name and models. A runtime that has just started may drop the
-        first connections: try ``attempts`` times, 0.2 s, 0.4 s, ... apart, then fail clearly."""
+        first connections: try ``attempts`` times, 0.2 s, 0.4 s, ... apart, then fail clearly;
+        a 401 fails at once (``RuntimeTokenRefused``)."""
         for attempt in range(attempts):
             try:
                 data = await self._get_status()
                 break
+            except RuntimeTokenRefused:
+                raise
             except RuntimeUnavailable as exc:
                 if attempt == attempts - 1:
                     raise RuntimeUnavailable(f"runtime {self.url} is not reachable: {exc}") from exc
@@ -186,7 +210,7 @@ class HttpRuntime:
                 async for line in ndjson_lines(answer.content.iter_any()):
                     yield decode_event(msgspec.json.decode(line))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise RuntimeUnavailable(f"runtime {self.name} failed: {exc!r}") from exc
+            raise RuntimeUnavailable(f"runtime {self.name} failed: {described(exc)}") from exc
 
     async def status(self) -> InstanceStatus:
         """The server's status for routing (status_cache.py says how old it may be)."""
@@ -226,10 +250,14 @@ class HttpRuntime:
     async def _get_status(self) -> dict[str, Any]:
         try:
             async with self._http.get("/v1/runtime/status") as answer:
+                if answer.status == 401:
+                    raise RuntimeTokenRefused(self._refused())
                 answer.raise_for_status()
                 raw = await answer.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise RuntimeUnavailable(f"runtime {self.name} status failed: {exc!r}") from exc
+            raise RuntimeUnavailable(
+                f"runtime {self.name} status failed: {described(exc)}"
+            ) from exc
         try:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError as exc:
@@ -237,6 +265,14 @@ class HttpRuntime:
         if not isinstance(data, dict):
             raise RuntimeUnavailable(f"runtime {self.name} status: not a JSON object")
         return data
+
+    def _refused(self) -> str:
+        """What a 401 means, for the operator (the token itself is never shown)."""
+        sent = "a token it does not accept" if self._headers else "no token"
+        return (
+            f"runtime {self.url} refused the runtime token (TALARIA_RUNTIME_TOKEN): the proxy "
+            f"sent {sent}; set TALARIA_RUNTIME_TOKEN to the runtime's"
+        )
 
     async def status_document(self) -> dict[str, Any]:
         """The runtime's whole status document, uncached: InstanceStatus's fields plus
@@ -253,7 +289,7 @@ class HttpRuntime:
                 answer.raise_for_status()
                 data = msgspec.json.decode(await answer.read())
         except (aiohttp.ClientError, TimeoutError, msgspec.DecodeError) as exc:
-            raise RuntimeUnavailable(f"runtime {self.name} demand: {exc!r}") from exc
+            raise RuntimeUnavailable(f"runtime {self.name} demand: {described(exc)}") from exc
         if not isinstance(data, dict):
             raise RuntimeUnavailable(f"runtime {self.name} demand: not a JSON object")
         return data
@@ -283,7 +319,8 @@ class HttpRuntime:
                 raw = await answer.read()
                 status = answer.status
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise PlacementRefused(f"runtime {self.name}: {method} {path}: {exc!r}", 0) from exc
+            message = f"runtime {self.name}: {method} {path}: {described(exc)}"
+            raise PlacementRefused(message, 0) from exc
         try:
             data = msgspec.json.decode(raw)
         except msgspec.DecodeError:
@@ -309,7 +346,7 @@ class HttpRuntime:
             ) as answer:
                 answer.raise_for_status()
         except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("runtime %s: %s failed: %r", self.name, path, exc)
+            log.warning("runtime %s: %s failed: %s", self.name, path, described(exc))
 
     async def hint(self, session_key: str, expected_gap_s: float) -> None:
         """Pass the tool-gap hint on (best effort)."""

@@ -28,7 +28,9 @@ def calibrate(
     runtime_url: Annotated[
         str,
         typer.Option(
-            "--runtime", help="Base URL of a running `talaria runtime` server (its engines)."
+            "--runtime",
+            help="Base URL of a running `talaria runtime` server (its engines); its token, "
+            "if it has one, from TALARIA_RUNTIME_TOKEN.",
         ),
     ],
     model: Annotated[
@@ -60,8 +62,10 @@ def calibrate(
     engine moves memory at a switch (not on vLLM's CPU gate).
     """
     import asyncio
+    import os
 
     from talaria.calibrate_live import run_calibration
+    from talaria.core.protocol import RUNTIME_TOKEN_ENV
     from talaria.proxy.runtimes.base import RuntimeUnavailable
     from talaria.sim.calibrate import QUICK_PLAN, CalibrationPlan
     from talaria.sim.fit import profile_toml
@@ -78,7 +82,8 @@ def calibrate(
             bar.advance(tasks[measured])
 
         try:
-            run = asyncio.run(run_calibration(runtime_url, model, plan, tick))
+            token = os.environ.get(RUNTIME_TOKEN_ENV, "").strip() or None
+            run = asyncio.run(run_calibration(runtime_url, model, plan, tick, token))
         except (RuntimeUnavailable, ValueError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--runtime/--model") from exc
     table = Table(title=f"fitted step time (profile {name!r})")

@@ -1,5 +1,6 @@
 """What the ``talaria`` commands share: the stderr console, the ``--catalog`` option, error exits,
-stdout tables, the progress bar and the workload generator call."""
+the loopback test of ``--host``, stdout tables, the progress bar and the workload generator
+call."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ def fail(message: str) -> typer.Exit:
     """Print ``message`` as one plain line on stderr; raise the result to exit with status 1."""
     console.print(message, markup=False, highlight=False, soft_wrap=True)
     return typer.Exit(1)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``: what
+    ``talaria serve`` and ``talaria runtime`` may listen on with no key or token."""
+    import ipaddress
+
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def catalog_of(extra: list[Path] | None) -> Catalog:

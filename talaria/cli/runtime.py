@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from talaria.cli.common import CatalogOpt, catalog_of, console
+from talaria.cli.common import CatalogOpt, catalog_of, console, is_loopback
+from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS, RUNTIME_TOKEN_ENV
 from talaria.runtime.scheduling.flags import policy_flags
 
 if TYPE_CHECKING:
@@ -78,24 +79,71 @@ def runtime_server(
             "within this plus 30 s (engine shutdown) whatever happens.",
         ),
     ] = 600.0,
+    models_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="TALARIA_RUNTIME_MODELS_DIR",
+            exists=True,
+            file_okay=False,
+            help="Where models placed over HTTP (POST /v1/runtime/models, a proxy's placement "
+            "library) may be read from: their path and chat_template must resolve inside it. "
+            "Without it a placed model may not name a file (catalog models need none).",
+        ),
+    ] = None,
+    allow_trust_remote_code: Annotated[
+        bool,
+        typer.Option(
+            "--allow-trust-remote-code",
+            help="Let models placed over HTTP set trust_remote_code = true (vLLM then runs "
+            "Python from the model's directory); the node config may set it regardless.",
+        ),
+    ] = False,
 ) -> None:
     """Run one node's runtime server: its engines (simulated or vLLM) behind the slot scheduler,
     serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). The node comes
     from --config FILE, or from one or more --model PATH (vLLM engines, everything else from
-    the model itself). SIGTERM drains: no new connections, in-flight calls finish, then the
-    engines shut down."""
+    the model itself). Every request but /healthz and /readyz needs the bearer token
+    TALARIA_RUNTIME_TOKEN when it is set (the proxy sends the one in its own environment); a
+    non-loopback --host without it is refused. SIGTERM drains: no new connections, in-flight
+    calls finish, then the engines shut down."""
     from talaria.runtime.model_source import ServingChoices
+    from talaria.runtime.placement_rules import PlacementRules
     from talaria.runtime.server import create_runtime_app, serve_runtime
 
+    token = runtime_token(host)
     catalog = catalog_of(catalog_dirs)
     choices = ServingChoices(tool_parser, reasoning_parser, chat_template, max_model_len)
     node = node_config(config, model, choices, catalog)
     console.print(
         f"talaria runtime {node.name} on http://{host}:{port} — "
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
+        + ("" if token else f"; open to any caller (no {RUNTIME_TOKEN_ENV})")
     )
-    app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []])
+    rules = PlacementRules(models_dir, allow_trust_remote_code)
+    app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []], token=token, rules=rules)
     serve_runtime(app_, host, port, log_level, drain_timeout_s)
+
+
+def runtime_token(host: str) -> str | None:
+    """``TALARIA_RUNTIME_TOKEN`` (surrounding blanks dropped), or None on a loopback ``host``;
+    on any other address a runtime without one is refused in one line that says how to set
+    it, and so is a token under ``MIN_RUNTIME_TOKEN_CHARS``."""
+    token = os.environ.get(RUNTIME_TOKEN_ENV, "").strip() or None
+    if token is None and not is_loopback(host):
+        raise typer.BadParameter(
+            f"no {RUNTIME_TOKEN_ENV}: on a non-loopback address anyone who reaches the port "
+            "could place models, end sessions and run calls; set "
+            f"{RUNTIME_TOKEN_ENV} (at least {MIN_RUNTIME_TOKEN_CHARS} characters, e.g. "
+            "python -c 'import secrets; print(secrets.token_urlsafe(32))') here and the same "
+            "value in the proxy's environment",
+            param_hint="'--host'",
+        )
+    if token is not None and len(token) < MIN_RUNTIME_TOKEN_CHARS:
+        raise typer.BadParameter(
+            f"{RUNTIME_TOKEN_ENV} must be at least {MIN_RUNTIME_TOKEN_CHARS} characters "
+            f"(it has {len(token)})"
+        )
+    return token
 
 
 def node_config(

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from talaria.cli.common import console
+from talaria.cli.common import console, is_loopback
 from talaria.cli.runtime import (
     ChatTemplateOpt,
     MaxModelLenOpt,
@@ -61,8 +61,9 @@ def serve(
         list[str] | None,
         typer.Option(
             "--runtime",
-            help="URL of a runtime server (talaria runtime), repeatable; without any, the "
-            "proxy runs an embedded simulated runtime.",
+            help="URL of a runtime server (talaria runtime), repeatable; the token they "
+            "require goes in TALARIA_RUNTIME_TOKEN. Without any, the proxy runs an embedded "
+            "simulated runtime.",
         ),
     ] = None,
     allow_open: Annotated[
@@ -141,7 +142,7 @@ def serve(
         get_router(settings.router)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--router'") from exc
-    if not _is_loopback(host) and not settings.api_keys and not settings.allow_open:
+    if not is_loopback(host) and not settings.api_keys and not settings.allow_open:
         _refuse_without_keys(settings)
     if model:
         if runtime or models:
@@ -220,29 +221,23 @@ def _runtime_args(
 def _serve_over_child(
     settings: ProxySettings, args: list[str], host: str, port: int, log_level: str
 ) -> None:
-    """Start the ``--model`` runtime (cli/supervised.py), serve the proxy over it, stop it."""
+    """Start the ``--model`` runtime (cli/supervised.py) with a runtime token (the operator's
+    TALARIA_RUNTIME_TOKEN, else a random one), serve the proxy over it, stop it."""
+    import secrets
+
+    from pydantic import SecretStr
+
     from talaria.cli.supervised import RuntimeStartError, supervised_runtime
 
+    token = settings.runtime_token or SecretStr(secrets.token_urlsafe(32))
+    secret = token.get_secret_value()
     try:
-        with supervised_runtime(args, settings.drain_timeout_s, RUNTIME_READY_S) as child:
-            served = settings.model_copy(update={"runtimes": [child.url]})
+        with supervised_runtime(args, settings.drain_timeout_s, RUNTIME_READY_S, secret) as child:
+            served = settings.model_copy(update={"runtimes": [child.url], "runtime_token": token})
             console.print(f"talaria proxy on http://{host}:{port}/v1 — runtime {child.url}")
             _serve(served, host, port, log_level)
     except RuntimeStartError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--model'") from exc
-
-
-def _is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
-    import ipaddress
-
-    name = host.strip().strip("[]").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def _refuse_without_keys(settings: ProxySettings) -> None:

@@ -2,6 +2,9 @@
 as a child process on a free loopback port, waited for until ready, watched while the proxy
 serves, and stopped with it.
 
+- **Token.** The child gets a runtime token in its environment (``TALARIA_RUNTIME_TOKEN``:
+  the operator's, else a random one ``talaria serve`` draws), so that other users of the
+  machine, who can reach its loopback port too, cannot call it; the proxy sends it.
 - **Start.** The child runs this same interpreter (the environment that has vLLM) in a
   session of its own, so that the vLLM processes it starts (engine core, workers) form one
   process group with it; its output goes to the proxy's terminal. Ready when its
@@ -33,6 +36,8 @@ from collections.abc import Iterator, Sequence
 
 import httpx
 
+from talaria.core.protocol import RUNTIME_TOKEN_ENV
+
 ENGINE_STOP_S = 30.0
 """What the runtime's own shutdown allows its engines past the drain (runtime/server.py)."""
 READY_POLL_S = 0.5
@@ -62,8 +67,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class SupervisedRuntime:
     """One ``talaria runtime`` child (see the module docstring)."""
 
-    def __init__(self, args: Sequence[str], drain_timeout_s: float, port: int | None = None):
+    def __init__(
+        self,
+        args: Sequence[str],
+        drain_timeout_s: float,
+        port: int | None = None,
+        token: str | None = None,
+    ):
+        """``token``: the child's ``TALARIA_RUNTIME_TOKEN`` (None: what this process has)."""
         self.port = port or free_port()
+        self._env = {**os.environ, RUNTIME_TOKEN_ENV: token} if token else None
         self.url = f"http://127.0.0.1:{self.port}"
         self._drain_s = drain_timeout_s
         command = [sys.executable, "-c", "from talaria.cli import main; main()", "runtime"]
@@ -83,7 +96,7 @@ class SupervisedRuntime:
     def start(self, ready_timeout_s: float) -> None:
         """Start the child and wait until it is ready (``RuntimeStartError`` otherwise)."""
         self._process = subprocess.Popen(
-            self._command, start_new_session=True, preexec_fn=_term_with_parent
+            self._command, start_new_session=True, preexec_fn=_term_with_parent, env=self._env
         )
         deadline = time.monotonic() + ready_timeout_s
         while time.monotonic() < deadline:
@@ -129,10 +142,11 @@ class SupervisedRuntime:
 
 @contextlib.contextmanager
 def supervised_runtime(
-    args: Sequence[str], drain_timeout_s: float, ready_timeout_s: float
+    args: Sequence[str], drain_timeout_s: float, ready_timeout_s: float, token: str | None = None
 ) -> Iterator[SupervisedRuntime]:
-    """A started, watched child runtime, stopped on exit."""
-    runtime = SupervisedRuntime(args, drain_timeout_s)
+    """A started, watched child runtime (with ``token`` as its runtime token), stopped on
+    exit."""
+    runtime = SupervisedRuntime(args, drain_timeout_s, token=token)
     try:
         runtime.start(ready_timeout_s)
         runtime.watch()

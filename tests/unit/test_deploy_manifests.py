@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from talaria.cli.runtime import runtime_server
+from talaria.core.protocol import RUNTIME_TOKEN_ENV
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config
@@ -197,6 +198,7 @@ def test_proxy_secrets_come_from_the_secret() -> None:
         "TALARIA_ADMIN_TOKEN": ("admin-token", True),
         "TALARIA_METRICS_TOKEN": ("metrics-token", True),
         "TALARIA_CLUSTER_SECRET": ("cluster-secret", False),
+        "TALARIA_RUNTIME_TOKEN": ("runtime-token", False),
     }
     for name, (key, optional) in keys.items():
         ref = env[name]["valueFrom"]["secretKeyRef"]
@@ -312,6 +314,76 @@ def test_runtime_shm_is_memory_backed() -> None:
     mounts = {m["mountPath"]: m["name"] for m in _container(statefulset)["volumeMounts"]}
     volumes = {v["name"]: v for v in statefulset["spec"]["template"]["spec"]["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+def test_runtime_token_comes_from_the_secret_the_proxy_reads() -> None:
+    """Both ends read one key of the Secret: the proxies send what the runtimes require."""
+    runtime = _env(_container(_one("StatefulSet", "runtime")))
+    proxy = _env(_container(_one("Deployment", "proxy")))
+    ref = runtime[RUNTIME_TOKEN_ENV]["valueFrom"]["secretKeyRef"]
+    assert (ref["name"], ref["key"], ref.get("optional", False)) == (
+        "talaria",
+        "runtime-token",
+        False,
+    )
+    assert proxy[RUNTIME_TOKEN_ENV] == runtime[RUNTIME_TOKEN_ENV]
+    # the runtime reads no other TALARIA_* variable from its env list
+    assert {n for n in runtime if n.startswith("TALARIA_")} == {RUNTIME_TOKEN_ENV}
+
+
+def test_the_runtime_starts_as_the_manifest_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The StatefulSet's arguments, with its node TOML and models mount here: on 0.0.0.0 the
+    runtime starts with the token of the Secret, and is refused without one."""
+    from typer.testing import CliRunner
+
+    from talaria.cli import app
+    from talaria.runtime import server
+
+    runtime = _container(_one("StatefulSet", "runtime"))
+    mounts = {m["name"]: m["mountPath"] for m in runtime["volumeMounts"]}
+    args = runtime["args"]
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--models-dir") + 1] == mounts["models"]  # placed models: its files
+    node = tmp_path / "node.toml"
+    node.write_text('[node]\nname = "n"\n\n[[model]]\nname = "glm-4.5-fp8"\nengine = "sim"\n')
+    here = {"/etc/talaria/$(POD_NAME).toml": str(node), mounts["models"]: str(tmp_path)}
+    started: list[str] = []
+    monkeypatch.setattr(server, "serve_runtime", lambda app_, host, *_: started.append(host))
+    monkeypatch.delenv(RUNTIME_TOKEN_ENV, raising=False)
+    monkeypatch.delenv("TALARIA_RUNTIME_MODELS_DIR", raising=False)
+    command = [here.get(a, a) for a in args]
+    refused = CliRunner().invoke(app, command)
+    assert refused.exit_code == 2 and RUNTIME_TOKEN_ENV in refused.output and not started
+    monkeypatch.setenv(RUNTIME_TOKEN_ENV, "t" * 48)  # what the Secret holds
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 0, result.output
+    assert started == ["0.0.0.0"]
+
+
+def test_a_network_policy_admits_only_the_proxy_to_the_runtimes() -> None:
+    policy = _one("NetworkPolicy", "runtime")
+    statefulset = _one("StatefulSet", "runtime")
+    spec = policy["spec"]
+    selected = spec["podSelector"]["matchLabels"]
+    assert selected == statefulset["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= _pod_labels("StatefulSet", "runtime").items()
+    assert spec["policyTypes"] == ["Ingress"]
+    [rule] = spec["ingress"]
+    [peer] = rule["from"]
+    assert set(peer) == {"podSelector"}  # pods of this namespace only
+    admitted = peer["podSelector"]["matchLabels"]
+    assert admitted.items() <= _pod_labels("Deployment", "proxy").items()
+    assert not admitted.items() <= _pod_labels("Job", "migrate").items()
+    assert not admitted.items() <= _pod_labels("StatefulSet", "runtime").items()
+    ports = {p["name"]: p["containerPort"] for p in _container(statefulset)["ports"]}
+    [port] = rule["ports"]
+    assert port["protocol"] == "TCP" and port["port"] in ports
+    # no other policy opens the runtimes again
+    assert [p["metadata"]["name"] for p in _resources() if p["kind"] == "NetworkPolicy"] == [
+        policy["metadata"]["name"]
+    ]
 
 
 def _runtime_urls() -> list[str]:
@@ -462,6 +534,33 @@ def test_the_chart_gives_the_replicas_a_cluster_secret() -> None:
     assert secret(clusterSecret="k" * 40) == "k" * 40
     with pytest.raises(Exception, match="at least 32 characters"):
         secret(clusterSecret="short")
+
+
+def test_the_chart_gives_the_runtimes_a_token() -> None:
+    """Without secrets.existingSecret the chart's Secret holds a runtime token: the one given
+    (at least 16 characters, else the chart refuses to render) or a generated one; the
+    runtime pods restart on a new given one, not on a generated one (kept across upgrades)."""
+    pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (optional)")
+    render = _render_module()
+
+    def rendered(**values: str) -> tuple[str, dict[str, str]]:
+        out = render.render_chart(
+            {"database": {"url": "postgresql+asyncpg://u:p@db/t"}, "secrets": values}
+        )
+        (secret,) = [d for d in yaml.safe_load_all(out["talaria/templates/secret.yaml"]) if d]
+        (pods,) = [
+            d for d in yaml.safe_load_all(out["talaria/templates/runtime-statefulset.yaml"]) if d
+        ]
+        token: str = secret["stringData"]["runtime-token"]
+        return token, pods["spec"]["template"]["metadata"]["annotations"]
+
+    generated, annotations = rendered()
+    assert len(generated) >= 16 and generated.isalnum()
+    assert "checksum/runtime-token" not in annotations
+    given, annotations = rendered(runtimeToken="r" * 40)
+    assert given == "r" * 40 and "checksum/runtime-token" in annotations
+    with pytest.raises(Exception, match="at least 16 characters"):
+        rendered(runtimeToken="short")
 
 
 def test_manifests_are_the_rendered_chart() -> None:

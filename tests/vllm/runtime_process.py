@@ -21,13 +21,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_runtime(config: Path, start_timeout_s: float = 600) -> Iterator[str]:
-    """Start the runtime on ``config``; yield its URL once it serves; SIGTERM it at the end."""
+def running_runtime(
+    config: Path, start_timeout_s: float = 600, args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """Start the runtime on ``config`` (and ``args``); yield its URL once it serves; SIGTERM it
+    at the end."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     talaria = Path(sys.executable).parent / "talaria"
     proc = subprocess.Popen(
-        [str(talaria), "runtime", "--config", str(config), "--port", str(port)],
+        [str(talaria), "runtime", "--config", str(config), "--port", str(port), *args],
         stderr=subprocess.PIPE,
         text=True,
         env=env,

@@ -44,16 +44,19 @@ max_model_len = 2048
 """
 
 
-def _broken_model(tmp_path: Path) -> Path:
-    """tiny-llama-b's directory with an architecture vLLM does not know: its engine fails
-    to start."""
+def _models_dir(tmp_path: Path) -> Path:
+    """The runtime's --models-dir (models placed over HTTP must be in it): tiny-llama-b, and
+    ``broken``, tiny-llama-b's directory with an architecture vLLM does not know (its engine
+    fails to start)."""
     shipped = Path(talaria.runtime.__file__).parent / "models" / "tiny-llama-b"
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    config = json.loads((shipped / "config.json").read_text())
-    config["architectures"] = ["NoSuchForCausalLM"]
-    (broken / "config.json").write_text(json.dumps(config))
-    return broken
+    models = tmp_path / "models"
+    for name, architecture in (("tiny-llama-b", None), ("broken", "NoSuchForCausalLM")):
+        (models / name).mkdir(parents=True)
+        config = json.loads((shipped / "config.json").read_text())
+        if architecture:
+            config["architectures"] = [architecture]
+        (models / name / "config.json").write_text(json.dumps(config))
+    return models
 
 
 def _engine_cores() -> int:
@@ -73,13 +76,13 @@ def test_a_vllm_engine_is_cold_started_on_a_running_node_served_and_removed(tmp_
         database_url=f"sqlite+aiosqlite:///{tmp_path}/p.db",
         admin_token="admin-secret-token",
     )
-    with running_runtime(config) as runtime:
+    models_dir = _models_dir(tmp_path)
+    with running_runtime(config, args=("--models-dir", str(models_dir))) as runtime:
         models = runtime + "/v1/runtime/models"
-        broken = _broken_model(tmp_path)
         engine_cores = _engine_cores()
         assert engine_cores >= 1  # tiny-a's
         failed = httpx.post(
-            models, json={"name": "tiny-x", "engine": "vllm", "path": str(broken)}, timeout=600
+            models, json={"name": "tiny-x", "engine": "vllm", "path": "broken"}, timeout=600
         )
         assert failed.status_code == 500, failed.text
         assert "NoSuchForCausalLM" in failed.json()["error"]

@@ -70,6 +70,21 @@ true
 {{- end }}
 {{- end }}
 
+{{/* The chart's runtime token: secrets.runtimeToken, else the one its Secret already holds
+(so that an upgrade keeps it), else a new random one. */}}
+{{- define "talaria.runtimeToken" -}}
+{{- if .Values.secrets.runtimeToken }}
+{{- .Values.secrets.runtimeToken }}
+{{- else }}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace (include "talaria.fullname" .) }}
+{{- if and $existing $existing.data (hasKey $existing.data "runtime-token") }}
+{{- index $existing.data "runtime-token" | b64dec }}
+{{- else }}
+{{- randAlphaNum 48 }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "talaria.proxy.image" -}}
 {{- printf "%s:%s" .Values.proxy.image.repository (.Values.proxy.image.tag | default .Chart.AppVersion) }}
 {{- end }}
@@ -117,6 +132,9 @@ capabilities:
 {{- end }}
 {{- if and .Values.secrets.clusterSecret (lt (len .Values.secrets.clusterSecret) 32) }}
 {{- fail "secrets.clusterSecret must have at least 32 characters (or leave it empty: the chart generates one)" }}
+{{- end }}
+{{- if and .Values.secrets.runtimeToken (lt (len .Values.secrets.runtimeToken) 16) }}
+{{- fail "secrets.runtimeToken must have at least 16 characters (or leave it empty: the chart generates one)" }}
 {{- end }}
 {{- if and .Values.proxy.autoscaling.enabled (lt (int .Values.proxy.autoscaling.minReplicas) 1) }}
 {{- fail "proxy.autoscaling.minReplicas must be at least 1" }}

@@ -19,15 +19,21 @@ schema: ``{"minItems": 1000000000}``, nested ``minItems``, or a ``$ref`` that re
 twice (2^depth values). Every build runs against an :class:`InstanceBudget` of
 ``MAX_INSTANCE_VALUES`` values and ``MAX_INSTANCE_CHARS`` characters, checked *before* a
 count is expanded, so a build costs O(budget) whatever the schema asks: past the budget it
-raises :class:`SchemaTooLarge` (a ``CallRejected``: the client gets a 400). 4,096 values is a
-thousand times what the agents' own tool schemas build (at most 4 values each, measured by
-tests/unit/test_schema_instance.py on tests/fixtures/agent_tools/), and 100,000 characters is
-~25,000 tokens at 4 bytes a token (core/calls.py ``BYTES_PER_TOKEN``), beyond what a model
-writes in one tool call or answer.
-``bench/schema_bomb.py`` times the largest builds the budget allows and the refusals
-(docs/operations.md, "Bounds, quotas and timeouts").
-The proxy refuses such a schema before anything runs (:func:`check_schemas`, at its edge); the
-simulated engine builds with the same budget, so a runtime called directly refuses it too.
+raises :class:`SchemaTooLarge` (a ``CallRejected``: the client gets a 400).
+
+**One budget per request.** :func:`check_schemas` builds all of a request's schemas (every
+tool's parameters and its response format) against *one* budget: a fresh budget per schema
+let 1,000 tools of 4,000 items each (190 bytes apiece) cost 4 million values, 6–10 s of the
+proxy's event loop. 4,096 values and 100,000 characters for the whole request: the agents'
+whole tool sets build 20–26 values and 110–195 characters (Claude Code's 12 tools, Codex's 12,
+Qwen Code's 10, tests/fixtures/agent_tools/, measured by tests/unit/test_schema_instance.py),
+so the budget is over 150 times what they need, and at their 2–4 values a tool it holds more
+tools than a request may offer (proxy/request_bounds.py ``MAX_TOOLS``, 512). 100,000
+characters is ~25,000 tokens at 4 bytes a token (core/calls.py ``BYTES_PER_TOKEN``), beyond
+what a model writes in one tool call or answer. The largest build the budget allows takes
+~20 ms (``bench/schema_bomb.py``; docs/operations.md, "Bounds, quotas and timeouts"). The
+simulated engine gives each build its own budget (one tool call's arguments, or one JSON
+answer), so a runtime called directly refuses a schema past it too.
 """
 
 from __future__ import annotations
@@ -46,10 +52,11 @@ MAX_DEPTH = 8
 """Nested schemas deeper than this get ``None`` (a recursive ``$ref`` would never end)."""
 
 MAX_INSTANCE_VALUES = 4_096
-"""The most JSON values (objects, arrays, strings, numbers, ...) one instance may hold."""
+"""The most JSON values (objects, arrays, strings, numbers, ...) the instances of one request's
+schemas may hold together (one build of the simulated engine: its instance alone)."""
 
 MAX_INSTANCE_CHARS = 100_000
-"""The most characters of strings (values and object keys) one instance may hold."""
+"""The most characters of strings (values and object keys) the same instances may hold."""
 
 DESCRIPTION_READ_CHARS = 1_000
 """Only this much of a ``description`` is read (for "absolute"): a build visits a schema many
@@ -71,7 +78,8 @@ class SchemaTooLarge(CallRejected):
 
 @dataclass
 class InstanceBudget:
-    """What one build may still produce; :meth:`take` raises ``SchemaTooLarge`` past it."""
+    """What the builds sharing it (one request's schemas, or one build) may still produce;
+    :meth:`take` raises ``SchemaTooLarge`` past it."""
 
     values: int = MAX_INSTANCE_VALUES
     chars: int = MAX_INSTANCE_CHARS
@@ -316,22 +324,49 @@ def response_schema(response_format: Mapping[str, Any] | None) -> Mapping[str, A
 
 
 def check_schemas(
-    tools: Sequence[ToolSpec], response_format: Mapping[str, Any] | None, format_param: str
-) -> None:
-    """Raise ``SchemaTooLarge`` (``param``: ``tools[i]`` or ``format_param``) for a call
-    whose tool or response-format schema cannot be built within a fresh budget each: what the
-    simulated engine would write is exactly this build, and a real model would have to write
-    an instance at least this large."""
+    tools: Sequence[ToolSpec],
+    response_format: Mapping[str, Any] | None,
+    format_param: str,
+    budget: InstanceBudget | None = None,
+) -> InstanceBudget:
+    """Build every tool's schema and the response format's within one ``budget`` (a fresh
+    :class:`InstanceBudget` when None: a request's whole budget); return what is left of it.
+    What the simulated engine would write is exactly these builds, and a real model would
+    have to write instances at least this large.
+
+    Past the budget, ``SchemaTooLarge``: naming the schema (``param`` ``tools[i]`` or
+    ``format_param``) when it alone passes a whole budget, else naming the request (``param``
+    ``tools``: its schemas pass the budget only together)."""
+    budget = InstanceBudget() if budget is None else budget
     for i, tool in enumerate(tools):
         if tool.parameters:
-            _check(tool.parameters, f"tools[{i}]", f"The schema of tool {tool.name[:64]!r}")
+            what = f"The schema of tool {tool.name[:64]!r}"
+            _check(tool.parameters, budget, f"tools[{i}]", what)
     schema = response_schema(response_format)
     if schema is not None:
-        _check(schema, format_param, "The response format's schema")
+        _check(schema, budget, format_param, "The response format's schema")
+    return budget
 
 
-def _check(schema: Mapping[str, Any], param: str, what: str) -> None:
+def _check(schema: Mapping[str, Any], budget: InstanceBudget, param: str, what: str) -> None:
+    whole = budget.values == MAX_INSTANCE_VALUES and budget.chars == MAX_INSTANCE_CHARS
+    try:
+        instance(schema, budget=budget)
+    except SchemaTooLarge as exc:
+        if whole or not _fits_alone(schema):
+            raise SchemaTooLarge(f"{what} is too large: {exc}.", param) from None
+        raise SchemaTooLarge(
+            "The request's schemas together are too large: their instances would hold more "
+            f"than {MAX_INSTANCE_VALUES:,} values or {MAX_INSTANCE_CHARS:,} characters in all "
+            "(its tools' parameters and its response format share one budget).",
+            "tools",
+        ) from None
+
+
+def _fits_alone(schema: Mapping[str, Any]) -> bool:
+    """Whether ``schema`` builds within a whole budget of its own (at most one more build)."""
     try:
         instance(schema)
-    except SchemaTooLarge as exc:
-        raise SchemaTooLarge(f"{what} is too large: {exc}.", param) from None
+    except SchemaTooLarge:
+        return False
+    return True

@@ -20,6 +20,7 @@ from talaria.proxy.errors import ApiError, bad_request
 from talaria.proxy.gateway import Gateway
 from talaria.proxy.metrics import ProxyMetrics
 from talaria.proxy.placement_loop import PlacementLoop
+from talaria.proxy.request_bounds import check_structure
 from talaria.proxy.responses_store import ResponseStore
 from talaria.proxy.settings import ProxySettings
 from talaria.proxy.shutdown import Shutdown
@@ -100,8 +101,10 @@ def parse_json(body: bytes) -> Any:
     """The body parsed by msgspec (one pass, in C; integers exact at any size, as Python's own
     parser reads them): a 400 for anything but strict JSON (RFC 8259: no NaN or Infinity, no
     control characters in strings), for invalid UTF-8 or a lone surrogate escape (so every
-    string the proxy holds encodes to UTF-8: token estimates, the store), and for nesting past
-    what the parser follows."""
+    string the proxy holds encodes to UTF-8: token estimates, the store), for nesting past
+    what the parser follows, and, before it is parsed, for a body of more objects, arrays and
+    members than proxy/request_bounds.py ``MAX_BODY_STRUCTURE``."""
+    check_structure(body)
     try:
         return _DECODER.decode(body)
     except RecursionError as exc:

@@ -14,6 +14,7 @@ from starlette.requests import ClientDisconnect, Request
 from talaria.core.calls import OutputDelta
 from talaria.proxy.calls import CallHandle, CallOutcome
 from talaria.proxy.errors import ApiError
+from talaria.proxy.request_bounds import check_request
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,9 +23,12 @@ def parse(model: type[M], data: Any, status: int = 422) -> M:
     """Validate ``data`` (a body ``parse_json`` read: its strings are Unicode text); a failure
     becomes an ``ApiError`` (``status``) naming the field. Of
     several errors (a value none of a union's members takes) the deepest is reported: the
-    member the value came closest to."""
+    member the value came closest to. First, a 400 for a body that holds more than a request
+    may (proxy/request_bounds.py: its items, tools, other lists' entries), whose validation
+    alone would hold the event loop."""
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_value")
+    check_request(data)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

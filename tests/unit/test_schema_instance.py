@@ -1,6 +1,7 @@
 """The schema builder's budget (core/schema_instance.py): every schema a client can send is
 either built within MAX_INSTANCE_VALUES values and MAX_INSTANCE_CHARS characters or refused
-with SchemaTooLarge, and the schemas real agents send are built as before."""
+with SchemaTooLarge, one request's schemas share one budget, and the schemas real agents send
+are built as before."""
 
 from __future__ import annotations
 
@@ -126,6 +127,62 @@ def test_check_schemas_names_the_tool_or_the_format() -> None:
         check_schemas([good], fmt, "text.format")
     assert refused.value.param == "text.format"
     check_schemas([good], {"type": "json_object"}, "response_format")
+
+
+def _near_budget(items: int) -> dict[str, Any]:
+    xs = {"type": "array", "minItems": items, "items": {"type": "integer"}}
+    return {"type": "object", "required": ["xs"], "properties": {"xs": xs}}
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "qwen-code"])
+def test_an_agents_whole_tool_set_takes_a_sliver_of_one_request_budget(agent: str) -> None:
+    """What the module docstring says the agents' tool sets build: 20–26 values and 110–195
+    characters each, over 150 times under one request's budget."""
+    tools = json.loads((FIXTURES / f"{agent}.json").read_text())
+    specs = [
+        ToolSpec(t["name"], parameters=t.get("input_schema") or t.get("parameters") or {})
+        for t in tools
+    ]
+    left = check_schemas(specs, None, "response_format")
+    assert MAX_INSTANCE_VALUES - left.values <= 26 < MAX_INSTANCE_VALUES // 150
+    assert MAX_INSTANCE_CHARS - left.chars <= 195
+
+
+def test_the_schemas_of_a_request_share_one_budget() -> None:
+    """The finding: 1,000 tools each just under the budget passed one by one (4 million values,
+    seconds of the loop); together they are refused, naming the request, after at most one
+    budget's worth of building (and one more to tell whether the last schema fits alone)."""
+    tools = [ToolSpec(f"t{i}", parameters=_near_budget(4000)) for i in range(1000)]
+    budget = InstanceBudget()
+    with pytest.raises(SchemaTooLarge) as refused:
+        check_schemas(tools, None, "response_format", budget)
+    assert refused.value.param == "tools" and "together" in str(refused.value)
+    assert budget.values >= 0  # never spent past it
+    check_schemas(tools[:1], None, "response_format")  # each alone fits
+
+
+def test_a_response_format_shares_the_tools_budget() -> None:
+    tools = [ToolSpec("read", parameters=_near_budget(3000))]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": _near_budget(2000)}}
+    check_schemas(tools, None, "response_format")
+    check_schemas((), fmt, "response_format")
+    with pytest.raises(SchemaTooLarge) as refused:
+        check_schemas(tools, fmt, "text.format")
+    assert refused.value.param == "tools"
+    left = check_schemas(tools, None, "response_format")  # as the proxy's remembered tools
+    with pytest.raises(SchemaTooLarge) as again:
+        check_schemas((), fmt, "text.format", left)
+    assert again.value.param == "tools"
+
+
+def test_a_schema_past_the_budget_alone_is_named_after_others_spent_some() -> None:
+    tools = [
+        ToolSpec("read", parameters=_near_budget(100)),
+        ToolSpec("list", parameters=BOMBS["nested minItems"]),
+    ]
+    with pytest.raises(SchemaTooLarge) as refused:
+        check_schemas(tools, None, "response_format")
+    assert refused.value.param == "tools[1]" and "'list'" in str(refused.value)
 
 
 # -- any schema: built within the budget, or refused -----------------------------------------

@@ -36,6 +36,7 @@ from talaria.proxy.dialects.responses.models import (
     ResponsesText,
     ResponsesTool,
 )
+from talaria.proxy.request_bounds import check_items
 
 
 @dataclass(frozen=True)
@@ -179,8 +180,12 @@ def _response_format(text: ResponsesText | None) -> dict[str, Any] | None:
 
 def to_call(parsed: ParsedResponses, history: list[dict[str, Any]]) -> Call:
     """The call: ``history`` (a previous response's input and output items) and this
-    request's items."""
+    request's items; a 400 when the two together hold more items than a request may
+    (proxy/request_bounds.py), so that a chain of responses cannot grow the work of its next
+    call without end."""
     body = parsed.body
+    if history:
+        check_items([*history, *parsed.items], "previous_response_id")
     tools = tools_of(body.tools)
     choice = body.tool_choice
     named = None if choice is None or isinstance(choice, str) else choice.name

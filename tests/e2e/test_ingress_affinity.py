@@ -17,18 +17,14 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
-import socket
-import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from bench.harness.nginx import CONF, Nginx, nginx_binary
 from talaria.proxy.cluster.owner import AFFINITY_HEADERS, NGINX_KEY, nginx_session_maps
 from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
 from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
@@ -38,98 +34,18 @@ from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixtur
     deployment,
 )
 
-CONF = Path(__file__).parents[2] / "deploy" / "nginx" / "talaria.conf"
 INGRESS = {"TALARIA_REPLICA_AFFINITY": "ingress"}
 HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-session-id")
 """The session headers the agents send (docs/agents.md), one per session in turn."""
 
 
 def _nginx() -> str:
-    found = (
-        os.environ.get("TALARIA_NGINX")
-        or shutil.which("nginx")
-        or shutil.which("nginx", path="/usr/sbin")
-    )
+    found = nginx_binary()
     if found is None:
         if os.environ.get("CI"):
             pytest.fail("no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)")
         pytest.skip("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
     return found
-
-
-class Nginx:
-    """nginx running deploy/nginx/talaria.conf with ``upstreams`` and on ``port``; X-Upstream
-    on every answer names the replica that nginx chose."""
-
-    def __init__(self, binary: str, folder: Path) -> None:
-        self.binary, self.folder = binary, folder
-        folder.mkdir()
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.main = folder / "nginx.conf"
-        self.main.write_text(
-            f"daemon off;\nuser root;\nworker_processes 1;\npid {folder}/nginx.pid;\n"
-            f"error_log {folder}/error.log warn;\nevents {{ worker_connections 512; }}\n"
-            f"http {{\n  access_log off;\n  client_body_temp_path {folder}/body;\n"
-            f"  proxy_temp_path {folder}/proxy;\n"
-            "  add_header X-Upstream $upstream_addr always;\n"
-            f"  include {folder}/talaria.conf;\n}}\n"
-        )
-
-    def configure(self, upstreams: list[str]) -> None:
-        """Write talaria.conf with these replicas (``host:port``) and check it (nginx -t)."""
-        text = CONF.read_text()
-        servers = re.findall(r"^\s*server talaria-proxy-\d+:8000([^;]*);\n", text, re.M)
-        assert servers, "deploy/nginx/talaria.conf lists no replica"
-        text = re.sub(r"^\s*server talaria-proxy-\d+:8000[^;]*;\n", "", text, flags=re.M)
-        lines = "".join(f"    server {u}{servers[0]};\n" for u in upstreams)
-        text = text.replace("    keepalive", lines + "    keepalive", 1)
-        text = text.replace("listen 8080;", f"listen 127.0.0.1:{self.port};")
-        (self.folder / "talaria.conf").write_text(text)
-        self._run("-t")
-
-    def _run(self, *args: str) -> None:
-        done = subprocess.run(
-            [self.binary, "-c", str(self.main), "-p", str(self.folder), *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert done.returncode == 0, done.stderr
-
-    def reload(self, upstreams: list[str]) -> None:
-        """The replicas become ``upstreams`` (nginx -s reload; new workers take them)."""
-        self.configure(upstreams)
-        self._run("-s", "reload")
-
-    @contextmanager
-    def running(self) -> Iterator[Nginx]:
-        process = subprocess.Popen(
-            [self.binary, "-c", str(self.main), "-p", str(self.folder)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            while not _accepts(self.port):
-                assert process.poll() is None, process.stderr.read() if process.stderr else ""
-            yield self
-        finally:
-            process.terminate()
-            process.wait(timeout=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
-        return False
 
 
 def _hostport(url: str) -> str:

@@ -200,6 +200,7 @@ def create_app(
                     url,
                     status_ttl_s=cfg.status_ttl_s,
                     status_stale_s=cfg.status_stale_s,
+                    status_timeout_s=cfg.status_timeout_s,
                     token=token,
                 )
                 for url in cfg.runtimes

@@ -133,6 +133,12 @@ class ProxySettings(BaseSettings):
         description="Live conversations (threads) one session may hold; beyond, its least "
         "recently used idle one is retired",
     )
+    status_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        description="How long a runtime's status read may take before the runtime is left out "
+        "of routing until it answers again (s)",
+    )
     status_ttl_s: float = Field(
         0.05, ge=0, description="How long a runtime's status is reused for routing (s)"
     )

@@ -55,6 +55,11 @@ log = logging.getLogger("talaria.proxy.runtimes.http")
 
 CONNECT_TIMEOUT_S = 5.0
 HINT_TIMEOUT_S = 2.0
+STATUS_TIMEOUT_S = 5.0
+"""How long a status read may take (``TALARIA_STATUS_TIMEOUT_S``) before the runtime counts
+as down and is left out of routing until it answers again (status_cache.py): a runtime answers
+in milliseconds (its status is a snapshot of the node), so seconds mean a stopped, wedged or
+unreachable process."""
 JSON = {"content-type": "application/json"}
 PLACEMENT_TIMEOUT_S = 1800.0
 """How long an add or a remove may take: an engine's start (vLLM: tens of seconds on the CPU
@@ -125,9 +130,13 @@ class HttpRuntime:
         status_ttl_s: float = 0.05,
         status_stale_s: float = 0.0,
         timeout_s: float = 600.0,
+        status_timeout_s: float = STATUS_TIMEOUT_S,
         token: str | None = None,
     ) -> None:
         """``token``: the runtime's bearer token (None: send none)."""
+        self._status_timeout = aiohttp.ClientTimeout(
+            total=status_timeout_s, connect=min(CONNECT_TIMEOUT_S, status_timeout_s)
+        )
         self.url = url.rstrip("/")
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.address: str | None = self.url
@@ -144,7 +153,7 @@ class HttpRuntime:
         self.quantum_s: float | None = None
         """The node's slot quantum (its status)."""
         self.status_cache = StatusCache(
-            self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s
+            self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s, name=self.name
         )
 
     @property
@@ -249,7 +258,7 @@ class HttpRuntime:
 
     async def _get_status(self) -> dict[str, Any]:
         try:
-            async with self._http.get("/v1/runtime/status") as answer:
+            async with self._http.get("/v1/runtime/status", timeout=self._status_timeout) as answer:
                 if answer.status == 401:
                     raise RuntimeTokenRefused(self._refused())
                 answer.raise_for_status()

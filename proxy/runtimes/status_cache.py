@@ -6,13 +6,18 @@ Ages are loop seconds since the status was fetched:
 - ``ttl_s < age ≤ ttl_s + stale_s``: the cached status at once, and one refresh in the
   background (*stale-while-revalidate*); under load the refreshes keep the age within
   ``ttl_s`` plus one fetch, and no call waits for one;
-- older, none yet, or the last refresh failed: the caller awaits a fetch.
+- older, or none yet: the caller awaits a fetch;
+- the last fetch failed: the caller gets that failure at once (the pool leaves the runtime
+  out of the decision), and one fetch retries in the background; the first to succeed is the
+  status again. A runtime that stops answering (a SIGSTOPped or wedged process, a network
+  partition) thus costs the calls routed while it is down nothing but its absence: only the
+  fetch that found it down waited, for its timeout (http.py ``STATUS_TIMEOUT_S``). Before,
+  every call awaited its own fetch of it, and with a long read timeout one stopped runtime
+  held every replica's calls for as long as it was stopped (tests/e2e/test_chaos.py found it).
 
 Concurrent callers share the fetch in flight (*single flight*): however many calls arrive while
-a status is stale, the runtime answers one request. A background refresh that fails forgets
-the cached status, so the next caller awaits a fetch and sees the failure (the pool then
-leaves that runtime out of the decision). ``ttl_s == 0`` turns caching off: every caller
-fetches its own.
+a status is stale, the runtime answers one request. ``ttl_s == 0`` turns caching off: every
+caller fetches its own.
 """
 
 from __future__ import annotations
@@ -38,14 +43,19 @@ class StatusCache:
         ttl_s: float,
         stale_s: float,
         now: Callable[[], float] | None = None,
+        name: str = "",
     ) -> None:
-        """``now``: seconds on a monotonic clock (default: the running loop's time)."""
+        """``now``: seconds on a monotonic clock (default: the running loop's time); ``name``:
+        the runtime's, for the log."""
         self._fetch = fetch
+        self._name = name
         self._now = now or (lambda: asyncio.get_running_loop().time())
         self._ttl_s = ttl_s
         self._stale_s = stale_s
         self._status: InstanceStatus | None = None
         self._at = 0.0
+        self._failure: Exception | None = None
+        """The last fetch's failure, until a fetch succeeds."""
         self._inflight: asyncio.Task[InstanceStatus] | None = None
         self.fetches = 0  # how many fetches were started (for tests and benchmarks)
 
@@ -65,6 +75,9 @@ class StatusCache:
         if self._status is not None and age <= self._ttl_s + self._stale_s:
             self._refresh()
             return self._status
+        if self._failure is not None:
+            self._refresh()
+            raise self._failure
         return await asyncio.shield(self._refresh())
 
     def _refresh(self) -> asyncio.Task[InstanceStatus]:
@@ -72,19 +85,24 @@ class StatusCache:
         if self._inflight is None:
             self.fetches += 1
             self._inflight = asyncio.get_running_loop().create_task(self._fetch_and_keep())
-            self._inflight.add_done_callback(_log_failure)
+            self._inflight.add_done_callback(_retrieve)
         return self._inflight
 
     async def _fetch_and_keep(self) -> InstanceStatus:
         started = self._now()
         try:
             status = await self._fetch()
-        except BaseException:
-            self._status = None  # the next caller awaits a fetch and sees it fail
+        except Exception as exc:
+            if self._failure is None:
+                log.warning("runtime %s: status failed, left out until it answers: %r",
+                            self._name, exc)  # fmt: skip
+            self._status, self._failure = None, exc  # callers fail fast until one succeeds
             raise
         finally:
             self._inflight = None
-        self._status, self._at = status, started
+        if self._failure is not None:
+            log.warning("runtime %s: status answers again", self._name)
+        self._status, self._at, self._failure = status, started, None
         return status
 
     async def close(self) -> None:
@@ -95,7 +113,8 @@ class StatusCache:
             await asyncio.gather(task, return_exceptions=True)
 
 
-def _log_failure(task: asyncio.Task[InstanceStatus]) -> None:
-    """Retrieve a refresh's failure (a background one has no caller to see it) and log it."""
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.warning("status refresh failed: %r", exc)
+def _retrieve(task: asyncio.Task[InstanceStatus]) -> None:
+    """Retrieve a fetch's failure (a background one has no caller to see it; the cache logs
+    when a runtime starts and stops failing)."""
+    if not task.cancelled():
+        task.exception()

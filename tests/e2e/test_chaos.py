@@ -24,12 +24,12 @@ stream ended by an ``error`` event. What must hold:
 The table it prints (``pytest -s``) has the figures: failed calls by fault and API, the rate
 of acknowledged calls before and during each fault, recovery times, the checks.
 
-Not asserted: that the other runtime keeps serving while one is stopped. It does not yet: a
-replica reads every runtime's status before routing a call, and a stopped runtime's status
-read has no timeout of its own (proxy/runtimes/http.py, the 600 s read timeout of calls), so
-every call waits for the stopped one until SIGCONT (the table's "acked calls/s" column: about
-85 before, 0.0-0.1 during). Once status reads time out and a runtime that failed one is left
-out until a background read succeeds, assert ``acked_during`` near the rate before."""
+While a runtime is stopped, the other keeps serving: the calls routed meanwhile go to the
+runtime that answers (the stopped one's status read times out once, and it is left out until
+a background read succeeds: proxy/runtimes/status_cache.py), so the rate of acknowledged calls
+during the stop stays at least ``STOPPED_SHARE`` of the rate before; only the sessions whose
+call was in flight on it wait for SIGCONT. (Before that fix every call of every replica waited
+for the stopped runtime's status: about 85 calls/s before, 0.0-0.2 during.)"""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ from bench.harness.nginx import nginx_binary
 
 BOUND_S = 60.0
 """The longest recovery allowed after a fault (generous: a loaded 2-core CI machine)."""
+STOPPED_SHARE = 0.4
+"""The least share of the pre-fault rate served while one of two runtimes is stopped: the
+sessions with a call in flight on it wait (measured: 0.8-0.9 of the rate)."""
 CONFIG = ChaosConfig(
     sessions=18, implicit=6, time_scale=50.0, max_tokens=16, stop_s=20.0, recovery_bound_s=BOUND_S
 )
@@ -81,6 +84,9 @@ def test_faults_in_sequence_under_streaming_load_lose_nothing_and_recover(
     for fault in report.faults:
         assert fault.every_session_s is not None, (fault.name, why)
         assert fault.every_session_s <= BOUND_S, (fault.name, why)
+    stopped = report.faults[2]
+    rate_during = stopped.acked_during / (stopped.ended_at - stopped.started_at)
+    assert rate_during >= STOPPED_SHARE * stopped.pre_rate, (rate_during, stopped.pre_rate, why)
     restarted = report.faults[1]
     assert restarted.back_s is not None, why  # nginx sent sessions back to it
     assert len(report.acked) > 0

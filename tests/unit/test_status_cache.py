@@ -1,6 +1,6 @@
 """The runtime status cache (proxy/runtimes/status_cache.py): fresh, stale-while-revalidate,
-expired; one fetch however many callers; a failed background refresh is seen by the next
-caller; ttl 0 fetches every time. A hand-driven clock and fetches the test releases."""
+expired; one fetch however many callers; after a failed fetch callers fail at once while one
+fetch retries; ttl 0 fetches every time. A hand-driven clock and fetches the test releases."""
 
 from __future__ import annotations
 
@@ -99,7 +99,12 @@ def test_many_callers_share_one_fetch() -> None:
     asyncio.run(main())
 
 
-def test_a_failed_background_refresh_is_seen_by_the_next_caller() -> None:
+def test_after_a_failed_fetch_callers_fail_at_once_while_one_fetch_retries() -> None:
+    """A runtime that stopped answering: the callers after the failure do not wait for it
+    (the pool leaves it out of their decisions), one fetch retries behind them, and its first
+    success is the status again (a SIGSTOPped runtime held every call for its whole stop:
+    tests/e2e/test_chaos.py)."""
+
     async def main() -> None:
         runtime, clock = Runtime(), [0.0]
         cache = _cache(runtime, clock)
@@ -109,12 +114,19 @@ def test_a_failed_background_refresh_is_seen_by_the_next_caller() -> None:
         await _settle()
         runtime.fail()
         await _settle()
-        getting = asyncio.ensure_future(cache.get())
+        for _ in range(3):  # at once, each time; one retry in flight for all of them
+            with pytest.raises(RuntimeUnavailable):
+                await cache.get()
         await _settle()
-        assert not getting.done()  # nothing cached any more: it waits for a fetch
-        runtime.fail()
+        assert len(runtime.waiting) == 1 and cache.fetches == 2
+        runtime.fail()  # the retry fails too: still left out, another retry starts
+        await _settle()
         with pytest.raises(RuntimeUnavailable):
-            await getting
+            await cache.get()
+        await _settle()
+        runtime.answer(9.0)  # it answers again
+        await _settle()
+        assert (await cache.get()).at_s == 9.0
         await cache.close()
 
     asyncio.run(main())

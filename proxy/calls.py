@@ -10,10 +10,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from starlette.requests import ClientDisconnect
+
 from talaria.core.calls import Call, ModelOutput
 from talaria.core.types import CallResult
 from talaria.proxy.records import Record
 from talaria.proxy.sessions.identity import Identity
+
+
+class CallAbandoned(ClientDisconnect):
+    """The client of a call it waited on whole disconnected while the call ran: the call was
+    abandoned (stopped, recorded ``cancelled``), and no one is left to answer."""
+
 
 Api = str
 """The name of the dialect route a call came through (``CallRecord.api``): ``chat``,

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect
 
 from talaria.core.body_deadline import BodyTimeout
 from talaria.proxy.api.context import json_response
-from talaria.proxy.calls import OVERHEAD_HEADER
+from talaria.proxy.calls import OVERHEAD_HEADER, CallAbandoned
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.dialects.base import Dialect, components, dialect_of
@@ -81,6 +81,15 @@ class RequestIdMiddleware:
             return
         try:
             await self.app(scope, receive, send_with_id)
+        except CallAbandoned:  # waiting for a whole reply: its call was stopped
+            log.warning(
+                "client went away while its call ran (stopped, recorded cancelled): %s %s "
+                "(request %s)",
+                scope["method"],
+                scope["path"],
+                request_id,
+            )
+            _count(scope, CLIENT_CLOSED)
         except ClientDisconnect:  # the client left mid-body: no one to answer, not our error
             log.warning(
                 "client went away before its request body arrived: %s %s (request %s)",
@@ -97,7 +106,8 @@ class RequestIdMiddleware:
 
 CLIENT_CLOSED = 499
 """The status ``talaria_requests_total`` counts for a client that disconnected before its
-request's body arrived (nginx's "client closed request"; nothing is sent)."""
+request's body arrived, or while the call it waited on whole ran (nginx's "client closed
+request"; nothing is sent)."""
 
 
 def _forward(scope: Scope) -> trust.Forward | None:

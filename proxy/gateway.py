@@ -272,6 +272,10 @@ class Gateway:
             call, state, found.thread, shared_tokens, prompt_tokens, self._time
         )
         self.sessions.call_started(state, conversation, now_s, found.thread)
+        # The instance knows the thread from now on, whether or not a call of it ever replies:
+        # the thread's end (idle, final, retired) must reach it, or the node keeps the
+        # session (and the KV an abandoned call left) for good.
+        state.threads[found.thread].last_instance = instance
         self.metrics.live_sessions.set(len(self.sessions))
         events, task, clock = self._runner.start(
             call, found, conversation, request, self.pool[instance], now_at

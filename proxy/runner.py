@@ -131,12 +131,12 @@ class CallRunner:
             return
         self._abandoned.add(task)
         task.add_done_callback(self._abandoned.discard)
-        task.cancel()
+        _cancel_once_started(task)
 
     def abort(self) -> int:
         """Cancel every running call (each ends with a 503 and an error record); how many."""
         for task in self._tasks:
-            task.cancel()
+            _cancel_once_started(task)
         return len(self._tasks)
 
     async def close(self, timeout_s: float | None) -> None:
@@ -249,6 +249,15 @@ class CallRunner:
             log.exception("call %s: recording its failure failed", call.request_id)
         finally:
             events.put_nowait(("error", api_error))
+
+
+def _cancel_once_started(task: asyncio.Task[Any]) -> None:
+    """Cancel a call's task one callback from now, after its first step: a task cancelled
+    before that step never runs its body, so the call would get no record, and its session
+    and tenant would count it in flight for good (the session never idles out). The task's
+    first step is already scheduled, and the loop runs callbacks in the order they were
+    scheduled."""
+    asyncio.get_running_loop().call_soon(task.cancel)
 
 
 async def _generate(

@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 
 import msgspec
 from pydantic import BaseModel, ValidationError
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 
 from talaria.core.calls import OutputDelta
-from talaria.proxy.calls import CallHandle, CallOutcome
+from talaria.proxy.calls import CallAbandoned, CallHandle, CallOutcome
 from talaria.proxy.errors import ApiError
 from talaria.proxy.request_bounds import check_request
 
@@ -100,7 +100,7 @@ async def output_events(handle: CallHandle) -> AsyncIterator[OutputDelta | CallO
 async def outcome_unless_gone(request: Request, handle: CallHandle) -> CallOutcome:
     """The call's outcome (or its ``ApiError`` raised) for a client waiting for a whole reply;
     a client that disconnects first has its call abandoned (the engine stops generating it)
-    and ``ClientDisconnect`` raised: no one is left to answer (proxy/edge.py counts a 499)."""
+    and ``CallAbandoned`` raised: no one is left to answer (proxy/edge.py counts a 499)."""
     waiting = asyncio.ensure_future(handle.outcome())
     gone = asyncio.ensure_future(_disconnect(request))
     try:
@@ -114,7 +114,7 @@ async def outcome_unless_gone(request: Request, handle: CallHandle) -> CallOutco
         return waiting.result()
     waiting.cancel()
     handle.abandon()
-    raise ClientDisconnect()
+    raise CallAbandoned()
 
 
 async def _disconnect(request: Request) -> None:

@@ -187,7 +187,7 @@ class SimEngine:
         if offloaded is None:
             return None
         now = self._clock.now()
-        self._kv.commit(request, entry, now)
+        self._kv.commit(request, entry, now, self._steps.runs(request.session_key))
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
         idle = self._steps.idle_s(now)
         shared = request.shared_prefix_tokens or 0

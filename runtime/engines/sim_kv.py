@@ -83,10 +83,18 @@ class SimKv:
             self._memory.drop(old.session_key)
         return self._memory.host_free_bytes() >= nbytes
 
-    def commit(self, request: CallRequest, entry: SessionKv | None, now: float) -> None:
+    def commit(
+        self, request: CallRequest, entry: SessionKv | None, now: float, others_running: bool
+    ) -> None:
         """Hold prompt + max output tokens of KV in HBM for the admitted call (pinned while it
-        runs); ``entry``: the session's entry ``reuse`` found."""
+        runs); ``entry``: the session's entry ``reuse`` found. With ``others_running`` (another
+        call of the session runs on this engine) the entry keeps what that call holds:
+        tokens = max(entry's, prompt + max output), so the growth is ``needed_bytes``; the
+        session's two calls share one entry, and shrinking it under the running one would
+        let memory be committed twice (``CapacityError`` at that call's end)."""
         total_tokens = request.prompt_tokens + request.max_output_tokens
+        if others_running and entry is not None:
+            total_tokens = max(total_tokens, entry.tokens)
         pins = entry.pins if entry is not None else 0
         self._memory.put(
             SessionKv(
@@ -100,10 +108,15 @@ class SimKv:
             )
         )
 
-    def release(self, request: CallRequest, output_tokens: int, now: float) -> None:
-        """The call finished: its session keeps prompt + output tokens, unpinned by it."""
-        tokens = request.prompt_tokens + output_tokens
-        self._memory.resize(request.session_key, tokens, self._cost.kv_bytes(tokens))
+    def release(
+        self, request: CallRequest, output_tokens: int, now: float, others_running: bool
+    ) -> None:
+        """The call finished: its session keeps prompt + output tokens, unpinned by it; with
+        ``others_running`` (another call of the session still runs on this engine) the entry
+        keeps its size, which that call's commitment is part of (``commit``)."""
+        if not others_running:
+            tokens = request.prompt_tokens + output_tokens
+            self._memory.resize(request.session_key, tokens, self._cost.kv_bytes(tokens))
         entry = self._memory.kv[request.session_key]
         entry.pins -= 1
         entry.last_used_s = now

@@ -103,6 +103,10 @@ class StepLoop:
         self._step_shapes: set[int] = set()
         """Token counts of the steps run so far (``_shape_s``)."""
 
+    def runs(self, session_key: str) -> bool:
+        """Whether a call of the session is admitted and not finished here."""
+        return any(s.admission.request.session_key == session_key for s in self.seqs)
+
     def idle_s(self, now: float) -> float:
         """How long the engine has had nothing to run (0 while it runs something)."""
         return 0.0 if self.seqs else now - self._idle_since
@@ -137,7 +141,10 @@ class StepLoop:
 
     async def events(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
         """The admitted call's events: ``FirstToken``, ``TokenDelta``s if it streams, then
-        ``Finished``. A consumer that leaves first aborts the sequence (:meth:`abort`)."""
+        ``Finished``. A consumer that leaves first aborts the sequence (:meth:`abort`): it is
+        still in the steps then. (Not "its ``done`` is pending": a consumer cancelled while it
+        awaits ``done`` cancels that future too, and the sequence would generate on to its end
+        and fail the step task there, stranding every other call of the engine.)"""
         seq = self._by_id[admission.request.request_id]
         try:
             first_s = await seq.first
@@ -159,13 +166,13 @@ class StepLoop:
             result = await seq.done
         finally:
             self._by_id.pop(admission.request.request_id, None)
-            if not seq.done.done():
-                self.abort(seq)
+            self.abort(seq)
         yield Finished(result)
 
     def abort(self, seq: SimSeq) -> None:
         """Stop a sequence before its end, as vLLM's abort does: it leaves the steps, and its
-        KV (prompt and the output so far) is released to the session as a finished call's."""
+        KV (prompt and the output so far) is released to the session as a finished call's.
+        Nothing for a sequence no longer in the steps (finished, or aborted already)."""
         if seq not in self.seqs:
             return
         seq.aborted = True
@@ -173,7 +180,8 @@ class StepLoop:
         now = self._clock.now()
         if not self.seqs:
             self._idle_since = now
-        self._kv.release(seq.admission.request, seq.output_done, now)
+        request = seq.admission.request
+        self._kv.release(request, seq.output_done, now, self.runs(request.session_key))
         for future in (seq.first, seq.done):
             if not future.done():
                 future.cancel()
@@ -304,7 +312,8 @@ class StepLoop:
         if not self.seqs:
             self._idle_since = now
         for seq in finished:
-            self._kv.release(seq.admission.request, seq.output_done, now)
+            request = seq.admission.request
+            self._kv.release(request, seq.output_done, now, self.runs(request.session_key))
             assert seq.first_token_s is not None
             assert seq.queued_s is not None and seq.scheduled_s is not None
             seq.done.set_result(

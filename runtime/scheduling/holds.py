@@ -52,7 +52,9 @@ class KvHolds:
         """Reserve for the session after its call ``result`` (``deadline_s``: its slot's, when
         the slot is contended). Held bytes = kv_bytes(tokens + expected growth) − the bytes its
         KV already has; an engine that keeps its own KV (vLLM) leaves no entry, so 0 is held.
-        Nothing when its KV already left HBM."""
+        Nothing when its KV already left HBM. A reservation replacing the session's live one
+        (two of its calls ran at once and both finished) keeps that one's pin: one pin per
+        reservation, or the KV would stay pinned for good once they are released."""
         entry = self.memory.kv.get(result.session_key)
         if entry is not None and entry.location is not KvLocation.HBM:
             return  # its KV already left HBM: nothing to hold
@@ -69,6 +71,7 @@ class KvHolds:
             deadline_s=deadline_s,
         )
         if plan is not None:
+            replaced = result.session_key in self.table.live
             self.table.add(plan)
-            if entry is not None:
+            if entry is not None and not replaced:
                 entry.pins += 1

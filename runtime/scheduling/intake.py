@@ -161,6 +161,21 @@ class Intake:
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
 
+    @staticmethod
+    def abandon(serving: asyncio.Task[None]) -> None:
+        """The consumer of an admitted call left: cancel its serving task, so the engine
+        aborts the generation and frees what it holds (``Engine.run``'s stream is closed).
+
+        The cancellation is sent one callback later, after the task's first step. A task
+        cancelled before that step never runs its body: the engine would never see its stream
+        closed (the simulated engine generates on to the end with its KV pinned; vLLM's keeps
+        counting the call as running, so its model never drains), and the node would not hear
+        of its end (nothing wakes the loop then: a call waiting for that memory or that drain
+        waited for the next unrelated event, a session's idle end). The task's first step is
+        already scheduled when it exists, and the loop runs callbacks in the order they were
+        scheduled, so the cancellation always finds the task inside the engine's stream."""
+        asyncio.get_running_loop().call_soon(serving.cancel)
+
     async def _serve(
         self, engine: Engine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
     ) -> None:

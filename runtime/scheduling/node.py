@@ -184,7 +184,7 @@ class NodeScheduler:
                 waiting.result.cancel()
                 self._wake.set()
             elif waiting.serving is not None and not waiting.result.done():
-                waiting.serving.cancel()
+                self._intake.abandon(waiting.serving)
 
     def _enqueue(
         self, request: CallRequest, events: asyncio.Queue[GenerationEvent] | None

@@ -157,9 +157,8 @@ def test_each_thread_holds_its_own_reservation() -> None:
         assert side.how == "thread"
         await side.outcome()  # thread 1 reserves its own
         state = gateway.sessions.named("t", "s1")
-        assert state is not None and [t.reservation is not None for t in state.threads.values()] == [
-            True, True
-        ]  # fmt: skip
+        assert state is not None
+        assert [t.reservation is not None for t in state.threads.values()] == [True, True]
         assert gateway.reservations.held(state.key) is not None
         assert gateway.reservations.held(state.runtime_key(1)) is not None
         await clock.sleep(1.0)
@@ -297,6 +296,47 @@ def test_idle_sessions_end_by_themselves() -> None:
     ended = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
     assert [r.end_reason for r in ended] == ["idle"]
     assert [r.release_reason for r in sink.reservations()] == [None, "expired"]
+
+
+def test_a_session_whose_only_call_was_abandoned_ends_on_the_runtime_too() -> None:
+    """Its thread never got a reply, so no instance was known for it and its idle end was
+    never sent to the runtime: the node kept the session and the KV of the aborted call for
+    good, and was not woken by its end (the 660 s finding: a call waiting on that node for a
+    drain waited until some other session's end)."""
+    seen: list[tuple[bool, bool]] = []
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        memory = gateway.pool["n0"].node.memory  # type: ignore[attr-defined]
+        handle = await gateway.open_call(_call(0, sid=None))
+        assert (await handle.events.get())[0] == "first"  # admitted, decoding
+        handle.abandon()
+        await asyncio.gather(handle.task, return_exceptions=True)
+        seen.append((handle.session_key in memory.kv, len(gateway.sessions) == 1))
+        await clock.sleep(35.0)  # past the 30 s idle timeout
+        seen.append((handle.session_key in memory.kv, len(gateway.sessions) == 1))
+
+    sink, _ = _run(scenario, idle_timeout_s=30.0)
+    assert seen == [(True, True), (False, False)]
+    assert [r.status for r in sink.records if isinstance(r, CallRecord)] == ["cancelled"]
+
+
+def test_a_call_abandoned_before_its_task_ran_is_recorded_and_leaves_nothing_in_flight() -> None:
+    """Before: the call's task was cancelled before its first step, so its body never ran: no
+    record, and the session and the tenant counted the call in flight for good (the session
+    could never idle out)."""
+    seen: list[tuple[int, int]] = []
+
+    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+        handle = await gateway.open_call(_call(0, sid=None))
+        handle.abandon()  # at once: the call's task has not run yet
+        await asyncio.gather(handle.task, return_exceptions=True)
+        state = gateway.sessions.get(handle.session_key)
+        assert state is not None
+        seen.append((state.inflight, gateway.inflight))
+
+    sink, _ = _run(scenario)
+    assert seen == [(0, 0)]
+    assert [r.status for r in sink.records if isinstance(r, CallRecord)] == ["cancelled"]
 
 
 def test_ending_a_session_ends_its_children() -> None:

@@ -128,14 +128,20 @@ def test_provider_session_from_litellm_params(
         )
         for k, v in how.items()
     }
+    parent = None
+    if "talaria_parent_session_id" in str(how):  # a parent must be a live session of the tenant
+        litellm.completion(
+            model=f"talaria/{MODEL}", messages=USER, api_base=proxy.v1, api_key="k",
+            metadata={"talaria_session_id": f"p-{sid}"},
+        )  # fmt: skip
+        parent = admin(f"/admin/sessions/p-{sid}")["session"]["session_key"]
     for _ in range(2):
         litellm.completion(
             model=f"talaria/{MODEL}", messages=USER, api_base=proxy.v1, api_key="k", **filled
         )
     detail = admin(f"/admin/sessions/{sid}")
     assert detail["session"]["calls"] == 2
-    if "talaria_parent_session_id" in str(how):
-        assert detail["session"]["parent_session_key"] == f"p-{sid}"
+    assert detail["session"]["parent_session_key"] == parent
 
 
 def test_plain_openai_route(litellm: ModuleType, proxy: RunningProxy, admin: Admin) -> None:

@@ -1,5 +1,5 @@
 """The proxy's own CPU per call, in-process: the ASGI app driven directly (no sockets, no HTTP
-parser, no client), with and without the call lanes (proxy/lanes.py), alternating.
+parser, no client), with and without the call lanes (proxy/edge/lanes.py), alternating.
 
     .venv/bin/python bench/call_path.py --kb 2,128 --calls 2000 --pairs 4
 
@@ -82,7 +82,7 @@ async def _drive(kb: int, calls: int, concurrency: int, durability: str, lanes: 
     from overhead.apis import agent_chat_body
     from overhead.servers import talaria_app
 
-    import talaria.proxy.app as proxy_app
+    import talaria.proxy.edge.app as proxy_app
 
     create = proxy_app.create_app
     proxy_app.create_app = lambda *a, **k: create(*a, call_lanes=lanes, **k)  # type: ignore[assignment]

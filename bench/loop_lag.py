@@ -33,8 +33,8 @@ import msgspec
 from bench.harness.hostile import HI, SHAPES, fill, largest_accepted
 from bench.harness.lag import InProcessProxy, proxy_in_thread
 from talaria.cli.common import progress_bar
-from talaria.proxy.errors import ApiError
-from talaria.proxy.request_bounds import check_request, check_structure
+from talaria.proxy.callpath.bounds import check_request, check_structure
+from talaria.proxy.contract.errors import ApiError
 
 MODEL = "qwen3-coder-480b-a35b-fp8"
 """The catalog's largest context window (262,144 tokens): the most of a body is admitted."""
@@ -56,7 +56,7 @@ def _code(response: httpx.Response) -> str:
 
 
 def accepted_by_bounds(body: bytes) -> bool:
-    """Whether the proxy's body bounds (proxy/request_bounds.py) let ``body`` through to its
+    """Whether the proxy's body bounds (proxy/callpath/bounds.py) let ``body`` through to its
     validation."""
     try:
         check_structure(body)

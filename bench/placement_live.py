@@ -13,7 +13,7 @@ Live, every part is a real process on loopback: one ``talaria runtime`` per node
 engines, the ``talaria`` scheduler, the clock ``--time-scale`` times real time) and one
 ``talaria serve --runtime ...`` at the same time scale over SQLite. *static*: no library, the
 layout stays. *placement*: ``--placement-library`` lists the four models, so the controller
-(proxy/placement_loop.py, its defaults: a look every 60 s, min hold 900 s, ...) may move
+(proxy/placement/loop.py, its defaults: a look every 60 s, min hold 900 s, ...) may move
 them; a model placed on a running runtime serves after ``ServerSpec.placement_s`` from
 storage on the node's clock (runtime/factory.py ``EngineKind.loads_on_clock``). The sessions
 are driven closed-loop as bench/cluster_live.py ``drive`` does (one agent per session, its

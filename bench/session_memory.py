@@ -33,9 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.identity import Identity
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 SYSTEM = "You are a coding agent. Use the tools to read, edit and test the repository. " * 20

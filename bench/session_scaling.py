@@ -48,14 +48,14 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.protocol import status_from_dict, status_to_dict
 from talaria.core.reservations import SessionReservations
-from talaria.proxy.calls import PreparedCall
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.records import Record
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import Record
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA

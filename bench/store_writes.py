@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from talaria.proxy.records import CallRecord, DecisionRecord, Record, SessionRecord
+from talaria.proxy.contract.records import CallRecord, DecisionRecord, Record, SessionRecord
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade
 from talaria.proxy.store.repository import SqlStore

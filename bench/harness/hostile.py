@@ -141,10 +141,10 @@ def _user_json(n: int) -> str:
 
 
 def _at_bounds(model: str, api: str) -> dict[str, Any]:
-    """A body at every bound of proxy/request_bounds.py at once: as many tiny messages as a
+    """A body at every bound of proxy/callpath/bounds.py at once: as many tiny messages as a
     request may hold items, as many tiny tools as it may offer, the most entries of two other
     fields, and one tool call whose arguments take the objects, arrays and members left."""
-    from talaria.proxy.request_bounds import (
+    from talaria.proxy.callpath.bounds import (
         MAX_BODY_STRUCTURE,
         MAX_FIELD_ENTRIES,
         MAX_REQUEST_ITEMS,

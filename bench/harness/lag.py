@@ -74,9 +74,9 @@ def proxy_in_thread(**settings: Any) -> Iterator[InProcessProxy]:
     fields (``freeze_gc=False`` in a test process, whose objects are not the proxy's). Stops
     as ``talaria serve`` does (the drain)."""
     from talaria.core.http_edge import BoundedConfig, EdgeBounds
-    from talaria.proxy.app import create_app
-    from talaria.proxy.serve import DrainingServer
-    from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.contract.settings import ProxySettings
+    from talaria.proxy.edge.app import create_app
+    from talaria.proxy.edge.serve import DrainingServer
 
     probe = LagProbe()
     started = threading.Event()

@@ -92,7 +92,7 @@ def _category(main_thread: bool, frames: list[str]) -> str:
         return CATEGORIES[0]
     if has("/proxy/store/", "sqlalchemy/", "aiosqlite/"):
         return CATEGORIES[1]
-    if any("talaria/" in f and "talaria/proxy/app.py:" not in f for f in files):
+    if any("talaria/" in f and "talaria/proxy/edge/app.py:" not in f for f in files):
         return CATEGORIES[2]
     if has("starlette/responses.py:", "RequestResponseCycle.send", "send_with_id"):
         return CATEGORIES[3]

@@ -201,8 +201,8 @@ def direct_app(tokens: int = REPLY_TOKENS) -> Any:
 def talaria_app(
     db: str, output_tokens: int, durability: str = "commit", freeze_gc: bool = True
 ) -> Any:
-    from talaria.proxy.app import create_app
-    from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.contract.settings import ProxySettings
+    from talaria.proxy.edge.app import create_app
     from talaria.runtime.instant import InstantRuntime
 
     # as `talaria serve` runs it: the start-up objects frozen out of the collector's scans

@@ -1,6 +1,6 @@
 """``responses.size_bytes``: the encoded size of a stored response (its response object, input
 items, ids and times), which counts against its tenant's storage quota
-(proxy/responses_quota.py), and an index on (tenant_id, expires_at, size_bytes) that holds
+(proxy/dialects/responses/quota.py), and an index on (tenant_id, expires_at, size_bytes) that holds
 everything the quota's ``SUM`` per tenant reads. Rows stored before count the bytes of the
 JSON text the database holds for them (a little more than the compact encoding new rows
 count).

@@ -22,9 +22,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from talaria.core.status import InstanceStatus
-from talaria.proxy.api.context import ProxyContext, context, json_response
+from talaria.proxy.callpath.context import ProxyContext, context, json_response
 from talaria.proxy.console.routes import client_address, console_auth, signed_in
-from talaria.proxy.errors import ApiError, unavailable
+from talaria.proxy.contract.errors import ApiError, unavailable
 from talaria.proxy.store.sessions import SESSION_STATES, AmbiguousSession
 from talaria.proxy.store.views import SessionDetail
 
@@ -328,7 +328,7 @@ async def _set_drain(name: str, request: Request, *, draining: bool) -> Response
 
 @router.get("/placement")
 async def placement(request: Request) -> Response:
-    """The placement controller's state (proxy/placement_loop.py ``summary``): its library,
+    """The placement controller's state (proxy/placement/loop.py ``summary``): its library,
     each runtime's models, the demand it measures, and every move it made with its reason
     and outcome. 404 when the proxy runs without a model library."""
     ctx = _admin(request)

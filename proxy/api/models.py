@@ -1,5 +1,5 @@
 """``GET /v1/models``: the models some instance hosts, and with a placement controller those
-of its library (a call starts one no instance hosts: proxy/placement_loop.py; its
+of its library (a call starts one no instance hosts: proxy/placement/loop.py; its
 ``instances`` list is empty until then), in OpenAI's list shape or, when the caller sends
 ``anthropic-version``, in Anthropic's."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from talaria.proxy.api.calls import tenant_of
-from talaria.proxy.api.context import context, json_response
+from talaria.proxy.callpath.context import context, json_response
+from talaria.proxy.callpath.door import tenant_of
 
 router = APIRouter()
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from talaria.proxy.api.calls import ask_peers, tenant_of
-from talaria.proxy.api.context import context, json_response, read_json
+from talaria.proxy.callpath.context import context, json_response, read_json
+from talaria.proxy.callpath.door import ask_peers, tenant_of
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.base import request_body
 from talaria.proxy.dialects.common import parse
-from talaria.proxy.errors import ApiError
 from talaria.proxy.sessions.identity import MAX_TOOL_GAP_S
 
 router = APIRouter()

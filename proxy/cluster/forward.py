@@ -47,13 +47,13 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
 from talaria.core.http_edge import CLIENT_KEEP_ALIVE_S
-from talaria.proxy.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
-from talaria.proxy.dialects.base import Dialect, dialect_of
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
+from talaria.proxy.contract.envelope import Envelope, envelope_of
+from talaria.proxy.contract.errors import ApiError
 
 log = logging.getLogger("talaria.proxy.cluster")
 
@@ -87,7 +87,7 @@ class Forwarded(Exception):
 
 
 def was_forwarded(request: Request) -> bool:
-    """Whether a peer forwarded this request (its signature checked: proxy/edge.py)."""
+    """Whether a peer forwarded this request (its signature checked: proxy/edge/http.py)."""
     return getattr(request.state, "forward", None) is not None
 
 
@@ -161,7 +161,7 @@ class Cluster:
                 self.relays.close(relay)
                 continue
             # The owner stands for the runtime in this replica's overhead, less the owner's
-            # own overhead before its headers (x-talaria-overhead-ms, proxy/edge.py).
+            # own overhead before its headers (x-talaria-overhead-ms, proxy/edge/http.py).
             owner_overhead_s = _float(upstream.headers.get(OVERHEAD_HEADER)) / 1e3
             clock = RuntimeClock(started=sent + owner_overhead_s)
             request.state.runtime_clock = clock
@@ -188,7 +188,7 @@ class Cluster:
 
     async def _body(
         self,
-        dialect: Dialect,
+        dialect: Envelope,
         upstream: aiohttp.ClientResponse,
         relay: Relay,
         clock: RuntimeClock,
@@ -279,10 +279,10 @@ def _failed(relay: Relay, exc: BaseException) -> ApiError:
     return owner_gone(relay.target, f"failed: {exc.__class__.__name__}")
 
 
-def _dialect(request: Request) -> Dialect:
+def _dialect(request: Request) -> Envelope:
     """The dialect of the route the request matched (its stream's error event): the app
-    keeps the registry in ``app.state.dialects`` (proxy/app.py)."""
-    return dialect_of(request.scope, request.app.state.dialects)
+    keeps the registry in ``app.state.dialects`` (proxy/edge/app.py)."""
+    return envelope_of(request.scope, request.app.state.dialects)
 
 
 def _headers(upstream: aiohttp.ClientResponse, replica: str) -> dict[str, str]:

@@ -28,8 +28,8 @@ from datetime import UTC, datetime
 
 from talaria.core.clock import TimeScale
 from talaria.core.reservations import SessionReservations
-from talaria.proxy.calls import PreparedCall
 from talaria.proxy.cluster.owner import placed_by_ingress
+from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.state import SessionState
 

@@ -14,8 +14,8 @@ then each chunk of its body. Once a round (:data:`WATCH_S`) the watch
 So a relay to an owner that stopped (SIGSTOP, a hung process, a partition) ends within
 about 2 × WATCH_S + PROBE_TIMEOUT_S (≈ 4 s), whatever the call's length; one to a live
 owner runs as long as the call takes (up to the read timeout between bytes). The drain
-(proxy/shutdown.py) aborts every relay at once (:meth:`Relays.abort_all`). An aborted relay
-raises its :class:`~talaria.proxy.errors.ApiError` (a 503) out of its scope, at once or at
+(proxy/callpath/shutdown.py) aborts every relay at once (:meth:`Relays.abort_all`). An aborted relay
+raises its :class:`~talaria.proxy.contract.errors.ApiError` (a 503) out of its scope, at once or at
 its next wait.
 """
 
@@ -31,7 +31,7 @@ from types import TracebackType
 import aiohttp
 
 from talaria.proxy.cluster.membership import Membership
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.errors import ApiError
 
 log = logging.getLogger("talaria.proxy.cluster")
 

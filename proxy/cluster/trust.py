@@ -16,7 +16,7 @@ where ``secret`` is ``TALARIA_CLUSTER_SECRET`` (the same on every replica), ``pa
 A receiving replica honours the request id and skips forwarding only when every internal
 header is there, the signature matches (constant-time compare), and ``|now − timestamp|`` ≤
 :data:`MAX_AGE_S` (which bounds a replay; clocks of the replicas must agree within it). The
-body is checked against ``x-talaria-body-sha256`` when it is read (proxy/api/context.py). Any
+body is checked against ``x-talaria-body-sha256`` when it is read (proxy/callpath/context.py). Any
 internal header on a request that fails this — on a lone proxy, any at all — refuses the
 request (:class:`Refused`, a 400): a client can never pose as a peer.
 """
@@ -37,7 +37,6 @@ INTERNAL = (FORWARDED_BY, REQUEST_ID, TIMESTAMP, BODY_SHA256, SIGNATURE)
 _INTERNAL_RAW = frozenset(name.encode() for name in INTERNAL)
 MAX_AGE_S = 60.0
 """How far a forward's timestamp may be from the receiver's clock, either way (s)."""
-MIN_SECRET_CHARS = 32
 _CONTEXT = "talaria-forward-v1"
 MAX_REQUEST_ID = 64
 

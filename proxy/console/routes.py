@@ -19,7 +19,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from talaria.proxy.console.auth import COOKIE, ConsoleAuth, ConsoleLogin
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.errors import ApiError
 
 STATIC = Path(__file__).parent / "static"
 MAX_FORM_BYTES = 4096

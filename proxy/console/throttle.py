@@ -14,7 +14,7 @@ behind an ingress, every client shares one address — unless the guesser knows 
 first four characters. Guessing stays as slow as before: a guess with another prefix is wrong
 whatever its answer, and at most ``max_failures`` guesses a minute with the right prefix are
 ever checked; the right token itself passes only while fewer than that failed with its
-prefix. For a random 16-character token (the shortest accepted, proxy/settings.py) over 62
+prefix. For a random 16-character token (the shortest accepted, proxy/contract/settings.py) over 62
 symbols, a guesser who sprays prefixes hits the right one once in 62⁴ ≈ 1.5 · 10⁷ guesses,
 so holding the operator out takes ~7 · 10⁷ guesses a minute; and each checked guess is right
 with probability 62⁻¹². A success forgets the address's failures with the token's prefix

@@ -6,7 +6,7 @@ registry.py's ``DIALECTS``. Routing, sessions and scheduling never see a dialect
 
 - chat/: OpenAI chat completions; completions/: OpenAI text completions;
 - anthropic/: Anthropic Messages (and count_tokens), with Anthropic's error envelope;
-- responses/: OpenAI Responses (with stored responses, proxy/responses_store.py);
+- responses/: OpenAI Responses (with stored responses, proxy/dialects/responses/store.py);
 - base.py: what a dialect is to the app; common.py: validation, the event stream of a call,
   SSE framing; openai_models.py: the OpenAI dialects' shared fields.
 """

@@ -2,37 +2,28 @@
 are its validation and its OpenAPI schema), and its error envelope, plain and in a stream.
 
 A route reads its body by hand (the session is identified and the call placed before the body
-is parsed: proxy/api/calls.py), so FastAPI cannot see the body's model; the route declares it
+is parsed: proxy/callpath/door.py), so FastAPI cannot see the body's model; the route declares it
 with ``openapi_extra=request_body(Model)`` and the app adds the nested models' schemas to the
-document's components (``components``). Which dialect answers a request is found from the
-route it matched (``dialect_of``), never from a URL prefix.
+document's components (``components``). Which dialect's envelope answers a request is found
+from the route it matched (proxy/contract/envelope.py ``envelope_of``), never from a URL
+prefix.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel
-from starlette.routing import Match
 
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.envelope import openai_error, openai_stream_error
+from talaria.proxy.contract.errors import ApiError
 
 REF_TEMPLATE = "#/components/schemas/{model}"
 """Where the nested models of a request body live in the OpenAPI document."""
-
-
-def openai_error(error: ApiError) -> tuple[int, dict[str, Any]]:
-    """(status, body) of ``error`` in OpenAI's envelope."""
-    return error.status, error.body()
-
-
-def openai_stream_error(error: ApiError) -> bytes:
-    """``error`` as OpenAI's last stream frame: ``data: {"error": {...}}``."""
-    return error.sse()
 
 
 @dataclass(frozen=True)
@@ -51,25 +42,6 @@ class Dialect:
     def __post_init__(self) -> None:
         owned = frozenset(getattr(r, "endpoint", None) for r in self.router.routes)
         object.__setattr__(self, "endpoints", owned - {None})
-
-
-OPENAI = Dialect("openai", APIRouter(), ())
-"""The envelope of every route no dialect owns (admin, sessions, health): OpenAI's."""
-
-
-def dialect_of(scope: MutableMapping[str, Any], dialects: Iterable[Dialect]) -> Dialect:
-    """The dialect whose route ``scope`` matched or, before routing ran (a request refused by
-    a middleware), would match (a path whose method is wrong counts); ``OPENAI`` when none
-    does."""
-    route = scope.get("route")
-    endpoint = scope.get("endpoint") or getattr(route, "endpoint", None)
-    for dialect in dialects:
-        if endpoint is not None:
-            if endpoint in dialect.endpoints:
-                return dialect
-        elif any(r.matches(scope)[0] is not Match.NONE for r in dialect.router.routes):
-            return dialect
-    return OPENAI
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

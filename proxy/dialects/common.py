@@ -12,9 +12,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
 from talaria.core.calls import OutputDelta
-from talaria.proxy.calls import CallAbandoned, CallHandle, CallOutcome
-from talaria.proxy.errors import ApiError
-from talaria.proxy.request_bounds import check_request
+from talaria.proxy.callpath.bounds import check_request
+from talaria.proxy.contract.calls import CallAbandoned, CallHandle, CallOutcome
+from talaria.proxy.contract.errors import ApiError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -24,7 +24,7 @@ def parse(model: type[M], data: Any, status: int = 422) -> M:
     becomes an ``ApiError`` (``status``) naming the field. Of
     several errors (a value none of a union's members takes) the deepest is reported: the
     member the value came closest to. First, a 400 for a body that holds more than a request
-    may (proxy/request_bounds.py: its items, tools, other lists' entries), whose validation
+    may (proxy/callpath/bounds.py: its items, tools, other lists' entries), whose validation
     alone would hold the event loop."""
     if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_value")
@@ -100,7 +100,7 @@ async def output_events(handle: CallHandle) -> AsyncIterator[OutputDelta | CallO
 async def outcome_unless_gone(request: Request, handle: CallHandle) -> CallOutcome:
     """The call's outcome (or its ``ApiError`` raised) for a client waiting for a whole reply;
     a client that disconnects first has its call abandoned (the engine stops generating it)
-    and ``CallAbandoned`` raised: no one is left to answer (proxy/edge.py counts a 499)."""
+    and ``CallAbandoned`` raised: no one is left to answer (proxy/edge/http.py counts a 499)."""
     waiting = asyncio.ensure_future(handle.outcome())
     gone = asyncio.ensure_future(_disconnect(request))
     try:

@@ -12,7 +12,7 @@ from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, GenerationEvent
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.engines.sim_reply import ReplyPolicy
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig

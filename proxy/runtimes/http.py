@@ -18,7 +18,7 @@ With a ``token`` every request carries ``Authorization: Bearer <token>`` (the ru
 ``TALARIA_RUNTIME_TOKEN``, runtime/auth.py). A runtime that answers 401 at ``start`` fails it
 at once with ``RuntimeTokenRefused``, not after the retries meant for a runtime still starting.
 
-A placement controller (proxy/placement_loop.py) reads the server's ``demand`` and changes
+A placement controller (proxy/placement/loop.py) reads the server's ``demand`` and changes
 its models through ``add_model``, ``drain_model`` and ``remove_model``
 (runtime/placement_routes.py); each change raises ``PlacementRefused`` with the server's
 answer when it does not take it.

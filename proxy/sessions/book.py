@@ -49,9 +49,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.conversation import Conversation, Fingerprint, extend
 from talaria.proxy.sessions.drift import drift_at
-from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.sessions.index import ConversationIndex, Entry, How, IndexKey, Kind
 from talaria.proxy.sessions.state import Resolution, SessionState, Thread, new_key
 from talaria.proxy.sessions.tenancy import (

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from talaria.proxy.records import ReservationRecord
+from talaria.proxy.contract.records import ReservationRecord
 from talaria.proxy.sessions.index import How, IndexKey, Kind
 
 

@@ -52,7 +52,7 @@ from typing import Any, cast
 from sqlalchemy import Select, Table, Update, bindparam, insert, select, update
 from sqlalchemy.engine import Connection
 
-from talaria.proxy.records import (
+from talaria.proxy.contract.records import (
     CallRecord,
     DecisionRecord,
     HintRecord,

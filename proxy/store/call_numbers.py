@@ -1,12 +1,12 @@
 """A call's index within its session, unique in the store.
 
-The replica that serves a call numbers it: the session's calls so far (proxy/runner.py). Two
-replicas serving one session at once — only while a balancer moves sessions between replicas,
-since both ends name a session by one rule (proxy/cluster/owner.py) — would number two calls
-alike. The store refuses a duplicate ``(session_key, call_index)`` (a unique index), and a
-batch never writes one: before a new call's row is inserted, its index is checked against the
-session's calls already stored and those earlier in the batch, and a taken index becomes the
-session's next free one,
+The replica that serves a call numbers it: the session's calls so far
+(proxy/callpath/runner.py). Two replicas serving one session at once — only while a balancer moves
+sessions between replicas, since both ends name a session by one rule (proxy/cluster/owner.py) —
+would number two calls alike. The store refuses a duplicate ``(session_key, call_index)`` (a unique
+index), and a batch never writes one: before a new call's row is inserted, its index is checked
+against the session's calls already stored and those earlier in the batch, and a taken index becomes
+the session's next free one,
 
     index' = 1 + max(largest index stored for the session, largest given in this batch),
 

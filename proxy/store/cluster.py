@@ -10,7 +10,7 @@ from typing import cast
 
 from sqlalchemy import Table, delete, insert, select, update
 
-from talaria.proxy.records import InstanceRecord
+from talaria.proxy.contract.records import InstanceRecord
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import DrainRow, InstanceRow, ReplicaRow, as_utc

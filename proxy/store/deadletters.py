@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from talaria.proxy.records import Record
+from talaria.proxy.contract.records import Record
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.health import SqliteFileGuard
 from talaria.proxy.store.mapping import from_row

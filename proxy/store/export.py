@@ -1,7 +1,8 @@
 """The proxy's stored calls as a replay trace (``talaria trace export``; docs/trace-format.md).
 
 :func:`calls_to_sessions` is the conversion, pure, from the stored calls (as the
-:class:`~talaria.proxy.records.CallRecord` they were written from) and each session's parent;
+:class:`~talaria.proxy.contract.records.CallRecord` they were written from) and each
+session's parent;
 :func:`export_trace` is the query around it and :func:`export_from_url` opens the database.
 
 Rules, for the calls of one stored session:
@@ -51,7 +52,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from talaria.core.trace import SessionTrace, TraceCall
-from talaria.proxy.records import CallRecord
+from talaria.proxy.contract.records import CallRecord
 from talaria.proxy.store.db import is_sqlite, make_engine, make_sessionmaker
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import CallRow, SessionRow, as_utc

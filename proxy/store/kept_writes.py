@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from talaria.proxy.records import Record
+from talaria.proxy.contract.records import Record
 from talaria.proxy.store.batch import apply_batch
 from talaria.proxy.store.health import is_content_error
 

@@ -1,12 +1,12 @@
 """Records ↔ rows ↔ views, derived from the types' own fields.
 
-A stored field is declared twice: in its record (``talaria.proxy.records``, what the gateway
-writes) and in its row (``models.py``, the column, plus a migration). Everything between them
-is derived here from ``dataclasses.fields``: :func:`row_values` turns a record into the column
-values the batched writer inserts and updates (``batch.py``), and :func:`from_row` turns a row
-back into a record or a view (``views.py``) by its field names. :data:`RECORD_ROWS` says which
-row each record is written to and :data:`ROW_ONLY_COLUMNS` which columns a row has beyond its
-record's fields; tests/store/test_store_mapping.py checks every row's columns against them.
+A stored field is declared twice: in its record (``talaria.proxy.contract.records``, what the
+gateway writes) and in its row (``models.py``, the column, plus a migration). Everything between
+them is derived here from ``dataclasses.fields``: :func:`row_values` turns a record into the column
+values the batched writer inserts and updates (``batch.py``), and :func:`from_row` turns a row back
+into a record or a view (``views.py``) by its field names. :data:`RECORD_ROWS` says which row each
+record is written to and :data:`ROW_ONLY_COLUMNS` which columns a row has beyond its record's
+fields; tests/store/test_store_mapping.py checks every row's columns against them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
-from talaria.proxy.records import (
+from talaria.proxy.contract.records import (
     CallRecord,
     DecisionRecord,
     HintRecord,

@@ -228,7 +228,7 @@ class StoredResponse(Base):
     ``GET /v1/responses/{id}``: the response object as returned, and its input items expanded
     through its predecessors (so a continuation reads one row). Kept until ``expires_at``;
     ``store: false`` keeps nothing. ``size_bytes`` is what the row counts against its tenant's
-    storage quota (proxy/responses_quota.py); the index on (tenant, expiry, size) holds
+    storage quota (proxy/dialects/responses/quota.py); the index on (tenant, expiry, size) holds
     everything the quota's ``SUM`` per tenant reads, so that query never touches the JSON."""
 
     __tablename__ = "responses"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from talaria.proxy.records import Record
+from talaria.proxy.contract.records import Record
 from talaria.proxy.store.batch import apply_batch
 from talaria.proxy.store.cluster import ClusterTables
 from talaria.proxy.store.deadletters import DeadLetterTable

@@ -1,6 +1,6 @@
 """``ResponseTables``: the stored responses of the Responses API (``responses``): reads,
 deletes, the storage quota's totals and the purge of expired ones. Their rows are written by the
-batched writer (``batch.py``); proxy/responses_store.py is their user."""
+batched writer (``batch.py``); proxy/dialects/responses/store.py is their user."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import (
     data_dir,
     default_url,

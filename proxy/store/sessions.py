@@ -13,7 +13,7 @@ from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from talaria.proxy.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
+from talaria.proxy.contract.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import (

@@ -30,7 +30,7 @@ from typing import Any
 
 from sqlalchemy import create_engine, event
 
-from talaria.proxy.records import Record
+from talaria.proxy.contract.records import Record
 from talaria.proxy.store.batch import apply_batch
 from talaria.proxy.store.db import sqlite_pragmas
 from talaria.proxy.store.health import SqliteFileGuard, is_content_error

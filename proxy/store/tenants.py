@@ -1,6 +1,7 @@
 """``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
 SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
-proxy/auth.py checks keys against them, ``talaria keys`` (proxy/keys_cli.py) manages them."""
+proxy/callpath/auth.py checks keys against them, ``talaria keys`` (talaria/cli/keys.py)
+manages them."""
 
 from __future__ import annotations
 

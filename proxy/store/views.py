@@ -1,9 +1,9 @@
 """What the store's reads return: small frozen dataclasses, detached from the database.
 
 Calls, decisions, reservations, hints and instances come back as the records the gateway wrote
-(``talaria.proxy.records``); sessions, pages, stored responses, dead letters and API keys have
-their own views here, each field named as its row's column (``mapping.from_row`` fills a view
-from a row by those names). Also the opaque keyset cursor used by
+(``talaria.proxy.contract.records``); sessions, pages, stored responses, dead letters and API
+keys have their own views here, each field named as its row's column (``mapping.from_row`` fills a
+view from a row by those names). Also the opaque keyset cursor used by
 ``SessionTables.list_sessions``.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from talaria.proxy.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
+from talaria.proxy.contract.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
 from talaria.proxy.store.models import as_utc
 
 

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import Protocol
 
-from talaria.proxy.records import Record
+from talaria.proxy.contract.records import Record
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 replay.py (``replay``), calibrate.py (``calibrate``), catalog.py (``catalog``), serve.py
 (``serve``), runtime.py (``runtime``), trace.py (``trace generate|export``); ``db`` and ``keys``
-come from the proxy (proxy/store/cli.py, proxy/keys_cli.py). common.py holds what they share.
+come from the proxy (proxy/store/cli.py, talaria/cli/keys.py). common.py holds what they share.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _register_db() -> None:
         from talaria.proxy.store.cli import db_app
     except ImportError:  # pragma: no cover - only without the proxy extra
         return
-    from talaria.proxy.keys_cli import keys_app
+    from talaria.cli.keys import keys_app
 
     app.add_typer(db_app, name="db", help="Database schema: upgrade, downgrade, current.")
     app.add_typer(keys_app, name="keys", help="API keys: create, list, revoke, delete.")

@@ -20,7 +20,7 @@ from talaria.core.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
 
 if TYPE_CHECKING:
-    from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.contract.settings import ProxySettings
 
 
 def serve(
@@ -111,7 +111,7 @@ def serve(
     """
     import os
 
-    from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.contract.settings import ProxySettings
 
     overrides: dict[str, Any] = {
         key: value
@@ -176,8 +176,8 @@ def serve(
 def _serve(settings: ProxySettings, host: str, port: int, log_level: str) -> None:
     """Run the proxy of ``settings`` until SIGTERM / SIGINT."""
     from talaria.core.http_edge import EdgeBounds
-    from talaria.proxy import serve as serving
-    from talaria.proxy.app import create_app
+    from talaria.proxy.edge import serve as serving
+    from talaria.proxy.edge.app import create_app
     from talaria.proxy.store.db import default_url
     from talaria.proxy.store.service import location
 
@@ -242,7 +242,7 @@ def _serve_over_child(
 
 def _refuse_without_keys(settings: ProxySettings) -> None:
     """A non-loopback address with no key ever (store or TALARIA_API_KEYS): refuse to start."""
-    from talaria.proxy.keys_cli import keys_ever_created
+    from talaria.cli.keys import keys_ever_created
 
     try:
         keys = keys_ever_created(settings.database_url, migrate=settings.auto_migrate)
@@ -261,7 +261,7 @@ def _refuse_without_keys(settings: ProxySettings) -> None:
 
 def _check_placement(settings: ProxySettings) -> None:
     """A placement library needs runtime servers and must load."""
-    from talaria.proxy.placement_library import load_library
+    from talaria.proxy.placement.library import load_library
 
     hint = "'--placement-library'"
     if not settings.runtimes:

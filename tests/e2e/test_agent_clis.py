@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, StatusLog, running_proxy
 
 MODEL = "glm-4.5-fp8"

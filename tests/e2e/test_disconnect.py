@@ -1,8 +1,8 @@
 """A client that disconnects before its reply ends cancels its call, through ``talaria serve``
-as a real process (proxy/dialects/common.py, proxy/runner.py ``CallRunner.abandon``, the node's
-stream and the simulated engine's abort). The catalog's tiny simulated model on a clock 50×
-slower than real time: a token every ~0.25 s, so that a reply (a seeded length, median 150
-tokens) is still being generated when its client leaves."""
+as a real process (proxy/dialects/common.py, proxy/callpath/runner.py ``CallRunner.abandon``, the
+node's stream and the simulated engine's abort). The catalog's tiny simulated model on a clock 50×
+slower than real time: a token every ~0.25 s, so that a reply (a seeded length, median 150 tokens)
+is still being generated when its client leaves."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``talaria serve --runtime ... --placement-library`` as real processes: the proxy's
 placement controller cold-starts a library model on one of two ``talaria runtime`` processes
-for its first call, over HTTP (proxy/placement_loop.py); the flag without runtime servers,
+for its first call, over HTTP (proxy/placement/loop.py); the flag without runtime servers,
 or with a library that does not load, is refused before anything starts."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Placement with two proxy replicas on one PostgreSQL and three runtime processes, all real
-processes on loopback (proxy/placement_loop.py): one replica looks; a cold start is made by
+processes on loopback (proxy/placement/loop.py): one replica looks; a cold start is made by
 the replica that serves the call, looking or not; every replica reads the same demand,
 metered by the runtimes from all replicas' calls."""
 

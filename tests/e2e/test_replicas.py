@@ -27,9 +27,9 @@ from bench.harness.processes import (
     talaria_runtime,
     talaria_serve,
 )
-from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.owner import owner, route_key
+from talaria.proxy.contract.calls import SHUTDOWN
 from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
 
 ADMIN = "replicas-admin-token"

@@ -11,12 +11,12 @@ from typing import Any
 
 import uvicorn
 
-from talaria.proxy.app import create_app
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect
 from talaria.proxy.dialects.registry import DIALECTS
+from talaria.proxy.edge.app import create_app
+from talaria.proxy.edge.serve import DrainingServer, backstop_s
 from talaria.proxy.runtimes.base import RuntimeClient
-from talaria.proxy.serve import DrainingServer, backstop_s
-from talaria.proxy.settings import ProxySettings
 
 
 class _Server(uvicorn.Server):
@@ -95,7 +95,7 @@ def running_proxy(
 ) -> Iterator[RunningProxy]:
     """The proxy on a free loopback port; with ``statuses``, every response's status is noted
     there (pass ``StatusLog(None)``: its app is set here). It stops as ``talaria serve`` does
-    on SIGTERM: the drain of proxy/shutdown.py within ``settings.drain_timeout_s``.
+    on SIGTERM: the drain of proxy/callpath/shutdown.py within ``settings.drain_timeout_s``.
     ``dialects``: the APIs it speaks (a test adds its own)."""
     proxy = create_app(settings, runtimes=runtimes, dialects=dialects)
     app: Any = proxy

@@ -14,7 +14,7 @@ import httpx
 import jsonschema
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 
 ADMIN = "admin-secret-token"

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from talaria.proxy import auth as auth_module
-from talaria.proxy.auth import Authenticator
-from talaria.proxy.errors import ApiError
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.callpath import auth as auth_module
+from talaria.proxy.callpath.auth import Authenticator
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
@@ -191,7 +191,7 @@ def test_the_mode_is_kept_while_the_store_cannot_be_read(
     assert _tenant(auth, None, LOCAL) == "local"
     assert _status(auth.tenant(None, REMOTE)) == 401  # open serves loopback callers only
     store.down = True
-    with caplog.at_level(logging.WARNING, logger="talaria.proxy.auth"):
+    with caplog.at_level(logging.WARNING, logger="talaria.proxy.callpath.auth"):
         for _ in range(3):
             clock.now += 2.5
             assert _tenant(auth, None, LOCAL) == "local"  # the previous mode: open

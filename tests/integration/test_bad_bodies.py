@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 
@@ -247,7 +247,7 @@ def test_bad_body(proxy: RunningProxy, path: str, body: str, status: int, fragme
 
 DEEP = "[" * 10_000 + "]" * 10_000
 """JSON text nesting deeper than Python's ``json`` follows (RecursionError, not ValueError),
-within the body's bound on brackets (proxy/request_bounds.py, those in strings count too)."""
+within the body's bound on brackets (proxy/callpath/bounds.py, those in strings count too)."""
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The call lanes (proxy/lanes.py) answer every request exactly as FastAPI's routing does: the
+"""The call lanes (proxy/edge/lanes.py) answer every request exactly as FastAPI's routing does: the
 same requests, sent to an app with lanes and to one without, get the same status, content
 type, headers and body (less what is random or timed), and the same counts in
 ``talaria_requests_total``. A lane that skipped the edge middleware, an exception handler, the
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from talaria.proxy.app import create_app
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.chat import routes as chat_routes
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.edge.app import create_app
 from talaria.runtime.instant import InstantRuntime
 
 MODEL = "lane-model"

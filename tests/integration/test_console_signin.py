@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from talaria.proxy.console.throttle import MAX_FAILURES
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 

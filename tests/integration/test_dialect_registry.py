@@ -17,13 +17,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from talaria.core.calls import Call
-from talaria.proxy.api.calls import open_call, read_body
-from talaria.proxy.api.context import json_response
+from talaria.proxy.callpath.context import json_response
+from talaria.proxy.callpath.door import open_call, read_body
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.common import parse
 from talaria.proxy.dialects.registry import DIALECTS
-from talaria.proxy.errors import ApiError
-from talaria.proxy.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 

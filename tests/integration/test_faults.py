@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from talaria.core.types import CallRejected, CallRequest, GenerationEvent, TokenDelta
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import running_proxy
 

@@ -34,11 +34,11 @@ from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.anthropic.parse import parse_count_tokens, parse_messages
 from talaria.proxy.dialects.chat.parse import parse_chat
 from talaria.proxy.dialects.completions.parse import parse_completion
 from talaria.proxy.dialects.responses.parse import parse_request, to_call
-from talaria.proxy.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import RunningProxy, running_proxy
@@ -363,8 +363,8 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read() -> None:
     without reading (or holding) the rest."""
     from fastapi import Request
 
-    from talaria.proxy.api.context import read_json
-    from talaria.proxy.errors import ApiError
+    from talaria.proxy.callpath.context import read_json
+    from talaria.proxy.contract.errors import ApiError
 
     sent = 0
     chunk = b"x" * 65536

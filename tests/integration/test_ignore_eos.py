@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from talaria.core.calls import Call, Sampling
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.engines.vllm.chat import to_vllm_request
 from tests.integration.server import RunningProxy, running_proxy
 

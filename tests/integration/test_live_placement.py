@@ -1,4 +1,4 @@
-"""The placement controller against live runtime servers over HTTP (proxy/placement_loop.py,
+"""The placement controller against live runtime servers over HTTP (proxy/placement/loop.py,
 runtime/placement_routes.py): a call for a library model that no runtime hosts is served
 after its cold start; a model a runtime drains takes only its own sessions there."""
 
@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import RunningProxy, running_app, running_proxy

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.store.conftest import reset_postgres
 

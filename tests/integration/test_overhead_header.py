@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from talaria.core.types import CallRequest, GenerationEvent
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 

@@ -17,12 +17,12 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from talaria.proxy.calls import SHUTDOWN
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import owner
+from talaria.proxy.contract.calls import SHUTDOWN
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.registry import DIALECTS
-from talaria.proxy.errors import ApiError
 from talaria.proxy.store.cluster import ClusterView
 from tests.integration.server import running_app
 

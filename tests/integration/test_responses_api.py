@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 
 ADMIN = "admin-secret-token"

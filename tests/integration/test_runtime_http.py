@@ -19,8 +19,8 @@ import pytest
 from talaria.core.protocol import request_to_dict
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, Finished, GenerationEvent
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.runtimes.http import HttpRuntime
-from talaria.proxy.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import running_app, running_proxy

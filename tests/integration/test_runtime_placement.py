@@ -13,7 +13,7 @@ import pytest
 
 from talaria.core.protocol import request_to_dict
 from talaria.core.types import CallRequest
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime import placement_routes
 from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine

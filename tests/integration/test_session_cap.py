@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import running_proxy
 
 MODEL = "glm-4.5-fp8"

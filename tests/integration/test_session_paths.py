@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from talaria.sdk import OpenAI, session
 from tests.integration.server import RunningProxy, running_proxy

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from talaria.core.types import CallRequest, GenerationEvent
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import running_proxy
 
@@ -182,7 +182,7 @@ def test_admin_ends_a_stored_session_no_proxy_holds_live(tmp_path: Path) -> None
     it): the admin can still end it, and ending it twice is a 404."""
     from datetime import UTC, datetime
 
-    from talaria.proxy.records import SessionRecord
+    from talaria.proxy.contract.records import SessionRecord
     from talaria.proxy.store.db import make_engine, make_sessionmaker
     from talaria.proxy.store.repository import SqlStore
 

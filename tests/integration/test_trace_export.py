@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.core.trace import read_trace
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import running_proxy
 
 ADMIN = "admin-secret-token"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from talaria.proxy.app import create_app
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.anthropic import routes as anthropic_routes
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.edge.app import create_app
 from talaria.runtime.instant import InstantRuntime
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.sdk.support import ADMIN, Admin, FakeServer, Seen, fake_openai_app, serve
 

@@ -14,7 +14,7 @@ import httpx2
 import openai
 import pytest
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.sdk import AsyncOpenAI, OpenAI, session
 from talaria.sdk.headers import SESSION_ID
 from tests.integration.server import RunningProxy, running_proxy

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.core.trace import SessionTrace, read_trace, write_trace
-from talaria.proxy.records import CallRecord, Record, SessionRecord
+from talaria.proxy.contract.records import CallRecord, Record, SessionRecord
 from talaria.proxy.store import migrate
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.export import (

@@ -8,7 +8,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from talaria.proxy.records import CallRecord, HintRecord, SessionRecord
+from talaria.proxy.contract.records import CallRecord, HintRecord, SessionRecord
 from talaria.proxy.store.migrate import upgrade
 from talaria.proxy.store.sqlite_writes import SqliteWrites
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Table
 
-from talaria.proxy.records import (
+from talaria.proxy.contract.records import (
     CallRecord,
     DecisionRecord,
     HintRecord,

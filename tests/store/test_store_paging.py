@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from talaria.proxy.records import SessionRecord
+from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.store.repository import SqlStore
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

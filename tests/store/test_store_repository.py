@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from talaria.proxy.records import (
+from talaria.proxy.contract.records import (
     CallRecord,
     DecisionRecord,
     HintRecord,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from talaria.proxy.records import ResponseRecord
+from talaria.proxy.contract.records import ResponseRecord
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from talaria.proxy.records import Record, ResponseRecord
+from talaria.proxy.contract.records import Record, ResponseRecord
 from talaria.proxy.store.repository import SqlStore
 from tests.store.test_store_repository import T0, call, session
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talaria.proxy.records import CallRecord, HintRecord, Record, SessionRecord
+from talaria.proxy.contract.records import CallRecord, HintRecord, Record, SessionRecord
 from talaria.proxy.store.deadletters import DeadLetters
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.writer import BatchWriter

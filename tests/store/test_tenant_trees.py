@@ -31,12 +31,12 @@ from hypothesis import strategies as st
 from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.proxy.calls import PreparedCall
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.records import Record, SessionRecord
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import Record, SessionRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
-from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore

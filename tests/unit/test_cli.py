@@ -147,7 +147,7 @@ def _last_line(text: str) -> str:
 
 def _no_uvicorn(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """Make the server record its start instead of serving; clear the proxy's env settings."""
-    from talaria.proxy import serve
+    from talaria.proxy.edge import serve
 
     for name in ("ROUTER", "MODELS", "RUNTIMES", "CATALOG_PATH", "SERVER", "PROFILE"):
         monkeypatch.delenv(f"TALARIA_{name}", raising=False)
@@ -385,7 +385,7 @@ def test_serve_refuses_a_non_loopback_host_without_any_key(
 def test_serve_on_a_non_loopback_host_starts_with_a_key(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from talaria.proxy.keys_cli import keys_app
+    from talaria.cli.keys import keys_app
 
     started = _no_uvicorn(monkeypatch)
     args = [*_serve_without_keys(monkeypatch, tmp_path), "--host", "0.0.0.0"]
@@ -408,8 +408,8 @@ def test_serve_on_a_non_loopback_host_starts_with_a_key(
 def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
     """Finding 6.1 of the security review: both ``talaria serve`` and ``create_app`` refuse
     a TALARIA_ADMIN_TOKEN under 16 characters, without echoing it."""
-    from talaria.proxy.app import create_app
-    from talaria.proxy.settings import ProxySettings
+    from talaria.proxy.contract.settings import ProxySettings
+    from talaria.proxy.edge.app import create_app
 
     started = _no_uvicorn(monkeypatch)
     monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "adm")

@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from talaria.proxy.cluster import trust
+from talaria.proxy.contract.settings import MIN_SECRET_CHARS
 
-SECRET = "s" * trust.MIN_SECRET_CHARS
+SECRET = "s" * MIN_SECRET_CHARS
 NOW = 1_767_225_600.0
 FORWARD = trust.Forward("abc123", "http://10.0.0.1:8000", int(NOW), trust.body_digest(b"{}"))
 TARGET = ("POST", "/v1/messages", "beta=true")
@@ -49,7 +50,7 @@ def test_a_clients_request_has_no_internal_headers() -> None:
         (("GET", "/v1/messages", "beta=true"), SECRET),
         (("POST", "/v1/chat/completions", "beta=true"), SECRET),
         (("POST", "/v1/messages", ""), SECRET),
-        (TARGET, "t" * trust.MIN_SECRET_CHARS),
+        (TARGET, "t" * MIN_SECRET_CHARS),
     ],
     ids=["method", "path", "query", "secret"],
 )
@@ -63,7 +64,7 @@ def test_another_target_or_secret_is_refused(target: tuple[str, str, str], secre
 def test_a_changed_signed_field_is_refused(field: str) -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
     changed = dataclasses.replace(FORWARD, **{field: "ffff00"})
-    forged = trust.sign("x" * trust.MIN_SECRET_CHARS, *TARGET, changed)
+    forged = trust.sign("x" * MIN_SECRET_CHARS, *TARGET, changed)
     forged[trust.SIGNATURE] = headers[trust.SIGNATURE]  # the real signature, other fields
     with pytest.raises(trust.Refused, match="wrong x-talaria-signature"):
         _verify(forged)

@@ -28,7 +28,7 @@ import yaml
 
 from talaria.cli.runtime import runtime_server
 from talaria.core.protocol import RUNTIME_TOKEN_ENV
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import ENGINE_SHUTDOWN_S

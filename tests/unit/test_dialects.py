@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from talaria.core.calls import ModelOutput, ToolCall, ToolChoice
 from talaria.core.types import CallResult, KvSource
-from talaria.proxy.calls import CallOutcome
+from talaria.proxy.contract.calls import CallOutcome
 from talaria.proxy.dialects.anthropic.parse import parse_messages
 from talaria.proxy.dialects.anthropic.render import message
 from talaria.proxy.dialects.chat.parse import parse_chat

@@ -1,4 +1,4 @@
-"""The output limit against the model's context window (proxy/gateway.py ``fit_window``):
+"""The output limit against the model's context window (proxy/callpath/gateway.py ``fit_window``):
 a client's own limit is kept or refused, the server's default is fitted."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from talaria.core.calls import Call
-from talaria.proxy.calls import PreparedCall
-from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import fit_window
-from talaria.proxy.sessions.identity import Identity
+from talaria.proxy.callpath.gateway import fit_window
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.identity import Identity
 
 
 def _prepared(own: int | None, default: int = 4096) -> PreparedCall:

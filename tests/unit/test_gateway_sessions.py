@@ -15,14 +15,14 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
 from talaria.core.types import CallResult, EngineTimes, KvSource
-from talaria.proxy.calls import PreparedCall
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.recorder import engine_parts
 from talaria.proxy.cluster.handoff import AdoptableSession
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.recorder import engine_parts
-from talaria.proxy.records import CallRecord, Record, ReservationRecord, SessionRecord
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import CallRecord, Record, ReservationRecord, SessionRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
-from talaria.proxy.sessions.identity import Identity
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA

@@ -18,8 +18,8 @@ from talaria.core.types import (
     KvSource,
     TokenDelta,
 )
-from talaria.proxy.app import create_app
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.edge.app import create_app
 from talaria.runtime.instant import InstantRuntime
 
 MODEL = "bench-model"

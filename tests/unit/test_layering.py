@@ -93,7 +93,7 @@ def test_bench_does_not_import_the_tests() -> None:
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text(
-        "import talaria.proxy.app\n"
+        "import talaria.proxy.edge.app\n"
         "def f():\n    from talaria.sim import replay\n"
         "from tests.e2e import helpers\n"
     )

@@ -17,7 +17,7 @@ import pytest
 
 from bench.harness.processes import free_port
 from talaria.core.loop_watchdog import EXIT_CODE, LoopWatchdog
-from talaria.proxy.serve import EXIT_GRACE_S
+from talaria.proxy.edge.serve import EXIT_GRACE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,7 +72,7 @@ SPIN_PROXY = """
 import sys
 from fastapi import FastAPI
 from talaria.core.http_edge import EdgeBounds
-from talaria.proxy.serve import serve
+from talaria.proxy.edge.serve import serve
 
 app = FastAPI()
 

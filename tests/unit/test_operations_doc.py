@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 

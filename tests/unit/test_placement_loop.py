@@ -1,4 +1,4 @@
-"""proxy/placement_loop.py: the controller's looks at live runtimes and the moves it makes
+"""proxy/placement/loop.py: the controller's looks at live runtimes and the moves it makes
 over their API, on a virtual clock with runtimes that keep their models in memory."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from talaria.core.clock import LoopClock, TimeScale, run_virtual
 from talaria.core.placement import MoveKind, PlacementConfig, Reason
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
-from talaria.proxy.placement_library import load_library
-from talaria.proxy.placement_loop import ColdStartFailed, PlacementLoop
-from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.placement.library import load_library
+from talaria.proxy.placement.loop import ColdStartFailed, PlacementLoop
 from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.pool import RuntimePool
 
 GB = 1e9
 ENGINE_START_S = 40.0
@@ -380,7 +380,7 @@ def test_a_look_that_fails_fails_the_cold_start_with_its_reason(
         def broken(*_: object) -> list[object]:
             raise ValueError("a view the controller cannot read")
 
-        monkeypatch.setattr("talaria.proxy.placement_loop.decide", broken)
+        monkeypatch.setattr("talaria.proxy.placement.loop.decide", broken)
         with pytest.raises(ColdStartFailed, match="cannot read"):
             await loop.ensure("c")
 

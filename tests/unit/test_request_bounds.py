@@ -1,5 +1,5 @@
-"""What one request may hold (proxy/request_bounds.py), the edge schema check's one budget per
-request (proxy/schema_check.py), and the length past which Claude Code's ``metadata.user_id``
+"""What one request may hold (proxy/callpath/bounds.py), the edge schema check's one budget per
+request (proxy/callpath/schemas.py), and the length past which Claude Code's ``metadata.user_id``
 is not parsed: each bound refuses one past it, takes one at it, and reads no more of the body
 than it needs to decide."""
 
@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from talaria.core.calls import Call, Sampling, ToolSpec
-from talaria.proxy.errors import ApiError
-from talaria.proxy.request_bounds import (
+from talaria.proxy.callpath.bounds import (
     MAX_BODY_STRUCTURE,
     MAX_FIELD_ENTRIES,
     MAX_REQUEST_ITEMS,
@@ -22,7 +21,8 @@ from talaria.proxy.request_bounds import (
     check_structure,
     count_items,
 )
-from talaria.proxy.schema_check import SchemaCheck
+from talaria.proxy.callpath.schemas import SchemaCheck
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.sessions.identity import MAX_USER_ID_CHARS, claude_code_session
 
 USER = {"role": "user", "content": "hi"}

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.responses.items import (
     ITEM_FIELDS,
     PART_FIELDS,
@@ -15,7 +16,6 @@ from talaria.proxy.dialects.responses.items import (
     stored_item,
 )
 from talaria.proxy.dialects.responses.parse import messages_of
-from talaria.proxy.errors import ApiError
 
 BLOB = "x" * 64
 PART = {"type": "output_text", "text": "ok", "annotations": [], "logprobs": []}

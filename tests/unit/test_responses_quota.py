@@ -1,5 +1,6 @@
 """The storage quota of stored responses (per tenant, in all), and the response cache's byte
-bound: the rules of proxy/responses_quota.py and proxy/responses_store.py, clock-free."""
+bound: the rules of proxy/dialects/responses/quota.py and proxy/dialects/responses/store.py,
+clock-free."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any, cast
 
 import pytest
 
-from talaria.proxy.errors import ApiError
-from talaria.proxy.responses_quota import REFRESH_S, StorageQuota, json_bytes, stored_bytes
-from talaria.proxy.responses_store import ResponseStore
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.dialects.responses.quota import REFRESH_S, StorageQuota, json_bytes, stored_bytes
+from talaria.proxy.dialects.responses.store import ResponseStore
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)
 DAY = timedelta(days=1)

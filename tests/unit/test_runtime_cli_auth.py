@@ -19,7 +19,7 @@ from pydantic import SecretStr, ValidationError
 from typer.testing import CliRunner
 
 from talaria.cli import app
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime import server
 
 runner = CliRunner()

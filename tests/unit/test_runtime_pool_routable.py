@@ -1,4 +1,4 @@
-"""Which instances take a call of a model some of them drain (proxy/runtime_pool.py
+"""Which instances take a call of a model some of them drain (proxy/runtimes/pool.py
 ``routable``): a draining instance keeps its own sessions and takes no new one while another
 serves the model."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from talaria.core.clock import TimeScale
 from talaria.core.status import InstanceStatus
-from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.base import RuntimeClient
+from talaria.proxy.runtimes.pool import RuntimePool
 
 
 @dataclass

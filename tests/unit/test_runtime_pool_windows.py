@@ -1,4 +1,4 @@
-"""The context window the proxy checks a prompt against (proxy/runtime_pool.py
+"""The context window the proxy checks a prompt against (proxy/runtimes/pool.py
 ``context_window``): what the runtimes report now, else the catalog's."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import cast
 import pytest
 
 from talaria.core.clock import TimeScale
-from talaria.proxy.runtime_pool import RuntimePool
 from talaria.proxy.runtimes.base import RuntimeClient
+from talaria.proxy.runtimes.pool import RuntimePool
 
 
 @dataclass

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.sessions.state import Resolution, SessionState
 from talaria.proxy.sessions.tenancy import SessionLimit
 

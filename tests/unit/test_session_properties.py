@@ -18,9 +18,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.identity import Identity
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

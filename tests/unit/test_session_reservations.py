@@ -22,9 +22,9 @@ from talaria.core.reservations import (
     Settled,
     SoftReservation,
 )
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY
-from talaria.proxy.sessions.identity import Identity
 
 
 def _hold_s(gap_s: float) -> float:

@@ -15,15 +15,15 @@ import pytest
 from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.proxy.calls import PreparedCall
-from talaria.proxy.errors import ApiError
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.records import Record, ReservationRecord
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import Record, ReservationRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.proxy.sessions.identity import Identity
 from talaria.proxy.sessions.state import SessionState, Thread
 from talaria.proxy.sessions.tenancy import ThreadLimit
 from talaria.runtime.factory import NodeSetup, build_sim_node

@@ -12,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, chain, fingerprint, fingerprints
-from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
+from talaria.proxy.sessions.identity import IdentityError, identify, named_by_header
 
 UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
 

@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from talaria.core.catalog import load_catalog
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.vllm.runtime_process import running_runtime
 from tests.vllm.tiny_chat import build_tiny_chat

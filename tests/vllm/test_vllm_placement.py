@@ -1,6 +1,6 @@
 """Placement on the CPU build with real vLLM: a running ``talaria runtime`` process gains a
 tiny model's engine when the proxy's placement controller cold-starts it for its first call
-(proxy/placement_loop.py), serves it through the proxy, and lets it go; an engine that fails
+(proxy/placement/loop.py), serves it through the proxy, and lets it go; an engine that fails
 to start is a JSON 500 and leaves the node as it was (runtime/placement_routes.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import talaria.runtime
 from talaria.core.protocol import request_to_dict
 from talaria.core.types import CallRequest
-from talaria.proxy.settings import ProxySettings
+from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import running_proxy
 from tests.vllm.runtime_process import running_runtime
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.common import sse
-from talaria.proxy.errors import ApiError
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from talaria.core.calls import ModelOutput, OutputDelta
-from talaria.proxy.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.anthropic.errors import stream_error
 from talaria.proxy.dialects.common import output_events, sse
-from talaria.proxy.errors import ApiError
 
 THINKING_SIGNATURE = "talaria-unsigned"
 """Anthropic clients send thinking blocks back with their signature; no self-hosted model signs

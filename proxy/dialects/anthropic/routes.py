@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from talaria.proxy.api.calls import SSE_HEADERS, check_model, open_call, read_body
-from talaria.proxy.api.context import json_response
+from talaria.proxy.callpath.context import json_response
+from talaria.proxy.callpath.door import SSE_HEADERS, check_model, open_call, read_body
 from talaria.proxy.dialects.anthropic.errors import error_body, stream_error
 from talaria.proxy.dialects.anthropic.models import CountTokensRequest, MessagesRequest
 from talaria.proxy.dialects.anthropic.parse import messages_call, parse_count_tokens

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from talaria.core.calls import ModelOutput, OutputDelta, TokenLogprob
-from talaria.proxy.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.common import output_events, sse
-from talaria.proxy.errors import ApiError
 
 
 def usage(outcome: CallOutcome) -> dict[str, Any]:

@@ -7,8 +7,8 @@ import time
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body
-from talaria.proxy.api.context import json_response
+from talaria.proxy.callpath.context import json_response
+from talaria.proxy.callpath.door import SSE_HEADERS, open_call, read_body
 from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.chat.models import ChatCompletionRequest
 from talaria.proxy.dialects.chat.parse import chat_call

@@ -7,10 +7,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from talaria.core.calls import OutputDelta
-from talaria.proxy.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.chat.render import usage
 from talaria.proxy.dialects.common import output_events, sse
-from talaria.proxy.errors import ApiError
 
 
 def completion(outcome: CallOutcome, base: dict[str, object]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The fields of Responses API input items that the proxy keeps: each item type's fields as
 OpenAI's Responses API defines them; every other field is dropped when the request is parsed,
-so a stored response (proxy/responses_store.py) never holds what no client or model reads.
+so a stored response (proxy/dialects/responses/store.py) never holds what no client or model reads.
 
 Dropped, not refused: the parser (responses.py ``messages_of``) reads only fields kept here,
 so the messages a call sends the model are the same with or without the dropped ones (a
@@ -22,7 +22,7 @@ part keeps its ``type`` and the fields :data:`PART_FIELDS` defines for that type
 type not listed keeps its ``type``, a part without a string ``type`` nothing); list elements
 that are not objects, and values of other types, are dropped (the parser reads neither).
 Field values are kept as they are: their bytes count against the tenant's storage quota
-(proxy/responses_quota.py).
+(proxy/dialects/responses/quota.py).
 """
 
 from __future__ import annotations

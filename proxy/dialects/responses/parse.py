@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talaria.core.calls import Call, Message, Sampling, ToolSpec
+from talaria.proxy.callpath.bounds import check_items
 from talaria.proxy.dialects.common import invalid, parse
 from talaria.proxy.dialects.openai_models import tool_choice
 from talaria.proxy.dialects.responses.items import TEXT_PARTS, item_kind, stored_item
@@ -36,7 +37,6 @@ from talaria.proxy.dialects.responses.models import (
     ResponsesText,
     ResponsesTool,
 )
-from talaria.proxy.request_bounds import check_items
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def _response_format(text: ResponsesText | None) -> dict[str, Any] | None:
 def to_call(parsed: ParsedResponses, history: list[dict[str, Any]]) -> Call:
     """The call: ``history`` (a previous response's input and output items) and this
     request's items; a 400 when the two together hold more items than a request may
-    (proxy/request_bounds.py), so that a chain of responses cannot grow the work of its next
+    (proxy/callpath/bounds.py), so that a chain of responses cannot grow the work of its next
     call without end."""
     body = parsed.body
     if history:

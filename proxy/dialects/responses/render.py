@@ -18,10 +18,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from talaria.core.calls import ModelOutput, OutputDelta
-from talaria.proxy.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.calls import CallHandle, CallOutcome
+from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.common import output_events, sse
 from talaria.proxy.dialects.responses.parse import ParsedResponses
-from talaria.proxy.errors import ApiError
 
 
 def _ids(request_id: str) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """OpenAI Responses' routes: ``POST /v1/responses``, and for stored responses
 ``GET /v1/responses/{id}``, ``GET /v1/responses/{id}/input_items`` and
-``DELETE /v1/responses/{id}`` (per tenant; proxy/responses_store.py says what is kept)."""
+``DELETE /v1/responses/{id}`` (per tenant; proxy/dialects/responses/store.py says what is kept)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from talaria.proxy.api.calls import SSE_HEADERS, open_call, read_body, tenant_of
-from talaria.proxy.api.context import context, json_response
-from talaria.proxy.calls import CallOutcome
+from talaria.proxy.callpath.context import context, json_response
+from talaria.proxy.callpath.door import SSE_HEADERS, open_call, read_body, tenant_of
+from talaria.proxy.contract.calls import CallOutcome
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.records import Record
 from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.common import outcome_unless_gone
 from talaria.proxy.dialects.responses.models import ResponsesRequest
@@ -23,9 +25,7 @@ from talaria.proxy.dialects.responses.render import (
     response_stream,
     stream_error,
 )
-from talaria.proxy.errors import ApiError
-from talaria.proxy.records import Record
-from talaria.proxy.responses_store import Pending
+from talaria.proxy.dialects.responses.store import Pending
 from talaria.proxy.store.views import StoredResponseView
 
 router = APIRouter()
@@ -58,7 +58,7 @@ async def create(request: Request) -> Response:
     stored = parsed.body.store and ctx.responses.enabled
     created = time.time()
     pending: Pending | None = None
-    if stored:  # 429 up front past the storage quota (proxy/responses_quota.py)
+    if stored:  # 429 up front past the storage quota (proxy/dialects/responses/quota.py)
         so_far = response_object(
             parsed, request_id, created, status="completed", output=[], usage_doc=None,
             stored=True,

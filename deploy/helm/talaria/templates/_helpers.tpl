@@ -94,7 +94,7 @@ true
 {{- end }}
 
 {{/* TALARIA_RUNTIMES: each runtime pod by its stable DNS name (headless Service + StatefulSet
-ordinal), then proxy.extraRuntimes; comma-separated (proxy/settings.py). */}}
+ordinal), then proxy.extraRuntimes; comma-separated (proxy/contract/settings.py). */}}
 {{- define "talaria.runtimeUrls" -}}
 {{- $urls := list }}
 {{- if .Values.runtime.enabled }}

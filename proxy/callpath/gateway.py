@@ -8,11 +8,11 @@ bottom in :meth:`Gateway.open_call`, one step per function:
 3. resolve the session (``_resolve``: proxy/sessions/book.py, by the client's id or by the
    conversation it continues), and what of its prompt the session's KV already holds;
 4. route (``_route``: core/routing/) over the status of the instances hosting the model;
-   settle the session's soft reservation (proxy/sessions/keeper.py); record the decision;
-5. run (``_run``: proxy/runner.py) in a task of its own; the runner records the outcome
-   (proxy/recorder.py) and the keeper the session's reservation or end.
+   settle the session's soft reservation (proxy/callpath/keeper.py); record the decision;
+5. run (``_run``: proxy/callpath/runner.py) in a task of its own; the runner records the outcome
+   (proxy/callpath/recorder.py) and the keeper the session's reservation or end.
 
-The parts it composes: the runtime pool (proxy/runtime_pool.py), the recorder, the session
+The parts it composes: the runtime pool (proxy/runtimes/pool.py), the recorder, the session
 keeper, the runner, and with replicas the hand-off. Sessions idle for
 ``session_idle_timeout_s`` end at a sweep. Time: the gateway schedules on its ``Clock`` (clock
 seconds) and shows wall seconds; one ``TimeScale`` converts, for every part.
@@ -36,24 +36,24 @@ from talaria.core.routing import (
     route,
 )
 from talaria.core.status import InstanceStatus
-from talaria.proxy.calls import SHUTDOWN, CallHandle, PreparedCall
+from talaria.proxy.callpath.keeper import SessionKeeper
+from talaria.proxy.callpath.recorder import Recorder, RecordSink
+from talaria.proxy.callpath.runner import CallRunner, runtime_request
+from talaria.proxy.callpath.schemas import SchemaCheck
 from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
-from talaria.proxy.errors import (
+from talaria.proxy.contract.calls import SHUTDOWN, CallHandle, PreparedCall
+from talaria.proxy.contract.errors import (
     bad_request,
     too_many_requests,
     too_many_sessions,
     too_many_threads,
     unavailable,
 )
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.recorder import Recorder, RecordSink
-from talaria.proxy.runner import CallRunner, runtime_request
-from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.runtimes.base import RuntimeClient
-from talaria.proxy.schema_check import SchemaCheck
+from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
-from talaria.proxy.sessions.keeper import SessionKeeper
 from talaria.proxy.sessions.state import Resolution
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
@@ -75,8 +75,8 @@ of 1.4 min, so an interactive session that pauses for longer starts a new sessio
 
 class Gateway:
     """The proxy's call service (module docstring): ``open_call`` starts a call, and the
-    lifecycle. Its parts serve the other routes directly: ``pool`` (proxy/runtime_pool.py:
-    the runtimes, their models, statuses and drains), ``keeper`` (proxy/sessions/keeper.py:
+    lifecycle. Its parts serve the other routes directly: ``pool`` (proxy/runtimes/pool.py:
+    the runtimes, their models, statuses and drains), ``keeper`` (proxy/callpath/keeper.py:
     hints and ends). ``time_scale``: clock seconds per wall second."""
 
     def __init__(

@@ -8,7 +8,7 @@ with ``store: false`` (what Codex sends), nor for any request when
 ``TALARIA_STORE_RESPONSES=false``.
 
 Bounds: every stored response counts its bytes against its tenant's quota and a global cap
-(proxy/responses_quota.py: a ``store: true`` call past either is refused with 429 before it
+(proxy/dialects/responses/quota.py: a ``store: true`` call past either is refused with 429 before it
 runs, by :meth:`ResponseStore.admit`); the totals are read from the store at start and every
 ``REFRESH_S``, and deletions and expiry free them.
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from talaria.proxy.records import ResponseRecord
-from talaria.proxy.responses_quota import (
+from talaria.proxy.contract.records import ResponseRecord
+from talaria.proxy.dialects.responses.quota import (
     REFRESH_S,
     Hold,
     StorageQuota,

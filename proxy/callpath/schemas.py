@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from talaria.core.calls import Call
 from talaria.core.schema_instance import InstanceBudget, SchemaTooLarge, check_schemas
-from talaria.proxy.errors import bad_request
+from talaria.proxy.contract.errors import bad_request
 
 REMEMBERED_TOOL_SETS = 4096
 

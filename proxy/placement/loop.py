@@ -61,10 +61,10 @@ from talaria.core.placement import (
     decide,
 )
 from talaria.core.status import InstanceStatus
-from talaria.proxy.placement_library import LIBRARY_ONLY_KEYS, merge_demand
-from talaria.proxy.placement_target import LiveMove, PlacementTarget
-from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.placement.library import LIBRARY_ONLY_KEYS, merge_demand
+from talaria.proxy.placement.target import LiveMove, PlacementTarget
 from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.pool import RuntimePool
 
 log = logging.getLogger("talaria.proxy.placement")
 

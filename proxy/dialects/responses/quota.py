@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.errors import ApiError
 
 REFRESH_S = 10.0
 """How often the totals are read again from the store (wall seconds): how late one replica

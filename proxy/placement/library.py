@@ -1,4 +1,4 @@
-"""What the live placement controller (proxy/placement_loop.py) reads besides the runtimes'
+"""What the live placement controller (proxy/placement/loop.py) reads besides the runtimes'
 statuses: the model library it may place, and the demand the runtimes metered (pure)."""
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from talaria.proxy.errors import ApiError, bad_request
+from talaria.proxy.contract.errors import ApiError, bad_request
 
 MAX_BODY_STRUCTURE = 65_536
 """The most ``{``, ``[`` and ``:`` bytes a request body may hold (in strings too). An agent's

@@ -8,7 +8,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from talaria.proxy.auth import MODE_TTL_S
+from talaria.proxy.callpath.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.tenants import TenantTables

@@ -1,4 +1,5 @@
-"""``serve(app, ...)``: uvicorn as ``talaria serve`` runs it, with the drain of proxy/shutdown.py.
+"""``serve(app, ...)``: uvicorn as ``talaria serve`` runs it, with the drain of
+proxy/callpath/shutdown.py.
 
 uvicorn's graceful-shutdown timeout alone would cut the connections of calls still running at
 the deadline (their clients get no answer). So the server tells the proxy when a shutdown
@@ -20,7 +21,7 @@ from fastapi import FastAPI
 
 from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline
-from talaria.proxy.shutdown import flush_reserve_s
+from talaria.proxy.callpath.shutdown import flush_reserve_s
 
 EXIT_GRACE_S = 5.0
 """After the drain timeout, what the lifespan's last steps (spilling records to the dead-letter

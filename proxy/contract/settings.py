@@ -14,7 +14,10 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from talaria.core.body_deadline import BODY_TIMEOUT_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
 from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS
-from talaria.proxy.cluster.trust import MIN_SECRET_CHARS
+
+MIN_SECRET_CHARS = 32
+"""The shortest ``TALARIA_CLUSTER_SECRET`` accepted (the replicas sign their forwards with it:
+proxy/cluster/trust.py)."""
 
 MIN_ADMIN_TOKEN_CHARS = 16
 """A shorter ``TALARIA_ADMIN_TOKEN`` is refused at start (with failed sign-ins throttled to
@@ -84,7 +87,7 @@ class ProxySettings(BaseSettings):
     policy: str = Field("talaria", description="Scheduler flags of the embedded nodes")
     quantum_s: float = Field(60.0, gt=0, description="Slot quantum of the embedded nodes (s)")
     time_scale: float = Field(1.0, gt=0, description="Simulated seconds per real second")
-    # placement (proxy/placement_loop.py)
+    # placement (proxy/placement/loop.py)
     placement_library: str | None = Field(
         None,
         description="A TOML file of [[model]] entries (as in a node config, paths as the "

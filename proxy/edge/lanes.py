@@ -6,7 +6,7 @@ then ``request_response``, dependency solving, the endpoint). For the dialects' 
 (``POST /v1/chat/completions`` and the like: an endpoint that takes the ``Request`` and
 returns a ``Response``) none of it does anything the proxy needs, and it cost a third of the
 proxy's own CPU per call (docs/proxy-overhead.md, "Call lanes"). A lane is one dictionary
-lookup by path, then the same edge middleware (proxy/edge.py, core/body_deadline.py), the
+lookup by path, then the same edge middleware (proxy/edge/http.py, core/body_deadline.py), the
 endpoint, and the app's exception handlers for what it raises, exactly as FastAPI would.
 
 Everything else (other methods on those paths, other routes, a ``root_path``) goes through

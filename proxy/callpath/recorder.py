@@ -14,12 +14,12 @@ from typing import Any, Protocol
 from talaria.core.clock import TimeScale
 from talaria.core.routing import RoutingDecision
 from talaria.core.types import CallRequest, CallResult
-from talaria.proxy.calls import CallOutcome, PreparedCall
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.records import CallRecord, DecisionRecord, Record, SessionRecord
+from talaria.proxy.contract.calls import CallOutcome, PreparedCall
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import CallRecord, DecisionRecord, Record, SessionRecord
 from talaria.proxy.sessions.state import Resolution, SessionState
 
-log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+log = logging.getLogger("talaria.proxy.callpath.gateway")  # the gateway's part: its log name
 
 ERROR_CHARS = 500
 """An error record keeps this much of the error's message."""

@@ -13,7 +13,7 @@ from talaria.core.clock import TimeScale
 from talaria.core.status import InstanceStatus
 from talaria.proxy.runtimes.base import RuntimeClient
 
-log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+log = logging.getLogger("talaria.proxy.callpath.gateway")  # the gateway's part: its log name
 
 
 class RuntimePool:

@@ -1,4 +1,4 @@
-"""What the placement loop (proxy/placement_loop.py) needs of a runtime it moves models on,
+"""What the placement loop (proxy/placement/loop.py) needs of a runtime it moves models on,
 and what it records of each move."""
 
 from __future__ import annotations

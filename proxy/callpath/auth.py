@@ -24,10 +24,10 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from talaria.proxy.errors import ApiError, unauthorized
+from talaria.proxy.contract.errors import ApiError, unauthorized
 from talaria.proxy.store.tenants import hash_key
 
-log = logging.getLogger("talaria.proxy.auth")
+log = logging.getLogger("talaria.proxy.callpath.auth")
 V = TypeVar("V")
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})

@@ -20,11 +20,11 @@ from typing import Any
 from talaria.core.calls import ModelOutput
 from talaria.core.clock import Clock, TimeScale
 from talaria.core.reservations import SessionReservations, Settled, SoftReservation
-from talaria.proxy.calls import PreparedCall
-from talaria.proxy.errors import ApiError
-from talaria.proxy.recorder import Recorder
-from talaria.proxy.records import HintRecord, ReservationRecord
-from talaria.proxy.runtime_pool import RuntimePool
+from talaria.proxy.callpath.recorder import Recorder
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.contract.records import HintRecord, ReservationRecord
+from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
 from talaria.proxy.sessions.state import SessionState, Thread, split_runtime_key

@@ -1,5 +1,5 @@
 """What every route reaches through ``request.app.state``: the proxy's parts, built by the
-lifespan (proxy/app.py). Plus small response helpers."""
+lifespan (proxy/edge/app.py). Plus small response helpers."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from talaria.core.loop_watchdog import LoopWatchdog
-from talaria.proxy.auth import Authenticator
+from talaria.proxy.callpath.auth import Authenticator
+from talaria.proxy.callpath.bounds import check_structure
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
-from talaria.proxy.errors import ApiError, bad_request
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.placement_loop import PlacementLoop
-from talaria.proxy.request_bounds import check_structure
-from talaria.proxy.responses_store import ResponseStore
-from talaria.proxy.settings import ProxySettings
-from talaria.proxy.shutdown import Shutdown
+from talaria.proxy.contract.errors import ApiError, bad_request
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.dialects.responses.store import ResponseStore
+from talaria.proxy.placement.loop import PlacementLoop
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
 from talaria.proxy.store.writer import BatchWriter
@@ -47,7 +47,7 @@ class ProxyContext:
     cluster: Cluster | None = None
     """This replica's peers, when several share the database (proxy/cluster/)."""
     placement: PlacementLoop | None = None
-    """The placement controller, with a model library (proxy/placement_loop.py)."""
+    """The placement controller, with a model library (proxy/placement/loop.py)."""
 
 
 def context(request: Request) -> ProxyContext:
@@ -103,7 +103,7 @@ def parse_json(body: bytes) -> Any:
     control characters in strings), for invalid UTF-8 or a lone surrogate escape (so every
     string the proxy holds encodes to UTF-8: token estimates, the store), for nesting past
     what the parser follows, and, before it is parsed, for a body of more objects, arrays and
-    members than proxy/request_bounds.py ``MAX_BODY_STRUCTURE``."""
+    members than proxy/callpath/bounds.py ``MAX_BODY_STRUCTURE``."""
     check_structure(body)
     try:
         return _DECODER.decode(body)

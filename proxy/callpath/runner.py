@@ -28,15 +28,15 @@ from talaria.core.types import (
     FirstToken,
     TokenDelta,
 )
-from talaria.proxy.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
-from talaria.proxy.errors import ApiError, bad_request, unavailable
-from talaria.proxy.recorder import Recorder
+from talaria.proxy.callpath.keeper import SessionKeeper
+from talaria.proxy.callpath.recorder import Recorder
+from talaria.proxy.contract.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
+from talaria.proxy.contract.errors import ApiError, bad_request, unavailable
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.conversation import Conversation
-from talaria.proxy.sessions.keeper import SessionKeeper
 from talaria.proxy.sessions.state import Resolution, SessionState
 
-log = logging.getLogger("talaria.proxy.gateway")  # the gateway's part: its log name
+log = logging.getLogger("talaria.proxy.callpath.gateway")  # the gateway's part: its log name
 
 CLIENT_GONE = "The client disconnected before the call ended; its generation was stopped."
 """The record of a call whose client went away (status ``cancelled``)."""

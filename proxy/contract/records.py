@@ -145,8 +145,8 @@ class ResponseRecord:
     input_items: list[Any]
     """Its input items, expanded through ``previous_response_id`` (each with an ``id``)."""
     size_bytes: int
-    """The encoded size of all its fields (proxy/responses_quota.py ``stored_bytes``): what it
-    counts against its tenant's storage quota."""
+    """The encoded size of all its fields (proxy/dialects/responses/quota.py
+    ``stored_bytes``): what it counts against its tenant's storage quota."""
 
 
 Record = (

@@ -18,12 +18,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from talaria.core.body_deadline import BodyTimeout
-from talaria.proxy.api.context import json_response
-from talaria.proxy.calls import OVERHEAD_HEADER, CallAbandoned
+from talaria.proxy.callpath.context import json_response
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.forward import Forwarded
-from talaria.proxy.dialects.base import Dialect, components, dialect_of
-from talaria.proxy.errors import ApiError
+from talaria.proxy.contract.calls import OVERHEAD_HEADER, CallAbandoned
+from talaria.proxy.contract.envelope import envelope_of
+from talaria.proxy.contract.errors import ApiError
+from talaria.proxy.dialects.base import Dialect, components
 
 log = logging.getLogger("talaria.proxy")
 
@@ -162,10 +163,10 @@ def _count(scope: Scope, status: int) -> None:
 
 def _error_response(scope: Scope, error: ApiError) -> Response:
     """The error in the envelope of the dialect whose route the request addressed
-    (proxy/dialects/base.py ``dialect_of``): Anthropic's on the Messages routes, OpenAI's
+    (proxy/contract/envelope.py ``envelope_of``): Anthropic's on the Messages routes, OpenAI's
     everywhere else."""
     dialects: tuple[Dialect, ...] = getattr(scope["app"].state, "dialects", ())
-    status, body = dialect_of(scope, dialects).error(error)
+    status, body = envelope_of(scope, dialects).error(error)
     return json_response(body, status, error.headers())
 
 

@@ -14,8 +14,8 @@ from starlette.requests import ClientDisconnect
 
 from talaria.core.calls import Call, ModelOutput
 from talaria.core.types import CallResult
-from talaria.proxy.records import Record
-from talaria.proxy.sessions.identity import Identity
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.records import Record
 
 
 class CallAbandoned(ClientDisconnect):
@@ -71,7 +71,7 @@ class CallOutcome:
 
 
 OVERHEAD_HEADER = "x-talaria-overhead-ms"
-"""The proxy's own time of a request, in milliseconds, on every response (proxy/edge.py): from
+"""The proxy's own time of a request, in milliseconds, on every response (proxy/edge/http.py): from
 its arrival to its response headers (for the histogram ``talaria_proxy_overhead_seconds``: to
 its last byte), less the time its call spent in the runtime (``RuntimeClock``). A stream's
 headers go out as its call starts, so there it is the time before the runtime; a non-streamed
@@ -83,7 +83,7 @@ overhead in and the owner's runtime time out (proxy/cluster/forward.py)."""
 class RuntimeClock:
     """The wall time a call spends in its runtime: from its request sent to the runtime's
     stream ended (``time.perf_counter`` seconds). The rest of a request's time is the
-    proxy's own (``x-talaria-overhead-ms``, proxy/edge.py)."""
+    proxy's own (``x-talaria-overhead-ms``, proxy/edge/http.py)."""
 
     started: float | None = None
     ended: float | None = None
@@ -115,7 +115,7 @@ class CallHandle:
     how: str
     """How the session was found: new, continued, retry or child."""
     abandon: Callable[[], None] = lambda: None
-    """The client went away: stop the call (proxy/runner.py, ``CallRunner.abandon``)."""
+    """The client went away: stop the call (proxy/callpath/runner.py, ``CallRunner.abandon``)."""
     clock: RuntimeClock = field(default_factory=RuntimeClock)
     """The call's time in its runtime."""
 

@@ -10,14 +10,15 @@ from typing import Any
 from fastapi import Request
 
 from talaria.core.calls import Call
-from talaria.proxy.api.context import ProxyContext, context, parse_json, read_bytes
-from talaria.proxy.calls import Api, CallHandle, CallOutcome, PreparedCall
+from talaria.proxy.callpath.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
-from talaria.proxy.errors import ApiError, unavailable, unknown_model
-from talaria.proxy.placement_loop import ColdStartFailed
-from talaria.proxy.records import Record
-from talaria.proxy.sessions.identity import Identity, IdentityError, identify, named_by_header
+from talaria.proxy.contract.calls import Api, CallHandle, CallOutcome, PreparedCall
+from talaria.proxy.contract.errors import ApiError, unavailable, unknown_model
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.records import Record
+from talaria.proxy.placement.loop import ColdStartFailed
+from talaria.proxy.sessions.identity import IdentityError, identify, named_by_header
 
 COLD_RETRY_S = 30.0
 """Retry-After of a call whose model's cold start failed (seconds)."""
@@ -98,7 +99,7 @@ async def check_model(ctx: ProxyContext, model: str) -> None:
     listed may have been placed since (runtime/placement_routes.py): the instances' models
     are read again (their statuses, cached for ``status_ttl_s``) before the 404. With a
     placement controller, a model of its library waits for its cold start instead (503 with
-    Retry-After if that fails: proxy/placement_loop.py ``ensure``)."""
+    Retry-After if that fails: proxy/placement/loop.py ``ensure``)."""
     pool = ctx.gateway.pool
     if model not in pool.models():
         await pool.statuses(None)
@@ -166,7 +167,7 @@ async def open_call(
         route_key=key if ctx.cluster is not None else None,
     )
     handle = await ctx.gateway.open_call(prepared)
-    request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge.py)
+    request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge/http.py)
     headers = {
         "x-talaria-session-id": handle.session_id,
         "x-talaria-session-key": handle.session_key,

@@ -21,32 +21,32 @@ from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.core.placement import PlacementConfig
 from talaria.proxy.api import admin, sessions
 from talaria.proxy.api import models as models_api
-from talaria.proxy.api.context import ProxyContext, context, json_response
-from talaria.proxy.auth import Authenticator
+from talaria.proxy.callpath.auth import Authenticator
+from talaria.proxy.callpath.context import ProxyContext, context, json_response
+from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
+from talaria.proxy.contract.metrics import ProxyMetrics
+from talaria.proxy.contract.records import InstanceRecord
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect
 from talaria.proxy.dialects.registry import DIALECTS
-from talaria.proxy.edge import (
+from talaria.proxy.dialects.responses.store import ResponseStore
+from talaria.proxy.edge.http import (
     RequestIdMiddleware,
     declare_request_models,
     install_error_handlers,
 )
-from talaria.proxy.gateway import Gateway
-from talaria.proxy.lanes import ASGIApp, ProxyApp
-from talaria.proxy.metrics import ProxyMetrics
-from talaria.proxy.placement_library import load_library
-from talaria.proxy.placement_loop import LEADER_KEY, PlacementLoop
-from talaria.proxy.records import InstanceRecord
-from talaria.proxy.responses_store import ResponseStore
+from talaria.proxy.edge.lanes import ASGIApp, ProxyApp
+from talaria.proxy.placement.library import load_library
+from talaria.proxy.placement.loop import LEADER_KEY, PlacementLoop
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.embedded import build_embedded
 from talaria.proxy.runtimes.http import HttpRuntime
-from talaria.proxy.settings import ProxySettings
-from talaria.proxy.shutdown import Shutdown
 from talaria.proxy.store.db import default_url, sqlite_path
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
@@ -105,7 +105,7 @@ def _start_placement(
     cfg: ProxySettings, gateway: Gateway, catalog: Catalog, clock: Clock, cluster: Cluster | None
 ) -> PlacementLoop | None:
     """With a model library: the placement controller over the runtimes; with replicas, the
-    owner of its key looks (proxy/placement_loop.py)."""
+    owner of its key looks (proxy/placement/loop.py)."""
     if cfg.placement_library is None:
         return None
     config = PlacementConfig(
@@ -177,7 +177,7 @@ def create_app(
     """The proxy. Without ``runtimes`` it builds the embedded simulated node(s) of
     ``settings``; without ``clock`` it uses the loop's time × ``settings.time_scale``;
     ``dialects``: the APIs it speaks (proxy/dialects/registry.py); ``call_lanes``: their
-    call routes served around FastAPI's routing (proxy/lanes.py; False: through it, as the
+    call routes served around FastAPI's routing (proxy/edge/lanes.py; False: through it, as the
     lanes' equivalence test compares)."""
     cfg = settings or ProxySettings()
 

@@ -1,6 +1,6 @@
 """Shutting down within ``drain_timeout_s`` (D), losing nothing.
 
-On SIGTERM / SIGINT (``talaria serve``, proxy/serve.py, calls :meth:`Shutdown.begin`):
+On SIGTERM / SIGINT (``talaria serve``, proxy/edge/serve.py, calls :meth:`Shutdown.begin`):
 
 1. uvicorn stops accepting connections and closes idle ones; calls in flight go on.
 2. At D − R (R = :func:`flush_reserve_s`), the calls still running are aborted: each client
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from talaria.proxy.gateway import Gateway
+from talaria.proxy.callpath.gateway import Gateway
 from talaria.proxy.store.deadletters import DeadLetters
 from talaria.proxy.store.writer import BatchWriter
 

@@ -28,7 +28,7 @@ proxy's event loop. 4,096 values and 100,000 characters for the whole request: t
 whole tool sets build 20–26 values and 110–195 characters (Claude Code's 12 tools, Codex's 12,
 Qwen Code's 10, tests/fixtures/agent_tools/, measured by tests/unit/test_schema_instance.py),
 so the budget is over 150 times what they need, and at their 2–4 values a tool it holds more
-tools than a request may offer (proxy/request_bounds.py ``MAX_TOOLS``, 512). 100,000
+tools than a request may offer (proxy/callpath/bounds.py ``MAX_TOOLS``, 512). 100,000
 characters is ~25,000 tokens at 4 bytes a token (core/calls.py ``BYTES_PER_TOKEN``), beyond
 what a model writes in one tool call or answer. The largest build the budget allows takes
 ~20 ms (``bench/schema_bomb.py``; docs/operations.md, "Bounds, quotas and timeouts"). The

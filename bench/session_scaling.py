@@ -176,7 +176,7 @@ def _prepared(request_id: str, tenant: str, identity: Identity, tag: str) -> Pre
         tenant_id=tenant,
         identity=identity,
         api="chat",
-        call=Call(model=MODEL, messages=messages),
+        content=Call(model=MODEL, messages=messages),
         max_tokens=16,
     )
 

@@ -15,7 +15,10 @@ from sqlalchemy import pool, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.store.models import Base
+
+assert DIALECTS  # imported for its dialects' own tables, which join Base.metadata
 
 config = context.config
 target_metadata = Base.metadata

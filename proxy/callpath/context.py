@@ -1,5 +1,7 @@
-"""What every route reaches through ``request.app.state``: the proxy's parts, built by the
-lifespan (proxy/edge/app.py). Plus small response helpers."""
+"""What every route reaches through ``request.app.state``: the proxy's parts, as the app's
+services started them (proxy/edge/services.py ``context_of``). A stateful dialect's own
+service is not here: its routes reach it by its name (proxy/dialects/base.py ``service_of``).
+Plus small response helpers."""
 
 from __future__ import annotations
 
@@ -22,7 +24,6 @@ from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
 from talaria.proxy.contract.errors import ApiError, bad_request
 from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.contract.settings import ProxySettings
-from talaria.proxy.dialects.responses.store import ResponseStore
 from talaria.proxy.placement.loop import PlacementLoop
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
@@ -39,7 +40,6 @@ class ProxyContext:
     writer: BatchWriter
     metrics: ProxyMetrics
     auth: Authenticator
-    responses: ResponseStore
     stored: StoreService
     shutdown: Shutdown
     watchdog: LoopWatchdog

@@ -9,14 +9,12 @@ from typing import Any
 
 from fastapi import Request
 
-from talaria.core.calls import Call
 from talaria.proxy.callpath.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
-from talaria.proxy.contract.calls import Api, CallHandle, CallOutcome, PreparedCall
+from talaria.proxy.contract.calls import ApiCall, CallHandle, PreparedCall
 from talaria.proxy.contract.errors import ApiError, unavailable, unknown_model
 from talaria.proxy.contract.identity import Identity
-from talaria.proxy.contract.records import Record
 from talaria.proxy.placement.loop import ColdStartFailed
 from talaria.proxy.sessions.identity import IdentityError, identify, named_by_header
 
@@ -138,33 +136,29 @@ async def ask_peers(
 
 
 async def open_call(
-    request: Request,
-    ctx: ProxyContext,
-    tenant: str,
-    api: Api,
-    call: Call,
-    body: Any,
-    extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None,
+    request: Request, ctx: ProxyContext, tenant: str, parsed: ApiCall
 ) -> tuple[CallHandle, dict[str, str]]:
-    """Start the call (after ``read_body``): its session's identity (400 if malformed), its
-    place (with replicas, forwarded to the owner of a session its body identifies), its
-    model, then the gateway. Returns its handle and the headers of the reply.
-    ``extra_records``: what the API stores with the call's records when it succeeds."""
+    """Start the call its dialect parsed (after ``read_body``): its session's identity (400 if
+    malformed), its place (with replicas, forwarded to the owner of a session its body
+    identifies), its model, then the gateway. Returns its handle and the headers of the
+    reply."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
+    call = parsed.content
     key = _placement_key(request, ctx, tenant, identity, call.messages)
     if not known.placed:
-        await forward_to_owner(request, ctx, key, body)
+        await forward_to_owner(request, ctx, key, parsed.body)
     await check_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
         tenant_id=tenant,
         identity=identity,
-        api=api,
-        call=call,
+        api=parsed.api,
+        content=call,
         max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
-        extra_records=extra_records,
+        extra_records=parsed.extra_records,
         route_key=key if ctx.cluster is not None else None,
+        format_param=parsed.format_param,
     )
     handle = await ctx.gateway.open_call(prepared)
     request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge/http.py)

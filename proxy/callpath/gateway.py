@@ -137,8 +137,8 @@ class Gateway:
     async def open_call(self, call: PreparedCall) -> CallHandle:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
-        tools = tools_fingerprint(call.call.tools)
-        messages = call.call.messages
+        tools = tools_fingerprint(call.content.tools)
+        messages = call.content.messages
         conversation = Conversation.of(messages) if messages is not None else EMPTY
         call, prompt_tokens, statuses = await self._admit(call, tools, conversation)
         now_s, now_at = self._clock.now(), datetime.now(UTC)
@@ -156,11 +156,11 @@ class Gateway:
         it: a schema past its budget or a prompt past the context window (400), the shutdown
         or a store that cannot take its records (503), the tenant's calls in flight at their
         bound (429), no instance of its model (503)."""
-        self._schemas.check(call.call, tools.digest, call.api)
-        if call.call.messages is not None:  # Call.prompt_tokens, from the sums already made
+        self._schemas.check(call.content, tools.digest, call.format_param)
+        if call.content.messages is not None:  # Call.prompt_tokens, from the sums already made
             prompt_tokens = max(1, conversation.tokens[-1] + tools.tokens)
         else:
-            prompt_tokens = call.call.prompt_tokens()
+            prompt_tokens = call.content.prompt_tokens()
         call = fit_window(call, prompt_tokens, self.pool.context_window(call.model))
         if self._closing:
             raise unavailable(SHUTDOWN)
@@ -201,8 +201,8 @@ class Gateway:
                 conversation=conversation,
                 now_s=now_s,
                 now_at=now_at,
-                match=call.call.messages is not None,
-                offers_tools=bool(call.call.tools),
+                match=call.content.messages is not None,
+                offers_tools=bool(call.content.tools),
             )
         except SessionLimit as full:  # Retry-After: when its least recent one may idle out
             idle_in_s = full.oldest_activity_s + self.keeper.idle_timeout_s - now_s
@@ -357,11 +357,11 @@ def fit_window(call: PreparedCall, prompt_tokens: int, window: int | None) -> Pr
     it renders (runtime/engines/vllm/generate.py)."""
     if window is None or prompt_tokens + call.max_tokens <= window:
         return call
-    if call.call.max_output_tokens is None and prompt_tokens < window:
+    if call.content.max_output_tokens is None and prompt_tokens < window:
         return replace(call, max_tokens=window - prompt_tokens)
     asked = (
         f"asks for up to {call.max_tokens} more"
-        if call.call.max_output_tokens is not None
+        if call.content.max_output_tokens is not None
         else "leaves no room for output"
     )
     raise bad_request(

@@ -88,7 +88,7 @@ class SessionKeeper:
         if (held := state.threads.get(thread)) is not None:
             held.last_instance = instance
         state.last_finish_reason = output.finish_reason
-        if call.call.messages is not None and not state.ended:
+        if call.content.messages is not None and not state.ended:
             reply = fingerprint(output.as_message())
             self._sessions.call_finished(state, conversation, reply, self._clock.now(), thread)
 
@@ -102,7 +102,7 @@ class SessionKeeper:
         of it is kept (no reservation, no session record that would reopen it)."""
         if state.ended:
             return
-        single = call.call.messages is None and not call.identity.explicit
+        single = call.content.messages is None and not call.identity.explicit
         final = call.identity.final or single
         taken = self._reservations.finished(
             state.runtime_key(thread),

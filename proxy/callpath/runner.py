@@ -77,9 +77,9 @@ def runtime_request(
         session_final=call.identity.final,
         stream=call.stream,
         shared_prefix_tokens=shared_tokens,
-        call=call.call,
+        call=call.content,
         cache_salt=tenant_salt(call.tenant_id),
-        output_tokens=call.max_tokens if call.call.sampling.ignore_eos else None,
+        output_tokens=call.max_tokens if call.content.sampling.ignore_eos else None,
     )
 
 

@@ -21,9 +21,6 @@ from talaria.proxy.contract.errors import bad_request
 
 REMEMBERED_TOOL_SETS = 4096
 
-FORMAT_PARAMS = {"responses": "text.format"}
-"""Where each API carries the response format, when not at ``response_format``."""
-
 
 class SchemaCheck:
     """The edge check of a call's schemas, remembering up to ``remember`` tool sets that
@@ -36,7 +33,7 @@ class SchemaCheck:
     def __len__(self) -> int:
         return len(self._passed)
 
-    def check(self, call: Call, tools_digest: bytes, api: str) -> None:
+    def check(self, call: Call, tools_digest: bytes, format_param: str) -> None:
         """Raise a 400 ``ApiError`` (code ``schema_too_large``) for a call whose schemas
         cannot all be built within one budget of core/schema_instance.py."""
         left = self._passed.get(tools_digest) if call.tools else None
@@ -50,7 +47,6 @@ class SchemaCheck:
                     self._passed.popitem(last=False)
             elif left is not None:
                 self._passed.move_to_end(tools_digest)
-            format_param = FORMAT_PARAMS.get(api, "response_format")
             check_schemas((), call.sampling.response_format, format_param, after_tools)
         except SchemaTooLarge as exc:
             raise bad_request(str(exc), param=exc.param, code=exc.code) from None

@@ -32,32 +32,49 @@ SHUTDOWN = "The server is shutting down; retry the call."
 
 
 @dataclass(frozen=True)
+class ApiCall:
+    """A call as its dialect parsed it, for the door to open (proxy/callpath/door.py
+    ``open_call``): the route it came through, what it asks (``content``), the body as the
+    client sent it (a replica forwards it to the session's owner as it came), where the
+    dialect carries a response format (named when its schema is too large), and the records
+    the dialect adds to the call's own when it succeeds (the Responses API's stored
+    response)."""
+
+    api: Api
+    content: Call
+    body: Any
+    format_param: str = "response_format"
+    extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
+
+
+@dataclass(frozen=True)
 class PreparedCall:
-    """What the API layer extracted from a request: the normalized call, who sent it, and
-    through which dialect."""
+    """What the API layer extracted from a request: what the call asks (``content``: the
+    normalized call), who sent it, and through which dialect."""
 
     request_id: str
     tenant_id: str
     identity: Identity
     api: Api
-    call: Call
+    content: Call
     max_tokens: int
     """The output limit: the call's own, or the server's default."""
     extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
-    """Records the API adds to the call's own when it succeeds (the Responses API's stored
-    response), committed with them."""
+    """Records the API adds to the call's own when it succeeds, committed with them."""
     route_key: str | None = None
     """The session's key among proxy replicas (proxy/cluster/owner.py), when there are any."""
+    format_param: str = "response_format"
+    """Where the dialect carries a response format (``ApiCall.format_param``)."""
 
     @property
     def model(self) -> str:
         """The model the call asks for."""
-        return self.call.model
+        return self.content.model
 
     @property
     def stream(self) -> bool:
         """Whether the client asked for a stream."""
-        return self.call.stream
+        return self.content.stream
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ store's batched writer; the store turns them into rows (proxy/store/).
 
 A session is named by ``session_key``, the proxy's key (``ses_<hex>``); ``session_id`` is
 only ever the client's id of it. Each field is stored in the column of the same name of its
-record's row (proxy/store/models.py; ``mapping.RECORD_ROWS`` pairs them), and read back into
+record's row (proxy/store/models.py; ``mapping.record_rows`` pairs them), and read back into
 the record by that name: a new stored field is declared here and in the row (plus a
 migration), nowhere else."""
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass(frozen=True)
@@ -131,22 +131,16 @@ class InstanceRecord:
 
 
 @dataclass(frozen=True)
-class ResponseRecord:
-    """A stored response of the Responses API (upserted by id)."""
+class TableRecord:
+    """A record of a table a dialect keeps in the store (its own folder declares the table:
+    proxy/dialects/responses/tables.py). The class says where it goes: ``ROW``, the
+    SQLAlchemy model of its rows (on proxy/store/models.py ``Base``); ``KEY``, the field that
+    keys them; ``OWNER``, the field of the tenant that owns one. The batched writer upserts it
+    by key within its owner, every field replaced (proxy/store/batch.py)."""
 
-    response_id: str
-    tenant_id: str
-    session_key: str
-    model: str
-    created_at: datetime
-    expires_at: datetime
-    response: dict[str, Any]
-    """The response object as the client got it."""
-    input_items: list[Any]
-    """Its input items, expanded through ``previous_response_id`` (each with an ``id``)."""
-    size_bytes: int
-    """The encoded size of all its fields (proxy/dialects/responses/quota.py
-    ``stored_bytes``): what it counts against its tenant's storage quota."""
+    ROW: ClassVar[Any]
+    KEY: ClassVar[str]
+    OWNER: ClassVar[str]
 
 
 Record = (
@@ -156,5 +150,5 @@ Record = (
     | ReservationRecord
     | HintRecord
     | InstanceRecord
-    | ResponseRecord
+    | TableRecord
 )

@@ -1,55 +1,38 @@
-"""The proxy application: ``create_app(settings)``; the lifespan owns the database engine, the
-batched writer, the runtime clients and the gateway."""
+"""The proxy application: ``create_app(settings)``. Its lifespan starts the proxy's services in
+dependency order and stops them in the reverse one (proxy/edge/services.py declares them,
+proxy/edge/lifecycle.py runs them); the app mounts the dialects' routes, the model list, the
+session hints and ends, the admin API and the console, and serves health and metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from talaria.core.body_deadline import BodyDeadline
-from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
-from talaria.core.loop_watchdog import LoopWatchdog
-from talaria.core.placement import PlacementConfig
 from talaria.proxy.api import admin, sessions
 from talaria.proxy.api import models as models_api
-from talaria.proxy.callpath.auth import Authenticator
-from talaria.proxy.callpath.context import ProxyContext, context, json_response
-from talaria.proxy.callpath.gateway import Gateway
-from talaria.proxy.callpath.shutdown import Shutdown
-from talaria.proxy.cluster.forward import Cluster
-from talaria.proxy.cluster.handoff import AdoptableSession
-from talaria.proxy.cluster.membership import Membership
+from talaria.proxy.callpath.context import context, json_response
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
-from talaria.proxy.contract.metrics import ProxyMetrics
-from talaria.proxy.contract.records import InstanceRecord
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect
 from talaria.proxy.dialects.registry import DIALECTS
-from talaria.proxy.dialects.responses.store import ResponseStore
 from talaria.proxy.edge.http import (
     RequestIdMiddleware,
     declare_request_models,
     install_error_handlers,
 )
 from talaria.proxy.edge.lanes import ASGIApp, ProxyApp
-from talaria.proxy.placement.library import load_library
-from talaria.proxy.placement.loop import LEADER_KEY, PlacementLoop
+from talaria.proxy.edge.lifecycle import Lifecycle
+from talaria.proxy.edge.services import context_of, declare
 from talaria.proxy.runtimes.base import RuntimeClient
-from talaria.proxy.runtimes.embedded import build_embedded
-from talaria.proxy.runtimes.http import HttpRuntime
-from talaria.proxy.store.db import default_url, sqlite_path
-from talaria.proxy.store.repository import SqlStore
-from talaria.proxy.store.service import StoreService
 
 log = logging.getLogger("talaria.proxy")
 
@@ -61,109 +44,6 @@ def freeze_startup_objects() -> None:
     most of the p99 latency (docs/proxy-overhead.md)."""
     gc.collect()
     gc.freeze()
-
-
-async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) -> Cluster | None:
-    """With ``replica_url``: join the replicas sharing the database (PostgreSQL only)."""
-    if cfg.replica_url is None:
-        gateway.pool.set_drained(await store.cluster.drained())  # a drain outlives a restart
-        return None
-    if sqlite_path(cfg.database_url or default_url()) is not None:
-        raise RuntimeError(
-            "TALARIA_REPLICA_URL needs a PostgreSQL database shared by the replicas; "
-            "SQLite serves one proxy"
-        )
-    membership = Membership(
-        store.cluster,
-        cfg.replica_url,
-        cfg.replica_url,
-        heartbeat_s=cfg.replica_heartbeat_s,
-        ttl_s=cfg.replica_ttl_s,
-        on_drained=gateway.pool.set_drained,
-    )
-    await membership.start()
-
-    async def adopt(tenant_id: str, session_id: str) -> AdoptableSession | None:
-        found = await store.sessions.open_root_session(tenant_id, session_id)
-        if found is None:
-            return None
-        summary, instance = found
-        return AdoptableSession(
-            summary.session_key, summary.model, summary.started_at, summary.calls, instance
-        )
-
-    gateway.use_replicas(
-        lambda key: membership.owner_of(key) is None, adopt, lambda: membership.generation
-    )
-    assert cfg.cluster_secret is not None  # ProxySettings requires it with replica_url
-    cluster = Cluster(membership, cfg.cluster_secret, cfg.replica_read_timeout_s)
-    cluster.start()
-    return cluster
-
-
-def _start_placement(
-    cfg: ProxySettings, gateway: Gateway, catalog: Catalog, clock: Clock, cluster: Cluster | None
-) -> PlacementLoop | None:
-    """With a model library: the placement controller over the runtimes; with replicas, the
-    owner of its key looks (proxy/placement/loop.py)."""
-    if cfg.placement_library is None:
-        return None
-    config = PlacementConfig(
-        interval_s=cfg.placement_interval_s,
-        window_s=cfg.placement_window_s,
-        min_hold_s=cfg.placement_min_hold_s,
-        drain_s=cfg.placement_drain_s,
-    )
-    membership = cluster.membership if cluster is not None else None
-    try:
-        loop = PlacementLoop(
-            gateway.pool,
-            load_library(cfg.placement_library),
-            {name: spec.weight_bytes for name, spec in catalog.models.items()},
-            config,
-            clock,
-            leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
-            cold_start_timeout_s=cfg.placement_cold_start_timeout_s,
-        )
-    except ValueError as exc:  # a library that does not load, runtimes that cannot place
-        raise RuntimeError(f"placement: {exc}") from exc
-    loop.start()
-    return loop
-
-
-STALE_SWEEP_S = 60.0
-"""How often a replica ends the sessions no live replica holds (wall seconds)."""
-
-
-async def _end_stale_sessions(store: SqlStore, cfg: ProxySettings) -> None:
-    """Replicas share the store, so none may end all open sessions at start (its peers hold
-    some). Instead each ends, now and then, the open sessions whose last call is older than
-    the idle timeout plus a sweep: their owner would have ended them already, so the replica
-    that held them is gone (reason ``stale``)."""
-    while True:
-        await asyncio.sleep(STALE_SWEEP_S)
-        now = datetime.now(UTC)
-        cutoff = now - timedelta(seconds=cfg.session_idle_timeout_s + STALE_SWEEP_S)
-        try:
-            ended = await store.sessions.end_open_sessions("stale", now, last_call_before=cutoff)
-        except Exception as exc:  # the store may be down; try again next time
-            log.warning("ending stale sessions failed: %r", exc)
-            continue
-        if ended:
-            log.warning("ended %d sessions no replica holds (reason 'stale')", ended)
-
-
-PURGE_INTERVAL_S = 600.0
-"""How often expired stored responses are deleted (wall seconds)."""
-
-
-async def _purge_responses(responses: ResponseStore) -> None:
-    while True:
-        await asyncio.sleep(PURGE_INTERVAL_S)
-        try:
-            await responses.purge()
-        except Exception as exc:  # the store may be down; try again next time
-            log.warning("purging stored responses failed: %r", exc)
 
 
 def create_app(
@@ -183,121 +63,18 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        stored = await StoreService.open(cfg)
-        store, writer = stored.store, stored.writer
+        life = Lifecycle()
         the_clock = clock or LoopClock(cfg.time_scale)
-        try:
-            catalog = load_catalog(cfg.catalog_path)
-        except CatalogError as exc:
-            raise RuntimeError(f"cannot load the model catalog: {exc}") from exc
-        clients: list[RuntimeClient]
-        if runtimes is not None:
-            clients = list(runtimes)
-        elif cfg.runtimes:
-            token = cfg.runtime_token.get_secret_value() if cfg.runtime_token else None
-            clients = [
-                HttpRuntime(
-                    url,
-                    status_ttl_s=cfg.status_ttl_s,
-                    status_stale_s=cfg.status_stale_s,
-                    status_timeout_s=cfg.status_timeout_s,
-                    token=token,
-                )
-                for url in cfg.runtimes
-            ]
-        else:
-            clients = list(build_embedded(cfg, catalog, the_clock))
-        for client in clients:
-            await client.start()
-        windows = {m: spec.context_window_tokens for m, spec in catalog.models.items()}
-        metrics = ProxyMetrics()
-        gateway = Gateway(
-            clients,
-            writer,
-            metrics,
-            the_clock,
-            router=cfg.router,
-            routing_seed=cfg.routing_seed,
-            catalog_windows=windows,
-            max_inflight_per_tenant=cfg.max_inflight_per_tenant,
-            max_sessions_per_tenant=cfg.max_sessions_per_tenant,
-            max_threads_per_session=cfg.max_threads_per_session,
-            session_idle_timeout_s=cfg.session_idle_timeout_s,
-            durable=cfg.durability == "commit",
-            commit_timeout_s=cfg.commit_timeout_s,
-            time_scale=the_clock.scale if isinstance(the_clock, LoopClock) else 1.0,
-        )
-        gateway.start()
-        responses = ResponseStore(
-            writer,
-            store.responses,
-            enabled=cfg.store_responses,
-            ttl_s=cfg.responses_ttl_s,
-            tenant_quota_bytes=cfg.responses_tenant_quota_bytes,
-            max_bytes=cfg.responses_max_bytes,
-        )
-        await responses.start()  # the storage quota's totals, read before serving
-        purger = asyncio.get_running_loop().create_task(_purge_responses(responses))
-        auth = Authenticator(
-            cfg.api_keys, store.tenants, allow_open=cfg.allow_open, metrics_token=cfg.metrics_token
-        )
-        await auth.start()  # reads the key mode and warns when it is open
-        now = datetime.now(UTC)
-        for client in clients:
-            record = InstanceRecord(
-                client.name, client.kind, client.address, list(client.models), now
-            )
-            writer.submit(record)
-        cluster = await _join_replicas(cfg, store, gateway)
-        placement = _start_placement(cfg, gateway, catalog, the_clock, cluster)
-        shutdown = Shutdown(
-            gateway,
-            writer,
-            stored.dead_letters,
-            cfg.drain_timeout_s,
-            leave=cluster.membership.stop if cluster else None,
-            relays=cluster.abort_relays if cluster else None,
-        )
-        watchdog = LoopWatchdog(stall_s=cfg.loop_stall_s)
-        watchdog.start()
-        app.state.talaria = ProxyContext(
-            cfg,
-            gateway,
-            store,
-            writer,
-            metrics,
-            auth,
-            responses,
-            stored,
-            shutdown,
-            watchdog,
-            cluster,
-            placement,
-        )
-        sweeper = (
-            asyncio.get_running_loop().create_task(_end_stale_sessions(store, cfg))
-            if cluster
-            else None
-        )
+        declare(life, cfg, runtimes=runtimes, clock=the_clock, dialects=dialects)
+        parts = await life.start()  # each service after what it needs (proxy/edge/services.py)
+        app.state.talaria = context_of(cfg, parts)
+        app.state.dialect_services = parts.get("dialects", dict)
         if cfg.freeze_gc:
             freeze_startup_objects()
         try:
             yield
         finally:
-            for task in (purger, sweeper):
-                if task is not None:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-            if placement is not None:
-                await placement.close()
-            await responses.close()
-            await shutdown.finish()
-            watchdog.stop()
-            if cluster is not None:
-                await cluster.close()
-            for client in clients:
-                await client.close()
-            await stored.close()
+            await life.stop()  # the reverse order: the drain first, the store last
 
     app = ProxyApp(
         title="Talaria proxy",

@@ -37,7 +37,8 @@ Rules (the writer may retry a batch, so applying one twice must give the same ro
 - ``ReservationRecord``: upserted by ``reservation_id``; release fields are set when given and
   never cleared by a later record without them.
 - ``InstanceRecord``: upserted by name, every field replaced.
-- ``ResponseRecord``: upserted by ``response_id`` within its tenant, every field replaced.
+- a ``TableRecord`` (the table of a dialect: proxy/contract/records.py): upserted by its
+  ``KEY`` within its ``OWNER``, every field replaced; written after the tables above.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ from talaria.proxy.contract.records import (
     InstanceRecord,
     Record,
     ReservationRecord,
-    ResponseRecord,
     SessionRecord,
+    TableRecord,
 )
 from talaria.proxy.store.call_numbers import CallNumbers
 from talaria.proxy.store.mapping import SESSION_COUNTERS, row_values
@@ -72,7 +73,6 @@ from talaria.proxy.store.models import (
     InstanceRow,
     ReservationRow,
     SessionRow,
-    StoredResponse,
     as_utc,
 )
 
@@ -273,6 +273,27 @@ def _replace(table: _Table, key: str, fields: Row) -> None:
         row.update(fields)
 
 
+def _owned_tables(db: Connection, records: Sequence[Record]) -> dict[type, _Table]:
+    """Each ``TableRecord`` type of the batch's table, its rows loaded."""
+    tables: dict[type, _Table] = {}
+    for rec in records:
+        if isinstance(rec, TableRecord) and type(rec) not in tables:
+            kind = type(rec)
+            table = tables[kind] = _Table(kind.ROW, kind.KEY, kind.OWNER)
+            table.load(db, (getattr(r, kind.KEY) for r in records if type(r) is kind))
+    return tables
+
+
+def _apply_owned(table: _Table, rec: TableRecord) -> None:
+    """Upsert ``rec`` by its key, unless its row belongs to another owner (dropped, logged)."""
+    key = getattr(rec, rec.KEY)
+    existing = table.get(key)
+    if existing is not None and existing[rec.OWNER] != getattr(rec, rec.OWNER):
+        _refused(type(rec).__name__, key, rec.OWNER)
+        return
+    _replace(table, key, row_values(rec))
+
+
 def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     """Apply ``records`` in order inside ``db``'s transaction (written, not committed). A
     plain function of a sync ``Connection`` (Core only, no ORM session):
@@ -283,7 +304,6 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     calls = _Table(CallRow, "request_id", "session_key")
     reservations = _Table(ReservationRow, "reservation_id")
     instances = _Table(InstanceRow, "name")
-    responses = _Table(StoredResponse, "response_id", "tenant_id")
     sessions.load(db, (r.session_key for r in records if isinstance(r, SessionRecord | CallRecord)))
     calls.load(db, (r.request_id for r in records if isinstance(r, CallRecord)))
     numbers = CallNumbers(_table(CallRow))
@@ -297,7 +317,7 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
     )
     reservations.load(db, (r.reservation_id for r in records if isinstance(r, ReservationRecord)))
     instances.load(db, (r.name for r in records if isinstance(r, InstanceRecord)))
-    responses.load(db, (r.response_id for r in records if isinstance(r, ResponseRecord)))
+    owned = _owned_tables(db, records)
     decisions: list[Row] = []
     hints: list[Row] = []
     for rec in records:
@@ -315,15 +335,11 @@ def apply_batch(db: Connection, records: Sequence[Record]) -> None:
             _apply_reservation(reservations, rec)
         elif isinstance(rec, InstanceRecord):
             _replace(instances, rec.name, row_values(rec))
-        elif isinstance(rec, ResponseRecord):
-            existing = responses.get(rec.response_id)
-            if existing is not None and existing["tenant_id"] != rec.tenant_id:
-                _refused("response", rec.response_id, "tenant")
-                continue
-            _replace(responses, rec.response_id, row_values(rec))
+        elif isinstance(rec, TableRecord):
+            _apply_owned(owned[type(rec)], rec)
         else:  # pragma: no cover - guarded by the Record union
             raise TypeError(f"not a store record: {type(rec).__name__}")
-    for table in (sessions, calls, reservations, instances, responses):  # sessions first
+    for table in (sessions, calls, reservations, instances, *owned.values()):  # sessions first
         table.write(db)
     if decisions:
         db.execute(insert(_table(DecisionRow)), decisions)

@@ -4,8 +4,9 @@ A stored field is declared twice: in its record (``talaria.proxy.contract.record
 gateway writes) and in its row (``models.py``, the column, plus a migration). Everything between
 them is derived here from ``dataclasses.fields``: :func:`row_values` turns a record into the column
 values the batched writer inserts and updates (``batch.py``), and :func:`from_row` turns a row back
-into a record or a view (``views.py``) by its field names. :data:`RECORD_ROWS` says which row each
-record is written to and :data:`ROW_ONLY_COLUMNS` which columns a row has beyond its record's
+into a record or a view (``views.py``) by its field names. :data:`CORE_ROWS` says which row each
+record is written to (:func:`record_rows` with the dialects' own tables) and
+:data:`ROW_ONLY_COLUMNS` which columns a row has beyond its record's
 fields; tests/store/test_store_mapping.py checks every row's columns against them.
 """
 
@@ -25,8 +26,8 @@ from talaria.proxy.contract.records import (
     InstanceRecord,
     Record,
     ReservationRecord,
-    ResponseRecord,
     SessionRecord,
+    TableRecord,
 )
 from talaria.proxy.store.models import (
     Base,
@@ -36,23 +37,36 @@ from talaria.proxy.store.models import (
     InstanceRow,
     ReservationRow,
     SessionRow,
-    StoredResponse,
     as_utc,
 )
 
 SESSION_COUNTERS = ("calls", "prompt_tokens", "cached_tokens", "output_tokens")
 """The columns of ``sessions`` that sum its calls (``batch.py``): in no record."""
 
-RECORD_ROWS: dict[type[Record], type[Base]] = {
+CORE_ROWS: dict[type[Record], type[Base]] = {
     SessionRecord: SessionRow,
     CallRecord: CallRow,
     DecisionRecord: DecisionRow,
     ReservationRecord: ReservationRow,
     HintRecord: HintRow,
     InstanceRecord: InstanceRow,
-    ResponseRecord: StoredResponse,
 }
-"""Each record type and the row it is written to: a column per field, of the same name."""
+"""Each record type of the store's own and the row it is written to: a column per field, of
+the same name."""
+
+
+def record_rows() -> dict[type[Record], type[Base]]:
+    """``CORE_ROWS`` and every dialect's ``TableRecord`` (of the dialects imported so far) with
+    its ``ROW``."""
+    return {**CORE_ROWS, **{kind: kind.ROW for kind in _table_records(TableRecord)}}
+
+
+def _table_records(base: type[TableRecord]) -> list[type[TableRecord]]:
+    found = []
+    for kind in base.__subclasses__():
+        found += [kind, *_table_records(kind)]
+    return found
+
 
 ROW_ONLY_COLUMNS: dict[type[Base], frozenset[str]] = {
     SessionRow: frozenset(SESSION_COUNTERS),
@@ -101,13 +115,17 @@ def _record_columns(kind: type[Any]) -> Columns:
     return tuple(plain), tuple(converted)
 
 
-_COLUMNS: dict[type[Any], Columns] = {kind: _record_columns(kind) for kind in RECORD_ROWS}
+_COLUMNS: dict[type[Any], Columns] = {kind: _record_columns(kind) for kind in CORE_ROWS}
 
 
 def row_values(record: Record) -> dict[str, Any]:
-    """``record``'s fields as the column values of its row (:data:`RECORD_ROWS`): each field
+    """``record``'s fields as the column values of its row (:func:`record_rows`): each field
     under its own name, datetimes as aware UTC, dicts and lists copied."""
-    plain, converted = _COLUMNS[type(record)]
+    kind = type(record)
+    columns = _COLUMNS.get(kind)
+    if columns is None:  # a dialect's own record, seen first
+        columns = _COLUMNS[kind] = _record_columns(kind)
+    plain, converted = columns
     values = {name: getattr(record, name) for name in plain}
     for name, convert in converted:
         values[name] = convert(getattr(record, name))

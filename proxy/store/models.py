@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
-    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -221,35 +220,6 @@ class InstanceRow(Base):
     models: Mapped[list[str]]
     last_seen_at: Mapped[datetime]
     status: Mapped[dict[str, Any]]
-
-
-class StoredResponse(Base):
-    """A response of the Responses API kept for ``previous_response_id`` and
-    ``GET /v1/responses/{id}``: the response object as returned, and its input items expanded
-    through its predecessors (so a continuation reads one row). Kept until ``expires_at``;
-    ``store: false`` keeps nothing. ``size_bytes`` is what the row counts against its tenant's
-    storage quota (proxy/dialects/responses/quota.py); the index on (tenant, expiry, size) holds
-    everything the quota's ``SUM`` per tenant reads, so that query never touches the JSON."""
-
-    __tablename__ = "responses"
-    __table_args__ = (
-        Index(
-            "ix_responses_tenant_id_expires_at_size_bytes",
-            "tenant_id",
-            "expires_at",
-            "size_bytes",
-        ),
-    )
-
-    response_id: Mapped[str] = mapped_column(String, primary_key=True)
-    tenant_id: Mapped[str] = mapped_column(String, index=True)
-    session_key: Mapped[str] = mapped_column(String)
-    model: Mapped[str] = mapped_column(String)
-    created_at: Mapped[datetime]
-    expires_at: Mapped[datetime] = mapped_column(index=True)
-    response: Mapped[dict[str, Any]]
-    input_items: Mapped[list[Any]] = mapped_column(JSON)
-    size_bytes: Mapped[int] = mapped_column(BigInteger, server_default="0")
 
 
 class DeadLetter(Base):

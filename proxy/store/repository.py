@@ -6,7 +6,6 @@ in its own module, for everything read or written outside those batches:
 
 - ``sessions`` (sessions.py): sessions, calls, routing decisions, reservations and hints;
 - ``cluster`` (cluster.py): replicas sharing the database, runtime instances, drains;
-- ``responses`` (responses.py): stored responses of the Responses API;
 - ``tenants`` (tenants.py): tenants and API keys;
 - ``dead_letters`` (deadletters.py): records the database refused.
 
@@ -25,7 +24,6 @@ from talaria.proxy.store.batch import apply_batch
 from talaria.proxy.store.cluster import ClusterTables
 from talaria.proxy.store.deadletters import DeadLetterTable
 from talaria.proxy.store.health import SqliteFileGuard, is_content_error
-from talaria.proxy.store.responses import ResponseTables
 from talaria.proxy.store.sessions import SessionTables
 from talaria.proxy.store.tenants import TenantTables
 
@@ -44,9 +42,14 @@ class SqlStore:
         self._guard = guard
         self.sessions = SessionTables(sessionmaker)
         self.cluster = ClusterTables(sessionmaker)
-        self.responses = ResponseTables(sessionmaker)
         self.tenants = TenantTables(sessionmaker)
         self.dead_letters = DeadLetterTable(sessionmaker, guard)
+
+    @property
+    def sessionmaker(self) -> async_sessionmaker[AsyncSession]:
+        """The sessions its table groups read with; a dialect's own tables use it too
+        (proxy/dialects/responses/tables.py)."""
+        return self._sessionmaker
 
     async def write_batch(self, records: Sequence[Record]) -> None:
         """Apply ``records`` in order, in one transaction (all or nothing). Safe to retry.

@@ -14,7 +14,6 @@ import binascii
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from talaria.proxy.contract.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
 from talaria.proxy.store.models import as_utc
@@ -76,15 +75,6 @@ class SessionPage:
 
     items: tuple[SessionSummary, ...]
     next_cursor: str | None
-
-
-@dataclass(frozen=True)
-class StoredResponseView:
-    """A stored response as a continuation reads it: the response and its input items."""
-
-    response_id: str
-    response: dict[str, Any]
-    input_items: list[Any]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from talaria.core.calls import Call
 from talaria.proxy.callpath.context import json_response
 from talaria.proxy.callpath.door import open_call, read_body
+from talaria.proxy.contract.calls import ApiCall
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect, request_body
@@ -57,7 +58,7 @@ toy_router = APIRouter()
 async def say(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     call = toy_call(parse(ToyRequest, raw, status=400))
-    handle, headers = await open_call(request, ctx, tenant, "toy", call, raw)
+    handle, headers = await open_call(request, ctx, tenant, ApiCall("toy", call, raw))
     outcome = await handle.outcome()
     return json_response({"reply": outcome.output.text, "ok": True}, headers=headers)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
-from talaria.cli.keys import keys_app
 from typer.testing import CliRunner
 
+from talaria.cli.keys import keys_app
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.store.db import data_dir, make_engine, make_sessionmaker

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from talaria.proxy.contract.records import ResponseRecord
+from talaria.proxy.dialects.responses.tables import ResponseRecord, ResponseTables
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
@@ -43,27 +43,27 @@ async def test_sizes_are_summed_per_tenant_over_rows_not_expired(store: SqlStore
             response("b1", "B", 700, T0 + 3 * DAY),
         ]
     )
-    assert await store.responses.response_bytes(T0) == {
+    assert await responses(store).response_bytes(T0) == {
         "A": (1_000 + 2**33, T0 + DAY),
         "B": (700, T0 + 3 * DAY),
     }
-    assert await store.responses.response_bytes(T0 + 2 * DAY) == {"B": (700, T0 + 3 * DAY)}
+    assert await responses(store).response_bytes(T0 + 2 * DAY) == {"B": (700, T0 + 3 * DAY)}
 
 
 @pytest.mark.asyncio
 async def test_a_delete_returns_the_bytes_it_frees(store: SqlStore) -> None:
     await store.write_batch([response("a1", "A", 1_234, T0 + DAY)])
-    assert await store.responses.delete_response("B", "a1") is None  # another tenant's: kept
-    assert await store.responses.delete_response("A", "a1") == 1_234
-    assert await store.responses.delete_response("A", "a1") is None
-    assert await store.responses.response_bytes(T0) == {}
+    assert await responses(store).delete_response("B", "a1") is None  # another tenant's: kept
+    assert await responses(store).delete_response("A", "a1") == 1_234
+    assert await responses(store).delete_response("A", "a1") is None
+    assert await responses(store).response_bytes(T0) == {}
 
 
 @pytest.mark.asyncio
 async def test_an_upsert_replaces_the_size(store: SqlStore) -> None:
     await store.write_batch([response("a1", "A", 10, T0 + DAY)])
     await store.write_batch([response("a1", "A", 30, T0 + DAY)])
-    assert await store.responses.response_bytes(T0) == {"A": (30, T0 + DAY)}
+    assert await responses(store).response_bytes(T0) == {"A": (30, T0 + DAY)}
 
 
 @pytest.mark.asyncio
@@ -83,3 +83,8 @@ async def test_on_sqlite_the_totals_read_only_the_covering_index(tmp_path: Path)
     finally:
         await engine.dispose()
     assert "USING COVERING INDEX ix_responses_tenant_id_expires_at_size_bytes" in plan
+
+
+def responses(store: SqlStore) -> ResponseTables:
+    """The Responses dialect's own tables, on the store's sessions."""
+    return ResponseTables(store.sessionmaker)

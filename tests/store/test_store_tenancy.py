@@ -8,7 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-from talaria.proxy.contract.records import Record, ResponseRecord
+from talaria.proxy.contract.records import Record
+from talaria.proxy.dialects.responses.tables import ResponseRecord, ResponseTables
 from talaria.proxy.store.repository import SqlStore
 from tests.store.test_store_repository import T0, call, session
 
@@ -38,13 +39,13 @@ async def test_another_tenants_response_id_never_replaces_the_stored_response(
     else:
         await store.write_batch([a])
         await store.write_batch([b])
-    kept = await store.responses.get_response("tenant-a", "resp_1", T0)
+    kept = await responses(store).get_response("tenant-a", "resp_1", T0)
     assert kept is not None and kept.response["output_text"] == "A's answer"
     assert kept.input_items == [{"id": "msg_1", "content": "A's answer"}]
-    assert await store.responses.get_response("tenant-b", "resp_1", T0) is None
+    assert await responses(store).get_response("tenant-b", "resp_1", T0) is None
     # the owner itself still rewrites its own row
     await store.write_batch([response("tenant-a", "A's second answer")])
-    again = await store.responses.get_response("tenant-a", "resp_1", T0)
+    again = await responses(store).get_response("tenant-a", "resp_1", T0)
     assert again is not None and again.response["output_text"] == "A's second answer"
 
 
@@ -81,3 +82,8 @@ async def test_another_tenants_record_never_takes_a_session_over(store: SqlStore
     a = await store.sessions.get_session("ses-a", tenant_id="tenant-a")
     assert a is not None
     assert (a.session.model, a.session.last_call_at) == ("glm", T0)
+
+
+def responses(store: SqlStore) -> ResponseTables:
+    """The Responses dialect's own tables, on the store's sessions."""
+    return ResponseTables(store.sessionmaker)

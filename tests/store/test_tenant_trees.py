@@ -93,7 +93,7 @@ def _call(
         tenant_id=tenant,
         identity=Identity(sid, source, parent, None, False),
         api="chat",
-        call=Call(
+        content=Call(
             model=MODEL,
             messages=tuple(messages),
             tools=(BASH,) if tools else (),

@@ -18,7 +18,9 @@ def _prepared(own: int | None, default: int = 4096) -> PreparedCall:
         tenant_id="t",
         identity=Identity(None, "implicit", None, None, False),
         api="chat",
-        call=Call(model="m", messages=({"role": "user", "content": "hi"},), max_output_tokens=own),
+        content=Call(
+            model="m", messages=({"role": "user", "content": "hi"},), max_output_tokens=own
+        ),
         max_tokens=own or default,
     )
 

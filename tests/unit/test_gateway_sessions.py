@@ -74,7 +74,7 @@ def _call(
         tenant_id=tenant,
         identity=Identity(sid, "talaria" if sid else "implicit", parent, gap_s, False),
         api="chat",
-        call=Call(
+        content=Call(
             model=MODEL,
             messages=tuple(messages),
             tools=(BASH,) if tool else (),

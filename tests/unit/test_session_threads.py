@@ -103,7 +103,7 @@ def _call(first: str, n: int) -> PreparedCall:
         tenant_id="t",
         identity=NAMED,
         api="chat",
-        call=Call(
+        content=Call(
             model=MODEL,
             messages=({"role": "user", "content": f"{first} " * 40},),
             tools=(bash,),

@@ -8,6 +8,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.callpath.context import json_response
 from talaria.proxy.callpath.door import SSE_HEADERS, check_model, open_call, read_body
+from talaria.proxy.contract.calls import ApiCall
 from talaria.proxy.dialects.anthropic.errors import error_body, stream_error
 from talaria.proxy.dialects.anthropic.models import CountTokensRequest, MessagesRequest
 from talaria.proxy.dialects.anthropic.parse import messages_call, parse_count_tokens
@@ -25,7 +26,7 @@ async def messages(request: Request) -> Response:
     beta = request.headers.get("anthropic-beta", "")
     body = parse(MessagesRequest, raw, status=400)
     call = messages_call(body, interleaved_thinking="interleaved-thinking" in beta)
-    handle, headers = await open_call(request, ctx, tenant, "messages", call, raw)
+    handle, headers = await open_call(request, ctx, tenant, ApiCall("messages", call, raw))
     request_id = request.state.request_id
     if call.stream:
         return StreamingResponse(

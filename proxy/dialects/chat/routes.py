@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.callpath.context import json_response
 from talaria.proxy.callpath.door import SSE_HEADERS, open_call, read_body
+from talaria.proxy.contract.calls import ApiCall
 from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.chat.models import ChatCompletionRequest
 from talaria.proxy.dialects.chat.parse import chat_call
@@ -24,7 +25,7 @@ async def chat_completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     body = parse(ChatCompletionRequest, raw)
     call = chat_call(body)
-    handle, headers = await open_call(request, ctx, tenant, "chat", call, raw)
+    handle, headers = await open_call(request, ctx, tenant, ApiCall("chat", call, raw))
     request_id = request.state.request_id
     created = int(time.time())
     if call.stream:

@@ -9,6 +9,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.callpath.context import json_response
 from talaria.proxy.callpath.door import SSE_HEADERS, open_call, read_body
+from talaria.proxy.contract.calls import ApiCall
 from talaria.proxy.dialects.base import Dialect, request_body
 from talaria.proxy.dialects.common import outcome_unless_gone, parse
 from talaria.proxy.dialects.completions.models import CompletionRequest
@@ -24,7 +25,7 @@ async def completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     body = parse(CompletionRequest, raw)
     call = completion_call(body)
-    handle, headers = await open_call(request, ctx, tenant, "completions", call, raw)
+    handle, headers = await open_call(request, ctx, tenant, ApiCall("completions", call, raw))
     base: dict[str, object] = {
         "id": f"cmpl-{request.state.request_id}",
         "created": int(time.time()),

@@ -12,10 +12,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from talaria.proxy.callpath.context import context, json_response
 from talaria.proxy.callpath.door import SSE_HEADERS, open_call, read_body, tenant_of
-from talaria.proxy.contract.calls import CallOutcome
+from talaria.proxy.contract.calls import ApiCall, CallOutcome
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.records import Record
-from talaria.proxy.dialects.base import Dialect, request_body
+from talaria.proxy.dialects.base import Dialect, request_body, service_of
 from talaria.proxy.dialects.common import outcome_unless_gone
 from talaria.proxy.dialects.responses.models import ResponsesRequest
 from talaria.proxy.dialects.responses.parse import parse_request, to_call
@@ -25,10 +25,18 @@ from talaria.proxy.dialects.responses.render import (
     response_stream,
     stream_error,
 )
-from talaria.proxy.dialects.responses.store import Pending
-from talaria.proxy.store.views import StoredResponseView
+from talaria.proxy.dialects.responses.store import Pending, ResponseStore
+from talaria.proxy.dialects.responses.tables import StoredResponseView
 
 router = APIRouter()
+NAME = "responses"
+FORMAT_PARAM = "text.format"
+"""Where a Responses request carries its response format."""
+
+
+def _responses(request: Request) -> ResponseStore:
+    """The dialect's stored responses (its service: store.py)."""
+    return service_of(request, NAME, ResponseStore)
 
 
 def _not_found(response_id: str, param: str | None = None) -> ApiError:
@@ -45,17 +53,18 @@ async def create(request: Request) -> Response:
     """A response (OpenAI's Responses API), streamed with ``stream: true``; stored unless
     ``store: false``, and continued from a stored one with ``previous_response_id``."""
     ctx, tenant, raw = await read_body(request)
+    responses = _responses(request)
     request_id = request.state.request_id
     parsed = parse_request(raw, request_id)
     history: list[Any] = []
     previous_id = parsed.body.previous_response_id
     if previous_id is not None:
-        previous = await ctx.responses.load(tenant, previous_id)
+        previous = await responses.load(tenant, previous_id)
         if previous is None:
             raise _not_found(previous_id, "previous_response_id")
         history = [*previous.input_items, *previous.response.get("output", [])]
     call = to_call(parsed, history)
-    stored = parsed.body.store and ctx.responses.enabled
+    stored = parsed.body.store and responses.enabled
     created = time.time()
     pending: Pending | None = None
     if stored:  # 429 up front past the storage quota (proxy/dialects/responses/quota.py)
@@ -63,25 +72,24 @@ async def create(request: Request) -> Response:
             parsed, request_id, created, status="completed", output=[], usage_doc=None,
             stored=True,
         )  # fmt: skip
-        pending = ctx.responses.admit(tenant, so_far, [*history, *parsed.items])
+        pending = responses.admit(tenant, so_far, [*history, *parsed.items])
 
     def keep(outcome: CallOutcome) -> list[Record]:
         """The stored response, committed with the call's records."""
         assert pending is not None
         response = final_response(parsed, outcome, request_id, created, True)
-        return [ctx.responses.prepare(pending, session_key=handle.session_key, response=response)]
+        return [responses.prepare(pending, session_key=handle.session_key, response=response)]
 
     try:
-        handle, headers = await open_call(
-            request, ctx, tenant, "responses", call, raw, keep if pending else None
-        )
+        parsed_call = ApiCall(NAME, call, raw, FORMAT_PARAM, keep if pending else None)
+        handle, headers = await open_call(request, ctx, tenant, parsed_call)
     except BaseException:
         if pending is not None:
-            ctx.responses.release(pending)
+            responses.release(pending)
         raise
     if pending is not None:  # a call that fails stores nothing: its estimate goes
         held = pending
-        handle.task.add_done_callback(lambda _: ctx.responses.release(held))
+        handle.task.add_done_callback(lambda _: responses.release(held))
     if call.stream:
         return StreamingResponse(
             response_stream(handle, parsed, request_id, created, stored),
@@ -95,9 +103,8 @@ async def create(request: Request) -> Response:
 
 
 async def _stored(request: Request, response_id: str) -> StoredResponseView:
-    ctx = context(request)
-    tenant = await tenant_of(ctx, request)
-    found = await ctx.responses.load(tenant, response_id)
+    tenant = await tenant_of(context(request), request)
+    found = await _responses(request).load(tenant, response_id)
     if found is None:
         raise _not_found(response_id)
     return found
@@ -124,11 +131,16 @@ async def input_items(response_id: str, request: Request, order: str = "desc") -
 
 @router.delete("/v1/responses/{response_id}")
 async def delete(response_id: str, request: Request) -> Response:
-    ctx = context(request)
-    tenant = await tenant_of(ctx, request)
-    if not await ctx.responses.delete(tenant, response_id):
+    tenant = await tenant_of(context(request), request)
+    if not await _responses(request).delete(tenant, response_id):
         raise _not_found(response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
-DIALECT = Dialect("responses", router, (ResponsesRequest,), stream_error=stream_error)
+DIALECT = Dialect(
+    NAME,
+    router,
+    (ResponsesRequest,),
+    stream_error=stream_error,
+    service=ResponseStore.of_site,
+)

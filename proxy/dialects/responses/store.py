@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from talaria.proxy.contract.records import ResponseRecord
+from talaria.proxy.dialects.base import DialectSite
 from talaria.proxy.dialects.responses.quota import (
     REFRESH_S,
     Hold,
@@ -37,13 +37,18 @@ from talaria.proxy.dialects.responses.quota import (
     json_bytes,
     stored_bytes,
 )
-from talaria.proxy.store.responses import ResponseTables
-from talaria.proxy.store.views import StoredResponseView
+from talaria.proxy.dialects.responses.tables import (
+    ResponseRecord,
+    ResponseTables,
+    StoredResponseView,
+)
 from talaria.proxy.store.writer import BatchWriter
 
 log = logging.getLogger("talaria.proxy.responses")
 
 DEFAULT_TTL_S = 7 * 24 * 3600.0
+PURGE_INTERVAL_S = 600.0
+"""How often expired stored responses are deleted (wall seconds)."""
 CACHE_SIZE = 256
 CACHE_MAX_BYTES = 64 * 2**20
 """The cache serves continuations that arrive before the writer committed their predecessor
@@ -88,7 +93,21 @@ class ResponseStore:
         self._cache_max_bytes = cache_max_bytes
         self._cache: OrderedDict[str, ResponseRecord] = OrderedDict()
         self._cache_bytes = 0
-        self._refresher: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @classmethod
+    def of_site(cls, site: DialectSite) -> ResponseStore:
+        """The Responses dialect's service (proxy/dialects/base.py): built from the proxy's
+        settings, the store's sessions and its writer."""
+        cfg = site.settings
+        return cls(
+            site.writer,
+            ResponseTables(site.store.sessionmaker),
+            enabled=cfg.store_responses,
+            ttl_s=cfg.responses_ttl_s,
+            tenant_quota_bytes=cfg.responses_tenant_quota_bytes,
+            max_bytes=cfg.responses_max_bytes,
+        )
 
     @property
     def cache_bytes(self) -> int:
@@ -103,18 +122,21 @@ class ResponseStore:
     # -- lifecycle --------------------------------------------------------------------------
     async def start(self) -> None:
         """Read the quota's totals from the store (before serving), then every
-        ``REFRESH_S``."""
-        if not self.enabled:
-            return
-        await self.refresh()
-        self._refresher = asyncio.get_running_loop().create_task(self._refresh_often())
+        ``REFRESH_S``; delete expired responses every ``PURGE_INTERVAL_S`` (also when storing
+        is off: what was kept before still expires)."""
+        loop = asyncio.get_running_loop()
+        if self.enabled:
+            await self.refresh()
+            self._tasks.append(loop.create_task(self._refresh_often()))
+        self._tasks.append(loop.create_task(self._purge_often()))
 
     async def close(self) -> None:
-        """Stop refreshing the quota's totals."""
-        if self._refresher is not None:
-            self._refresher.cancel()
+        """Stop refreshing the quota's totals and purging."""
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._refresher
+                await task
+        self._tasks.clear()
 
     async def refresh(self) -> None:
         """The quota's totals from the store: every record submitted before is flushed first,
@@ -201,6 +223,14 @@ class ResponseStore:
             return False
         self.quota.freed(tenant_id, response_id, freed)
         return True
+
+    async def _purge_often(self) -> None:
+        while True:
+            await asyncio.sleep(PURGE_INTERVAL_S)
+            try:
+                await self.purge()
+            except Exception as exc:  # the store may be down; try again next time
+                log.warning("purging stored responses failed: %r", exc)
 
     async def purge(self) -> int:
         """Delete what expired (the store's rows; the cache drops expired entries as read,

@@ -92,25 +92,36 @@ def _placement_key(
     return placement_key(tenant, identity.placed_by, messages, request.headers, ingress=ingress)
 
 
-async def check_model(ctx: ProxyContext, model: str) -> None:
-    """404 (``unknown_model``) unless some instance hosts ``model``. A model no instance
-    listed may have been placed since (runtime/placement_routes.py): the instances' models
-    are read again (their statuses, cached for ``status_ttl_s``) before the 404. With a
-    placement controller, a model of its library waits for its cold start instead (503 with
-    Retry-After if that fails: proxy/placement/loop.py ``ensure``)."""
+async def check_model(ctx: ProxyContext, model: str) -> bool:
+    """Whether some instance hosts ``model`` now (True), or the placement library has it
+    (False: it can be started); else 404 (``unknown_model``). A model no instance listed may
+    have been placed since (runtime/placement_routes.py): the instances' models are read again
+    (their statuses, cached for ``status_ttl_s``) before the answer. Starts nothing."""
     pool = ctx.gateway.pool
-    if model not in pool.models():
-        await pool.statuses(None)
-        if model in pool.models():
+    if model in pool.models():
+        return True
+    await pool.statuses(None)
+    if model in pool.models():
+        return True
+    if ctx.placement is not None and model in ctx.placement.library:
+        return False
+    raise unknown_model(model, pool.models())
+
+
+async def ensure_model(ctx: ProxyContext, model: str) -> None:
+    """:func:`check_model`, and a library model no instance hosts started for the call (its
+    cold start: proxy/placement/loop.py ``ensure``; 503 with Retry-After if it cannot be)."""
+    if await check_model(ctx, model):
+        return
+    assert ctx.placement is not None  # check_model: a library model
+    try:
+        if await ctx.placement.ensure(model):
             return
-        try:
-            if ctx.placement is not None and await ctx.placement.ensure(model):
-                return
-        except ColdStartFailed as exc:
-            raise unavailable(
-                f"The model {model} could not be started: {exc}", retry_after_s=COLD_RETRY_S
-            ) from exc
-        raise unknown_model(model, pool.models())
+    except ColdStartFailed as exc:
+        raise unavailable(
+            f"The model {model} could not be started: {exc}", retry_after_s=COLD_RETRY_S
+        ) from exc
+    raise unknown_model(model, ctx.gateway.pool.models())
 
 
 async def forward_to_owner(request: Request, ctx: ProxyContext, key: str | None, body: Any) -> None:
@@ -148,7 +159,7 @@ async def open_call(
     key = _placement_key(request, ctx, tenant, identity, call.messages)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
-    await check_model(ctx, call.model)
+    await ensure_model(ctx, call.model)
     prepared = PreparedCall(
         request_id=request.state.request_id,
         tenant_id=tenant,

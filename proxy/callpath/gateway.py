@@ -38,7 +38,7 @@ from talaria.core.routing import (
 from talaria.core.status import InstanceStatus
 from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.callpath.recorder import Recorder, RecordSink
-from talaria.proxy.callpath.runner import CallRunner, runtime_request
+from talaria.proxy.callpath.runner import CallRunner, RunningCall, runtime_request
 from talaria.proxy.callpath.schemas import SchemaCheck
 from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
 from talaria.proxy.contract.calls import SHUTDOWN, CallHandle, PreparedCall
@@ -277,18 +277,17 @@ class Gateway:
         # session (and the KV an abandoned call left) for good.
         state.threads[found.thread].last_instance = instance
         self.metrics.live_sessions.set(len(self.sessions))
-        events, task, clock = self._runner.start(
-            call, found, conversation, request, self.pool[instance], now_at
-        )
+        run = RunningCall(call, found, conversation, request, self.pool[instance], now_at)
+        task = self._runner.start(run)
         return CallHandle(
-            events,
+            run.events,
             task,
             instance,
             state.session_id,
             state.key,
             found.how,
             abandon=lambda: self._runner.abandon(task),
-            clock=clock,
+            clock=run.clock,
         )
 
     # -- replicas ---------------------------------------------------------------------------

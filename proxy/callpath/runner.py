@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,6 +84,22 @@ def runtime_request(
     )
 
 
+@dataclass
+class RunningCall:
+    """One call as it runs: the call, the session (and thread) it resolved to, the
+    conversation it carries, what the runtime was asked, the runtime, when it arrived, the
+    events its client reads, and the clock of its time in the runtime."""
+
+    call: PreparedCall
+    found: Resolution
+    conversation: Conversation
+    request: CallRequest
+    runtime: RuntimeClient
+    arrived_at: datetime
+    events: Events = field(default_factory=asyncio.Queue)
+    clock: RuntimeClock = field(default_factory=RuntimeClock)
+
+
 class CallRunner:
     """The running calls: their tasks, and how many each tenant has in flight."""
 
@@ -102,26 +119,14 @@ class CallRunner:
         """The tenant's calls running now."""
         return self._inflight.get(tenant_id, 0)
 
-    def start(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        conversation: Conversation,
-        request: CallRequest,
-        runtime: RuntimeClient,
-        arrived_at: datetime,
-    ) -> tuple[Events, asyncio.Task[CallOutcome | None], RuntimeClock]:
-        """Start the call (of the session and thread ``found``) on ``runtime`` in a task of
-        its own: its events, its task and the clock of its time in the runtime."""
-        self._inflight[call.tenant_id] = self._inflight.get(call.tenant_id, 0) + 1
-        events: Events = asyncio.Queue()
-        clock = RuntimeClock()
-        task = asyncio.get_running_loop().create_task(
-            self._execute(call, found, conversation, request, runtime, events, arrived_at, clock)
-        )
+    def start(self, run: RunningCall) -> asyncio.Task[CallOutcome | None]:
+        """Start ``run`` on its runtime in a task of its own; the task."""
+        tenant = run.call.tenant_id
+        self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._execute(run))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return events, task, clock
+        return task
 
     def abandon(self, task: asyncio.Task[Any]) -> None:
         """The call's client went away before its end: cancel the call. Its runtime stream is
@@ -151,40 +156,28 @@ class CallRunner:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
 
-    async def _execute(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        conversation: Conversation,
-        request: CallRequest,
-        runtime: RuntimeClient,
-        events: Events,
-        arrived_at: datetime,
-        clock: RuntimeClock,
-    ) -> CallOutcome | None:
+    async def _execute(self, run: RunningCall) -> CallOutcome | None:
         """Run the call; record its outcome; with durable acknowledgement, wait for the
         records' commit; only then tell the client it is done. Cancelled (shutdown): the client
         gets a 503 and the call an error record."""
-        state = found.state
+        call, events = run.call, run.events
         try:
-            result = await _generate(runtime, request, events, clock)
+            result = await _generate(run.runtime, run.request, events, run.clock)
         except asyncio.CancelledError:
-            if asyncio.current_task() in self._abandoned:
-                self._fail(call, found, request, runtime, arrived_at, CLIENT_GONE, events)
-            else:
-                self._fail(call, found, request, runtime, arrived_at, SHUTDOWN, events)
+            gone = asyncio.current_task() in self._abandoned
+            self._fail(run, CLIENT_GONE if gone else SHUTDOWN)
             raise
         except Exception as exc:  # a runtime fault fails this call only
-            self._fail(call, found, request, runtime, arrived_at, exc, events)
+            self._fail(run, exc)
             return None
         finally:
-            self._keeper.call_ended(state, found.thread)
+            self._keeper.call_ended(run.found.state, run.found.thread)
             self._inflight[call.tenant_id] -= 1
         output = result.output or ModelOutput(finish_reason="stop")
-        outcome = CallOutcome(result, runtime.name, output)
+        outcome = CallOutcome(result, run.runtime.name, output)
         seq: int | None = None
         try:
-            seq = self._finish(call, found, conversation, request, outcome, arrived_at)
+            seq = self._finish(run, outcome)
         except Exception:  # bookkeeping must never cost the client its answer
             log.exception("call %s: recording its outcome failed", call.request_id)
         if seq is not None:
@@ -199,56 +192,40 @@ class CallRunner:
         events.put_nowait(("done", outcome))
         return outcome
 
-    def _finish(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        conversation: Conversation,
-        request: CallRequest,
-        outcome: CallOutcome,
-        arrived_at: datetime,
-    ) -> int:
+    def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the
         session's reservation or end. Returns the sequence number of its last record."""
         finished_at = datetime.now(UTC)
-        state = found.state
+        call, found = run.call, run.found
         self._keeper.replied(
-            call, state, conversation, outcome.instance, outcome.output, found.thread
+            call, found.state, run.conversation, outcome.instance, outcome.output, found.thread
         )
-        self._recorder.call_finished(call, found, request, outcome, arrived_at, finished_at)
+        self._recorder.call_finished(call, found, run.request, outcome, run.arrived_at, finished_at)
         self._keeper.after_call(
-            call, state, outcome.instance, outcome.output, finished_at, found.thread
+            call, found.state, outcome.instance, outcome.output, finished_at, found.thread
         )
         return self._recorder.last_seq
 
-    def _fail(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        request: CallRequest,
-        runtime: RuntimeClient,
-        arrived_at: datetime,
-        error: BaseException | str,
-        events: Events,
-    ) -> None:
+    def _fail(self, run: RunningCall, error: BaseException | str) -> None:
         """The call failed: an error record, then the error to the client (whatever happens to
         the record)."""
         status = "cancelled" if error is CLIENT_GONE else "error"
         if isinstance(error, str):
             api_error, message = unavailable(error), error
         else:
-            message = f"runtime {runtime.name} failed the call: {error!r}"
+            message = f"runtime {run.runtime.name} failed the call: {error!r}"
             api_error = error if isinstance(error, ApiError) else unavailable(message)
             if isinstance(error, CallRejected):
                 api_error = bad_request(str(error), param=error.param, code=error.code)
         try:
             self._recorder.call_failed(
-                call, found, request, runtime.name, arrived_at, message, status=status
-            )
+                run.call, run.found, run.request, run.runtime.name, run.arrived_at, message,
+                status=status,
+            )  # fmt: skip
         except Exception:
-            log.exception("call %s: recording its failure failed", call.request_id)
+            log.exception("call %s: recording its failure failed", run.call.request_id)
         finally:
-            events.put_nowait(("error", api_error))
+            run.events.put_nowait(("error", api_error))
 
 
 def _cancel_once_started(task: asyncio.Task[Any]) -> None:

@@ -79,6 +79,12 @@ def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> No
         listed = {m.id: m.model_extra for m in client.models.list()}
         assert sorted(listed) == ["glm-4.5-air-fp8", "glm-4.5-fp8", "gpt-oss-120b", "minimax-m2"]
         assert listed["gpt-oss-120b"]["instances"] == []  # servable: a call starts it
+        counted = httpx.post(
+            proxy.base_url + "/v1/messages/count_tokens",
+            json={"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "cold"}]},
+        )
+        assert counted.status_code == 200, counted.text  # a known model; counting starts none
+        assert all("gpt-oss-120b" not in _models(url) for url in urls)
         reply = client.chat.completions.with_raw_response.create(
             model="gpt-oss-120b", messages=[{"role": "user", "content": "cold"}]
         )

@@ -244,7 +244,7 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
     return NodeOutcome(
         name=node.name,
         models=tuple(node.engines),
-        slots=node.slots,
+        slots=list(node.slots),
         busy_s=busy,
         pcie_busy_s=node.pcie.busy_s if node.pcie else 0.0,
         peak_hbm_bytes=node.memory.peak_hbm_bytes,

@@ -1,11 +1,12 @@
 """The per-node slot scheduler: which models are resident, which calls are admitted, where KV
 lives.
 
-``node.NodeScheduler`` composes the rest: ``state`` (what the parts share: queues, the current
-slot, its records), ``intake`` (the admission pass and the admitted calls), ``loop`` (the plan,
-slot closes and transitions), ``holds`` (soft reservations and their KV pins), ``sessions``
-(what the node knows of each session), ``node_status`` (the status snapshot routing reads) and
-``config``. The rules are pure functions: ``slots`` (slot policy), ``admission`` (admission),
-``flags`` (the feature flags and policies); ``resources`` accounts HBM, host KV, the PCIe link
-and the GPUs' time.
+``node.NodeScheduler`` composes the rest, each part the one owner of what it changes (the
+table in ``state``): ``intake`` (the waiting queues, the admission pass and the admitted calls),
+``loop`` (the slot, the plan, slot closes, transitions and the soft reservations), ``holds``
+(soft reservations and their KV pins), ``sessions`` (the node's view of each session),
+``node_status`` (the status snapshot routing reads, reading the others), ``state`` (what they
+all read, and the slot's records) and ``config``. The rules are pure functions: ``slots`` (slot
+policy), ``admission`` (admission), ``flags`` (the feature flags and policies); ``resources``
+accounts HBM, host KV, the PCIe link and the GPUs' time.
 """

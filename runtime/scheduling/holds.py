@@ -4,6 +4,9 @@ After a call that ends in a tool gap expected to close before its slot's deadlin
 holds the HBM bytes its next call will need and pins its KV (LRU eviction skips it) until it
 returns, moves, ends, its slot closes, or the reservation expires at
 ``now + max(2·gap, gap + 1 s)`` (``core.reservations.plan_reservation``).
+
+The slot loop (loop.py) owns the node's ``KvHolds``: the node's session events reach it through
+``SlotLoop.reserve`` / ``release_hold``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,11 @@
-"""Admission of waiting calls into the resident engines, and serving the admitted ones.
+"""The waiting queues, admission of waiting calls into the resident engines, and serving the
+admitted ones.
+
+``Intake`` owns the queues (one FIFO per hosted model): calls join them through ``enqueue``,
+leave them through ``withdraw`` or the admission pass, and the other parts read them through
+``Intake.waiting`` (read-only). It reads the slot and its reservations only through the
+``AdmissionView`` the slot loop hands each pass, and returns what it admitted for the loop to
+record in the slot.
 
 One pass per scheduler wake-up: for each resident model, its FIFO of waiting calls in arrival
 order. Each call gets the verdict of ``admission.decide_admission`` (slot batch, uncontended,
@@ -11,14 +18,17 @@ waits for memory stops its model's pass: later calls never overtake it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
 from talaria.runtime.engine import Admission, Engine
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.resources import KvLocation
-from talaria.runtime.scheduling.state import NodeState, WaitingCall
+from talaria.runtime.scheduling.sessions import NodeSession
+from talaria.runtime.scheduling.state import NodeContext, WaitingCall
 
 
 class CallTooLargeError(RuntimeError):
@@ -27,7 +37,8 @@ class CallTooLargeError(RuntimeError):
 
 @dataclass(frozen=True)
 class AdmissionView:
-    """What every admission decision of one pass shares (computed once per pass)."""
+    """What every admission decision of one pass reads of the slot and its reservations (the
+    slot loop, their owner, builds it once per pass)."""
 
     leaving: frozenset[str]
     """Resident models not in the plan: they follow the contended-slot rules."""
@@ -35,46 +46,69 @@ class AdmissionView:
     """Models that admit nothing: draining before they leave, or all during a memory hold."""
     remaining_s: float
     """Time left before the slot's deadline (the SP time budget)."""
+    slot_start_s: float
+    """When the slot opened: a call waiting since then belongs to its batch."""
+    serving_since: Mapping[str, float]
+    """Per resident model: when its activation ended (``SlotState.serving_since``)."""
+    held_bytes: Callable[[str], float]
+    """Bytes held by the soft reservations of sessions other than the given one."""
 
 
 class Intake:
-    """The admission pass over the waiting queues, and the tasks serving admitted calls."""
+    """The waiting queues (their owner: calls join them with ``enqueue``, leave them with
+    ``withdraw`` or the admission pass), the admission pass, and the tasks serving the
+    admitted calls."""
 
     def __init__(
-        self, state: NodeState, on_finished: Callable[[CallRequest, CallResult], None]
+        self,
+        context: NodeContext,
+        session_of: Callable[[CallRequest], NodeSession],
+        on_finished: Callable[[CallRequest, CallResult], None],
     ) -> None:
-        self.name = state.name
-        self.engines = state.engines
-        self.memory = state.memory
-        self.flags = state.flags
-        self.config = state.config
-        self.waiting = state.waiting
-        self.sessions = state.sessions
-        self.holds = state.holds
-        self.slot = state.slot
-        self._clock = state.clock
-        self._wake = state.wake
-        self._call_done = state.call_done
+        self.context = context
+        self._session_of = session_of
         self._on_finished = on_finished
+        self._waiting: dict[str, deque[WaitingCall]] = {m: deque() for m in context.engines}
+        self.waiting: Mapping[str, Sequence[WaitingCall]] = MappingProxyType(self._waiting)
+        """One FIFO of waiting calls per hosted model, read-only."""
         self._calls: set[asyncio.Task[None]] = set()
 
-    def view(self, leaving: frozenset[str]) -> AdmissionView:
-        """The pass's shared inputs: during a memory hold every resident model is closing."""
-        slot = self.slot
-        closing = frozenset(slot.resident) if slot.hold else frozenset(slot.leaving)
-        return AdmissionView(leaving, closing, slot.deadline_s() - self._clock.now())
+    # -- the queues ------------------------------------------------------------------------
+    def waiting_counts(self) -> dict[str, int]:
+        """Per model: calls queued."""
+        return {m: len(q) for m, q in self._waiting.items()}
 
+    def open_queue(self, model: str) -> None:
+        """A model joined the node (``NodeScheduler.add_model``): its queue, empty."""
+        self._waiting[model] = deque()
+
+    def close_queue(self, model: str) -> None:
+        """A model left the node (``NodeScheduler.retire``, its queue empty)."""
+        del self._waiting[model]
+
+    def enqueue(self, waiting: WaitingCall) -> None:
+        """The call joins its model's queue, last."""
+        self._waiting[waiting.request.model].append(waiting)
+
+    def withdraw(self, waiting: WaitingCall) -> bool:
+        """Take the call out of its queue; False if it is not there (admitted, or failed)."""
+        queue = self._waiting[waiting.request.model]
+        if waiting not in queue:
+            return False
+        queue.remove(waiting)
+        return True
+
+    # -- the admission pass ----------------------------------------------------------------
     def decide(self, waiting: WaitingCall, view: AdmissionView) -> bool | None:
         """True: admit; False: keep waiting; None: admit as SP."""
         request = waiting.request
-        engine = self.engines[request.model]
-        # A call queued before its session ended (e.g. by a final call) keeps a fresh record.
-        session = self.sessions.get_or_add(request.session_key, request.model)
-        default_out = self.config.default_output_tokens
+        engine = self.context.engines[request.model]
+        session = self._session_of(request)
+        default_out = self.context.config.default_output_tokens
         decision = decide_admission(
-            sp_admission=self.flags.sp_admission,
+            sp_admission=self.context.flags.sp_admission,
             closing=request.model in view.closing,
-            in_slot_batch=waiting.arrival_s <= self.slot.start_s,
+            in_slot_batch=waiting.arrival_s <= view.slot_start_s,
             contended=request.model in view.leaving,
             is_continuation=session.calls > 0,
             remaining_s=view.remaining_s,
@@ -86,40 +120,42 @@ class Intake:
             return False
         return None if decision.sp else True
 
-    def admit_waiting(self, leaving: frozenset[str]) -> None:
-        """One admission pass over every resident model's queue (nothing before a slot)."""
-        if not self.slot.resident or not self.slot.records:
-            return
-        view = self.view(leaving)
-        for model in list(self.slot.resident):
-            self._admit_model(model, view)
+    def admit_waiting(self, models: Sequence[str], view: AdmissionView) -> tuple[int, int]:
+        """One admission pass over the queues of ``models`` (the resident set); the calls
+        admitted, and how many of them by the SP budget."""
+        admitted = sp_admitted = 0
+        for model in models:
+            n, sp = self._admit_model(model, view)
+            admitted, sp_admitted = admitted + n, sp_admitted + sp
+        return admitted, sp_admitted
 
-    def _fits(self, engine: Engine, request: CallRequest) -> bool:
+    def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView) -> bool:
+        memory = self.context.memory
         evictable = sum(
-            e.nbytes
-            for e in self.memory.lru(KvLocation.HBM)
-            if e.session_key != request.session_key
+            e.nbytes for e in memory.lru(KvLocation.HBM) if e.session_key != request.session_key
         )
         return fits_memory(
             needed_bytes=engine.needed_bytes(request),
-            free_bytes=self.memory.hbm_free_bytes() + sum(self.memory.staged.values()),
+            free_bytes=memory.hbm_free_bytes() + sum(memory.staged.values()),
             evictable_bytes=evictable,
-            reserved_bytes=self.holds.table.held_bytes(exclude_session=request.session_key),
+            reserved_bytes=view.held_bytes(request.session_key),
         )
 
     def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
         """The call needs more KV than the HBM left beside its model's weights."""
-        return engine.needed_bytes(request) > self.memory.hbm_capacity_bytes - engine.weight_bytes
+        capacity = self.context.memory.hbm_capacity_bytes
+        return engine.needed_bytes(request) > capacity - engine.weight_bytes
 
     def _cancel_staging(self) -> None:
         """Admission needs the room: cancel every inactive engine's staging."""
-        for engine in self.engines.values():
+        for engine in self.context.engines.values():
             if not engine.active:
                 engine.cancel_staging()
 
-    def _admit_model(self, model: str, view: AdmissionView) -> None:
-        engine = self.engines[model]
-        queue = self.waiting[model]
+    def _admit_model(self, model: str, view: AdmissionView) -> tuple[int, int]:
+        engine = self.context.engines[model]
+        queue = self._waiting[model]
+        admitted = sp_admitted = 0
         for waiting in list(queue):
             verdict = self.decide(waiting, view)
             if verdict is False:
@@ -129,11 +165,11 @@ class Intake:
                 waiting.result.set_exception(
                     CallTooLargeError(
                         f"call needs {engine.needed_bytes(waiting.request):.3g} B of KV; "
-                        f"node {self.name} cannot hold it"
+                        f"node {self.context.name} cannot hold it"
                     )
                 )
                 continue
-            if not self._fits(engine, waiting.request):
+            if not self._fits(engine, waiting.request, view):
                 break  # FIFO: later calls do not overtake one that waits for memory
             try:
                 admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
@@ -149,10 +185,10 @@ class Intake:
             if admission is None:
                 break
             queue.remove(waiting)
-            self.slot.records[-1].admitted += 1
-            self.slot.records[-1].sp_admitted += admission.sp_admitted
+            admitted += 1
+            sp_admitted += admission.sp_admitted
             # its model has served without a break since its activation's end
-            since = self.slot.serving_since.get(model, waiting.arrival_s)
+            since = view.serving_since.get(model, waiting.arrival_s)
             slot_wait_s = max(0.0, since - waiting.arrival_s)
             task = asyncio.get_running_loop().create_task(
                 self._serve(engine, admission, waiting, slot_wait_s)
@@ -160,6 +196,7 @@ class Intake:
             waiting.serving = task
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
+        return admitted, sp_admitted
 
     @staticmethod
     def abandon(serving: asyncio.Task[None]) -> None:
@@ -196,5 +233,4 @@ class Intake:
             waiting.result.cancel()
             raise
         finally:
-            self._call_done.set()
-            self._wake.set()
+            self.context.signals.call_ended()

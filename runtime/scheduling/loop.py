@@ -13,14 +13,25 @@ uncontended, nothing closes):
 A transition (deactivate, make room, activate) runs as a task of its own, so staying models
 keep serving through it. With ``d2d_staging`` the first incoming model's weights are staged
 into free HBM while the slot runs.
+
+``SlotLoop`` owns the slot (``SlotState``), the transition under way and the soft reservations
+(``KvHolds``): nothing else changes them. The others read the slot through ``slot`` (a
+``SlotStateView``) and the reservations through ``reservations``; the intake gets what it needs
+of both in each pass's ``AdmissionView`` and hands back what it admitted. The node asks for
+changes through methods: ``retire`` (a model leaves the resident set once its calls are gone and
+no transition runs), ``reserve`` and ``release_hold`` (its session events).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+from talaria.core.reservations import ReleaseReason, ReservationTable
+from talaria.core.types import CallResult
 from talaria.runtime.engine import Engine
-from talaria.runtime.scheduling.intake import Intake
+from talaria.runtime.scheduling.holds import KvHolds
+from talaria.runtime.scheduling.intake import AdmissionView, Intake
+from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.slots import (
     CloseReason,
     Demand,
@@ -31,47 +42,58 @@ from talaria.runtime.scheduling.slots import (
     resident_set,
     slot_length_s,
 )
-from talaria.runtime.scheduling.state import NodeState
+from talaria.runtime.scheduling.state import NodeContext, SlotState, SlotStateView
 
 
 class SlotLoop:
     """The node's scheduling loop (``run``): admit, plan, close or switch, stage, sleep until
-    an arrival, a finish, the slot's deadline or a reservation's expiry."""
+    an arrival, a finish, the slot's deadline or a reservation's expiry. It owns the slot, the
+    transition under way and the soft reservations (the module docstring)."""
 
-    def __init__(self, state: NodeState, intake: Intake) -> None:
-        self.state = state
-        self.engines = state.engines
-        self.order = state.order
-        self.flags = state.flags
-        self.config = state.config
-        self.slot = state.slot
-        self.holds = state.holds
+    def __init__(
+        self, context: NodeContext, intake: Intake, sessions: SessionsView, holds: KvHolds
+    ) -> None:
+        self.context = context
         self.intake = intake
-        self._clock = state.clock
-        self._demand_policy = DemandPolicy(state.config.quantum_s)
-        self.transition: asyncio.Task[None] | None = None
-        """The transition under way, if any."""
+        self.sessions = sessions
+        self.flags = context.flags
+        self.config = context.config
+        self._slot = SlotState(length_s=context.config.quantum_s)
+        self._holds = holds
+        self._clock = context.clock
+        self._demand_policy = DemandPolicy(context.config.quantum_s)
+        self._transition: asyncio.Task[None] | None = None
+
+    @property
+    def slot(self) -> SlotStateView:
+        """The current slot and the resident set, read-only."""
+        return self._slot
+
+    @property
+    def reservations(self) -> ReservationTable:
+        """The node's soft reservations (read them; they change through this loop)."""
+        return self._holds.table
 
     # -- demand and the plan -----------------------------------------------------------------
     def demands(self, now: float) -> dict[str, Demand]:
         """Per model: queued calls, the age of the oldest, and the sessions in a tool gap
         (nothing queued or running, not stale) expected back within a quantum."""
         horizon = now + self.config.quantum_s
-        back = dict.fromkeys(self.order, 0)
-        for session in self.state.sessions.in_gap(now, self.state.stale_window_s()):
+        back = dict.fromkeys(self.context.order, 0)
+        for session in self.sessions.in_gap(now, self.context.stale_window_s()):
             assert session.last_finish_s is not None
             if session.last_finish_s + session.expected_gap_s() <= horizon:
                 back[session.model] = back.get(session.model, 0) + 1
         return {
             m: Demand(len(q), back.get(m, 0), now - q[0].arrival_s if q else 0.0)
-            for m, q in self.state.waiting.items()
+            for m, q in self.intake.waiting.items()
         }
 
     def plan(self) -> list[str] | None:
         """The next resident set (the slot's model first), or None when no model outside the
         resident set has a waiting call (uncontended)."""
-        waiting = self.state.waiting_counts()
-        resident = self.slot.resident
+        waiting = self.intake.waiting_counts()
+        resident = self._slot.resident
         outside = {m: n for m, n in waiting.items() if n > 0 and m not in resident}
         if not outside:
             return None
@@ -81,10 +103,10 @@ class SlotLoop:
         if self.flags.demand_slots:
             eligible = {m: d for m, d in demands.items() if d.waiting > 0}
             first = next_model_by_demand(
-                self.order, self.slot.active, eligible, self._demand_policy
+                self.context.order, self._slot.active, eligible, self._demand_policy
             )
         else:
-            first = next_model(self.order, self.slot.active, outside)
+            first = next_model(self.context.order, self._slot.active, outside)
         assert first is not None
         if not self.flags.co_residency:
             return [first]
@@ -92,9 +114,9 @@ class SlotLoop:
             first,
             resident,
             demands,
-            {m: e.weight_bytes for m, e in self.engines.items()},
-            {m: e.kv_floor_bytes() for m, e in self.engines.items()},
-            self.state.memory.hbm_capacity_bytes,
+            {m: e.weight_bytes for m, e in self.context.engines.items()},
+            {m: e.kv_floor_bytes() for m, e in self.context.engines.items()},
+            self.context.memory.hbm_capacity_bytes,
             self.config.quantum_s,
         )
 
@@ -102,36 +124,62 @@ class SlotLoop:
         """The resident models the plan does not keep."""
         if plan is None:
             return frozenset()
-        return frozenset(m for m in self.slot.resident if m not in plan)
+        return frozenset(m for m in self._slot.resident if m not in plan)
 
     # -- the loop --------------------------------------------------------------------------
     async def run(self) -> None:
         """Schedule until cancelled."""
-        wake = self.state.wake
+        signals = self.context.signals
         while True:
-            wake.clear()
-            self.holds.expire(self._clock.now())
-            if self.transition is not None:
-                self.intake.admit_waiting(self.leaving_in(self.plan()))
-                await self._clock.wait_event(wake, self._next_timer_s(None))
+            signals.clear_poke()
+            self._holds.expire(self._clock.now())
+            if self._transition is not None:
+                self._admit(self.leaving_in(self.plan()))
+                await signals.next_poke(self._next_timer_s(None))
                 continue
-            if not self.slot.resident:
-                model = next_model(self.order, None, self.state.waiting_counts())
+            if not self._slot.resident:
+                model = next_model(self.context.order, None, self.intake.waiting_counts())
                 if model is None:
-                    await self._clock.wait_event(wake, None)
+                    await signals.next_poke(None)
                     continue
                 self._begin_transition(self.plan() or [model])
                 continue
-            self.intake.admit_waiting(self.leaving_in(self.plan()))
+            self._admit(self.leaving_in(self.plan()))
             plan = self.plan()
             if self._step_slot(plan):
                 continue
             self._stage_next(plan)
-            await self._clock.wait_event(wake, self._next_timer_s(plan))
+            await signals.next_poke(self._next_timer_s(plan))
+
+    def _admission_view(self, leaving: frozenset[str]) -> AdmissionView:
+        """What the pass's admission decisions read of the slot: during a memory hold every
+        resident model is closing."""
+        slot = self._slot
+        closing = frozenset(slot.resident) if slot.hold else frozenset(slot.leaving)
+        return AdmissionView(
+            leaving,
+            closing,
+            slot.deadline_s() - self._clock.now(),
+            slot.start_s,
+            slot.serving_since,
+            self._holds.table.held_bytes,
+        )
+
+    def _admit(self, leaving: frozenset[str]) -> None:
+        """One admission pass over the resident models' queues (none before a slot), its
+        admissions counted in the slot's record."""
+        slot = self._slot
+        if not slot.resident or not slot.records:
+            return
+        admitted, sp_admitted = self.intake.admit_waiting(
+            list(slot.resident), self._admission_view(leaving)
+        )
+        slot.records[-1].admitted += admitted
+        slot.records[-1].sp_admitted += sp_admitted
 
     def _step_slot(self, plan: list[str] | None) -> bool:
         """Close, renew or change the slot as the plan says; True when a transition began."""
-        slot = self.slot
+        slot = self._slot
         if plan is None:
             if slot.leaving:  # the calls it closed for went away: the slot goes on
                 slot.leaving.clear()
@@ -153,37 +201,37 @@ class SlotLoop:
                 return False
             slot.close(self._clock.now(), reason)
         slot.leaving = set(leaving)
-        if any(self.engines[m].running for m in leaving):
+        if any(self.context.engines[m].running for m in leaving):
             return False  # the leaving models drain first
         self._begin_transition(plan)
         return True
 
     def _next_timer_s(self, plan: list[str] | None) -> float | None:
-        timers = [self.holds.table.next_expiry_s()]
-        if plan is not None and self.slot.active is not None and not self.slot.leaving:
-            timers.append(self.slot.deadline_s())  # a closed slot waits for its drain instead
+        timers = [self._holds.table.next_expiry_s()]
+        if plan is not None and self._slot.active is not None and not self._slot.leaving:
+            timers.append(self._slot.deadline_s())  # a closed slot waits for its drain instead
         pending = [t for t in timers if t is not None]
         return max(0.0, min(pending) - self._clock.now()) if pending else None
 
     def _close_reason(self, leaving: frozenset[str]) -> CloseReason | None:
-        view = self.intake.view(leaving)
-        waiting = self.state.waiting
+        view = self._admission_view(leaving)
+        waiting = self.intake.waiting
         return close_reason(
             now_s=self._clock.now(),
-            deadline_s=self.slot.deadline_s(),
+            deadline_s=self._slot.deadline_s(),
             contended=True,
-            running=sum(self.engines[m].running for m in leaving),
+            running=sum(self.context.engines[m].running for m in leaving),
             admissible_waiting=any(
                 self.intake.decide(w, view) is not False for m in leaving for w in waiting[m]
             ),
-            live_reservations=sum(len(self.holds.table.for_model(m)) for m in leaving),
+            live_reservations=sum(len(self._holds.table.for_model(m)) for m in leaving),
         )
 
     # -- slots and transitions -----------------------------------------------------------------
     def _renew_slot(self, plan: list[str], reason: CloseReason) -> None:
         """The slot's quantum ran out, but the plan keeps every resident: a new slot, no
         switch."""
-        self.slot.close(self._clock.now(), reason)
+        self._slot.close(self._clock.now(), reason)
         self._open_slot(plan, 0.0, ())
 
     def _open_slot(self, plan: list[str], switch_s: float, activated: tuple[str, ...]) -> None:
@@ -192,15 +240,15 @@ class SlotLoop:
         length = self.config.quantum_s
         if self.flags.demand_slots:
             length = slot_length_s(plan[0], self.demands(now), self._demand_policy)
-        self.slot.open(plan, now, length, switch_s, activated)
+        self._slot.open(plan, now, length, switch_s, activated)
 
     def _begin_transition(self, plan: list[str]) -> None:
-        self.transition = asyncio.get_running_loop().create_task(self._switch(plan))
+        self._transition = asyncio.get_running_loop().create_task(self._switch(plan))
 
     async def _switch(self, plan: list[str]) -> None:
         """Deactivate the drained leaving models, make room, activate the incoming ones, and
         open the plan's slot. Staying models keep serving meanwhile."""
-        slot = self.slot
+        slot = self._slot
         try:
             start = self._clock.now()
             leaving = [m for m in slot.resident if m not in plan]
@@ -209,20 +257,20 @@ class SlotLoop:
             if slot.active not in slot.resident:
                 slot.active = None
             for model in leaving:
-                self.holds.release_model(model)
+                self._holds.release_model(model)
                 slot.serving_since.pop(model, None)
-                await self.engines[model].deactivate(
+                await self.context.engines[model].deactivate(
                     keep_kv_on_host=self.flags.host_kv,
                     keep_host_weight_copy=self.flags.d2d_staging,
                 )
             slot.leaving.clear()
-            for name, engine in self.engines.items():
+            for name, engine in self.context.engines.items():
                 if name not in incoming:
                     engine.cancel_staging()
             extend = bool(slot.records) and slot.active == plan[0] and not leaving
             for model in incoming:
-                await self._make_room(self.engines[model])
-                await self.engines[model].activate()
+                await self._make_room(self.context.engines[model])
+                await self.context.engines[model].activate()
                 slot.resident.append(model)
                 slot.resident.sort(key=plan.index)
                 slot.serving_since[model] = self._clock.now()
@@ -232,36 +280,78 @@ class SlotLoop:
                 else:  # the slot opens as soon as its first model is in; others join it
                     self._open_slot(plan, self._clock.now() - start, (model,))
                     extend = True
-                self.state.wake.set()
+                self.context.signals.poke()
             if not extend:
                 self._open_slot(plan, self._clock.now() - start, ())
         finally:
-            self.transition = None
+            self._transition = None
             slot.hold = False
-            self.state.wake.set()
+            self.context.signals.poke()
 
     async def _make_room(self, engine: Engine) -> None:
         """Wait until the engine's weights fit: release the residents' reservations on the
         way, and hold every admission while running calls still pin the room it needs."""
         while not engine.can_activate():
-            for model in self.slot.resident:
-                self.holds.release_model(model)
+            for model in self._slot.resident:
+                self._holds.release_model(model)
             if engine.can_activate():
                 return
-            self.slot.hold = True
-            self.state.call_done.clear()
-            await self._clock.wait_event(self.state.call_done, None)
-        self.slot.hold = False
+            self._slot.hold = True
+            await self.context.signals.next_call_end(None)
+        self._slot.hold = False
 
     def _stage_next(self, plan: list[str] | None) -> None:
         """With ``d2d_staging``, stage the first incoming model's weights (and no other's)."""
-        if not self.flags.d2d_staging or self.slot.active is None or plan is None:
+        if not self.flags.d2d_staging or self._slot.active is None or plan is None:
             return
-        incoming = [m for m in plan if m not in self.slot.resident]
+        incoming = [m for m in plan if m not in self._slot.resident]
         if not incoming:
             return
         target = incoming[0]
-        for name, engine in self.engines.items():
+        for name, engine in self.context.engines.items():
             if name != target and not engine.active:
                 engine.cancel_staging()
-        self.engines[target].start_staging()
+        self.context.engines[target].start_staging()
+
+    # -- what the node asks of the loop ----------------------------------------------------
+    async def retire(self, model: str) -> None:
+        """``model`` leaves the node (``NodeScheduler.retire``): wait until no call of it waits
+        or runs and no transition is under way, then take it out of the resident set and put
+        it to sleep if resident (its weights released, its sessions' KV dropped)."""
+        engine = self.context.engines[model]
+        while self.intake.waiting[model] or engine.running or self._transition is not None:
+            await self.context.signals.next_call_end(self.config.quantum_s)
+        slot = self._slot
+        if model in slot.resident:
+            slot.resident.remove(model)
+            slot.leaving.discard(model)
+            slot.serving_since.pop(model, None)
+            await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=True)
+            if slot.active == model:
+                slot.active = slot.resident[0] if slot.resident else None
+
+    async def cancel_transition(self) -> None:
+        """Cancel the transition under way, if any (the node stops)."""
+        task = self._transition
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._transition = None
+
+    def reserve(self, result: CallResult, session: NodeSession, expected_gap_s: float) -> None:
+        """``soft_reservations``: after ``result``, the session reserves for its next call
+        (``KvHolds.hold``), until the slot's deadline when the plan has its model leave."""
+        leaving = self.leaving_in(self.plan())
+        deadline = self._slot.deadline_s() if result.model in leaving else None
+        self._holds.hold(
+            result,
+            session,
+            self.context.engines[result.model],
+            expected_gap_s=expected_gap_s,
+            deadline_s=deadline,
+            default_output_tokens=self.config.default_output_tokens,
+        )
+
+    def release_hold(self, session_key: str, reason: ReleaseReason) -> None:
+        """Release the session's reservation, if it has one (it returned, moved or ended)."""
+        self._holds.release(session_key, reason)

@@ -1,17 +1,28 @@
 """NodeScheduler: one node's slot scheduler driving its engines (same code live and simulated).
 
-It composes the parts of this package: the shared state (state.py: queues, sessions, the
-current slot), the admission pass (intake.py), the slot loop and its transitions (loop.py),
-soft reservations (holds.py) and the status snapshot (node_status.py). The slot policy and the
-admission rules themselves are pure functions (slots.py, admission.py). All time comes from the
-injected clock; the loop wakes on arrivals, finishes, the slot deadline and reservation expiries.
+It composes the parts of this package: the admission pass over the waiting queues (intake.py),
+the slot loop and its transitions (loop.py), soft reservations (holds.py), the sessions
+(sessions.py) and the status snapshot (node_status.py), over what they all read (state.py's
+``NodeContext``). The slot policy and the admission rules themselves are pure functions
+(slots.py, admission.py). All time comes from the injected clock; the loop wakes on arrivals,
+finishes, the slot deadline and reservation expiries.
+
+Each piece of node state has one owner, its only writer; the others read it through the
+owner's methods or a read-only view (state.py says how each change is asked for):
+
+| part              | owns (its only writer)               | the others read it through        |
+|-------------------|--------------------------------------|-----------------------------------|
+| ``NodeScheduler`` | the model set; the sessions          | ``NodeContext``; ``SessionsView`` |
+| ``Intake``        | the waiting queues; the serving      | ``Intake.waiting`` (read-only)    |
+| ``SlotLoop``      | the slot, transitions, reservations  | ``.slot``, ``.reservations``      |
+| ``StatusReader``  | nothing: it reads the others         | —                                 |
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from talaria.core.clock import Clock
@@ -26,8 +37,8 @@ from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
 from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
-from talaria.runtime.scheduling.sessions import SessionBook
-from talaria.runtime.scheduling.state import NodeState, SlotRecord, SlotState, WaitingCall
+from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
+from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord, WaitingCall
 
 
 async def _next_event(
@@ -89,43 +100,43 @@ class NodeScheduler:
         self.pcie = pcie  # the engines' shared link, kept for the replay's statistics
         self.device = device
         """The engines' shared GPUs, kept for an engine added later (``add_model``)."""
-        self.engines = dict(engines)
-        self.order = list(engines)
         self.memory = memory
         self.flags = flags
         self.config = config or SchedulerConfig()
         self._clock = clock
-        self._sessions = SessionBook()
-        self._holds = KvHolds(memory)
-        self.reservations: ReservationTable = self._holds.table
-        self._state = NodeState(
+        self._engines = dict(engines)  # the model set: changed in add_model and retire only
+        self._sessions = NodeSessions()
+        self._context = NodeContext(
             name=name,
-            engines=self.engines,
-            order=self.order,
-            memory=memory,
             clock=clock,
             flags=flags,
             config=self.config,
-            waiting={m: deque() for m in self.order},
-            sessions=self._sessions,
-            holds=self._holds,
-            slot=SlotState(length_s=self.config.quantum_s),
-            wake=asyncio.Event(),
-            call_done=asyncio.Event(),
+            memory=memory,
+            engines=MappingProxyType(self._engines),
+            signals=Signals(clock),
         )
-        self._waiting = self._state.waiting
-        self._slot = self._state.slot
-        self._wake = self._state.wake
-        self._intake = Intake(self._state, self._finished)
-        self._loop = SlotLoop(self._state, self._intake)
-        self._status = StatusReader(self._state)
+        self._signals = self._context.signals
+        self._intake = Intake(self._context, self._session_of, self._finished)
+        self._loop = SlotLoop(self._context, self._intake, self._sessions, KvHolds(memory))
+        self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
 
     # -- public ----------------------------------------------------------------------------
     @property
-    def slots(self) -> list[SlotRecord]:
-        """Every slot so far, oldest first."""
-        return self._slot.records
+    def engines(self) -> Mapping[str, Engine]:
+        """The hosted models' engines in configured order (read-only: ``add_model`` and
+        ``retire`` change the set)."""
+        return self._context.engines
+
+    @property
+    def reservations(self) -> ReservationTable:
+        """The node's soft reservations (read-only here; the slot loop keeps them)."""
+        return self._loop.reservations
+
+    @property
+    def slots(self) -> Sequence[SlotRecord]:
+        """Every slot so far, oldest first (read-only)."""
+        return self._loop.slot.records
 
     @property
     def clock(self) -> Clock:
@@ -135,12 +146,12 @@ class NodeScheduler:
     @property
     def active_model(self) -> str | None:
         """The slot's model (None before the first slot and while it is switched out)."""
-        return self._slot.active
+        return self._loop.slot.active
 
     @property
     def resident_models(self) -> list[str]:
         """The models resident and admitting calls: the slot's model and its co-residents."""
-        return list(self._slot.resident)
+        return list(self._loop.slot.resident)
 
     def start(self) -> None:
         """Start the scheduling loop on the running event loop (once)."""
@@ -149,11 +160,11 @@ class NodeScheduler:
 
     async def stop(self) -> None:
         """Cancel the loop and any transition under way (running calls are left to finish)."""
-        for task in (self._task, self._loop.transition):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        self._task = self._loop.transition = None
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._loop.cancel_transition()
+        self._task = None
 
     async def submit(self, request: CallRequest) -> CallResult:
         """Queue the call and wait for its result."""
@@ -178,11 +189,9 @@ class NodeScheduler:
                 if isinstance(event, Finished):
                     return
         finally:
-            queue = self._waiting[request.model]
-            if waiting in queue:
-                queue.remove(waiting)
+            if self._intake.withdraw(waiting):
                 waiting.result.cancel()
-                self._wake.set()
+                self._signals.poke()
             elif waiting.serving is not None and not waiting.result.done():
                 self._intake.abandon(waiting.serving)
 
@@ -193,12 +202,12 @@ class NodeScheduler:
             raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
         now = self._clock.now()
         self._sessions.arrived(request, now)
-        self._holds.release(request.session_key, ReleaseReason.RETURNED)
+        self._loop.release_hold(request.session_key, ReleaseReason.RETURNED)
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
         fut.add_done_callback(lambda _: self._sessions.settled(request.session_key))
         waiting = WaitingCall(request, now, fut, events)
-        self._waiting[request.model].append(waiting)
-        self._wake.set()
+        self._intake.enqueue(waiting)
+        self._signals.poke()
         return waiting
 
     def add_model(self, model: str, engine: Engine, host_weight_bytes: float = 0.0) -> None:
@@ -207,41 +216,28 @@ class NodeScheduler:
         if model in self.engines:
             raise ValueError(f"node {self.name} already hosts {model!r}")
         self.memory.resize_host_kv(-host_weight_bytes)
-        self.engines[model] = engine
-        self.order.append(model)
-        self._waiting[model] = deque()
-        self._wake.set()
+        self._engines[model] = engine
+        self._intake.open_queue(model)
+        self._signals.poke()
 
     async def retire(self, model: str, host_weight_bytes: float = 0.0) -> None:
         """Stop hosting ``model`` (placement): wait until no call of it waits or runs and no
         transition is under way, put it to sleep if resident (its weights released, its
         sessions' KV dropped), and give its pinned host copy back to the host KV tier. The
         caller has stopped sending it calls."""
-        if model not in self.engines:
+        if model not in self._engines:
             raise UnknownModelError(f"node {self.name} does not host model {model!r}")
-        engine = self.engines[model]
-        while self._waiting[model] or engine.running or self._loop.transition is not None:
-            self._state.call_done.clear()
-            await self._clock.wait_event(self._state.call_done, self.config.quantum_s)
-        slot = self._slot
-        if model in slot.resident:
-            slot.resident.remove(model)
-            slot.leaving.discard(model)
-            slot.serving_since.pop(model, None)
-            await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=True)
-            if slot.active == model:
-                slot.active = slot.resident[0] if slot.resident else None
+        await self._loop.retire(model)
         for key in [k for k, e in self.memory.kv.items() if e.model == model]:
-            self._holds.release(key, ReleaseReason.MOVED)
+            self._loop.release_hold(key, ReleaseReason.MOVED)
             self.memory.drop(key)
         for key in [k for k, s in self._sessions.sessions.items() if s.model == model]:
-            self._holds.release(key, ReleaseReason.MOVED)
+            self._loop.release_hold(key, ReleaseReason.MOVED)
             self._sessions.forget(key)
-        del self.engines[model]
-        self.order.remove(model)
-        del self._waiting[model]
+        del self._engines[model]
+        self._intake.close_queue(model)
         self.memory.resize_host_kv(host_weight_bytes)
-        self._wake.set()
+        self._signals.poke()
 
     def hint(self, session_key: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s``."""
@@ -252,22 +248,22 @@ class NodeScheduler:
     def session_moved(self, session_key: str) -> None:
         """The session's next call went elsewhere: release its reservation here (its KV stays,
         evictable, in case it comes back)."""
-        self._holds.release(session_key, ReleaseReason.MOVED)
-        self._wake.set()
+        self._loop.release_hold(session_key, ReleaseReason.MOVED)
+        self._signals.poke()
 
     def end_session(self, session_key: str) -> None:
         """The session ended: release its reservation, drop its KV unless a call runs on it,
         and forget it."""
-        self._holds.release(session_key, ReleaseReason.ENDED)
+        self._loop.release_hold(session_key, ReleaseReason.ENDED)
         entry = self.memory.kv.get(session_key)
         if entry is not None and not entry.pinned:
             self.memory.drop(session_key)
         self._sessions.forget(session_key)
-        self._wake.set()
+        self._signals.poke()
 
     def waiting_counts(self) -> dict[str, int]:
         """Per model: calls queued."""
-        return self._state.waiting_counts()
+        return self._intake.waiting_counts()
 
     def status(self) -> InstanceStatus:
         """The snapshot routing reads (core/status.py)."""
@@ -288,13 +284,9 @@ class NodeScheduler:
             return
         gap = session.expected_gap_s()
         session.hint_gap_s = None
-        leaving = self._loop.leaving_in(self._loop.plan())
-        deadline = self._slot.deadline_s() if result.model in leaving else None
-        self._holds.hold(
-            result,
-            session,
-            self.engines[result.model],
-            expected_gap_s=gap,
-            deadline_s=deadline,
-            default_output_tokens=self.config.default_output_tokens,
-        )
+        self._loop.reserve(result, session, gap)
+
+    def _session_of(self, request: CallRequest) -> NodeSession:
+        """The session of a call the intake decides on; a call queued before its session
+        ended (e.g. by a final call) gets a fresh record."""
+        return self._sessions.get_or_add(request.session_key, request.model)

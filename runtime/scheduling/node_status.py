@@ -1,7 +1,8 @@
 """The status snapshot of one node that routing reads (``core.status.InstanceStatus``): per
 model its residency, queue, live sessions and when its next slot could begin; per session where
 its KV is and what getting it back would cost; the node's queue, running calls, KV use,
-reservations and latest slots."""
+reservations and latest slots. It reads each part through its owner (state.py's table) and
+changes nothing."""
 
 from __future__ import annotations
 
@@ -16,23 +17,32 @@ from talaria.core.status import (
     SlotView,
 )
 from talaria.core.types import KvSource
+from talaria.runtime.scheduling.intake import Intake
+from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.resources import KvLocation
-from talaria.runtime.scheduling.state import NodeState
+from talaria.runtime.scheduling.sessions import SessionsView
+from talaria.runtime.scheduling.state import NodeContext
 
 
 class StatusReader:
-    """Reads a node's shared state into its ``InstanceStatus``."""
+    """Reads a node's parts into its ``InstanceStatus``: the queues from the intake, the slot
+    and the reservations from the slot loop, the sessions through their view."""
 
-    def __init__(self, state: NodeState) -> None:
-        self.state = state
+    def __init__(
+        self, context: NodeContext, intake: Intake, loop: SlotLoop, sessions: SessionsView
+    ) -> None:
+        self.context = context
+        self.intake = intake
+        self.loop = loop
+        self.sessions = sessions
 
     def status(self) -> InstanceStatus:
         """The snapshot at the clock's now (core/status.py)."""
-        state = self.state
-        slot, memory = state.slot, state.memory
-        now = state.clock.now()
-        waiting = state.waiting_counts()
-        live = state.sessions.live_counts(now, state.stale_window_s())
+        ctx = self.context
+        slot, memory = self.loop.slot, ctx.memory
+        now = ctx.clock.now()
+        waiting = self.intake.waiting_counts()
+        live = self.sessions.live_counts(now, ctx.stale_window_s())
         models = {
             name: ModelResidency(
                 model=name,
@@ -49,11 +59,11 @@ class StatusReader:
                 waiting_calls=waiting[name],
                 live_sessions=live.get(name, 0),
             )
-            for name, engine in state.engines.items()
+            for name, engine in ctx.engines.items()
         }
         sessions = {}
         for entry in memory.kv.values():
-            engine = state.engines.get(entry.model)
+            engine = ctx.engines.get(entry.model)
             if engine is None:
                 continue
             in_hbm = entry.location is KvLocation.HBM
@@ -64,10 +74,10 @@ class StatusReader:
                 restore_s=0.0 if in_hbm else engine.kv_restore_s(entry.tokens),
                 recompute_s=engine.recompute_s(entry.tokens),
             )
-        for name, engine in state.engines.items():
+        for name, engine in ctx.engines.items():
             # KV a real engine keeps in its own pool, for the sessions still live here
             for session_key, (tokens, source) in engine.session_kv().items():
-                if session_key in sessions or session_key not in state.sessions:
+                if session_key in sessions or session_key not in self.sessions:
                     continue
                 in_hbm = source is KvSource.HBM
                 location = KvLocation.HBM if in_hbm else KvLocation.HOST
@@ -82,17 +92,17 @@ class StatusReader:
             memory.hbm_capacity_bytes - sum(memory.weights.values()) - sum(memory.staged.values())
         )
         return InstanceStatus(
-            instance=state.name,
+            instance=ctx.name,
             at_s=now,
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={r.session_key: r.held_bytes for r in state.holds.table.live.values()},
+            reserved={r.session_key: r.held_bytes for r in self.loop.reservations.live.values()},
             waiting_calls=sum(waiting.values()),
             waiting_prompt_tokens=sum(
-                w.request.prompt_tokens for q in state.waiting.values() for w in q
+                w.request.prompt_tokens for q in self.intake.waiting.values() for w in q
             ),
-            running_calls=sum(e.running for e in state.engines.values()),
+            running_calls=sum(e.running for e in ctx.engines.values()),
             kv_utilization=min(1.0, memory.hbm_kv_bytes / kv_room) if kv_room > 0 else 1.0,
             recent_slots=[
                 SlotView(
@@ -110,10 +120,10 @@ class StatusReader:
     def next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
         """0 if resident; else the rest of the slot, a quantum + switch for each model ahead
         in round-robin order with waiting calls, and this model's own switch."""
-        state, slot = self.state, self.state.slot
+        ctx, slot = self.context, self.loop.slot
         if model in slot.resident:
             return 0.0
-        order = state.order
+        order = ctx.order
         wait = 0.0
         start = 0
         if slot.active is not None:
@@ -124,5 +134,5 @@ class StatusReader:
             if ahead == model:
                 break
             if ahead not in slot.resident and waiting.get(ahead, 0) > 0:
-                wait += state.config.quantum_s + state.engines[ahead].switch_in_s()
-        return wait + state.engines[model].switch_in_s()
+                wait += ctx.config.quantum_s + ctx.engines[ahead].switch_in_s()
+        return wait + ctx.engines[model].switch_in_s()

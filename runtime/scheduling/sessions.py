@@ -1,11 +1,16 @@
-"""What one node knows of each session it serves (``NodeSession``) and the book of them
-(``SessionBook``): the inputs of SP admission (is a call a continuation, how long will it
-decode), of soft reservations (the expected tool gap and KV growth) and of demand (who is in a
-tool gap and due back)."""
+"""The node's view of the sessions it serves (``NodeSessions``, one ``NodeSession`` each): their
+calls here, their KV use (context and growth) and their expected tool gaps; the inputs of SP
+admission (is a call a continuation, how long will it decode), of soft reservations (the
+expected gap and KV growth) and of demand (who is in a tool gap and due back).
+
+``node.NodeScheduler`` owns it and alone changes it; the slot loop and the status reader read
+it through ``SessionsView``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from talaria.core.reservations import GapEstimator
 from talaria.core.types import CallRequest, CallResult
@@ -43,7 +48,21 @@ class NodeSession:
         return round(appended) + self.expected_output_tokens(default_output)
 
 
-class SessionBook:
+class SessionsView(Protocol):
+    """What the node's readers of its sessions may ask (``NodeSessions`` implements it)."""
+
+    def __contains__(self, session_key: str) -> bool: ...
+
+    def in_gap(self, now_s: float, stale_window_s: float) -> list[NodeSession]:
+        """Sessions in a tool gap (``NodeSessions.in_gap``)."""
+        ...
+
+    def live_counts(self, now_s: float, stale_window_s: float) -> dict[str, int]:
+        """Per model: live sessions (``NodeSessions.live_counts``)."""
+        ...
+
+
+class NodeSessions:
     """The sessions of one node by key (``CallRequest.session_key``), in first-seen order."""
 
     def __init__(self) -> None:

@@ -1,6 +1,34 @@
-"""The state a node scheduler's parts share (``NodeState``): its engines and memory, the
-waiting queues, the sessions, the soft reservations, and the current slot (``SlotState``),
-with the record of every slot so far (``SlotRecord``).
+"""What the parts of one node's scheduler keep, and who owns each piece: the calls waiting
+(``WaitingCall``), the current slot (``SlotState``) with the record of every slot so far
+(``SlotRecord``), the wake-ups (``Signals``) and what every part reads and none changes
+(``NodeContext``).
+
+Each piece of node state has one owner, the only part that changes it; the others read it
+through the owner's methods or a read-only view:
+
+| state                  | owner: its only writer | the others read it through                  |
+|------------------------|------------------------|---------------------------------------------|
+| the model set: engines | ``NodeScheduler``      | ``NodeContext.engines``, ``.order``: read-only |
+| the waiting queues     | ``Intake``             | ``Intake.waiting`` (read-only)              |
+| the slot, a transition | ``SlotLoop``           | ``SlotLoop.slot`` (``SlotStateView``)       |
+| soft reservations      | ``SlotLoop``           | ``SlotLoop.reservations``                   |
+| the sessions           | ``NodeScheduler``      | ``SessionsView`` (loop, status)             |
+| the wake-ups           | none: any part raises  | the loop; a wait for a call's end           |
+
+The intake reads the slot and the reservations through the ``AdmissionView`` the loop hands
+each admission pass, and hands back what it admitted, which the loop records in the slot. A
+change another part needs goes through the owner's method: the model set changes only in
+``NodeScheduler.add_model`` / ``retire`` (which open and close the model's queue with
+``Intake.open_queue`` / ``close_queue``); calls join and leave the queues through
+``Intake.enqueue`` / ``withdraw`` and its admission pass; a retired model leaves the resident
+set through ``SlotLoop.retire``, in the loop's order of events (once its calls are gone and no
+transition runs); the node's session events make and release reservations through
+``SlotLoop.reserve`` / ``release_hold``; the intake gets a call's session through the node's
+callback.
+
+``NodeContext`` holds the rest: the name, clock, flags and config, which never change, and
+``NodeMemory`` (resources.py), the HBM and host KV accounting the engines share, changed only
+through its own methods.
 
 A slot belongs to one model (``active``); the *resident set* (``resident``) is that model plus,
 with ``co_residency``, the models serving beside it. Models in ``leaving`` have had their slot
@@ -12,17 +40,16 @@ the demand-sized length, ``slots.slot_length_s``).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, GenerationEvent
 from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
-from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.resources import NodeMemory
-from talaria.runtime.scheduling.sessions import SessionBook
 from talaria.runtime.scheduling.slots import CloseReason
 
 
@@ -58,7 +85,8 @@ class SlotRecord:
 
 @dataclass
 class SlotState:
-    """The current slot and the resident set (rules in the module docstring)."""
+    """The current slot and the resident set (rules in the module docstring); the slot loop
+    (loop.py) owns it and alone changes it."""
 
     length_s: float
     """The current slot's length (its deadline is ``start_s`` + this)."""
@@ -104,32 +132,83 @@ class SlotState:
         )
 
 
-@dataclass(eq=False)
-class NodeState:
-    """Everything one node's scheduler keeps, shared by its parts (``intake.Intake``,
-    ``loop.SlotLoop``, ``node_status.StatusReader``)."""
+class SlotStateView(Protocol):
+    """The current slot as the parts other than the slot loop read it (``SlotState``
+    implements it; the loop alone changes it)."""
+
+    @property
+    def active(self) -> str | None:
+        """The slot's model (``SlotState.active``)."""
+        ...
+
+    @property
+    def resident(self) -> Sequence[str]:
+        """The resident set (``SlotState.resident``)."""
+        ...
+
+    @property
+    def records(self) -> Sequence[SlotRecord]:
+        """Every slot so far, oldest first."""
+        ...
+
+    def deadline_s(self) -> float:
+        """start + length: when a contended slot closes on its quantum."""
+        ...
+
+
+class Signals:
+    """The node's two wake-ups. Any part may raise them; they carry no state (each part reads
+    what changed from its owner)."""
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self._wake = asyncio.Event()
+        self._call_done = asyncio.Event()
+
+    def poke(self) -> None:
+        """The slot loop should look again (an arrival, a release, a model added or gone)."""
+        self._wake.set()
+
+    def call_ended(self) -> None:
+        """A call ended: whoever waits for one (``next_call_end``) looks again, and so does
+        the slot loop."""
+        self._call_done.set()
+        self._wake.set()
+
+    def clear_poke(self) -> None:
+        """The slot loop starts a pass: pokes from now on are new."""
+        self._wake.clear()
+
+    async def next_poke(self, timeout_s: float | None) -> None:
+        """Wait for a poke since the last ``clear_poke`` (or ``timeout_s`` clock seconds)."""
+        await self._clock.wait_event(self._wake, timeout_s)
+
+    async def next_call_end(self, timeout_s: float | None) -> None:
+        """Wait for the next call to end (or ``timeout_s`` clock seconds)."""
+        self._call_done.clear()
+        await self._clock.wait_event(self._call_done, timeout_s)
+
+
+@dataclass(frozen=True, eq=False)
+class NodeContext:
+    """What every part of one node's scheduler reads and none of them changes (the module
+    docstring says who owns the rest)."""
 
     name: str
-    engines: dict[str, Engine]
-    order: list[str]
-    """The hosted models in configured order (the round-robin order)."""
-    memory: NodeMemory
     clock: Clock
     flags: SchedulerFlags
     config: SchedulerConfig
-    waiting: dict[str, deque[WaitingCall]]
-    """One FIFO of waiting calls per model."""
-    sessions: SessionBook
-    holds: KvHolds
-    slot: SlotState
-    wake: asyncio.Event
-    """Set whenever the loop should look again (an arrival, a finish, a release)."""
-    call_done: asyncio.Event
-    """Set whenever a call ends (a transition waiting for HBM looks again)."""
+    memory: NodeMemory
+    """The HBM and host KV accounting (resources.py), changed only through its own methods."""
+    engines: Mapping[str, Engine]
+    """The hosted models' engines in configured order: a read-only view of the model set,
+    which ``NodeScheduler`` alone changes (``add_model``, ``retire``)."""
+    signals: Signals
 
-    def waiting_counts(self) -> dict[str, int]:
-        """Per model: calls queued."""
-        return {m: len(q) for m, q in self.waiting.items()}
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The hosted models in configured order (the round-robin order)."""
+        return tuple(self.engines)
 
     def stale_window_s(self) -> float:
         """stale_after_quanta × Q: how long after its last call a session still counts as in a

@@ -24,7 +24,7 @@ from talaria.runtime.engines.vllm.adapter import (
     no_shutdown,
 )
 from talaria.runtime.engines.vllm.chat import VllmChat
-from talaria.runtime.engines.vllm.generate import BusyMeter, CallRunner, PromptIds
+from talaria.runtime.engines.vllm.generate import BusyMeter, PromptIds, VllmGenerator
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
@@ -71,7 +71,7 @@ class VLLMEngine:
         self.last_keep_kv_on_host: bool | None = None
         self._memory = SessionMemory(kv_shape.block_tokens, options.host_kv_survives_sleep)
         self._prompts = PromptIds(tokenizer, self._memory)
-        self._calls = CallRunner(
+        self._generator = VllmGenerator(
             name,
             clock,
             node,
@@ -299,10 +299,10 @@ class VLLMEngine:
     async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
         call = admission.request.call
         if self._chat is not None and call is not None and call.messages is not None:
-            async for event in self._calls.chat(admission, call, self._chat, self._kv):
+            async for event in self._generator.chat(admission, call, self._chat, self._kv):
                 yield event
             return
-        tokens = self._calls.tokens(admission, self._engine(), self._kv)
+        tokens = self._generator.tokens(admission, self._engine(), self._kv)
         async with contextlib.aclosing(tokens) as events:
             async for event in events:
                 yield event

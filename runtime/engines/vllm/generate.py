@@ -155,10 +155,10 @@ class PromptIds:
         self._prompts.pop(request_id, None)
 
 
-class CallRunner:
-    """Generates one model's admitted calls on its ``AsyncLLM``; each finished call's prompt
-    and output ids become its session's KV record in ``memory`` (at the current sleep epoch of
-    ``states``)."""
+class VllmGenerator:
+    """Generates one model's admitted calls on its ``AsyncLLM`` (as token ids, ``tokens``, or
+    through vLLM's chat serving layer, ``chat``); each finished call's prompt and output ids
+    become its session's KV record in ``memory`` (at the current sleep epoch of ``states``)."""
 
     def __init__(
         self,

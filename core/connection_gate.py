@@ -56,15 +56,15 @@ class Gate:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.linger_budget = max(0, (descriptor_limit() - limit) // 4)
-        self.lingering: set[Refused] = set()
+        self.lingering: set[RefusedConnection] = set()
         self._warned_at = -REFUSAL_LOG_EVERY_S
 
     def refuse_if_full(self, transport: asyncio.Transport, open_connections: int) -> bool:
-        """With ``limit`` connections open already, hand ``transport`` to a :class:`Refused`
-        protocol and say so: the caller's protocol is then never used."""
+        """With ``limit`` connections open already, hand ``transport`` to a
+        :class:`RefusedConnection` protocol and say so: the caller's protocol is then never used."""
         if open_connections < self.limit:
             return False
-        refused = Refused(self)
+        refused = RefusedConnection(self)
         transport.set_protocol(refused)
         refused.connection_made(transport)
         now = time.monotonic()
@@ -100,7 +100,7 @@ def refusal_response(limit: int) -> bytes:
     return head.encode() + body
 
 
-class Refused(asyncio.Protocol):
+class RefusedConnection(asyncio.Protocol):
     """A connection over the bound: its 503 is written; then, within the gate's linger budget,
     its write side is shut and it is closed when the client closes (or after
     :data:`LINGER_S`), what it sends being discarded; past the budget, it is closed at once."""

@@ -18,7 +18,7 @@ header is there, the signature matches (constant-time compare), and ``|now − t
 :data:`MAX_AGE_S` (which bounds a replay; clocks of the replicas must agree within it). The
 body is checked against ``x-talaria-body-sha256`` when it is read (proxy/callpath/context.py). Any
 internal header on a request that fails this — on a lone proxy, any at all — refuses the
-request (:class:`Refused`, a 400): a client can never pose as a peer.
+request (:class:`ForgedForward`, a 400): a client can never pose as a peer.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _CONTEXT = "talaria-forward-v1"
 MAX_REQUEST_ID = 64
 
 
-class Refused(Exception):
+class ForgedForward(Exception):
     """A request carries internal headers without a valid signature (the message says why)."""
 
 
@@ -99,25 +99,25 @@ def verify(
     found: dict[str, str], method: str, path: str, query: str, secret: str | None, now: float
 ) -> Forward:
     """The forward that the internal headers ``found`` (non-empty) describe, once verified;
-    ``Refused`` when they fail (module docstring), or ``secret`` is None (a lone proxy)."""
+    ``ForgedForward`` when they fail (module docstring), or ``secret`` is None (a lone proxy)."""
     named = ", ".join(n for n in INTERNAL if n in found)
     if secret is None:
-        raise Refused(f"{named} is internal to Talaria's replicas; a client may not send it.")
+        raise ForgedForward(f"{named} is internal to Talaria's replicas; a client may not send it.")
     missing = [n for n in INTERNAL if n not in found]
     if missing:
-        raise Refused(f"{named} is internal to Talaria's replicas: {missing[0]} is missing.")
+        raise ForgedForward(f"{named} is internal to Talaria's replicas: {missing[0]} is missing.")
     stamp = found[TIMESTAMP]
     if not stamp.isdigit() or len(stamp) > 12:
-        raise Refused(f"{named} is internal to Talaria's replicas: bad {TIMESTAMP}.")
+        raise ForgedForward(f"{named} is internal to Talaria's replicas: bad {TIMESTAMP}.")
     request_id = found[REQUEST_ID]
     if not (request_id.isascii() and request_id.isalnum() and len(request_id) <= MAX_REQUEST_ID):
-        raise Refused(f"{named} is internal to Talaria's replicas: bad {REQUEST_ID}.")
+        raise ForgedForward(f"{named} is internal to Talaria's replicas: bad {REQUEST_ID}.")
     forward = Forward(request_id, found[FORWARDED_BY], int(stamp), found[BODY_SHA256])
     expected = signature(secret, method, path, query, forward)
     if not hmac.compare_digest(expected.encode(), found[SIGNATURE].encode("latin-1")):
-        raise Refused(f"{named} is internal to Talaria's replicas: wrong {SIGNATURE}.")
+        raise ForgedForward(f"{named} is internal to Talaria's replicas: wrong {SIGNATURE}.")
     if abs(now - forward.timestamp) > MAX_AGE_S:
-        raise Refused(
+        raise ForgedForward(
             f"{named} is internal to Talaria's replicas: the signature is stale "
             f"(more than {MAX_AGE_S:g} s from this replica's clock)."
         )

@@ -53,7 +53,7 @@ class RequestIdMiddleware:
         try:
             forward = _forward(scope)
             refused = None
-        except trust.Refused as exc:
+        except trust.ForgedForward as exc:
             forward, refused = None, ApiError(400, str(exc), code="internal_header")
         request_id = forward.request_id if forward is not None else uuid.uuid4().hex
         state["request_id"], state["forward"] = request_id, forward
@@ -112,7 +112,7 @@ request"; nothing is sent)."""
 
 
 def _forward(scope: Scope) -> trust.Forward | None:
-    """The peer's verified forward; None for a client's request; ``trust.Refused``."""
+    """The peer's verified forward; None for a client's request; ``trust.ForgedForward``."""
     found = trust.internal_headers(scope["headers"])
     if not found:
         return None

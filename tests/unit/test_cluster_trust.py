@@ -56,7 +56,7 @@ def test_a_clients_request_has_no_internal_headers() -> None:
 )
 def test_another_target_or_secret_is_refused(target: tuple[str, str, str], secret: str) -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
-    with pytest.raises(trust.Refused, match="wrong x-talaria-signature"):
+    with pytest.raises(trust.ForgedForward, match="wrong x-talaria-signature"):
         _verify(headers, target, secret)
 
 
@@ -66,14 +66,14 @@ def test_a_changed_signed_field_is_refused(field: str) -> None:
     changed = dataclasses.replace(FORWARD, **{field: "ffff00"})
     forged = trust.sign("x" * MIN_SECRET_CHARS, *TARGET, changed)
     forged[trust.SIGNATURE] = headers[trust.SIGNATURE]  # the real signature, other fields
-    with pytest.raises(trust.Refused, match="wrong x-talaria-signature"):
+    with pytest.raises(trust.ForgedForward, match="wrong x-talaria-signature"):
         _verify(forged)
 
 
 def test_a_stale_or_future_timestamp_is_refused() -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
     for now in (NOW + trust.MAX_AGE_S + 1, NOW - trust.MAX_AGE_S - 1):
-        with pytest.raises(trust.Refused, match="stale"):
+        with pytest.raises(trust.ForgedForward, match="stale"):
             _verify(headers, now=now)
 
 
@@ -81,7 +81,7 @@ def test_a_stale_or_future_timestamp_is_refused() -> None:
 def test_a_missing_internal_header_is_refused(missing: str) -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
     del headers[missing]
-    with pytest.raises(trust.Refused, match=f"{missing} is missing"):
+    with pytest.raises(trust.ForgedForward, match=f"{missing} is missing"):
         _verify(headers)
 
 
@@ -91,11 +91,11 @@ def test_a_missing_internal_header_is_refused(missing: str) -> None:
 def test_malformed_values_are_refused(name: str, value: str) -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
     headers[name] = value
-    with pytest.raises(trust.Refused, match=f"bad {name}"):
+    with pytest.raises(trust.ForgedForward, match=f"bad {name}"):
         _verify(headers)
 
 
 def test_a_lone_proxy_refuses_even_a_valid_signature() -> None:
     headers = trust.sign(SECRET, *TARGET, FORWARD)
-    with pytest.raises(trust.Refused, match="a client may not send it"):
+    with pytest.raises(trust.ForgedForward, match="a client may not send it"):
         _verify(headers, secret=None)

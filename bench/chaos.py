@@ -9,7 +9,7 @@ while one replica is killed (kill -9) and restarted, one runtime is stopped (SIG
 
 Prints, per run, the failed calls by fault and API, how long the load took to recover from
 each fault, and the store's checks: acknowledged calls lost, named sessions split, repeated
-call indices (bench/harness/chaos.py says how each is measured). tests/e2e/test_chaos.py runs
+call indices (bench/harness/chaos/ says how each is measured). tests/e2e/test_chaos.py runs
 the same scenario with fewer sessions and asserts those figures. Needs nginx (TALARIA_NGINX,
 or bash scripts/apt-provide.sh nginx-light nginx) and PostgreSQL's binaries (scripts/pg.sh).
 """

@@ -16,9 +16,10 @@ layout stays. *placement*: ``--placement-library`` lists the four models, so the
 (proxy/placement/loop.py, its defaults: a look every 60 s, min hold 900 s, ...) may move
 them; a model placed on a running runtime serves after ``ServerSpec.placement_s`` from
 storage on the node's clock (runtime/factory.py ``EngineKind.loads_on_clock``). The sessions
-are driven closed-loop as bench/cluster_live.py ``drive`` does (one agent per session, its
-start and tool gaps divided by the time scale), each reply held to the trace's 300 output
-tokens (``ignore_eos``: the simulated engine's own answers are shorter).
+are driven closed-loop by bench/harness/trace_drive.py ``drive``, as bench/cluster_live.py
+drives them (one agent per session, its start and tool gaps divided by the time scale), each
+reply held to the trace's 300 output tokens (``ignore_eos``: the simulated engine's own
+answers are shorter).
 
 The simulator replays the same sessions on the same layout (``sim.replay``, policy
 ``talaria``), with and without ``PlacementConfig()``. One difference is known: the replay's
@@ -46,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/harness
 
 import httpx
 
-from bench.cluster_live import SessionResult, Words, drive
 from bench.harness.processes import talaria_runtime, talaria_serve
+from bench.harness.trace_drive import SessionResult, Words, drive
 from talaria.core.catalog import load_catalog
 from talaria.core.placement import PlacementConfig
 from talaria.core.trace import SessionTrace, TraceCall
@@ -130,7 +131,7 @@ def live_run(
         proxy = stack.enter_context(talaria_serve(args, env, data))
         log(f"{'placement' if placement else 'static'}: driving {len(sessions)} sessions")
         results: list[SessionResult] = asyncio.run(
-            drive([proxy.base_url], sessions, Words(0), 0, scale, ignore_eos=True)
+            drive([proxy.base_url], sessions, Words(0), 0, scale, ignore_eos=True, log=log)
         )
         moves: list[dict[str, Any]] = []
         if placement:

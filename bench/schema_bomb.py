@@ -27,7 +27,7 @@ from talaria.core.schema_instance import (
     check_schemas,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "agent_tools"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "agent_tools"
 
 CASES: dict[str, Any] = {
     "largest array within the budget": {

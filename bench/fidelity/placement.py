@@ -8,7 +8,8 @@ Per engine the runtime starts vLLM's EngineCore (scheduling), and that starts th
 that runs the model. The serving stack (this process, the runtime, the proxy, the agents) runs
 on the CPUs other than 0. Placements:
 
-- ``workers`` (bench/fidelity/run.py's): the workers on CPU 0, the EngineCores with the stack;
+- ``workers`` (bench/fidelity/run.py's: serving.py ``pin_engines``): the workers on CPU 0, the
+  EngineCores with the stack;
 - ``engines``: EngineCores and workers on CPU 0;
 - ``cores``: only the EngineCores on CPU 0, the workers left with the stack (what run.py did
   before it pinned the workers).
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run  # bench/fidelity/run.py, next to this file
+from serving import ROOT, pin_serving_stack, pin_threads, start_runtime  # next to this file
 
 from bench.harness.processes import child_pids, descendant_pids
 from talaria.calibrate_live import Calibrator
@@ -46,7 +47,7 @@ def place(runtime_pid: int, placement: str) -> None:
     """Pin the runtime's engine processes to CPU 0 as ``placement`` says (module docstring)."""
     for core in child_pids(runtime_pid):
         pids = {"workers": descendant_pids(core), "engines": [core, *descendant_pids(core)]}
-        run.pin_threads(pids.get(placement, [core]), {0})
+        pin_threads(pids.get(placement, [core]), {0})
 
 
 async def measure(url: str, rounds: int, serving_cpu: int) -> dict[str, float]:
@@ -87,16 +88,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
-    parser.add_argument("--out", type=Path, default=run.ROOT / "out" / "placement")
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "placement")
     parser.add_argument("--json", type=Path, help="Also write the medians here.")
     args = parser.parse_args()
-    serving = run.pin_serving_stack(True)
+    serving = pin_serving_stack(True)
     if not serving:
         raise SystemExit("needs two CPUs or more, CPU 0 among them")
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {}
     for placement in args.placements.split(","):
-        service, url = run.start_runtime(args.out, placement, "talaria", 2.0, None, False)
+        service, url = start_runtime(args.out, placement, "talaria", 2.0, None, False)
         try:
             place(service.proc.pid, placement)
             results[placement] = asyncio.run(measure(url, args.rounds, serving[0]))

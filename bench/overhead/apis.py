@@ -94,7 +94,7 @@ def responses_body(session: int, call: int, stream: bool) -> bytes:
     return _dump(body)
 
 
-AGENT_TOOLS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "agent_tools"
+AGENT_TOOLS = Path(__file__).resolve().parents[1] / "fixtures" / "agent_tools"
 SOURCE_LINE = "    value_{i} = compute_{j}(items[{i}], offset={k})  # step {i} of module {j}\n"
 
 
@@ -108,7 +108,7 @@ def _file_text(session: int, step: int, lines: int = 60) -> str:
 
 def _tools() -> list[dict[str, Any]]:
     """Qwen Code's tools as it sends them on chat completions (captured:
-    tests/fixtures/agent_tools/qwen-code.json)."""
+    bench/fixtures/agent_tools/qwen-code.json)."""
     tools = json.loads((AGENT_TOOLS / "qwen-code.json").read_text())
     return [
         {"type": "function", "function": {"name": t["name"], "description": t.get("description",

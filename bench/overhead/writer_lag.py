@@ -21,16 +21,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import proxy_overhead as po
 from overhead.apis import APIS
 from overhead.client import run_batch
+from overhead.measure import Workload, writer_backlog
+from overhead.procs import HOST, SERVERS, free_port, start_server, stop_server, wait_ready
 
 
 async def probe(port: int, seconds: float, concurrency: int, stream: bool) -> dict[str, float]:
-    workload = po.Workload(800, 4, APIS["chat"])
+    workload = Workload(800, 4, APIS["chat"])
     judge = APIS["chat"].judge(stream)
-    await run_batch(po.HOST, port, workload.batch(port, stream, 200), 8, judge)
-    while (await po.writer_backlog(port)) not in (0, None):
+    await run_batch(HOST, port, workload.batch(port, stream, 200), 8, judge)
+    while (await writer_backlog(port)) not in (0, None):
         await asyncio.sleep(0.1)
     sent = 0
 
@@ -39,7 +40,7 @@ async def probe(port: int, seconds: float, concurrency: int, stream: bool) -> di
         started = time.monotonic()
         while time.monotonic() - started < seconds:
             batch = workload.batch(port, stream, 200)
-            result = await run_batch(po.HOST, port, batch, concurrency, judge)
+            result = await run_batch(HOST, port, batch, concurrency, judge)
             if result.errors:
                 raise RuntimeError(result.first_error)
             sent += len(batch)
@@ -49,14 +50,14 @@ async def probe(port: int, seconds: float, concurrency: int, stream: bool) -> di
     peak = 0
     while not task.done():
         await asyncio.sleep(0.5)
-        backlog = await po.writer_backlog(port) or 0
+        backlog = await writer_backlog(port) or 0
         peak = max(peak, backlog)
         print(f"  t={time.monotonic() - started:5.1f} s  sent {sent:6d}  backlog {backlog:6d}")
     await task
     done_at = time.monotonic()
     load_s = done_at - started
-    at_end = await po.writer_backlog(port) or 0
-    while (await po.writer_backlog(port)) not in (0, None):
+    at_end = await writer_backlog(port) or 0
+    while (await writer_backlog(port)) not in (0, None):
         await asyncio.sleep(0.1)
     drain_s = time.monotonic() - done_at
     return {
@@ -77,17 +78,17 @@ def main() -> None:
     parser.add_argument("--switch-interval", type=float)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="talaria-writer-lag-"))
-    port = po.free_port()
-    cmd = [sys.executable, str(po.SERVERS), "talaria", "--port", str(port)]
+    port = free_port()
+    cmd = [sys.executable, str(SERVERS), "talaria", "--port", str(port)]
     cmd += ["--db", str(workdir / "talaria.db")]
     if args.switch_interval is not None:
         cmd += ["--switch-interval", str(args.switch_interval)]
-    server = po.start_server("talaria", cmd, port, workdir)
+    server = start_server("talaria", cmd, port, workdir)
     try:
-        po.wait_ready(server, "/healthz", 60)
+        wait_ready(server, "/healthz", 60)
         summary = asyncio.run(probe(port, args.seconds, args.concurrency, args.stream))
     finally:
-        po.stop_server(server)
+        stop_server(server)
     print(summary)
 
 

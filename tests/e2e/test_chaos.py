@@ -6,7 +6,7 @@ streaming load on chat completions, Messages and Responses from sessions named b
 ``X-Talaria-Session-Id``, ``X-Claude-Code-Session-Id`` and Codex's ``session-id``, and a few
 implicit ones; and, in sequence, a replica killed with kill -9 and then restarted on its port
 (as Kubernetes restarts a pod), a runtime stopped (SIGSTOP) for 20 s, and PostgreSQL
-restarted. bench/harness/chaos.py runs it (bench/chaos.py: the same with more sessions).
+restarted. bench/harness/chaos/ runs it (bench/chaos.py: the same with more sessions).
 
 Failed calls during a fault are allowed, and resent by the load as agents do: 5xx with
 ``Retry-After``, an nginx 502 for a call on a replica that died, a broken connection, a

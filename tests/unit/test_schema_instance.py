@@ -23,7 +23,7 @@ from talaria.core.schema_instance import (
     instance,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent_tools"
+FIXTURES = Path(__file__).resolve().parents[2] / "bench" / "fixtures" / "agent_tools"
 
 SELF_TWICE = {
     "$defs": {

@@ -1,6 +1,6 @@
 """The simulated engine's replies: harmless tool calls with schema-valid arguments while the
 conversation is young, a final answer after N tool calls, and a stream that hands out exactly
-the reply. The tool schemas are the ones the real agents send (tests/fixtures/agent_tools/,
+the reply. The tool schemas are the ones the real agents send (bench/fixtures/agent_tools/,
 captured from Claude Code 2.1.328, Codex 0.169.0 and Qwen Code 0.24.4, descriptions removed)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from talaria.core.schema_instance import instance
 from talaria.core.types import CallRequest
 from talaria.runtime.engines.sim_reply import ReplyPolicy, ReplyStream, pick_tool, plan_reply
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "agent_tools"
+FIXTURES = Path(__file__).resolve().parents[2] / "bench" / "fixtures" / "agent_tools"
 AGENTS = {p.stem: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))}
 
 

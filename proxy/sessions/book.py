@@ -30,17 +30,8 @@ tokens and the session's completion time are the session's, whatever thread they
    is that session's *side call*: a child of it (``_side_call_of`` says what the evidence is
    and what a wrong guess costs).
 
-Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
-beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*
-its least recently used thread with no call in flight (out of the index, its reservation
-released and its runtime entry ended by ``on_retire``), and when every thread has a call in
-flight the call gets :class:`ThreadLimit` (the gateway's 429). A tenant holds at most
-``max_per_tenant`` live threads, every session's counted (implicit, named and children alike;
-each session has one at least: tenancy.py): a call that would open one more gets
-:class:`SessionLimit` (429); calls that continue, retry or take over a live session's thread
-are never refused. The conversation index holds two entries per live thread (its last
-prompt, its last prompt + reply). What each tenant holds is kept as it changes (tenancy.py),
-so no call scans a tenant's sessions.
+Bounds (tenancy.py has the rules): ``capacity`` live sessions in all, ``max_threads`` a session,
+``max_per_tenant`` threads a tenant.
 """
 
 from __future__ import annotations
@@ -174,14 +165,10 @@ class SessionBook:
         unambiguous: the call offers no tools (an agent's own calls do; a title, summary or
         memory call does not) and opens with a system prompt, and exactly one of the tenant's
         implicit root sessions waits on a reply now (a call in flight), with a different first
-        message. Else None: the call stays a session of its own. Wrong, it costs only the
-        accounting (the side call counts in that session's tree); its KV and reservation are
-        its own either way. The waiting sessions are kept as calls start and end (tenancy.py):
-        no scan."""
-        if not len(conversation) or conversation.prints[0].role != "system":
-            return None
+        message (tenancy.py keeps the waiting ones: no scan). Else None. Wrong, it costs only
+        the accounting: its KV and reservation are its own either way."""
         waiting = self._tenants.waiting(tenant_id)
-        if len(waiting) != 1:
+        if len(waiting) != 1 or not len(conversation) or conversation.prints[0].role != "system":
             return None
         state = self._sessions[waiting[0]]
         first = conversation.hashes[0]

@@ -1,6 +1,5 @@
-"""The bounds on what a tenant and a session hold live (book.py's module docstring has the
-rules), and what each tenant holds live in the session book, kept as the book changes so that
-no call scans a tenant's sessions:
+"""The bounds on what a tenant and a session hold live, and what each tenant holds live in the
+session book, kept as the book changes so that no call scans a tenant's sessions:
 
 - its live session keys, least recently used first (the oldest may idle out first: the
   ``Retry-After`` of a refusal);
@@ -9,6 +8,18 @@ no call scans a tenant's sessions:
   uses its tenant's room as separate sessions would;
 - its implicit root sessions waiting on a reply (a call in flight): a new implicit call is
   such a session's side call only when exactly one waits (book.py ``_side_call_of``).
+
+Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
+beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*
+its least recently used thread with no call in flight (out of the index, its reservation
+released and its runtime entry ended by ``on_retire``), and when every thread has a call in
+flight the call gets ``ThreadLimit`` (the gateway's 429). A tenant holds at most
+``max_per_tenant`` live threads, every session's counted (implicit, named and children alike;
+each session has one at least: tenancy.py): a call that would open one more gets
+``SessionLimit`` (429); calls that continue, retry or take over a live session's thread
+are never refused. The conversation index holds two entries per live thread (its last
+prompt, its last prompt + reply). What each tenant holds is kept as it changes (tenancy.py),
+so no call scans a tenant's sessions.
 """
 
 from __future__ import annotations

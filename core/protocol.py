@@ -31,7 +31,7 @@ request but ``GET /healthz`` and ``GET /readyz`` with 401 unless it carries
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from talaria.core.calls import (
@@ -54,16 +54,20 @@ from talaria.core.types import (
     FirstToken,
     GenerationEvent,
     KvSource,
+    Priority,
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 5
+PROTOCOL_VERSION = 6
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
 calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s
 fields) instead of top-level fields of the request; 5: the session's key as ``session_key`` (was
 ``session_id``) in the request and the result (``session_id`` is the client's id, which the
-runtime never sees)."""
+runtime never sees); 6: the call's tenant (an opaque key) and its weight, priority and
+deadline."""
+MAX_TENANT_WEIGHT = 100.0
+"""A tenant's share weight is in (0, ``MAX_TENANT_WEIGHT``]."""
 
 RUNTIME_TOKEN_ENV = "TALARIA_RUNTIME_TOKEN"
 """The environment variable holding the runtime's bearer token, on both ends."""
@@ -185,7 +189,16 @@ def request_from_dict(data: Any) -> CallRequest:
         raise ProtocolError(f"bad call request: {exc}") from exc
     if request.prompt_tokens < 1 or request.max_output_tokens < 1:
         raise ProtocolError("prompt_tokens and max_output_tokens must be positive")
-    return request
+    try:
+        priority = Priority(request.priority)
+    except ValueError as exc:
+        raise ProtocolError(f"bad call request: unknown priority {request.priority!r}") from exc
+    weight, deadline = request.tenant_weight, request.deadline_s
+    if not isinstance(weight, int | float) or not 0 < weight <= MAX_TENANT_WEIGHT:
+        raise ProtocolError(f"bad call request: tenant_weight must be in (0, {MAX_TENANT_WEIGHT}]")
+    if deadline is not None and not (isinstance(deadline, int | float) and deadline >= 0):
+        raise ProtocolError("bad call request: deadline_s must be a non-negative number")
+    return replace(request, priority=priority)
 
 
 # -- outputs and results --------------------------------------------------------------------

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from talaria.core.types import DEFAULT_TENANT, Priority
+
 FIELDS = (
     "session_id",
     "call_index",
@@ -29,10 +31,15 @@ FIELDS = (
     "latency_s",
     "ttft_s",
     "parent_session_id",
+    "tenant",
+    "priority",
 )
 """Every key a line may hold, in the order ``dumps_call`` writes them."""
 
-_OPTIONAL = frozenset({"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id"})
+_OPTIONAL = frozenset(
+    {"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id", "tenant",
+     "priority"}
+)  # fmt: skip
 # Characters that str.splitlines treats as line ends but json.dumps leaves raw in strings.
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -61,16 +68,23 @@ class TraceCall:
     latency_s: float | None = None
     ttft_s: float | None = None
     parent_session_id: str | None = None
+    tenant: str = DEFAULT_TENANT
+    """Whose session it is (absent: ``default``); the same on every call of a session."""
+    priority: Priority = Priority.STANDARD
+    """Its class (absent: ``standard``); the same on every call of a session."""
 
 
 @dataclass(frozen=True)
 class SessionTrace:
-    """One session: its calls sorted by ``call_index``; ``start_s`` is call 0's offset."""
+    """One session: its calls sorted by ``call_index``; ``start_s`` is call 0's offset; its
+    tenant and class are its calls'."""
 
     session_id: str
     model: str
     start_s: float
     calls: tuple[TraceCall, ...]
+    tenant: str = DEFAULT_TENANT
+    priority: Priority = Priority.STANDARD
 
     @property
     def num_calls(self) -> int:
@@ -108,6 +122,10 @@ def dumps_call(call: TraceCall) -> str:
         row["ttft_s"] = float(call.ttft_s)
     if call.parent_session_id is not None:
         row["parent_session_id"] = call.parent_session_id
+    if call.tenant != DEFAULT_TENANT:
+        row["tenant"] = call.tenant
+    if call.priority is not Priority.STANDARD:
+        row["priority"] = call.priority.value
     text = json.dumps(row, ensure_ascii=False, allow_nan=False)
     return text.translate(_LINE_BREAKS)
 
@@ -178,6 +196,12 @@ def parse_call(line: str, where: str) -> TraceCall:
     parent = None
     if row.get("parent_session_id") is not None:
         parent = _str(row, "parent_session_id", where)
+    tenant = DEFAULT_TENANT if row.get("tenant") is None else _str(row, "tenant", where)
+    try:
+        priority = Priority(row.get("priority") or Priority.STANDARD)
+    except ValueError:
+        choices = ", ".join(p.value for p in Priority)
+        raise _fail(where, "priority", f"one of {choices}, got {row['priority']!r}") from None
     return TraceCall(
         session_id=_str(row, "session_id", where),
         call_index=_int(row, "call_index", where, 0),
@@ -191,6 +215,8 @@ def parse_call(line: str, where: str) -> TraceCall:
         latency_s=_opt_float(row, "latency_s", where),
         ttft_s=_opt_float(row, "ttft_s", where),
         parent_session_id=parent,
+        tenant=tenant,
+        priority=priority,
     )
 
 
@@ -208,10 +234,13 @@ def _build_session(located: list[tuple[str, TraceCall]]) -> SessionTrace:
             what = f"duplicate call {call.call_index}" if dup else f"missing call {expected}"
             raise _fail(where, "call_index", f"session {call.session_id!r}: {what} (need 0..n-1)")
     for expected, (where, call) in enumerate(located):
-        if call.model != first.model:
-            raise _fail(
-                where, "model", f"{call.model!r} differs from {first.model!r} at {first_where}"
-            )
+        for name in ("model", "tenant", "priority"):
+            if getattr(call, name) != getattr(first, name):
+                raise _fail(
+                    where, name,
+                    f"{getattr(call, name)!r} differs from {getattr(first, name)!r} at "
+                    f"{first_where}",
+                )  # fmt: skip
         last = expected == len(located) - 1
         if last and call.tool_gap_s is not None:
             raise _fail(where, "tool_gap_s", "must be null on the session's last call")
@@ -224,6 +253,8 @@ def _build_session(located: list[tuple[str, TraceCall]]) -> SessionTrace:
         model=first.model,
         start_s=first.arrival_offset_s,
         calls=tuple(call for _, call in located),
+        tenant=first.tenant,
+        priority=first.priority,
     )
 
 
@@ -251,10 +282,16 @@ def dumps_trace(sessions: Sequence[SessionTrace]) -> str:
             if call.session_id != session.session_id:
                 raise _fail(where, "session_id", f"{call.session_id!r} in the wrong session")
         built = _build_session(located)
-        if (built.model, built.start_s) != (session.model, session.start_s):
+        if (built.model, built.start_s, built.tenant, built.priority) != (
+            session.model,
+            session.start_s,
+            session.tenant,
+            session.priority,
+        ):
             raise TraceError(
-                f"session {session.session_id!r}: model/start_s disagree with call 0's "
-                f"({built.model!r}, {built.start_s})"
+                f"session {session.session_id!r}: model/start_s/tenant/priority disagree with "
+                f"call 0's ({built.model!r}, {built.start_s}, {built.tenant!r}, "
+                f"{built.priority.value!r})"
             )
         lines.extend(dumps_call(call) for call in built.calls)
     return "".join(line + "\n" for line in lines)

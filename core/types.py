@@ -17,6 +17,27 @@ class KvSource(StrEnum):
     RECOMPUTE = "recompute"  # prefix gone: prefilled again
 
 
+class Priority(StrEnum):
+    """What a minute of a call's waiting costs its tenant: an ``interactive`` turn (a person
+    waits), a ``standard`` agent step, a ``batch`` run (an evaluation, a nightly job). The node
+    serves a higher class first, with a starvation bound for the lower ones
+    (runtime/scheduling/fairness.py)."""
+
+    INTERACTIVE = "interactive"
+    STANDARD = "standard"
+    BATCH = "batch"
+
+    @property
+    def rank(self) -> int:
+        """0 for ``interactive`` (served first), 1 ``standard``, 2 ``batch``."""
+        return PRIORITY_RANKS[self]
+
+
+PRIORITY_RANKS = {Priority.INTERACTIVE: 0, Priority.STANDARD: 1, Priority.BATCH: 2}
+DEFAULT_TENANT = "default"
+"""The tenant of a call that names none (a replayed trace without tenants, a test)."""
+
+
 class CallRejected(ValueError):
     """The engine refuses this call as asked: the caller's fault, not the runtime's (the proxy
     answers 400 with ``code``, e.g. ``context_length_exceeded``), unlike a runtime fault."""
@@ -63,6 +84,15 @@ class CallRequest:
     """Prefix-cache isolation key: calls with different salts never share cached KV (vLLM's
     ``cache_salt``; the proxy sets one per tenant)."""
     output_tokens: int | None = None
+    tenant: str = DEFAULT_TENANT
+    """Whose call it is, as an opaque key (the proxy sends a digest of its tenant id): the
+    node shares its service between tenants by their weights (runtime/scheduling/fairness.py)."""
+    tenant_weight: float = 1.0
+    """The tenant's share weight (its API key's, ``talaria keys create --weight``), in (0, 100]."""
+    priority: Priority = Priority.STANDARD
+    deadline_s: float | None = None
+    """Seconds after its arrival by which the caller wants it done (``X-Talaria-Deadline-S``):
+    among calls of one class and tenant, the earliest deadline goes first."""
 
     @property
     def live(self) -> bool:

@@ -131,6 +131,11 @@ class Engine(Protocol):
         """Seconds the call would take if admitted now (prefill or restore + decode)."""
         ...
 
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """Seconds of one decode step of ``batch`` sequences holding ``context_tokens`` in all
+        (the fair queue's guard of a higher class's calls: runtime/scheduling/intake.py)."""
+        ...
+
     def kv_bytes(self, tokens: int) -> float:
         """Physical KV bytes of one sequence of ``tokens`` on the node."""
         ...

@@ -29,7 +29,7 @@ from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy
-from talaria.sim.replay import ReplayOutcome, Transport, replay
+from talaria.sim.replay import ReplayOutcome, SessionOutcome, Transport, replay
 
 OnCall = Callable[[CallResult], None]
 
@@ -53,6 +53,8 @@ class ExperimentSetup:
     """Scorer weights and reference scales of every router (recorded in the document)."""
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     """The placement controller's settings, for policies that run it (``placement``)."""
+    tenant_weights: dict[str, float] = field(default_factory=dict)
+    """Each tenant's share weight (absent: 1), as its API key gives it live."""
 
     def __post_init__(self) -> None:
         if self.node_models is None:
@@ -87,6 +89,10 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         for reason, count in node.reservations.items():
             reservations[reason] = reservations.get(reason, 0) + count
     summary: dict[str, Any] = sct_summary([s.sct_s for s in outcome.sessions])
+    summary.update(
+        tenants=_groups(outcome.sessions, lambda s: s.tenant),
+        classes=_groups(outcome.sessions, lambda s: s.priority.value),
+    )
     summary.update(
         router=outcome.router,
         routing_reasons=outcome.routing_reasons,
@@ -125,6 +131,28 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
     return summary
 
 
+def _groups(
+    sessions: Sequence[SessionOutcome], key: Callable[[SessionOutcome], str]
+) -> dict[str, dict[str, float]]:
+    """Per tenant (or class): its sessions, p50/p95/mean SCT, its calls' mean queue wait
+    (arrival to admission, slot wait included) and their service seconds in all (admission
+    to finish on the engine)."""
+    grouped: dict[str, list[SessionOutcome]] = {}
+    for session in sessions:
+        grouped.setdefault(key(session), []).append(session)
+    out: dict[str, dict[str, float]] = {}
+    for name in sorted(grouped):
+        members = grouped[name]
+        calls = [c for s in members for c in s.calls]
+        out[name] = {
+            "sessions": len(members),
+            **sct_summary([s.sct_s for s in members]),
+            "mean_queue_s": mean([c.queue_s for c in calls]),
+            "service_s": sum(c.finished_s - c.admitted_s for c in calls),
+        }
+    return out
+
+
 def _switches(slots: Sequence[SlotRecord]) -> int:
     """Model activations on one node after the first slot's (cold loads, not switches)."""
     return sum(len(s.activated) for s in slots[1:])
@@ -157,6 +185,7 @@ def run_experiment(
             routing_seed=seed,
             transport=Transport.of(catalog.profile(setup.profile)),
             placement=setup.placement if policy.placement else None,
+            tenant_weights=setup.tenant_weights,
         )
         summary = _summary(outcome)
         summary["flags"] = asdict(policy.flags)

@@ -8,10 +8,12 @@ from dataclasses import dataclass, replace
 
 from talaria.core.catalog import Catalog
 from talaria.core.trace import SessionTrace
+from talaria.core.types import Priority
 from talaria.sim.experiment import ExperimentSetup
 from talaria.sim.placement import model_demand, pack, weight_budget_bytes
 from talaria.sim.policies import CLUSTER_POLICIES, SINGLE_NODE_POLICIES
-from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec
+from talaria.sim.tenants import TenantLoad, mixed_sessions, union_workload
+from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec, generate_sessions
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,18 @@ class Preset:
     packed_nodes: int | None = None
     """Nodes of a layout packed by the replayed sessions' demand (sim/placement.py ``pack``);
     None: the preset's own layout, or ``--nodes`` nodes each hosting every model."""
+    tenants: tuple[TenantLoad, ...] = ()
+    """Several tenants, each with a workload of its own (sim/tenants.py); ``workload`` is then
+    their union (its models). Empty: one tenant, ``workload``'s sessions."""
+
+    def sessions(self, catalog: Catalog, seed: int) -> list[SessionTrace]:
+        """The preset's sessions drawn with ``seed``, sized by the catalog's models."""
+        models = [catalog.model(m) for m in self.workload.models]
+        windows = {m.name: m.context_window_tokens for m in models}
+        reasoning = {m.name: m.reasoning for m in models}
+        if self.tenants:
+            return mixed_sessions(self.tenants, windows, reasoning, seed)
+        return generate_sessions(self.workload, windows, reasoning, seed)
 
     def experiment_setup(
         self,
@@ -54,7 +68,10 @@ class Preset:
             demand.update(model_demand(sessions, catalog, self.server, self.profile))
             weights = {m: catalog.model(m).weight_bytes for m in models}
             layout = pack(demand, weights, count, weight_budget_bytes(catalog, self.server))
-            return ExperimentSetup(self.server, self.profile, models, count, self.quantum_s, layout)
+            return ExperimentSetup(
+                self.server, self.profile, models, count, self.quantum_s, layout,
+                tenant_weights=self.weights(),
+            )  # fmt: skip
         if self.node_models is not None:
             return ExperimentSetup(
                 self.server,
@@ -63,8 +80,16 @@ class Preset:
                 len(self.node_models),
                 self.quantum_s,
                 self.node_models,
+                tenant_weights=self.weights(),
             )
-        return ExperimentSetup(self.server, self.profile, models, nodes or 1, self.quantum_s)
+        return ExperimentSetup(
+            self.server, self.profile, models, nodes or 1, self.quantum_s,
+            tenant_weights=self.weights(),
+        )  # fmt: skip
+
+    def weights(self) -> dict[str, float]:
+        """Each tenant's share weight."""
+        return {load.tenant: load.weight for load in self.tenants}
 
 
 CLUSTER_MODELS: tuple[str, ...] = (
@@ -144,6 +169,27 @@ swings ×(1 ± 0.8)) and four bursts put one model at 4× its share for 2 minute
 (docs/sources.md §12: the shape is an assumption)."""
 
 
+BULK = TenantLoad(
+    "bulk",
+    replace(PAPER_WORKLOAD, sessions=120, total_calls=120 * 32, mean_interarrival_s=2.5),
+)
+"""A bulk tenant: 120 paper-like sessions in about the first 300 s (every 2.5 s on average:
+4× the paper preset's rate, so it alone saturates the node)."""
+IDE = TenantLoad(
+    "ide",
+    replace(PAPER_WORKLOAD, sessions=10, total_calls=10 * 32, mean_interarrival_s=30.0),
+    priority=Priority.INTERACTIVE,
+    start_s=150.0,
+)
+"""An IDE tenant: 10 interactive sessions starting between about 150 s and 450 s, while the
+bulk tenant's backlog peaks."""
+SATURATED_WORKLOAD = replace(
+    PAPER_WORKLOAD, sessions=120, total_calls=None, mean_interarrival_s=2.5, calls_median=16.0,
+    calls_sigma=1.0,
+)  # fmt: skip
+"""One tenant at 4× the paper preset's rate, its sessions short and long: calls per session
+lognormal with median 16 and σ 1.0 (about a quarter under 8 calls, a tenth over 60)."""
+
 PRESETS: dict[str, Preset] = {
     "paper": Preset(
         "paper",
@@ -175,6 +221,22 @@ PRESETS: dict[str, Preset] = {
         FLEET_WORKLOAD,
         policies=("round", "talaria", "placement", *CLUSTER_POLICIES[2:]),
         packed_nodes=8,
+    ),
+    "noisy": Preset(
+        "noisy",
+        "noisy neighbours on the paper's node: a bulk tenant's 120 sessions in ~300 s (it "
+        "alone saturates the node) beside an IDE tenant's 10 interactive sessions starting "
+        "between 150 s and 450 s",
+        union_workload((BULK, IDE)),
+        policies=("round", "-fair_queue", "talaria"),
+        tenants=(BULK, IDE),
+    ),
+    "saturated": Preset(
+        "saturated",
+        "one tenant saturating the paper's node: 120 sessions, short and long (calls "
+        "lognormal, median 16, σ 1), arriving every 2.5 s",
+        SATURATED_WORKLOAD,
+        policies=("round", "-fair_queue", "talaria"),
     ),
 }
 

@@ -14,7 +14,7 @@ per model that never switches (``dedicated``), where the router has a single can
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, Priority
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
@@ -44,6 +44,8 @@ class SessionOutcome:
     start_s: float
     end_s: float
     calls: list[CallResult]
+    tenant: str = DEFAULT_TENANT
+    priority: Priority = Priority.STANDARD
 
     @property
     def sct_s(self) -> float:
@@ -107,9 +109,12 @@ build_node = build_sim_node
 builds the same)."""
 
 
-def _request(session: SessionTrace, index: int) -> CallRequest:
+def _request(session: SessionTrace, index: int, weights: Mapping[str, float]) -> CallRequest:
     call = session.calls[index]
     return CallRequest(
+        tenant=session.tenant,
+        tenant_weight=weights.get(session.tenant, 1.0),
+        priority=session.priority,
         request_id=f"{session.session_id}/{index}",
         session_key=session.session_id,
         model=session.model,
@@ -136,6 +141,7 @@ def replay(
     transport: Transport | None = None,
     recorded_arrivals: bool = False,
     placement: PlacementConfig | None = None,
+    tenant_weights: Mapping[str, float] | None = None,
 ) -> ReplayOutcome:
     """Replay ``sessions`` on the nodes of ``layout`` under ``flags``, in virtual time, each call
     routed by ``router`` (its tie-breaks drawn from ``random.Random(routing_seed)``) and
@@ -147,12 +153,13 @@ def replay(
     latency tests the node model alone, not the drift of the session before it.
 
     ``placement``: a placement controller moves models between the nodes by demand
-    (sim/placement_driver.py), starting from ``layout``."""
+    (sim/placement_driver.py), starting from ``layout``. ``tenant_weights``: each tenant's
+    share weight (absent: 1), as its API key would give it live."""
     hop = transport or Transport()
     return run_virtual(
         _replay(
             sessions, catalog, layout, flags, config, on_call, router, routing, routing_seed, hop,
-            recorded_arrivals, placement,
+            recorded_arrivals, placement, tenant_weights or {},
         )
     )  # fmt: skip
 
@@ -170,6 +177,7 @@ async def _replay(
     transport: Transport,
     recorded_arrivals: bool = False,
     placement: PlacementConfig | None = None,
+    weights: Mapping[str, float] | None = None,
 ) -> ReplayOutcome:
     import asyncio
 
@@ -204,7 +212,7 @@ async def _replay(
                 await clock.sleep(call.arrival_offset_s - clock.now())
             if transport.forward_s > 0:
                 await clock.sleep(transport.forward_s)
-            result = await proxy.call(_request(session, index))
+            result = await proxy.call(_request(session, index, weights or {}))
             if transport.return_s > 0:
                 await clock.sleep(transport.return_s)
             results.append(result)
@@ -213,7 +221,10 @@ async def _replay(
             last = index == len(session.calls) - 1
             if call.tool_gap_s is not None and not last and not recorded_arrivals:
                 await clock.sleep(call.tool_gap_s)
-        return SessionOutcome(session.session_id, session.model, start, clock.now(), results)
+        return SessionOutcome(
+            session.session_id, session.model, start, clock.now(), results, session.tenant,
+            session.priority,
+        )  # fmt: skip
 
     agents = [asyncio.ensure_future(agent(s)) for s in sessions]
     try:

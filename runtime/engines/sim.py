@@ -172,6 +172,10 @@ class SimEngine:
         context = sum(s.context for s in self._steps.seqs) + request.prompt_tokens
         return t + expected_output_tokens * self._cost.decode_step_time_s(batch, context)
 
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """The cost model's decode step (runtime/costmodel.py ``decode_step_time_s``)."""
+        return self._cost.decode_step_time_s(batch, context_tokens)
+
     def try_admit(
         self, request: CallRequest, arrival_s: float, sp_admitted: bool
     ) -> Admission | None:

@@ -3,8 +3,8 @@
 Prefix reuse per session: a prefix in HBM is skipped; in host DRAM it is restored over PCIe
 before the sequence runs; gone, it is prefilled again. Only whole blocks are reused, and never
 the last prompt token (vLLM recomputes it to get logits). Memory is committed at admission for
-prompt + max output tokens and trimmed to prompt + output at the finish; idle KV is evicted LRU
-to make room (to host DRAM when ``host_kv``, else dropped).
+prompt + max output tokens and trimmed to prompt + output at the finish; idle KV is evicted to make
+room, the lowest class first, then LRU (to host DRAM when ``host_kv``, else dropped).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class SimKv:
 
     def idle_hbm_bytes(self) -> float:
         """HBM that evicting every idle session's KV would free (of every model on the node)."""
-        return sum(e.nbytes for e in self._memory.lru(KvLocation.HBM))
+        return sum(e.nbytes for e in self._memory.evictable(KvLocation.HBM))
 
     def reuse(self, request: CallRequest) -> tuple[KvSource, int, SessionKv | None]:
         """Where the call's prefix comes from, how many tokens of it are reused, and the
@@ -56,10 +56,11 @@ class SimKv:
         return max(0.0, total - held)
 
     def evict_for(self, need: float, keep: str) -> float | None:
-        """Free HBM for ``need`` bytes by evicting idle KV LRU (never session ``keep``'s);
+        """Free HBM for ``need`` bytes by evicting idle KV, lowest class first, then LRU (never
+        session ``keep``'s);
         returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
         it cannot fit."""
-        victims = [e for e in self._memory.lru(KvLocation.HBM) if e.session_key != keep]
+        victims = [e for e in self._memory.evictable(KvLocation.HBM) if e.session_key != keep]
         if self._memory.hbm_free_bytes() + sum(v.nbytes for v in victims) < need:
             return None
         offloaded = 0.0
@@ -74,10 +75,10 @@ class SimKv:
         return offloaded
 
     def _make_host_room(self, nbytes: float) -> bool:
-        """Drop the least recently used host KV until ``nbytes`` fit there (False if never)."""
+        """Drop host KV (lowest class first, then LRU) until ``nbytes`` fit there (False if never)."""
         if nbytes > self._memory.host_kv_capacity_bytes:
             return False
-        for old in self._memory.lru(KvLocation.HOST):
+        for old in self._memory.evictable(KvLocation.HOST):
             if self._memory.host_free_bytes() >= nbytes:
                 break
             self._memory.drop(old.session_key)
@@ -105,6 +106,7 @@ class SimKv:
                 KvLocation.HBM,
                 now,
                 pins + 1,
+                request.priority.rank,
             )
         )
 

@@ -16,3 +16,11 @@ class SchedulerConfig:
     """Output estimate for a session's first call (vLLM-style clients rarely cap it lower)."""
     stale_after_quanta: float = 10.0
     """A session idle for this many quanta no longer counts as expected back (demand)."""
+    class_slowdown: float = 1.2
+    """With ``fair_queue``: the most a lower class's calls may slow the decode steps of a
+    higher class's calls running on the same engine (fairness.py ``lower_class_fits``): an
+    operator's latency objective, not a fitted figure; 1.2 is the bound issue 38 sets for an
+    interactive tenant beside a bulk one."""
+    starvation_quanta: float = 2.0
+    """With ``fair_queue``: a call that has waited this many quanta is promoted a class
+    (fairness.py), so a batch call waits at most twice that behind interactive arrivals."""

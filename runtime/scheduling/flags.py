@@ -29,6 +29,10 @@ class SchedulerFlags:
     co_residency: bool = False
     """Keep every model whose weights fit beside the slot's model resident and serving at the
     same time (``slots.resident_set``); only the models that do not fit are switched."""
+    fair_queue: bool = False
+    """Admit waiting calls by class, then tenant shares of the node's service, then least
+    attained service per session (fairness.py), instead of in arrival order; weigh each
+    model's demand for slots by the tenants' shares."""
 
     def enabled(self) -> list[str]:
         """The names of the flags that are on, in declaration order."""
@@ -37,7 +41,7 @@ class SchedulerFlags:
 
 FLAG_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SchedulerFlags))
 ROUND = SchedulerFlags()
-TALARIA = SchedulerFlags(True, True, True, True, True, True)
+TALARIA = SchedulerFlags(True, True, True, True, True, True, True)
 
 
 def policy_flags(name: str) -> SchedulerFlags:

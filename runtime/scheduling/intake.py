@@ -7,27 +7,36 @@ leave them through ``withdraw`` or the admission pass, and the other parts read 
 ``AdmissionView`` the slot loop hands each pass, and returns what it admitted for the loop to
 record in the slot.
 
-One pass per scheduler wake-up: for each resident model, its FIFO of waiting calls in arrival
-order. Each call gets the verdict of ``admission.decide_admission`` (slot batch, uncontended,
-SP budget, or wait); an admissible call must then fit in memory (``admission.fits_memory``:
-needed ≤ free HBM + staged weights + evictable idle KV − other sessions' reserved bytes) and be
-taken by its engine (``Engine.try_admit``, which commits its memory and evicts). A call that
-waits for memory stops its model's pass: later calls never overtake it.
+One pass per scheduler wake-up: for each resident model, its waiting calls in arrival order,
+or with ``fair_queue`` in the fair order (fairness.py: class, tenant shares, least attained
+service; the intake keeps the service accounts, charging each call's estimate when it is
+admitted and its measured service when it ends). Each call gets the verdict of
+``admission.decide_admission`` (slot batch, uncontended, SP budget, or wait); an admissible call
+must then fit in memory (``admission.fits_memory``: needed ≤ free HBM + staged weights + evictable
+idle KV − other sessions' reserved bytes) and be taken by its engine (``Engine.try_admit``, which
+commits its memory and evicts). A call that waits for memory stops its model's pass: later calls (in
+that order) never overtake it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
 from talaria.runtime.engine import Admission, Engine
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
+from talaria.runtime.scheduling.fairness import (
+    ServiceAccounts,
+    effective_rank,
+    fair_order,
+    lower_class_fits,
+)
 from talaria.runtime.scheduling.resources import KvLocation
-from talaria.runtime.scheduling.sessions import NodeSession
+from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.state import NodeContext, WaitingCall
 
 
@@ -64,27 +73,47 @@ class Intake:
         context: NodeContext,
         session_of: Callable[[CallRequest], NodeSession],
         on_finished: Callable[[CallRequest, CallResult], None],
+        sessions: SessionsView,
     ) -> None:
         self.context = context
         self._session_of = session_of
+        self._sessions = sessions
         self._on_finished = on_finished
         self._waiting: dict[str, deque[WaitingCall]] = {m: deque() for m in context.engines}
         self.waiting: Mapping[str, Sequence[WaitingCall]] = MappingProxyType(self._waiting)
         """One FIFO of waiting calls per hosted model, read-only."""
         self._calls: set[asyncio.Task[None]] = set()
+        self.accounts = ServiceAccounts()
+        """What each tenant and session has been served here (``fair_queue``)."""
+        self._running: dict[str, dict[WaitingCall, int]] = {m: {} for m in context.engines}
+        """Per model: its admitted calls not yet ended, with the class each was admitted in."""
 
     # -- the queues ------------------------------------------------------------------------
     def waiting_counts(self) -> dict[str, int]:
         """Per model: calls queued."""
         return {m: len(q) for m, q in self._waiting.items()}
 
+    def best_waiting_class(self) -> dict[str, int]:
+        """Per model with calls waiting: the best own class among them (the slot policy's
+        class order; a promoted call's model comes through the demand policy's own
+        starvation bound). Empty while one class only has called here."""
+        if self._sessions.classes_seen() < 2:
+            return {}
+        return {m: min(w.request.priority.rank for w in q) for m, q in self._waiting.items() if q}
+
+    def running_classes(self, model: str) -> list[int]:
+        """The own classes of the model's running calls (``fair_queue`` keeps them)."""
+        return list(self._running.get(model, {}).values())
+
     def open_queue(self, model: str) -> None:
         """A model joined the node (``NodeScheduler.add_model``): its queue, empty."""
         self._waiting[model] = deque()
+        self._running[model] = {}
 
     def close_queue(self, model: str) -> None:
         """A model left the node (``NodeScheduler.retire``, its queue empty)."""
         del self._waiting[model]
+        del self._running[model]
 
     def enqueue(self, waiting: WaitingCall) -> None:
         """The call joins its model's queue, last."""
@@ -127,12 +156,25 @@ class Intake:
         for model in models:
             n, sp = self._admit_model(model, view)
             admitted, sp_admitted = admitted + n, sp_admitted + sp
+        if self.context.flags.fair_queue:
+            waiting = {w.request.tenant for q in self._waiting.values() for w in q}
+            self.accounts.settle(waiting)
         return admitted, sp_admitted
+
+    def _order(self, queue: Sequence[WaitingCall]) -> Iterator[WaitingCall]:
+        """The queue in the order its calls are considered: arrival, or the fair order."""
+        context = self.context
+        if not context.flags.fair_queue:
+            return iter(list(queue))
+        starvation_s = context.config.starvation_quanta * context.config.quantum_s
+        return fair_order(list(queue), self.accounts, context.clock.now(), starvation_s)
 
     def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView) -> bool:
         memory = self.context.memory
         evictable = sum(
-            e.nbytes for e in memory.lru(KvLocation.HBM) if e.session_key != request.session_key
+            e.nbytes
+            for e in memory.evictable(KvLocation.HBM)
+            if e.session_key != request.session_key
         )
         return fits_memory(
             needed_bytes=engine.needed_bytes(request),
@@ -156,7 +198,7 @@ class Intake:
         engine = self.context.engines[model]
         queue = self._waiting[model]
         admitted = sp_admitted = 0
-        for waiting in list(queue):
+        for waiting in self._order(queue):
             verdict = self.decide(waiting, view)
             if verdict is False:
                 continue
@@ -169,6 +211,9 @@ class Intake:
                     )
                 )
                 continue
+            rank = self._rank(waiting)
+            if not self._beside_higher_classes(engine, waiting, rank):
+                continue  # a lower class than what runs: it waits for that to finish
             if not self._fits(engine, waiting.request, view):
                 break  # FIFO: later calls do not overtake one that waits for memory
             try:
@@ -187,6 +232,10 @@ class Intake:
             queue.remove(waiting)
             admitted += 1
             sp_admitted += admission.sp_admitted
+            if self.context.flags.fair_queue:
+                waiting.estimate_s = self._estimate_s(engine, waiting.request)
+                self.accounts.admitted(waiting.request, waiting.estimate_s)
+                self._running[model][waiting] = waiting.request.priority.rank
             # its model has served without a break since its activation's end
             since = view.serving_since.get(model, waiting.arrival_s)
             slot_wait_s = max(0.0, since - waiting.arrival_s)
@@ -197,6 +246,53 @@ class Intake:
             self._calls.add(task)
             task.add_done_callback(self._calls.discard)
         return admitted, sp_admitted
+
+    def _rank(self, waiting: WaitingCall) -> int:
+        """The class the call is served in now (fairness.py rule 1)."""
+        config = self.context.config
+        waited = self.context.clock.now() - waiting.arrival_s
+        starvation_s = config.starvation_quanta * config.quantum_s
+        return effective_rank(waiting.request, waited, starvation_s)
+
+    def _beside_higher_classes(self, engine: Engine, waiting: WaitingCall, rank: int) -> bool:
+        """Fairness rule 4 (``fair_queue`` only): the call may join the running batch without
+        slowing past ``class_slowdown`` the higher classes' calls: those running, and those of
+        their sessions in a tool gap that are expected back while it would run."""
+        context = self.context
+        if not context.flags.fair_queue or self._sessions.classes_seen() < 2:
+            return True
+        model = waiting.request.model
+        running = self._running[model]
+        higher = [w.request.prompt_tokens for w, own in running.items() if own < rank]
+        now = context.clock.now()
+        horizon = now + self._estimate_s(engine, waiting.request)
+        for session in self._sessions.in_gap(now, context.stale_window_s()):
+            back_s = (session.last_finish_s or 0.0) + session.expected_gap_s()
+            if session.model == model and session.rank < rank and back_s <= horizon:
+                higher.append(session.context_tokens)
+        if not higher:
+            return True
+        lower = [w.request.prompt_tokens for w, own in running.items() if own >= rank]
+        batch = [*higher, *lower, waiting.request.prompt_tokens]
+        higher_step = engine.decode_step_s(len(higher), sum(higher))
+        with_it = engine.decode_step_s(len(batch), sum(batch))
+        return lower_class_fits(with_it, higher_step, context.config.class_slowdown)
+
+    def _estimate_s(self, engine: Engine, request: CallRequest) -> float:
+        """The call's service as the engine estimates it (its prefill, its expected decode)."""
+        session = self._session_of(request)
+        expected = session.expected_output_tokens(self.context.config.default_output_tokens)
+        return engine.estimate_service_s(request, expected)
+
+    def _served(self, waiting: WaitingCall, result: CallResult | None) -> None:
+        """An admitted call ended: its measured service goes to the accounts (a call that
+        failed or was abandoned is charged its estimate)."""
+        if self.context.flags.fair_queue:
+            self._running.get(waiting.request.model, {}).pop(waiting, None)
+            measured = waiting.estimate_s
+            if result is not None:
+                measured = max(0.0, result.finished_s - result.admitted_s)
+            self.accounts.finished(waiting.request, waiting.estimate_s, measured)
 
     @staticmethod
     def abandon(serving: asyncio.Task[None]) -> None:
@@ -217,10 +313,13 @@ class Intake:
         self, engine: Engine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
     ) -> None:
         """Run the admitted call; its ``Finished`` result carries ``slot_wait_s`` (CallResult)."""
+        served = False
         try:
             async for event in engine.run(admission):
                 if isinstance(event, Finished):
                     event = Finished(replace(event.result, slot_wait_s=slot_wait_s))
+                    served = True
+                    self._served(waiting, event.result)
                     self._on_finished(waiting.request, event.result)
                 if waiting.events is not None:
                     waiting.events.put_nowait(event)
@@ -233,4 +332,6 @@ class Intake:
             waiting.result.cancel()
             raise
         finally:
+            if not served:  # failed or abandoned: the accounts forget it as running
+                self._served(waiting, None)
             self.context.signals.call_ended()

@@ -36,9 +36,11 @@ from talaria.runtime.scheduling.slots import (
     CloseReason,
     Demand,
     DemandPolicy,
+    best_class,
     close_reason,
     next_model,
     next_model_by_demand,
+    outranked,
     resident_set,
     slot_length_s,
 )
@@ -102,6 +104,10 @@ class SlotLoop:
             demands = self.demands(self._clock.now())
         if self.flags.demand_slots:
             eligible = {m: d for m, d in demands.items() if d.waiting > 0}
+            if self.flags.fair_queue:  # the best class waiting first (fairness.py rule 1)
+                classes = self.intake.best_waiting_class()
+                best = best_class([classes[m] for m in eligible if m in classes])
+                eligible = {m: d for m, d in eligible.items() if classes.get(m) == best}
             first = next_model_by_demand(
                 self.context.order, self._slot.active, eligible, self._demand_policy
             )
@@ -216,6 +222,8 @@ class SlotLoop:
     def _close_reason(self, leaving: frozenset[str]) -> CloseReason | None:
         view = self._admission_view(leaving)
         waiting = self.intake.waiting
+        if self.flags.fair_queue and self._outranked():
+            return CloseReason.OUTRANKED
         return close_reason(
             now_s=self._clock.now(),
             deadline_s=self._slot.deadline_s(),
@@ -225,6 +233,21 @@ class SlotLoop:
                 self.intake.decide(w, view) is not False for m in leaving for w in waiting[m]
             ),
             live_reservations=sum(len(self._holds.table.for_model(m)) for m in leaving),
+        )
+
+    def _outranked(self) -> bool:
+        """Whether a higher class waits outside the resident set than any the slot serves
+        (slots.py ``outranked``), after half a quantum."""
+        slot = self._slot
+        classes = self.intake.best_waiting_class()
+        outside = best_class([r for m, r in classes.items() if m not in slot.resident])
+        serving = best_class(
+            [r for m, r in classes.items() if m in slot.resident]
+            + [r for m in slot.resident for r in self.intake.running_classes(m)]
+        )
+        elapsed = self._clock.now() - slot.start_s
+        return outranked(
+            outside, serving, elapsed, self._demand_policy.min_factor * self.config.quantum_s
         )
 
     # -- slots and transitions -----------------------------------------------------------------

@@ -116,7 +116,7 @@ class NodeScheduler:
             signals=Signals(clock),
         )
         self._signals = self._context.signals
-        self._intake = Intake(self._context, self._session_of, self._finished)
+        self._intake = Intake(self._context, self._session_of, self._finished, self._sessions)
         self._loop = SlotLoop(self._context, self._intake, self._sessions, KvHolds(memory))
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None

@@ -40,6 +40,9 @@ class SessionKv:
     location: KvLocation
     last_used_s: float
     pins: int = 0  # > 0 while a call runs on it or a reservation holds it
+    rank: int = 1
+    """Its session's class (``Priority.rank``: 0 interactive … 2 batch): a lower class's KV is
+    evicted first (``NodeMemory.evictable``)."""
 
     @property
     def pinned(self) -> bool:
@@ -99,7 +102,7 @@ class NodeMemory:
         weight copy arrives); shrinking drops the least recently used unpinned host KV until
         the tier fits (``CapacityError`` if pinned KV alone exceeds it)."""
         self.host_kv_capacity_bytes = max(0.0, self.host_kv_capacity_bytes + delta_bytes)
-        for entry in self.lru(KvLocation.HOST):
+        for entry in self.evictable(KvLocation.HOST):
             if self._host_kv_bytes <= self.host_kv_capacity_bytes:
                 break
             self.drop(entry.session_key)
@@ -164,14 +167,15 @@ class NodeMemory:
             self._add(entry, -1)
         return entry
 
-    def lru(self, location: KvLocation, model: str | None = None) -> list[SessionKv]:
-        """Unpinned entries in ``location`` (of ``model`` if given), least recently used first."""
+    def evictable(self, location: KvLocation, model: str | None = None) -> list[SessionKv]:
+        """Unpinned entries in ``location`` (of ``model`` if given) in eviction order: the
+        lowest class first (the highest ``rank``), then least recently used first."""
         found = [
             e
             for e in self.kv.values()
             if e.location is location and not e.pinned and (model is None or e.model == model)
         ]
-        return sorted(found, key=lambda e: (e.last_used_s, e.session_key))
+        return sorted(found, key=lambda e: (-e.rank, e.last_used_s, e.session_key))
 
 
 class PcieLink:

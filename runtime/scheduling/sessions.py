@@ -33,6 +33,8 @@ class NodeSession:
     hint_gap_s: float | None = None
     pending: int = 0
     """Calls of the session queued or running here."""
+    rank: int = 1
+    """The class of its latest call (``Priority.rank``: 0 interactive, 1 standard, 2 batch)."""
 
     def expected_gap_s(self) -> float:
         """The caller's hint if it gave one, else the mean observed gap (with its prior)."""
@@ -57,6 +59,10 @@ class SessionsView(Protocol):
         """Sessions in a tool gap (``NodeSessions.in_gap``)."""
         ...
 
+    def classes_seen(self) -> int:
+        """How many classes have sent calls here (``NodeSessions.classes_seen``)."""
+        ...
+
     def live_counts(self, now_s: float, stale_window_s: float) -> dict[str, int]:
         """Per model: live sessions (``NodeSessions.live_counts``)."""
         ...
@@ -67,6 +73,8 @@ class NodeSessions:
 
     def __init__(self) -> None:
         self.sessions: dict[str, NodeSession] = {}
+        self.ranks: dict[int, int] = {}
+        """Calls that arrived here per class."""
 
     def __contains__(self, session_key: str) -> bool:
         return session_key in self.sessions
@@ -92,6 +100,8 @@ class NodeSessions:
         if session.context_tokens:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         session.pending += 1
+        session.rank = request.priority.rank
+        self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
 
     def settled(self, session_key: str) -> None:
         """A call of the session left the node (finished, failed or withdrawn)."""
@@ -109,6 +119,10 @@ class NodeSessions:
         session.context_tokens = result.prompt_tokens + result.output_tokens
         session.last_finish_s = result.finished_s
         return session
+
+    def classes_seen(self) -> int:
+        """How many classes have sent calls here (one: no call is ever of a higher class)."""
+        return len(self.ranks)
 
     def in_gap(self, now_s: float, stale_window_s: float) -> list[NodeSession]:
         """Sessions in a tool gap: nothing queued or running here, their last call ended within

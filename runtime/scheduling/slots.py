@@ -26,10 +26,12 @@ from enum import StrEnum
 
 
 class CloseReason(StrEnum):
-    """Why a contended slot closed: its deadline passed, or it had nothing left to do."""
+    """Why a contended slot closed: its deadline passed, it had nothing left to do, or (with
+    ``fair_queue``) a call of a higher class than any it serves waits for another model."""
 
     QUANTUM = "quantum"
     IDLE = "idle"
+    OUTRANKED = "outranked"
 
 
 def next_model(order: Sequence[str], active: str | None, waiting: Mapping[str, int]) -> str | None:
@@ -98,6 +100,24 @@ class DemandPolicy:
     def max_slot_s(self) -> float:
         """Qmax = max_factor × Q, the longest slot."""
         return self.max_factor * self.quantum_s
+
+
+def best_class(ranks: Sequence[int]) -> int | None:
+    """The best (lowest) class rank among ``ranks``; None for none."""
+    return min(ranks, default=None)
+
+
+def outranked(
+    waiting_outside: int | None, serving: int | None, elapsed_s: float, min_slot_s: float
+) -> bool:
+    """With ``fair_queue``: whether the slot should close for a higher class. It should when a
+    call of class ``waiting_outside`` (the best waiting for a model outside the resident set)
+    outranks every call the slot serves (``serving``: the best class running or waiting on
+    its models; None: nothing) and the slot has run ``min_slot_s`` (half a quantum), so a
+    higher class waits at most that plus a switch for its model."""
+    if waiting_outside is None or elapsed_s < min_slot_s:
+        return False
+    return serving is None or waiting_outside < serving
 
 
 def demand_score(demand: Demand, quantum_s: float) -> float:

@@ -63,6 +63,8 @@ class WaitingCall:
     events: asyncio.Queue[GenerationEvent] | None = None
     serving: asyncio.Task[None] | None = None
     """The task generating it, once admitted."""
+    estimate_s: float = 0.0
+    """Its service as estimated when it was admitted (``fair_queue``'s charge, fairness.py)."""
 
 
 @dataclass

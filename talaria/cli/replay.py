@@ -190,7 +190,7 @@ def replay(
             chosen = replace(chosen, workload=replace(chosen.workload, models=models))
             session_list = traced
         else:
-            session_list = generate(chosen.workload, catalog, seed)
+            session_list = chosen.sessions(catalog, seed)
     except (TraceError, CatalogError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
 

@@ -61,6 +61,9 @@ class ToyEngine:
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
         return expected_output_tokens * STEP_S
 
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        return STEP_S
+
     def kv_bytes(self, tokens: int) -> float:
         return 0.0
 

@@ -48,6 +48,7 @@ from talaria.core.types import (
     Finished,
     FirstToken,
     KvSource,
+    Priority,
     TokenDelta,
 )
 
@@ -104,6 +105,10 @@ FULL_REQUEST = CallRequest(
         template_kwargs={"enable_thinking": False},
     ),
     output_tokens=17,
+    tenant="t-3f2a",
+    tenant_weight=2.5,
+    priority=Priority.INTERACTIVE,
+    deadline_s=30.0,
 )
 
 
@@ -125,6 +130,10 @@ def test_a_minimal_request_round_trips() -> None:
         ({"prompt_tokens": 0}, "must be positive"),
         ({"sampling": {"temperature": 1, "warmth": 2}}, "unknown sampling fields"),
         ({"tools": [{"name": "x", "colour": "red"}]}, "bad call request"),
+        ({"priority": "urgent"}, "unknown priority"),
+        ({"tenant_weight": 0}, "tenant_weight"),
+        ({"tenant_weight": 101}, "tenant_weight"),
+        ({"deadline_s": -1}, "deadline_s"),
     ],
 )
 def test_bad_requests_are_refused(change: dict[str, Any], message: str) -> None:
@@ -231,7 +240,7 @@ def test_version_5_names_the_session_key_and_a_version_4_request_is_refused() ->
     """v5 sends the proxy's key as ``session_key`` (v4 called it ``session_id``): a v4 peer's
     request is refused by its version, not misread."""
     data = _wire(request_to_dict(FULL_REQUEST))
-    assert data["v"] == PROTOCOL_VERSION == 5
+    assert data["v"] == PROTOCOL_VERSION == 6
     assert data["session_key"] == "ses_1" and "session_id" not in data
     result = _wire(event_to_dict(Finished(RESULT)))["result"]
     assert result["session_key"] == "ses_1" and "session_id" not in result

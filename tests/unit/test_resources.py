@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -60,15 +61,25 @@ def test_over_capacity_raises(action, tier: str) -> None:  # type: ignore[no-unt
         action(mem)
 
 
-def test_lru_skips_pinned_and_other_tiers_and_orders_by_last_use() -> None:
+def test_eviction_takes_the_lowest_class_first_then_the_least_recently_used() -> None:
+    mem = NodeMemory(1000.0, 1000.0)
+    mem.put(replace(_kv("ide-old", 1.0, t=1.0), rank=0))
+    mem.put(replace(_kv("batch-new", 1.0, t=9.0), rank=2))
+    mem.put(_kv("standard", 1.0, t=5.0))
+    mem.put(replace(_kv("batch-old", 1.0, t=2.0), rank=2))
+    order = [e.session_key for e in mem.evictable(KvLocation.HBM)]
+    assert order == ["batch-old", "batch-new", "standard", "ide-old"]
+
+
+def test_eviction_skips_pinned_and_other_tiers_and_orders_by_last_use() -> None:
     mem = NodeMemory(1000.0, 1000.0)
     mem.put(_kv("old", 1.0, t=1.0))
     mem.put(_kv("new", 1.0, t=5.0))
     mem.put(_kv("mid", 1.0, t=3.0))
     mem.put(_kv("host", 1.0, KvLocation.HOST, t=0.0))
     mem.kv["mid"].pins = 1
-    assert [e.session_key for e in mem.lru(KvLocation.HBM)] == ["old", "new"]
-    assert [e.session_key for e in mem.lru(KvLocation.HOST)] == ["host"]
+    assert [e.session_key for e in mem.evictable(KvLocation.HBM)] == ["old", "new"]
+    assert [e.session_key for e in mem.evictable(KvLocation.HOST)] == ["host"]
 
 
 def test_peak_is_tracked() -> None:

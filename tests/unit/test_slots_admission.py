@@ -351,6 +351,7 @@ def test_named_policies() -> None:
         "soft_reservations",
         "demand_slots",
         "co_residency",
+        "fair_queue",
     )
     assert all(getattr(TALARIA, f) for f in FLAG_NAMES)
     assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)

@@ -27,11 +27,10 @@ from talaria.core.types import (
     FirstToken,
     GenerationEvent,
     KvSource,
+    Priority,
     TokenDelta,
 )
 from talaria.runtime.engines.vllm import (
-    PRIORITY_DEFAULT,
-    PRIORITY_SP,
     KvShape,
     RateModel,
     VLLMEngine,
@@ -40,6 +39,7 @@ from talaria.runtime.engines.vllm import (
     cpu_has_native_bf16,
     tiny_model_dir,
     vllm_engine_args,
+    vllm_priority,
 )
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
@@ -373,19 +373,23 @@ def test_cancel_staging_puts_the_weights_back_to_sleep() -> None:
     virtual(body)
 
 
-def test_sp_admitted_calls_get_priority_zero() -> None:
+def test_vllm_gets_the_calls_class_then_sp_first_within_it() -> None:
     async def body(clock: LoopClock) -> None:
         engine, llm = make_engine("a", clock, sleep_mode=False)
         await engine.start()
         await engine.activate()
         await serve(engine, request("r1", messages=(SYSTEM, USER)), sp=False)
         await serve(engine, request("r2", messages=(SYSTEM, USER)), sp=True)
+        for n, priority in enumerate(Priority):
+            call = replace(request(f"c{n}", messages=(SYSTEM, USER)), priority=priority)
+            await serve(engine, call, sp=False)
         priorities = [g[2] for g in gens(llm)]
-        assert priorities == [PRIORITY_DEFAULT, PRIORITY_SP] == [1, 0]
+        # standard: 3, SP-admitted 2; interactive 1, standard 3, batch 5 (lower runs first)
+        assert priorities == [3, 2, 1, 3, 5]
         params = gens(llm)[0][3]
         assert params == {"max_tokens": 12, "ignore_eos": True, "temperature": 0.0}
         request_ids = [g[1] for g in gens(llm)]
-        assert request_ids[0].startswith("r1#") and len(set(request_ids)) == 2
+        assert request_ids[0].startswith("r1#") and len(set(request_ids)) == 5
 
     virtual(body)
 
@@ -701,7 +705,7 @@ def test_scheduler_alternates_slots_and_sp_sets_priority(sleep_mode: bool) -> No
     assert sp, "a continuation was admitted mid-slot (SP)"
     priorities = {g[1].split("#")[0]: g[2] for f in fakes.values() for g in gens(f)}
     for r in results:
-        assert priorities[r.request_id] == (PRIORITY_SP if r.sp_admitted else PRIORITY_DEFAULT)
+        assert priorities[r.request_id] == vllm_priority(Priority.STANDARD, r.sp_admitted)
     assert all(r.output.text == (REPLY * 8)[: r.output_tokens] for r in results)
     assert sum(s.sp_admitted for s in node.slots) == len(sp)
     hits = [r for r in results if r.cached_tokens > 0]
@@ -755,7 +759,9 @@ def test_round_policy_has_no_sp_admissions() -> None:
     flags = replace(ROUND)
     node, fakes, results = virtual(lambda clock: run_node(clock, flags, False))
     assert len(results) == CALLS and not any(r.sp_admitted for r in results)
-    assert all(g[2] == PRIORITY_DEFAULT for f in fakes.values() for g in gens(f))
+    assert all(
+        g[2] == vllm_priority(Priority.STANDARD, False) for f in fakes.values() for g in gens(f)
+    )
     assert len({s.model for s in node.slots}) == 2
 
 

@@ -24,13 +24,20 @@ pytest.importorskip("vllm")
 
 from talaria.core.calls import Call
 from talaria.core.clock import LoopClock
-from talaria.core.types import CallRequest, CallResult, Finished, FirstToken, KvSource, TokenDelta
+from talaria.core.types import (
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    KvSource,
+    Priority,
+    TokenDelta,
+)
 from talaria.runtime.engines.vllm import (
-    PRIORITY_DEFAULT,
-    PRIORITY_SP,
     VLLMEngine,
     build_vllm_engine,
     tiny_model_dir,
+    vllm_priority,
 )
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA, SchedulerFlags
@@ -193,7 +200,9 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
     context = result.prompt_tokens + result.output_tokens  # the output round-trips
     assert second.cached_tokens == (context - 1) // block * block  # whole computed blocks
     assert second.kv_source is KvSource.HBM
-    assert node.recorders["tiny-llama-a"].priorities["real-2"] == PRIORITY_DEFAULT
+    assert node.recorders["tiny-llama-a"].priorities["real-2"] == vllm_priority(
+        Priority.STANDARD, False
+    )
 
 
 async def agent(
@@ -272,7 +281,7 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     assert all(r.session_key == "short" and r.model == a for r in sp)
     priorities = {**node.recorders[a].priorities, **node.recorders[b].priorities}
     for r in results:
-        assert priorities[r.request_id] == (PRIORITY_SP if r.sp_admitted else PRIORITY_DEFAULT)
+        assert priorities[r.request_id] == vllm_priority(Priority.STANDARD, r.sp_admitted)
     for r in sorted(results, key=lambda r: r.arrival_s):
         print(r.request_id, f"queue {r.queue_s:.3f} s", r.sp_admitted, r.cached_tokens, r.kv_source)
     other = next(r for r in results if r.request_id == "other-0")

@@ -63,7 +63,7 @@ does), else from ``RateModel``, a per-token rate model with rough defaults.
 
 from __future__ import annotations
 
-from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP
+from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP, vllm_priority
 from talaria.runtime.engines.vllm.build import (
     MODELS_DIR,
     build_vllm_engine,
@@ -90,5 +90,6 @@ __all__ = [
     "has_weights",
     "tiny_model_dir",
     "vllm_engine_args",
+    "vllm_priority",
     "weight_bytes_from_index",
 ]

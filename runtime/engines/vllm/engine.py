@@ -271,6 +271,15 @@ class VLLMEngine:
         step = r.decode_step_s + self._running * r.decode_step_s_per_seq
         return t + expected_output_tokens * step
 
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """The calibrated cost model's decode step, else ``RateModel``'s
+        ``decode_step_s + (batch − 1) × decode_step_s_per_seq``."""
+        cost = self._opt.cost
+        if cost is not None:
+            return cost.decode_step_time_s(batch, context_tokens)
+        r = self._rates
+        return r.decode_step_s + max(0, batch - 1) * r.decode_step_s_per_seq
+
     # -- admission and generation ----------------------------------------------------------
     def try_admit(
         self, request: CallRequest, arrival_s: float, sp_admitted: bool

@@ -30,12 +30,11 @@ from talaria.core.types import (
 )
 from talaria.runtime.engine import Admission, call_result
 from talaria.runtime.engines.vllm.adapter import (
-    PRIORITY_DEFAULT,
-    PRIORITY_SP,
     AsyncLLMLike,
     VllmApi,
     aclose,
     engine_times,
+    vllm_priority,
 )
 from talaria.runtime.engines.vllm.chat import (
     ChatTotals,
@@ -211,7 +210,7 @@ class VllmGenerator:
             ignore_eos=self._opt.ignore_eos or known is not None,
             **{**self._opt.sampling, **_token_sampling(request)},
         )
-        priority = PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT
+        priority = vllm_priority(request.priority, admission.sp_admitted)
         request_id = f"{request.request_id}#{next(self._ids)}"
         decoder = IncrementalDecoder(self._tok)
         out_ids: list[int] = []
@@ -284,7 +283,7 @@ class VllmGenerator:
             call,
             model=self._model,
             request_id=f"{request.request_id}#{next(self._ids)}",
-            priority=PRIORITY_SP if admission.sp_admitted else PRIORITY_DEFAULT,
+            priority=vllm_priority(request.priority, admission.sp_admitted),
             max_tokens=self._chat_limit(request, call),
             cache_salt=request.cache_salt,
         )

@@ -15,6 +15,7 @@ miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -113,9 +114,16 @@ class ReservationTable:
         """The live reservations of sessions on ``model``."""
         return [r for r in self.live.values() if r.model == model]
 
-    def held_bytes(self, exclude_session: str | None = None) -> float:
-        """Bytes held by live reservations, leaving out ``exclude_session``'s own."""
-        return sum(r.held_bytes for r in self.live.values() if r.session_key != exclude_session)
+    def held_bytes(
+        self, exclude_session: str | None = None, counts: Callable[[str], bool] | None = None
+    ) -> float:
+        """Bytes held by live reservations, leaving out ``exclude_session``'s own and, given
+        ``counts`` (a session key → whether its hold counts), those it refuses."""
+        return sum(
+            r.held_bytes
+            for r in self.live.values()
+            if r.session_key != exclude_session and (counts is None or counts(r.session_key))
+        )
 
     def next_expiry_s(self) -> float | None:
         """The earliest expiry among the live reservations, seconds; None when none is held."""

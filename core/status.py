@@ -72,6 +72,19 @@ class SessionKvStatus:
 
 
 @dataclass(frozen=True)
+class TenantShare:
+    """One tenant's part of an instance now (``tenants`` of ``InstanceStatus``, keyed by the
+    tenant's digest, ``CallRequest.tenant``): the service seconds its calls have had here
+    (admission to finish, measured), its calls waiting and running, and how long its oldest
+    waiting call has waited (seconds; 0 with none waiting)."""
+
+    served_s: float = 0.0
+    waiting_calls: int = 0
+    running_calls: int = 0
+    oldest_wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class InstanceStatus:
     """One instance's snapshot at ``at_s`` (seconds of its clock): its models, the KV of its
     sessions (keyed by ``session_key``: the proxy's key of the session), its reservations,
@@ -91,6 +104,8 @@ class InstanceStatus:
     """KV bytes in HBM ÷ HBM left for KV after weights (0–1)."""
     recent_slots: list[SlotView] = field(default_factory=list)
     """The last ``RECENT_SLOTS`` slots, oldest first (the open one last)."""
+    tenants: dict[str, TenantShare] = field(default_factory=dict)
+    """Per tenant digest with calls here so far: its share of the service and its queue."""
 
     @property
     def reserved_bytes(self) -> float:
@@ -110,5 +125,7 @@ class InstanceStatus:
         }
         sessions = {sid: SessionKvStatus(**s) for sid, s in data.get("sessions", {}).items()}
         slots = [SlotView(**s) for s in data.get("recent_slots", ())]
-        rest = {k: v for k, v in data.items() if k not in ("models", "sessions", "recent_slots")}
-        return cls(models=models, sessions=sessions, recent_slots=slots, **rest)
+        tenants = {t: TenantShare(**v) for t, v in data.get("tenants", {}).items()}
+        nested = ("models", "sessions", "recent_slots", "tenants")
+        rest = {k: v for k, v in data.items() if k not in nested}
+        return cls(models=models, sessions=sessions, recent_slots=slots, tenants=tenants, **rest)

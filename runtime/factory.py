@@ -88,6 +88,7 @@ def build_sim_node(
             flags.host_kv,
             replies,
             device,
+            class_eviction=flags.fair_queue,
         )
         for spec in specs
     }
@@ -108,7 +109,7 @@ def add_sim_model(
     cost = CostModel(spec, catalog.server(setup.server), catalog.profile(setup.profile))
     engine = SimEngine(
         spec, cost, node.memory, node.pcie, node.clock, node.name, node.flags.host_kv, replies,
-        node.device,
+        node.device, class_eviction=node.flags.fair_queue,
     )  # fmt: skip
     node.add_model(model, engine, spec.weight_bytes)
 
@@ -221,6 +222,7 @@ def _build_sim(site: EngineSite) -> Engine:
         config.name,
         site.flags.host_kv,
         device=site.device,
+        class_eviction=site.flags.fair_queue,
     )
 
 

@@ -35,8 +35,9 @@ class SimEngine:
     and its sessions' KV live in the node's shared ``memory``; KV and weight moves queue on
     the node's ``pcie`` link; steps are timed by ``cost`` and stretched by the node's other
     busy engines (``device``). ``host_kv``: evicted KV goes to host DRAM instead of being
-    dropped. ``replies``: what live calls are answered (sim_reply.py). ``node``: the node's
-    name, for the results."""
+    dropped; ``class_eviction``: idle KV is evicted lowest class first (``fair_queue``).
+    ``replies``: what live calls are answered (sim_reply.py). ``node``: the node's name, for
+    the results."""
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class SimEngine:
         host_kv: bool,
         replies: ReplyPolicy = DEFAULT_REPLIES,
         device: DeviceShare | None = None,
+        class_eviction: bool = False,
     ) -> None:
         self.model = model.name
         self._replies = replies
@@ -57,7 +59,7 @@ class SimEngine:
         self._memory = memory
         self._pcie = pcie
         self._clock = clock
-        self._kv = SimKv(model.name, cost, memory, host_kv)
+        self._kv = SimKv(model.name, cost, memory, host_kv, class_eviction)
         self._steps = StepLoop(
             model.name, cost, self._kv, pcie, clock, node, device or DeviceShare()
         )

@@ -4,7 +4,8 @@ Prefix reuse per session: a prefix in HBM is skipped; in host DRAM it is restore
 before the sequence runs; gone, it is prefilled again. Only whole blocks are reused, and never
 the last prompt token (vLLM recomputes it to get logits). Memory is committed at admission for
 prompt + max output tokens and trimmed to prompt + output at the finish; idle KV is evicted to make
-room, the lowest class first, then LRU (to host DRAM when ``host_kv``, else dropped).
+room LRU, with ``class_eviction`` the lowest class first (to host DRAM when ``host_kv``, else
+dropped).
 """
 
 from __future__ import annotations
@@ -18,8 +19,16 @@ class SimKv:
     """One simulated engine's sessions in ``memory``: where a call's prefix comes from, what
     admitting it takes, and where KV goes when room is needed or the model sleeps."""
 
-    def __init__(self, model: str, cost: CostModel, memory: NodeMemory, host_kv: bool) -> None:
+    def __init__(
+        self,
+        model: str,
+        cost: CostModel,
+        memory: NodeMemory,
+        host_kv: bool,
+        class_eviction: bool = False,
+    ) -> None:
         self._model = model
+        self._class_eviction = class_eviction
         self._cost = cost
         self._memory = memory
         self._host_kv = host_kv
@@ -56,8 +65,8 @@ class SimKv:
         return max(0.0, total - held)
 
     def evict_for(self, need: float, keep: str) -> float | None:
-        """Free HBM for ``need`` bytes by evicting idle KV, lowest class first, then LRU (never
-        session ``keep``'s);
+        """Free HBM for ``need`` bytes by evicting idle KV in ``NodeMemory.evictable`` order
+        (never session ``keep``'s);
         returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
         it cannot fit."""
         victims = [e for e in self._memory.evictable(KvLocation.HBM) if e.session_key != keep]
@@ -75,7 +84,8 @@ class SimKv:
         return offloaded
 
     def _make_host_room(self, nbytes: float) -> bool:
-        """Drop host KV (lowest class first, then LRU) until ``nbytes`` fit there (False if never)."""
+        """Drop host KV (``NodeMemory.evictable`` order) until ``nbytes`` fit there (False if
+        never)."""
         if nbytes > self._memory.host_kv_capacity_bytes:
             return False
         for old in self._memory.evictable(KvLocation.HOST):
@@ -106,7 +116,7 @@ class SimKv:
                 KvLocation.HBM,
                 now,
                 pins + 1,
-                request.priority.rank,
+                request.priority.rank if self._class_eviction else SessionKv.rank,
             )
         )
 

@@ -66,11 +66,12 @@ class Queued(Protocol):
 
 @dataclass
 class ServiceAccounts:
-    """What the node has served each tenant (``vtime``: virtual seconds) and each session
-    (``attained``: service seconds), and which tenants are active (a call waiting or running,
-    ``running``: their admitted calls not yet finished)."""
+    """What the node has served each tenant (``vtime``: virtual seconds; ``served``: measured
+    service seconds) and each session (``attained``: service seconds), and which tenants are
+    active (a call waiting or running, ``running``: their admitted calls not yet finished)."""
 
     vtime: dict[str, float] = field(default_factory=dict)
+    served: dict[str, float] = field(default_factory=dict)
     attained: dict[str, float] = field(default_factory=dict)
     running: dict[str, int] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
@@ -98,6 +99,7 @@ class ServiceAccounts:
         self.vtime[tenant] = self.vtime.get(tenant, 0.0) + (
             (measured_s - estimate_s) / request.tenant_weight
         )
+        self.served[tenant] = self.served.get(tenant, 0.0) + measured_s
         key = request.session_key
         self.attained[key] = self.attained.get(key, 0.0) + measured_s
         left = self.running.get(tenant, 0) - 1

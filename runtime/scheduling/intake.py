@@ -59,8 +59,9 @@ class AdmissionView:
     """When the slot opened: a call waiting since then belongs to its batch."""
     serving_since: Mapping[str, float]
     """Per resident model: when its activation ended (``SlotState.serving_since``)."""
-    held_bytes: Callable[[str], float]
-    """Bytes held by the soft reservations of sessions other than the given one."""
+    held_bytes: Callable[[str, Callable[[str], bool] | None], float]
+    """Bytes held by the soft reservations of sessions other than the given one (those a
+    predicate of their session key accepts, if one is given)."""
 
 
 class Intake:
@@ -84,9 +85,10 @@ class Intake:
         """One FIFO of waiting calls per hosted model, read-only."""
         self._calls: set[asyncio.Task[None]] = set()
         self.accounts = ServiceAccounts()
-        """What each tenant and session has been served here (``fair_queue``)."""
+        """What each tenant and session has been served here (kept under every policy; read
+        for the order with ``fair_queue``, and by the status)."""
         self._running: dict[str, dict[WaitingCall, int]] = {m: {} for m in context.engines}
-        """Per model: its admitted calls not yet ended, with the class each was admitted in."""
+        """Per model: its admitted calls not yet ended, with each one's own class."""
 
     # -- the queues ------------------------------------------------------------------------
     def waiting_counts(self) -> dict[str, int]:
@@ -101,8 +103,17 @@ class Intake:
             return {}
         return {m: min(w.request.priority.rank for w in q) for m, q in self._waiting.items() if q}
 
+    def tenant_queues(self, now_s: float) -> dict[str, tuple[int, float]]:
+        """Per tenant with calls waiting: how many, and how long the oldest has waited."""
+        out: dict[str, tuple[int, float]] = {}
+        for queue in self._waiting.values():
+            for w in queue:
+                count, oldest = out.get(w.request.tenant, (0, 0.0))
+                out[w.request.tenant] = (count + 1, max(oldest, now_s - w.arrival_s))
+        return out
+
     def running_classes(self, model: str) -> list[int]:
-        """The own classes of the model's running calls (``fair_queue`` keeps them)."""
+        """The own classes of the model's running calls."""
         return list(self._running.get(model, {}).values())
 
     def open_queue(self, model: str) -> None:
@@ -156,9 +167,7 @@ class Intake:
         for model in models:
             n, sp = self._admit_model(model, view)
             admitted, sp_admitted = admitted + n, sp_admitted + sp
-        if self.context.flags.fair_queue:
-            waiting = {w.request.tenant for q in self._waiting.values() for w in q}
-            self.accounts.settle(waiting)
+        self.accounts.settle({w.request.tenant for q in self._waiting.values() for w in q})
         return admitted, sp_admitted
 
     def _order(self, queue: Sequence[WaitingCall]) -> Iterator[WaitingCall]:
@@ -169,8 +178,14 @@ class Intake:
         starvation_s = context.config.starvation_quanta * context.config.quantum_s
         return fair_order(list(queue), self.accounts, context.clock.now(), starvation_s)
 
-    def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView) -> bool:
+    def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView, rank: int) -> bool:
+        """The call fits in memory (``admission.fits_memory``); with ``fair_queue`` the soft
+        reservations of lower classes than ``rank`` (the call's class now) do not count: a
+        batch session's hold never blocks an interactive call."""
         memory = self.context.memory
+        holds = None
+        if self.context.flags.fair_queue:
+            holds = self._holds_at_least(rank)
         evictable = sum(
             e.nbytes
             for e in memory.evictable(KvLocation.HBM)
@@ -180,8 +195,18 @@ class Intake:
             needed_bytes=engine.needed_bytes(request),
             free_bytes=memory.hbm_free_bytes() + sum(memory.staged.values()),
             evictable_bytes=evictable,
-            reserved_bytes=view.held_bytes(request.session_key),
+            reserved_bytes=view.held_bytes(request.session_key, holds),
         )
+
+    def _holds_at_least(self, rank: int) -> Callable[[str], bool]:
+        """Whether a session's soft reservation counts against a call of class ``rank``: its
+        session's class is the same or higher."""
+
+        def counts(session_key: str) -> bool:
+            session = self._sessions.get(session_key)
+            return session is None or session.rank <= rank
+
+        return counts
 
     def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
         """The call needs more KV than the HBM left beside its model's weights."""
@@ -214,7 +239,7 @@ class Intake:
             rank = self._rank(waiting)
             if not self._beside_higher_classes(engine, waiting, rank):
                 continue  # a lower class than what runs: it waits for that to finish
-            if not self._fits(engine, waiting.request, view):
+            if not self._fits(engine, waiting.request, view, rank):
                 break  # FIFO: later calls do not overtake one that waits for memory
             try:
                 admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)
@@ -232,10 +257,9 @@ class Intake:
             queue.remove(waiting)
             admitted += 1
             sp_admitted += admission.sp_admitted
-            if self.context.flags.fair_queue:
-                waiting.estimate_s = self._estimate_s(engine, waiting.request)
-                self.accounts.admitted(waiting.request, waiting.estimate_s)
-                self._running[model][waiting] = waiting.request.priority.rank
+            waiting.estimate_s = self._estimate_s(engine, waiting.request)
+            self.accounts.admitted(waiting.request, waiting.estimate_s)
+            self._running[model][waiting] = waiting.request.priority.rank
             # its model has served without a break since its activation's end
             since = view.serving_since.get(model, waiting.arrival_s)
             slot_wait_s = max(0.0, since - waiting.arrival_s)
@@ -287,12 +311,11 @@ class Intake:
     def _served(self, waiting: WaitingCall, result: CallResult | None) -> None:
         """An admitted call ended: its measured service goes to the accounts (a call that
         failed or was abandoned is charged its estimate)."""
-        if self.context.flags.fair_queue:
-            self._running.get(waiting.request.model, {}).pop(waiting, None)
-            measured = waiting.estimate_s
-            if result is not None:
-                measured = max(0.0, result.finished_s - result.admitted_s)
-            self.accounts.finished(waiting.request, waiting.estimate_s, measured)
+        self._running.get(waiting.request.model, {}).pop(waiting, None)
+        measured = waiting.estimate_s
+        if result is not None:
+            measured = max(0.0, result.finished_s - result.admitted_s)
+        self.accounts.finished(waiting.request, waiting.estimate_s, measured)
 
     @staticmethod
     def abandon(serving: asyncio.Task[None]) -> None:

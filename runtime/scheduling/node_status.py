@@ -15,6 +15,7 @@ from talaria.core.status import (
     ModelState,
     SessionKvStatus,
     SlotView,
+    TenantShare,
 )
 from talaria.core.types import KvSource
 from talaria.runtime.scheduling.intake import Intake
@@ -115,7 +116,24 @@ class StatusReader:
                 )
                 for s in slot.records[-RECENT_SLOTS:]
             ],
+            tenants=self.tenants(now),
         )
+
+    def tenants(self, now: float) -> dict[str, TenantShare]:
+        """Per tenant that has called here: its service so far, its calls waiting and
+        running, its oldest call's wait (the intake's accounts and queues)."""
+        accounts = self.intake.accounts
+        queues = self.intake.tenant_queues(now)
+        names = set(accounts.served) | set(accounts.running) | set(queues)
+        return {
+            tenant: TenantShare(
+                served_s=accounts.served.get(tenant, 0.0),
+                waiting_calls=queues.get(tenant, (0, 0.0))[0],
+                running_calls=accounts.running.get(tenant, 0),
+                oldest_wait_s=queues.get(tenant, (0, 0.0))[1],
+            )
+            for tenant in sorted(names)
+        }
 
     def next_slot_in_s(self, model: str, now: float, waiting: Mapping[str, int]) -> float:
         """0 if resident; else the rest of the slot, a quantum + switch for each model ahead

@@ -55,6 +55,10 @@ class SessionsView(Protocol):
 
     def __contains__(self, session_key: str) -> bool: ...
 
+    def get(self, session_key: str) -> NodeSession | None:
+        """The session, if it has called here."""
+        ...
+
     def in_gap(self, now_s: float, stale_window_s: float) -> list[NodeSession]:
         """Sessions in a tool gap (``NodeSessions.in_gap``)."""
         ...

@@ -40,6 +40,7 @@ from talaria.core.status import (
     ModelState,
     SessionKvStatus,
     SlotView,
+    TenantShare,
 )
 from talaria.core.types import (
     CallRequest,
@@ -269,6 +270,7 @@ STATUS = InstanceStatus(
         SlotView("b", 0.0, 4.0, end_s=8.0, close="quantum", admitted=3),
         SlotView("a", 8.0, 2.5),
     ],
+    tenants={"9f0c": TenantShare(31.5, 2, 1, 4.25), "77aa": TenantShare(2.0)},
 )
 
 
@@ -284,16 +286,18 @@ def test_status_round_trips_with_its_extras_and_version() -> None:
 def test_a_status_from_before_slots_and_queues_decodes_with_none() -> None:
     document = _wire(status_to_dict(STATUS, model_names=["a", "b"], slots=[], engines={}))
     del document["recent_slots"]
+    del document["tenants"]
     for residency in document["models"].values():
         del residency["waiting_calls"]
         del residency["live_sessions"]
     old = status_from_dict(document)
-    assert old.recent_slots == []
+    assert old.recent_slots == [] and old.tenants == {}
     assert {m: r.waiting_calls for m, r in old.models.items()} == {"a": 0, "b": 0}
     assert {m: r.live_sessions for m, r in old.models.items()} == {"a": 0, "b": 0}
     assert old == replace(
         STATUS,
         recent_slots=[],
+        tenants={},
         models={m: replace(r, waiting_calls=0, live_sessions=0) for m, r in STATUS.models.items()},
     )
 

@@ -31,8 +31,8 @@ import pytest
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
-from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView
-from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantShare
+from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engines.sim import STAGING_CHUNKS
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -586,6 +586,12 @@ def test_status_shows_the_slots_and_each_models_queue() -> None:
     assert {m: r.waiting_calls for m, r in done.models.items()} == {"a": 0, "b": 0}
     assert all(ok(o, i) for o in out.values() for i in range(len(o)))
     assert len(node.slots) == 2
+    # the tenant's share: its queue while waking, its measured service when done
+    assert waking.tenants == {DEFAULT_TENANT: TenantShare(0.0, 3, 0, approx(mid_wake))}
+    served = sum(
+        ok(o, i).finished_s - ok(o, i).admitted_s for o in out.values() for i in range(len(o))
+    )
+    assert done.tenants == {DEFAULT_TENANT: TenantShare(approx(served), 0, 0, 0.0)}
 
 
 def test_status_keeps_only_the_latest_slots() -> None:

@@ -319,6 +319,8 @@ def test_reservation_table_queries() -> None:
     assert {r.session_key for r in table.for_model("a")} == {"s1", "s3"}
     assert table.held_bytes() == 23.0
     assert table.held_bytes(exclude_session="s3") == 12.0
+    assert table.held_bytes(counts=lambda key: key != "s3") == 12.0
+    assert table.held_bytes("s1", counts=lambda key: False) == 0.0
     table.add(_res("s1", "a", held=1.0, expires=30.0))  # a session holds one reservation
     assert len(table.live) == 3 and table.held_bytes() == 19.0
 

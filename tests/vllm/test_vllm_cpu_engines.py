@@ -214,11 +214,13 @@ async def agent(
     gap_s: float,
     results: list[CallResult],
     start_s: float = 0.0,
+    priority: Priority = Priority.STANDARD,
 ) -> None:
     await asyncio.sleep(start_s)
     messages: list[dict[str, Any]] = [SYSTEM, {"role": "user", "content": f"task {session}"}]
     for i in range(calls):
         req = call(f"{session}-{i}", session, messages, model=model, index=i, max_out=max_out)
+        req = replace(req, priority=priority)
         result = await sched.submit(req)
         results.append(result)
         messages += [
@@ -240,9 +242,9 @@ def _scheduler(node: Node, flags: SchedulerFlags) -> NodeScheduler:
     )
 
 
-SWITCHING = replace(TALARIA, co_residency=False, demand_slots=False)
+SWITCHING = replace(TALARIA, co_residency=False, demand_slots=False, fair_queue=False)
 """The four original flags (round-robin slots, one model resident at a time): slots alternate
-between the two models in order."""
+between the two models in order, whatever the calls' classes."""
 
 
 def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
@@ -257,8 +259,8 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
         try:
             await asyncio.wait_for(
                 asyncio.gather(
-                    agent(sched, "long", a, 2, 400, 0.05, results),
-                    agent(sched, "short", a, 5, 8, 0.02, results, 0.05),
+                    agent(sched, "long", a, 2, 400, 0.05, results, 0.0, Priority.BATCH),
+                    agent(sched, "short", a, 5, 8, 0.02, results, 0.05, Priority.INTERACTIVE),
                     agent(sched, "other", b, 3, 16, 0.05, results, 0.1),
                 ),
                 timeout=240,
@@ -280,8 +282,9 @@ def test_two_engines_alternate_slots_with_sp_admission(node: Node) -> None:
     assert sp, "a continuation of the short session was admitted mid-slot (SP)"
     assert all(r.session_key == "short" and r.model == a for r in sp)
     priorities = {**node.recorders[a].priorities, **node.recorders[b].priorities}
-    for r in results:
-        assert priorities[r.request_id] == vllm_priority(Priority.STANDARD, r.sp_admitted)
+    classes = {"long": Priority.BATCH, "short": Priority.INTERACTIVE, "other": Priority.STANDARD}
+    for r in results:  # what vLLM's priority scheduler got: the class, then SP first within it
+        assert priorities[r.request_id] == vllm_priority(classes[r.session_key], r.sp_admitted)
     for r in sorted(results, key=lambda r: r.arrival_s):
         print(r.request_id, f"queue {r.queue_s:.3f} s", r.sp_admitted, r.cached_tokens, r.kv_source)
     other = next(r for r in results if r.request_id == "other-0")

@@ -42,6 +42,7 @@ from talaria.runtime.scheduling.slots import (
     next_model_by_demand,
     outranked,
     resident_set,
+    shared_work,
     slot_length_s,
 )
 from talaria.runtime.scheduling.state import NodeContext, SlotState, SlotStateView
@@ -82,12 +83,30 @@ class SlotLoop:
         (nothing queued or running, not stale) expected back within a quantum."""
         horizon = now + self.config.quantum_s
         back = dict.fromkeys(self.context.order, 0)
+        work: dict[str, dict[str, int]] = {}  # tenant → model → calls waiting + sessions back
+        weights: dict[str, float] = {}
         for session in self.sessions.in_gap(now, self.context.stale_window_s()):
             assert session.last_finish_s is not None
             if session.last_finish_s + session.expected_gap_s() <= horizon:
                 back[session.model] = back.get(session.model, 0) + 1
+                per_model = work.setdefault(session.tenant, {})
+                per_model[session.model] = per_model.get(session.model, 0) + 1
+                weights[session.tenant] = session.tenant_weight
+        shared: dict[str, float] | None = None
+        if self.flags.fair_queue:
+            for model, queue in self.intake.waiting.items():
+                for waiting in queue:
+                    per_model = work.setdefault(waiting.request.tenant, {})
+                    per_model[model] = per_model.get(model, 0) + 1
+                    weights[waiting.request.tenant] = waiting.request.tenant_weight
+            shared = shared_work(work, weights)
         return {
-            m: Demand(len(q), back.get(m, 0), now - q[0].arrival_s if q else 0.0)
+            m: Demand(
+                len(q),
+                back.get(m, 0),
+                now - q[0].arrival_s if q else 0.0,
+                None if shared is None else shared.get(m, 0.0),
+            )
             for m, q in self.intake.waiting.items()
         }
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from talaria.core.reservations import GapEstimator
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 
 
 @dataclass
@@ -35,6 +35,9 @@ class NodeSession:
     """Calls of the session queued or running here."""
     rank: int = 1
     """The class of its latest call (``Priority.rank``: 0 interactive, 1 standard, 2 batch)."""
+    tenant: str = DEFAULT_TENANT
+    tenant_weight: float = 1.0
+    """Its tenant (``CallRequest.tenant``) and the tenant's weight, as its latest call said."""
 
     def expected_gap_s(self) -> float:
         """The caller's hint if it gave one, else the mean observed gap (with its prior)."""
@@ -105,6 +108,7 @@ class NodeSessions:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         session.pending += 1
         session.rank = request.priority.rank
+        session.tenant, session.tenant_weight = request.tenant, request.tenant_weight
         self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
 
     def settled(self, session_key: str) -> None:

@@ -76,6 +76,38 @@ class Demand:
     """Sessions of the model in a tool gap, expected back within the coming quantum."""
     oldest_wait_s: float = 0.0
     """How long the model's oldest queued call has waited (0 with none queued)."""
+    shared_work: float | None = None
+    """With ``fair_queue``: the model's work weighed by the tenants' shares
+    (:func:`shared_work`), in place of ``waiting + expected_back``."""
+
+    @property
+    def work(self) -> float:
+        """What the slot would serve: ``shared_work``, else ``waiting + expected_back``."""
+        if self.shared_work is not None:
+            return self.shared_work
+        return self.waiting + self.expected_back
+
+
+def shared_work(
+    work: Mapping[str, Mapping[str, int]], weights: Mapping[str, float]
+) -> dict[str, float]:
+    """Per model, its work weighed by the tenants' shares: ``Σ_t N · w_t / W · n_{t,m} / n_t``,
+    ``work[t][m] = n_{t,m}`` (tenant ``t``'s calls waiting and sessions expected back on model
+    ``m``), ``n_t`` their sum over models, ``w_t`` its weight, ``W`` the sum of the weights of
+    the tenants with work, ``N`` all the work. Each tenant brings its share of the node's work
+    spread over its models, so a burst of one tenant on one model counts as that tenant's
+    share, not as its number of calls; with one tenant it is the plain count."""
+    total = sum(sum(per_model.values()) for per_model in work.values())
+    weight_sum = sum(weights[t] for t, per_model in work.items() if sum(per_model.values()))
+    out: dict[str, float] = {}
+    for tenant, per_model in work.items():
+        n_t = sum(per_model.values())
+        if n_t == 0:
+            continue
+        share = total * weights[tenant] / weight_sum
+        for model, n in per_model.items():
+            out[model] = out.get(model, 0.0) + share * n / n_t
+    return out
 
 
 @dataclass(frozen=True)
@@ -121,9 +153,10 @@ def outranked(
 
 
 def demand_score(demand: Demand, quantum_s: float) -> float:
-    """score = (waiting + expected_back) × (1 + oldest_wait_s / Q): the work a slot would serve,
+    """score = work × (1 + oldest_wait_s / Q) (``Demand.work``: waiting + expected back, or
+    with ``fair_queue`` that weighed by the tenants' shares): the work a slot would serve,
     weighted up by how long it has waited (in quanta)."""
-    return (demand.waiting + demand.expected_back) * (1.0 + demand.oldest_wait_s / quantum_s)
+    return demand.work * (1.0 + demand.oldest_wait_s / quantum_s)
 
 
 def _turn_rank(order: Sequence[str], active: str | None) -> dict[str, int]:

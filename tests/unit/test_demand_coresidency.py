@@ -24,6 +24,7 @@ from talaria.runtime.scheduling.slots import (
     demand_score,
     next_model_by_demand,
     resident_set,
+    shared_work,
     slot_length_s,
 )
 from talaria.sim.replay import NodeSetup, build_node
@@ -115,6 +116,38 @@ demand_st = st.builds(
     expected_back=st.integers(0, 5),
     oldest_wait_s=st.floats(0, 5 * Q),
 )
+
+
+SHARED_WORK = [
+    # one tenant: the plain counts
+    ({"t": {"a": 5, "b": 1}}, {"t": 1.0}, {"a": 5.0, "b": 1.0}),
+    ({"t": {"a": 5, "b": 1}}, {"t": 7.0}, {"a": 5.0, "b": 1.0}),
+    # a burst of 100 on a beside 1 call on b: each tenant brings half the node's work
+    ({"bulk": {"a": 100}, "ide": {"b": 1}}, {"bulk": 1.0, "ide": 1.0}, {"a": 50.5, "b": 50.5}),
+    # weights: the heavier tenant's models weigh more
+    ({"x": {"a": 3}, "y": {"b": 3}}, {"x": 2.0, "y": 1.0}, {"a": 4.0, "b": 2.0}),
+    # a tenant spread over two models, one beside it on the first
+    ({"x": {"a": 2, "b": 2}, "y": {"a": 4}}, {"x": 1.0, "y": 1.0}, {"a": 6.0, "b": 2.0}),
+    # tenants without work bring nothing
+    ({"x": {"a": 2}, "idle": {}}, {"x": 1.0, "idle": 5.0}, {"a": 2.0}),
+]
+
+
+@pytest.mark.parametrize(("work", "weights", "expected"), SHARED_WORK)
+def test_shared_work_weighs_each_model_by_the_tenants_shares(
+    work: dict[str, dict[str, int]], weights: dict[str, float], expected: dict[str, float]
+) -> None:
+    got = shared_work(work, weights)
+    assert got == pytest.approx(expected)
+    assert sum(got.values()) == pytest.approx(sum(sum(m.values()) for m in work.values()))
+
+
+def test_a_burst_on_one_model_does_not_take_the_next_slot_from_an_older_share() -> None:
+    counted = {"a": Demand(100, 0, 10.0), "b": Demand(1, 0, 20.0)}
+    shared = shared_work({"bulk": {"a": 100}, "ide": {"b": 1}}, {"bulk": 1.0, "ide": 1.0})
+    weighed = {m: Demand(d.waiting, 0, d.oldest_wait_s, shared[m]) for m, d in counted.items()}
+    assert next_model_by_demand(ORDER, "c", counted, POLICY) == "a"  # 100 calls win
+    assert next_model_by_demand(ORDER, "c", weighed, POLICY) == "b"  # equal shares: the older
 
 
 @settings(deadline=None)  # pure and fast; a loaded CI machine must not fail it on time

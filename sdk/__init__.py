@@ -15,8 +15,10 @@ Thin on purpose: it needs ``openai`` and ``httpx`` only (LiteLLM only for
 
 from talaria.sdk.client import AsyncOpenAI, OpenAI
 from talaria.sdk.headers import (
+    DEADLINE_S,
     DEFAULT_GAP_S,
     PARENT_SESSION_ID,
+    PRIORITY,
     SESSION_FINAL,
     SESSION_ID,
     TOOL_GAP_MS,
@@ -26,8 +28,10 @@ from talaria.sdk.sessions import Session, current_session, session
 from talaria.sdk.sidechannel import SideChannel
 
 __all__ = [
+    "DEADLINE_S",
     "DEFAULT_GAP_S",
     "PARENT_SESSION_ID",
+    "PRIORITY",
     "SESSION_FINAL",
     "SESSION_ID",
     "TOOL_GAP_MS",

@@ -12,6 +12,11 @@ tool gap*; the next request ends it, and the time from that reply's end to the r
 observed. ``expected_gap_s`` is the mean of the observed gaps (``default_gap_s`` before the
 first). Leaving the block ends the session on every Talaria base URL it used, unless
 ``end_on_exit=False``.
+
+``priority`` (``interactive``, ``standard``, ``batch``) and ``deadline_s`` go with every call
+of the session (``X-Talaria-Priority``, ``X-Talaria-Deadline-S``): under load, the proxy's
+nodes serve a higher class first. A nested scope without a priority takes its enclosing
+session's.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from types import TracebackType
 
-from talaria.sdk.headers import DEFAULT_GAP_S, endpoint_url, session_headers
+from talaria.sdk.headers import DEFAULT_GAP_S, check_priority, endpoint_url, session_headers
 from talaria.sdk.sidechannel import SideChannel, default_channel, log
 
 _CURRENT: ContextVar[Session | None] = ContextVar("talaria_session", default=None)
@@ -80,9 +85,13 @@ class Session:
         end_on_exit: bool = True,
         default_gap_s: float = DEFAULT_GAP_S,
         channel: SideChannel | None = None,
+        priority: str | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         self.id = id or new_session_id()
         self.parent = parent
+        self.priority = check_priority(priority, deadline_s)
+        self.deadline_s = deadline_s
         self.end_on_exit = end_on_exit
         self.default_gap_s = default_gap_s
         self._channel = channel or default_channel()
@@ -164,7 +173,16 @@ class Session:
         """The headers for a call in this session, for clients other than the SDK's (with
         ``tools=True``: plus the tool-gap expectation)."""
         gap = self.expected_gap_s if tools else None
-        return session_headers(self.id, self.parent, tool_gap_s=gap)
+        return self._headers(gap)
+
+    def _headers(self, gap_s: float | None) -> dict[str, str]:
+        return session_headers(
+            self.id,
+            self.parent,
+            tool_gap_s=gap_s,
+            priority=self.priority,
+            deadline_s=self.deadline_s,
+        )
 
     def attach(self, base_url: str, *, api_key: str | None = None) -> None:
         """Calls of this session also go to ``base_url`` through another client (LiteLLM's
@@ -203,7 +221,7 @@ class Session:
             gap = self._expected_gap_locked() if offers_tools else None
         with _LIVE_LOCK:
             _LIVE[self.id] = self
-        return session_headers(self.id, self.parent, tool_gap_s=gap)
+        return self._headers(gap)
 
     def on_reply(self, base_url: str, *, talaria: bool, finished: bool, tool_calls: bool) -> None:
         """A reply (or a chunk of one) arrived from ``base_url``."""
@@ -295,8 +313,11 @@ class Session:
     # -- the scope ---------------------------------------------------------------------------
     def _activate(self) -> None:
         enclosing = _CURRENT.get()
-        if self.parent is None and enclosing is not None and enclosing is not self:
-            self.parent = enclosing.id
+        if enclosing is not None and enclosing is not self:
+            if self.parent is None:
+                self.parent = enclosing.id
+            if self.priority is None:
+                self.priority = enclosing.priority
         self._tokens.append(_CURRENT.set(self))
 
     def _deactivate(self) -> None:
@@ -342,6 +363,8 @@ def session(
     end_on_exit: bool = True,
     default_gap_s: float = DEFAULT_GAP_S,
     channel: SideChannel | None = None,
+    priority: str | None = None,
+    deadline_s: float | None = None,
 ) -> Session:
     """A session scope: ``with session() as s:`` or ``async with session() as s:``.
 
@@ -349,7 +372,17 @@ def session(
     scope's session, if any. ``end_on_exit``: end the session when the block is left.
     ``default_gap_s``: the tool gap expected before one is observed. ``channel``: where hints
     and ends go (default: a shared :class:`~talaria.sdk.sidechannel.SideChannel`).
+    ``priority``: every call's class (``interactive``, ``standard`` or ``batch``; None: the
+    enclosing scope's, else the API key's). ``deadline_s``: every call's deadline, seconds
+    after it reaches the proxy. ``ValueError`` for a priority or deadline the proxy would
+    refuse.
     """
     return Session(
-        id, parent, end_on_exit=end_on_exit, default_gap_s=default_gap_s, channel=channel
+        id,
+        parent,
+        end_on_exit=end_on_exit,
+        default_gap_s=default_gap_s,
+        channel=channel,
+        priority=priority,
+        deadline_s=deadline_s,
     )

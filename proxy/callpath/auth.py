@@ -1,4 +1,5 @@
-"""API keys: from ``TALARIA_API_KEYS`` (tenant "default") or hashed in the store (their tenant).
+"""API keys: from ``TALARIA_API_KEYS`` (tenant "default") or hashed in the store (their tenant,
+with the key's priority and weight: a ``Caller``).
 
 Key mode, read live. While no key exists the proxy is *open*: it serves loopback callers with
 any key (tenant "local"), or every caller with ``allow_open`` (``--allow-open``). Whether a key
@@ -24,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from talaria.proxy.contract.calls import Caller
 from talaria.proxy.contract.errors import ApiError, unauthorized
 from talaria.proxy.store.tenants import hash_key
 
@@ -31,6 +33,10 @@ log = logging.getLogger("talaria.proxy.callpath.auth")
 V = TypeVar("V")
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "::1", "localhost"})
+LOCAL = Caller("local")
+"""The caller in open mode: tenant ``local``, ``standard``, weight 1."""
+ENV = Caller("default")
+"""The caller of a ``TALARIA_API_KEYS`` key: tenant ``default``, ``standard``, weight 1."""
 CACHE_TTL_S = 30.0
 """How long a looked-up store key is trusted before asking the store again (revocations
 take effect within this time)."""
@@ -49,8 +55,8 @@ STORE_RETRY_AFTER_S = 2.0
 class KeyStore(Protocol):
     """What the authenticator needs of the store (``TenantTables`` has it)."""
 
-    async def tenant_for_key(self, plaintext: str) -> str | None:
-        """The tenant of an unrevoked key, or None."""
+    async def caller_for_key(self, plaintext: str) -> Caller | None:
+        """The caller of an unrevoked key (its tenant, priority and weight), or None."""
         ...
 
     async def count_api_keys(self, *, active_only: bool = False) -> int:
@@ -92,7 +98,7 @@ class Authenticator:
         self._mode_lock = asyncio.Lock()
         self._mode_failing = False
         self._lookup_failing = False
-        self._valid: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._valid: OrderedDict[str, tuple[Caller, float]] = OrderedDict()
         self._invalid: OrderedDict[str, float] = OrderedDict()
         self._valid_size = valid_cache_size
         self._invalid_size = invalid_cache_size
@@ -124,9 +130,14 @@ class Authenticator:
 
     async def tenant(self, authorization: str | None, client_host: str | None) -> str:
         """The caller's tenant id, or raise a 401 (or, store down, 503) ``ApiError``."""
+        return (await self.caller(authorization, client_host)).tenant_id
+
+    async def caller(self, authorization: str | None, client_host: str | None) -> Caller:
+        """The caller (its tenant, its key's priority and weight), or raise a 401 (or, store
+        down, 503) ``ApiError``."""
         if await self._is_open():
             if self._allow_open or client_host in LOCAL_HOSTS:
-                return "local"
+                return LOCAL
             raise unauthorized(
                 "No API keys are configured, so only local callers are served "
                 "(create one with 'talaria keys create', or start with --allow-open)."
@@ -136,8 +147,8 @@ class Authenticator:
             raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'.")
         digest = hash_key(key)
         if digest in self._env:
-            return "default"
-        return await self._store_tenant(key, digest)
+            return ENV
+        return await self._store_caller(key, digest)
 
     def check_metrics(self, authorization: str | None) -> None:
         """Raise a 401 unless ``authorization`` carries the metrics token (when one is set)."""
@@ -193,7 +204,7 @@ class Authenticator:
 
     # -- store keys -----------------------------------------------------------------------
 
-    async def _store_tenant(self, key: str, digest: str) -> str:
+    async def _store_caller(self, key: str, digest: str) -> Caller:
         now = self._clock()
         valid = self._valid.get(digest)
         if valid is not None and now - valid[1] <= self._cache_ttl_s:
@@ -204,7 +215,7 @@ class Authenticator:
             self._invalid.move_to_end(digest)
             raise unauthorized()
         try:
-            tenant = await self._store.tenant_for_key(key)
+            caller = await self._store.caller_for_key(key)
         except Exception as exc:
             if not self._lookup_failing:
                 log.warning("cannot look API keys up in the store: %r", exc)
@@ -218,13 +229,13 @@ class Authenticator:
         if self._lookup_failing:
             log.warning("the store answers key lookups again")
             self._lookup_failing = False
-        if tenant is None:
+        if caller is None:
             self._valid.pop(digest, None)
             _remember(self._invalid, digest, now, self._invalid_size)
             raise unauthorized()
         self._invalid.pop(digest, None)
-        _remember(self._valid, digest, (tenant, now), self._valid_size)
-        return tenant
+        _remember(self._valid, digest, (caller, now), self._valid_size)
+        return caller
 
 
 def _remember(cache: OrderedDict[str, V], digest: str, value: V, size: int) -> None:

@@ -12,7 +12,7 @@ from fastapi import Request
 from talaria.proxy.callpath.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
-from talaria.proxy.contract.calls import ApiCall, CallHandle, PreparedCall
+from talaria.proxy.contract.calls import ApiCall, Caller, CallHandle, PreparedCall, Share
 from talaria.proxy.contract.errors import ApiError, unavailable, unknown_model
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.placement.loop import ColdStartFailed
@@ -23,22 +23,29 @@ COLD_RETRY_S = 30.0
 
 
 async def tenant_of(ctx: ProxyContext, request: Request) -> str:
-    """The caller's tenant: the key comes as ``Authorization: Bearer`` or ``x-api-key``
-    (Anthropic's clients send the latter)."""
+    """The caller's tenant (:func:`caller_of`'s)."""
+    return (await caller_of(ctx, request)).tenant_id
+
+
+async def caller_of(ctx: ProxyContext, request: Request) -> Caller:
+    """The caller (its tenant, its key's priority and weight): the key comes as
+    ``Authorization: Bearer`` or ``x-api-key`` (Anthropic's clients send the latter)."""
     client = request.client.host if request.client else None
     authorization = request.headers.get("authorization")
     if not authorization and request.headers.get("x-api-key"):
         authorization = f"Bearer {request.headers['x-api-key']}"
-    return await ctx.auth.tenant(authorization, client)
+    return await ctx.auth.caller(authorization, client)
 
 
 async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     """(context, tenant, JSON body): authentication first, so a stranger's body is not read.
-    The session's identity is computed here, once per request, and kept for ``open_call``
-    (``request.state.identified``). A call whose session a header names outright is placed
-    here, before its body is parsed: with replicas, forwarded to its owner."""
+    The caller (``request.state.caller``: its key's defaults) and the session's identity are
+    found here, once per request, and kept for ``open_call`` (``request.state.identified``).
+    A call whose session a header names outright is placed here, before its body is parsed:
+    with replicas, forwarded to its owner."""
     ctx = context(request)
-    tenant = await tenant_of(ctx, request)
+    caller = request.state.caller = await caller_of(ctx, request)
+    tenant = caller.tenant_id
     raw = await read_bytes(request, ctx.settings.max_request_bytes)
     if named_by_header(request.headers):  # the body cannot change the identity
         known = _identify(request, {})
@@ -77,7 +84,15 @@ def _identify(request: Request, body: Any) -> Identified:
     try:
         return Identified(identify(request.headers, body if isinstance(body, dict) else {}))
     except IdentityError as exc:
-        return Identified(None, ApiError(400, str(exc), param=exc.field, code="invalid_session"))
+        return Identified(None, ApiError(400, str(exc), param=exc.field, code=exc.code))
+
+
+def _share(request: Request, tenant: str, identity: Identity) -> Share:
+    """The call's terms in the node's fair queue: its key's (``read_body``'s caller), its
+    headers' class over the key's, its headers' deadline."""
+    caller: Caller | None = getattr(request.state, "caller", None)
+    key = caller.share if caller is not None and caller.tenant_id == tenant else Share()
+    return Share(identity.priority or key.priority, key.weight, identity.deadline_s)
 
 
 def _placement_key(
@@ -170,6 +185,7 @@ async def open_call(
         extra_records=parsed.extra_records,
         route_key=key if ctx.cluster is not None else None,
         format_param=parsed.format_param,
+        share=_share(request, tenant, identity),
     )
     handle = await ctx.gateway.open_call(prepared)
     request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge/http.py)

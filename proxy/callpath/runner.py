@@ -51,8 +51,9 @@ SHUTDOWN_BEFORE_COMMIT = (
 )
 
 
-def tenant_salt(tenant_id: str) -> str:
-    """The tenant's prefix-cache salt: a digest, so the runtime never learns tenant ids."""
+def tenant_digest(tenant_id: str) -> str:
+    """The tenant as the runtime knows it (its fair queue's tenant, its prefix-cache salt): a
+    digest, so the runtime never learns tenant ids."""
     return hashlib.blake2b(tenant_id.encode(), digest_size=12).hexdigest()
 
 
@@ -66,7 +67,9 @@ def runtime_request(
 ) -> CallRequest:
     """What the runtime is asked to run: the call, under its thread's key on the runtime
     (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
-    seconds, the shared prefix estimate)."""
+    seconds, the shared prefix estimate) and the fair queue's (the tenant's digest and weight,
+    the call's class, its deadline in clock seconds)."""
+    tenant = tenant_digest(call.tenant_id)
     return CallRequest(
         request_id=call.request_id,
         session_key=state.runtime_key(thread),
@@ -79,8 +82,12 @@ def runtime_request(
         stream=call.stream,
         shared_prefix_tokens=shared_tokens,
         call=call.content,
-        cache_salt=tenant_salt(call.tenant_id),
+        cache_salt=tenant,
         output_tokens=call.max_tokens if call.content.sampling.ignore_eos else None,
+        tenant=tenant,
+        tenant_weight=call.share.weight,
+        priority=call.share.priority,
+        deadline_s=time.clock(call.share.deadline_s),
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from starlette.requests import ClientDisconnect
 
 from talaria.core.calls import Call, ModelOutput
-from talaria.core.types import CallResult
+from talaria.core.types import CallResult, Priority
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.records import Record
 
@@ -48,6 +48,30 @@ class ApiCall:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A call's terms in the node's fair queue (``CallRequest``'s ``priority``,
+    ``tenant_weight`` and ``deadline_s``): its class, its tenant's share weight (in (0,
+    ``core.protocol.MAX_TENANT_WEIGHT``]) and the wall seconds after its arrival by which its
+    caller wants it done (None: no deadline). An API key's defaults are a ``Share`` without a
+    deadline; a call's headers override its class and name its deadline
+    (proxy/sessions/identity.py)."""
+
+    priority: Priority = Priority.STANDARD
+    weight: float = 1.0
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sends a call, as its API key says (proxy/callpath/auth.py): its tenant, and the
+    share its calls get unless their headers say otherwise (``talaria keys create --priority
+    --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1)."""
+
+    tenant_id: str
+    share: Share = Share()
+
+
+@dataclass(frozen=True)
 class PreparedCall:
     """What the API layer extracted from a request: what the call asks (``content``: the
     normalized call), who sent it, and through which dialect."""
@@ -65,6 +89,8 @@ class PreparedCall:
     """The session's key among proxy replicas (proxy/cluster/owner.py), when there are any."""
     format_param: str = "response_format"
     """Where the dialect carries a response format (``ApiCall.format_param``)."""
+    share: Share = Share()
+    """Its terms in the node's fair queue: its key's, its headers' over them."""
 
     @property
     def model(self) -> str:

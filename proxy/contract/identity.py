@@ -1,9 +1,11 @@
-"""What a request says about its session (``Identity``), as the call path carries it:
-proxy/sessions/identity.py reads it from a request's headers and body."""
+"""What a request says about its session (``Identity``), and the hints of its call, as the call
+path carries it: proxy/sessions/identity.py reads it from a request's headers and body."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from talaria.core.types import Priority
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,11 @@ class Identity:
     family_id: str | None = None
     """The id a family of sessions is placed by among replicas (proxy/cluster/owner.py):
     the agent's own session id for its sub-agents, else the named parent, else the id."""
+    priority: Priority | None = None
+    """The call's class as ``X-Talaria-Priority`` says (None: its API key's)."""
+    deadline_s: float | None = None
+    """``X-Talaria-Deadline-S``: wall seconds after its arrival by which the call should be
+    done (None: no deadline)."""
 
     @property
     def placed_by(self) -> str | None:

@@ -30,7 +30,10 @@ printable ASCII characters (no control characters), so it is safe to echo in a h
 
 Hints: ``X-Talaria-Tool-Gap-Ms`` (tool time expected after this call; finite, 0 to
 ``MAX_TOOL_GAP_S``), ``X-Talaria-Session-Final: true`` (or ``X-Dynamo-Session-Final``): the
-session ends with this call.
+session ends with this call. The call's terms in the node's fair queue:
+``X-Talaria-Priority`` (``interactive``, ``standard`` or ``batch``, any case; over the API
+key's default) and ``X-Talaria-Deadline-S`` (seconds after its arrival by which it should be
+done; finite, above 0, at most ``MAX_DEADLINE_S``).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from talaria.core.types import Priority
 from talaria.proxy.contract.identity import Identity
 
 MAX_SESSION_ID_CHARS = 200
@@ -50,16 +54,24 @@ characters of JSON (three ids), and parsing the client's JSON held the event loo
 0.6 s when it was 8 MiB of empty arrays."""
 MAX_TOOL_GAP_S = 24 * 3600.0
 """A tool gap hint beyond a day is refused (no reservation should outlive that)."""
+MAX_DEADLINE_S = 7 * 24 * 3600.0
+"""A deadline beyond a week is refused (it would order nothing, and clock seconds of a scaled
+clock must stay finite)."""
+PRIORITY_HEADER = "X-Talaria-Priority"
+DEADLINE_HEADER = "X-Talaria-Deadline-S"
 _VALID_ID = re.compile(rf"[\x20-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
 _LEGACY_CLAUDE = re.compile(r"_session_([0-9a-fA-F-]{8,64})$")
 
 
 class IdentityError(ValueError):
-    """A session id or hint is malformed; ``field`` names where it came from."""
+    """A session id or hint is malformed; ``field`` names where it came from, ``code`` is the
+    400's (``invalid_session`` for an id or a session hint, ``invalid_value`` for the call's
+    priority or deadline)."""
 
-    def __init__(self, message: str, field: str) -> None:
+    def __init__(self, message: str, field: str, code: str = "invalid_session") -> None:
         super().__init__(message)
         self.field = field
+        self.code = code
 
 
 def valid_id(value: str, field: str) -> str:
@@ -201,9 +213,44 @@ def _gap_hint(headers: Mapping[str, str]) -> float | None:
     return gap_s
 
 
+def _priority(headers: Mapping[str, str]) -> Priority | None:
+    raw = headers.get(PRIORITY_HEADER.lower())
+    if not raw:
+        return None
+    try:
+        return Priority(raw.strip().lower())
+    except ValueError:
+        named = ", ".join(p.value for p in Priority)
+        raise IdentityError(
+            f"{PRIORITY_HEADER} must be one of {named} (got {raw.strip()[:40]!r})",
+            PRIORITY_HEADER,
+            "invalid_value",
+        ) from None
+
+
+def _deadline(headers: Mapping[str, str]) -> float | None:
+    raw = headers.get(DEADLINE_HEADER.lower())
+    if not raw:
+        return None
+    try:
+        deadline_s = float(raw)
+    except ValueError:
+        deadline_s = math.nan
+    if not math.isfinite(deadline_s) or not 0 < deadline_s <= MAX_DEADLINE_S:
+        raise IdentityError(
+            f"{DEADLINE_HEADER} must be a number of seconds above 0 and at most "
+            f"{MAX_DEADLINE_S:.0f}",
+            DEADLINE_HEADER,
+            "invalid_value",
+        )
+    return deadline_s
+
+
 def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
-    """The request's identity; ``IdentityError`` if an id or hint is malformed."""
+    """The request's identity and its call's hints; ``IdentityError`` if an id or hint is
+    malformed."""
     gap_s = _gap_hint(headers)
+    priority, deadline_s = _priority(headers), _deadline(headers)
     final = any(
         headers.get(name, "").strip().lower() in ("true", "1", "yes") for name in FINAL_HEADERS
     )
@@ -217,6 +264,8 @@ def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
         found, (parent_value, _, parent_field) = sub_agent
         parent = valid_id(parent_value, parent_field)
     if found is None:
-        return Identity(None, "implicit", parent, gap_s, final)
+        return Identity(None, "implicit", parent, gap_s, final, None, priority, deadline_s)
     value, source, name = found
-    return Identity(valid_id(value, name), source, parent, gap_s, final, family)
+    return Identity(
+        valid_id(value, name), source, parent, gap_s, final, family, priority, deadline_s
+    )

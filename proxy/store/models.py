@@ -24,6 +24,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
@@ -84,7 +85,9 @@ class Tenant(Base):
 
 
 class ApiKey(Base):
-    """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters."""
+    """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters;
+    with the priority its calls get unless a header says otherwise and its tenant's share
+    weight in the node's fair queue (``talaria keys create --priority --weight``)."""
 
     __tablename__ = "api_keys"
 
@@ -94,6 +97,8 @@ class ApiKey(Base):
     prefix: Mapped[str] = mapped_column(String)
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    priority: Mapped[str] = mapped_column(String, server_default="standard")
+    weight: Mapped[float] = mapped_column(Float, server_default=text("1.0"))
 
 
 class SessionRow(Base):

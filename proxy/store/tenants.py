@@ -1,5 +1,6 @@
 """``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
 SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
+A key also holds its calls' default priority and its tenant's share weight.
 proxy/callpath/auth.py checks keys against them, ``talaria keys`` (talaria/cli/keys.py)
 manages them."""
 
@@ -13,6 +14,9 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
+from talaria.core.protocol import MAX_TENANT_WEIGHT
+from talaria.core.types import Priority
+from talaria.proxy.contract.calls import Caller, Share
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import ApiKey, Tenant
@@ -26,6 +30,19 @@ DELETED_KEY_HASH_PREFIX = "deleted:"
 def hash_key(plaintext: str) -> str:
     """The stored form of an API key: SHA-256, hex."""
     return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+def key_share(priority: str = Priority.STANDARD, weight: float = 1.0) -> Share:
+    """A key's defaults as a ``Share``: ``priority`` any case; ``ValueError`` naming the fault
+    for an unknown priority or a weight outside (0, ``MAX_TENANT_WEIGHT``]."""
+    try:
+        known = Priority(priority.strip().lower())
+    except ValueError:
+        named = ", ".join(p.value for p in Priority)
+        raise ValueError(f"unknown priority {priority!r}: use one of {named}") from None
+    if not 0 < weight <= MAX_TENANT_WEIGHT:  # NaN is refused too
+        raise ValueError(f"weight must be above 0 and at most {MAX_TENANT_WEIGHT:g} (got {weight})")
+    return Share(known, float(weight))
 
 
 class TenantTables(TableGroup):
@@ -49,9 +66,14 @@ class TenantTables(TableGroup):
                 return raced
             return tenant_id
 
-    async def create_api_key(self, tenant_id: str) -> str:
-        """A new key for ``tenant_id``: the plaintext is returned here, once; only its hash is
-        stored. ``ValueError`` if the tenant does not exist."""
+    async def create_api_key(
+        self, tenant_id: str, *, priority: str = Priority.STANDARD, weight: float = 1.0
+    ) -> str:
+        """A new key for ``tenant_id`` whose calls are ``priority`` unless a header says
+        otherwise, its tenant weighing ``weight`` in the node's fair queue: the plaintext is
+        returned here, once; only its hash is stored. ``ValueError`` if the tenant does not
+        exist, or the priority or weight is not one (:func:`key_share`)."""
+        share = key_share(priority, weight)
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
         async with self._sessionmaker() as db, db.begin():
             if await db.get(Tenant, tenant_id) is None:
@@ -64,18 +86,34 @@ class TenantTables(TableGroup):
                     prefix=plaintext[:8],
                     created_at=datetime.now(UTC),
                     revoked_at=None,
+                    priority=share.priority.value,
+                    weight=share.weight,
                 )
             )
         return plaintext
 
     async def tenant_for_key(self, plaintext: str) -> str | None:
         """The tenant of an unrevoked key, or None."""
+        caller = await self.caller_for_key(plaintext)
+        return None if caller is None else caller.tenant_id
+
+    async def caller_for_key(self, plaintext: str) -> Caller | None:
+        """The caller of an unrevoked key: its tenant, with the key's priority and weight
+        (a priority the store holds but this version does not know reads as ``standard``);
+        None if there is no such key."""
+        query = select(ApiKey.tenant_id, ApiKey.priority, ApiKey.weight).where(
+            ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
+        )
         async with self._sessionmaker() as db:
-            return await db.scalar(
-                select(ApiKey.tenant_id).where(
-                    ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
-                )
-            )
+            row = (await db.execute(query)).first()
+        if row is None:
+            return None
+        tenant_id, priority, weight = row
+        try:
+            known = Priority(priority)
+        except ValueError:
+            known = Priority.STANDARD
+        return Caller(tenant_id, Share(known, float(weight)))
 
     async def list_api_keys(
         self, tenant_id: str | None = None, *, include_deleted: bool = False

@@ -97,6 +97,11 @@ class ApiKeyInfo:
     prefix: str
     created_at: datetime
     revoked_at: datetime | None
+    priority: str = "standard"
+    """Its calls' class unless a header says otherwise (``interactive``, ``standard``,
+    ``batch``)."""
+    weight: float = 1.0
+    """Its tenant's share weight in the node's fair queue, in (0, 100]."""
     tenant_name: str = ""
     deleted: bool = False
     """Deleted keys are tombstones: their row stays (so "a key existed" is never forgotten),

@@ -8,10 +8,12 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from talaria.core.protocol import MAX_TENANT_WEIGHT
+from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
-from talaria.proxy.store.tenants import TenantTables
+from talaria.proxy.store.tenants import TenantTables, key_share
 
 T = TypeVar("T")
 
@@ -53,15 +55,51 @@ def keys_ever_created(url: str | None, *, migrate: bool = True) -> int:
     return _with_store(url, lambda store: store.count_api_keys(), migrate=migrate)
 
 
+PRIORITIES = ", ".join(p.value for p in Priority)
+
+
+def _checked_priority(value: str) -> str:
+    try:
+        return key_share(priority=value).priority.value
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _checked_weight(value: float) -> float:
+    try:
+        return key_share(weight=value).weight
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 @keys_app.command()
 def create(
     tenant: Annotated[str, typer.Option(help="Tenant name (created if new).")] = "default",
+    priority: Annotated[
+        str,
+        typer.Option(
+            help=f"The class of the key's calls unless their X-Talaria-Priority header says "
+            f"otherwise: {PRIORITIES}.",
+            callback=_checked_priority,
+        ),
+    ] = Priority.STANDARD.value,
+    weight: Annotated[
+        float,
+        typer.Option(
+            help="The tenant's share weight in each node's fair queue while it is busy, "
+            f"above 0 and at most {MAX_TENANT_WEIGHT:g} (a tenant of weight 2 gets twice the "
+            "service of one of weight 1).",
+            callback=_checked_weight,
+        ),
+    ] = 1.0,
     url: UrlOpt = None,
 ) -> None:
-    """Create a key for TENANT and print it once (only its hash is stored)."""
+    """Create a key for TENANT and print it once (only its hash is stored). A bad --priority or
+    --weight is refused (exit 2) before the store is touched: nothing is created."""
 
     async def action(store: TenantTables) -> str:
-        return await store.create_api_key(await store.create_tenant(tenant))
+        tenant_id = await store.create_tenant(tenant)
+        return await store.create_api_key(tenant_id, priority=priority, weight=weight)
 
     key = _with_store(url, action)
     typer.echo(key)
@@ -74,14 +112,16 @@ def list_keys(
         bool, typer.Option("--all", help="Show deleted keys too (marked 'deleted').")
     ] = False,
 ) -> None:
-    """List keys: id, tenant name, prefix, created, revoked (deleted keys only with --all)."""
+    """List keys: id, tenant name, prefix, priority, weight, created, revoked (deleted keys only
+    with --all)."""
     infos = _with_store(url, lambda store: store.list_api_keys(include_deleted=all_keys))
     for info in infos:
         revoked = info.revoked_at.isoformat() if info.revoked_at else "-"
         deleted = "  deleted" if info.deleted else ""
         typer.echo(
-            f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  "
-            f"created={info.created_at.isoformat()}  revoked={revoked}{deleted}"
+            f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  priority={info.priority}  "
+            f"weight={info.weight:g}  created={info.created_at.isoformat()}  "
+            f"revoked={revoked}{deleted}"
         )
 
 

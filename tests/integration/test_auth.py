@@ -15,6 +15,7 @@ import pytest
 
 from talaria.proxy.callpath import auth as auth_module
 from talaria.proxy.callpath.auth import Authenticator
+from talaria.proxy.contract.calls import Caller
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
@@ -124,11 +125,12 @@ class FakeStore:
         self.lookups = 0
         self.counts = 0
 
-    async def tenant_for_key(self, plaintext: str) -> str | None:
+    async def caller_for_key(self, plaintext: str) -> Caller | None:
         self.lookups += 1
         if self.down:
             raise ConnectionRefusedError("store down")
-        return self.keys.get(plaintext)
+        tenant = self.keys.get(plaintext)
+        return None if tenant is None else Caller(tenant)
 
     async def count_api_keys(self, *, active_only: bool = False) -> int:
         self.counts += 1

@@ -16,7 +16,7 @@ import pytest
 
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.sdk import AsyncOpenAI, OpenAI, session
-from talaria.sdk.headers import SESSION_ID
+from talaria.sdk.headers import DEADLINE_S, PRIORITY, SESSION_ID
 from tests.integration.server import RunningProxy, running_proxy
 from tests.sdk.support import ADMIN, MODEL, TOOLS, Admin
 
@@ -54,6 +54,29 @@ def test_calls_in_a_scope_are_one_session_ended_on_exit(client: OpenAI, admin: A
     assert s.calls == 4 and s.tool_calls == 3 and len(s.gaps_s) == 3
     assert s.sct_s is not None and s.sct_s > 0
     assert [h["kind"] for h in detail["hints"]] == ["end"]
+
+
+def test_a_sessions_priority_and_deadline_go_with_each_call(
+    client: OpenAI, proxy: RunningProxy
+) -> None:
+    seen: list[dict[str, str]] = []
+
+    def note(request: httpx2.Request) -> None:
+        seen.append({k: request.headers[k] for k in (PRIORITY, DEADLINE_S) if k in request.headers})
+
+    http = httpx2.Client(event_hooks={"request": [note]})
+    noted = OpenAI(base_url=proxy.v1, api_key="anything", max_retries=0, http_client=http)
+    with session(priority="interactive", deadline_s=30) as s:
+        reply = noted.chat.completions.with_raw_response.create(model=MODEL, messages=USER)
+        assert reply.headers["x-talaria-session-id"] == s.id  # the proxy took both
+        with session() as sub:  # a sub-agent: the same class, no deadline of its own
+            noted.responses.create(model=MODEL, input="go on")
+    assert seen == [{PRIORITY: "interactive", DEADLINE_S: "30.0"}, {PRIORITY: "interactive"}]
+    assert sub.parent == s.id
+    with session(), pytest.raises(openai.BadRequestError, match=PRIORITY):
+        client.chat.completions.create(
+            model=MODEL, messages=USER, extra_headers={PRIORITY: "urgent"}
+        )
 
 
 def test_streaming_raw_and_streaming_response(client: OpenAI, admin: Admin) -> None:

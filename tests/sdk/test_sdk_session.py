@@ -15,7 +15,15 @@ import pytest
 
 from talaria.sdk import DEFAULT_GAP_S, Session, SideChannel, current_session, session
 from talaria.sdk import sessions as sdk_sessions
-from talaria.sdk.headers import PARENT_SESSION_ID, SESSION_ID, TOOL_GAP_MS, endpoint_url
+from talaria.sdk.headers import (
+    DEADLINE_S,
+    PARENT_SESSION_ID,
+    PRIORITY,
+    SESSION_ID,
+    TOOL_GAP_MS,
+    endpoint_url,
+    session_headers,
+)
 from talaria.sdk.replies import finish_of, offers_tools
 
 
@@ -65,6 +73,24 @@ def test_headers() -> None:
     assert s.headers() == {SESSION_ID: "abc", PARENT_SESSION_ID: "par"}
     assert s.headers(tools=True)[TOOL_GAP_MS] == str(round(DEFAULT_GAP_S * 1000))
     assert endpoint_url("http://h/v1/", "a/b c", "end") == "http://h/v1/sessions/a%2Fb%20c/end"
+
+
+def test_priority_and_deadline_headers_and_their_nesting() -> None:
+    s = Session("abc", priority="Batch", deadline_s=90)
+    assert s.headers() == {SESSION_ID: "abc", PRIORITY: "batch", DEADLINE_S: "90.0"}
+    assert PRIORITY not in Session("plain").headers()  # none: the API key's default
+    with session("outer", priority="interactive", end_on_exit=False):
+        with session("inner", end_on_exit=False) as inner:
+            assert inner.headers()[PRIORITY] == "interactive"  # the enclosing session's
+            assert DEADLINE_S not in inner.headers()
+        with session("own", priority="standard", end_on_exit=False) as own:
+            assert own.headers()[PRIORITY] == "standard"
+    for bad in ({"priority": "urgent"}, {"deadline_s": 0}, {"deadline_s": -1.0}):
+        with pytest.raises(ValueError):
+            session(**bad)  # type: ignore[arg-type]
+    for deadline in (float("nan"), float("inf"), 8 * 24 * 3600.0):
+        with pytest.raises(ValueError, match="deadline_s"):
+            session_headers("abc", deadline_s=deadline)
 
 
 @pytest.mark.asyncio

@@ -16,7 +16,9 @@ from sqlalchemy import text
 from typer.testing import CliRunner
 
 from talaria.cli.keys import keys_app
+from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import Authenticator
+from talaria.proxy.contract.calls import Caller, Share
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.store.db import data_dir, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
@@ -111,6 +113,19 @@ def _count(url: str, *, active_only: bool = False) -> int:
     return asyncio.run(main())
 
 
+def _caller(url: str, key: str) -> Caller:
+    async def main() -> Caller:
+        engine = make_engine(url)
+        try:
+            caller = await SqlStore(make_sessionmaker(engine)).tenants.caller_for_key(key)
+        finally:
+            await engine.dispose()
+        assert caller is not None
+        return caller
+
+    return asyncio.run(main())
+
+
 def _tenant_for(url: str, key: str) -> str | None:
     async def main() -> str | None:
         engine = make_engine(url)
@@ -148,6 +163,62 @@ def test_keys_commands_list_tenant_names_and_delete(db_url: str) -> None:
         assert len(_lines(unknown.output)) == 1 and "no-such-id" in unknown.output
     again = runner.invoke(keys_app, ["delete", key_id, "--url", db_url])
     assert again.exit_code == 1 and len(_lines(again.output)) == 1
+
+
+def test_keys_create_refuses_a_bad_priority_or_weight_and_creates_nothing(db_url: str) -> None:
+    for bad, named in (
+        (["--weight", "0"], "--weight"),
+        (["--weight", "-1"], "--weight"),
+        (["--weight", "101"], "--weight"),
+        (["--weight", "nan"], "--weight"),
+        (["--weight", "inf"], "--weight"),
+        (["--priority", "urgent"], "--priority"),
+        (["--priority", "batch", "--weight", "100.5"], "--weight"),
+    ):
+        refused = runner.invoke(keys_app, ["create", "--tenant", "acme", *bad, "--url", db_url])
+        assert refused.exit_code == 2, (bad, refused.output)
+        shown = " ".join(refused.output.replace("│", " ").split())
+        assert f"Invalid value for '{named}'" in shown, (bad, shown)
+        assert "tk-" not in refused.output
+    assert _lines(runner.invoke(keys_app, ["list", "--all", "--url", db_url]).output) == []
+    assert _count(db_url) == 0  # no key, no tombstone: nothing was created
+
+
+def test_keys_create_stores_and_lists_a_priority_and_weight(db_url: str) -> None:
+    options = ["--tenant", "bulk", "--priority", "Batch", "--weight", "2"]
+    made = runner.invoke(keys_app, ["create", *options, "--url", db_url])
+    assert made.exit_code == 0, made.output
+    plain = runner.invoke(keys_app, ["create", "--tenant", "ide", "--url", db_url])
+    assert plain.exit_code == 0, plain.output
+    assert _caller(db_url, made.output.strip()).share == Share(Priority.BATCH, 2.0)
+    assert _caller(db_url, plain.output.strip()).share == Share(Priority.STANDARD, 1.0)
+    listed = _lines(runner.invoke(keys_app, ["list", "--url", db_url]).output)
+    assert [(line.split()[1], line.split()[3], line.split()[4]) for line in listed] == [
+        ("tenant=bulk", "priority=batch", "weight=2"),
+        ("tenant=ide", "priority=standard", "weight=1"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_keys_priority_and_weight_reach_its_caller(store: SqlStore) -> None:
+    acme = await store.tenants.create_tenant("acme")
+    key = await store.tenants.create_api_key(acme, priority="interactive", weight=0.5)
+    plain = await store.tenants.create_api_key(acme)
+    assert await store.tenants.caller_for_key(key) == Caller(acme, Share(Priority.INTERACTIVE, 0.5))
+    assert await store.tenants.caller_for_key(plain) == Caller(acme, Share(Priority.STANDARD, 1.0))
+    assert await store.tenants.caller_for_key("tk-wrong") is None
+    for priority, weight in (("urgent", 1.0), ("batch", 0.0), ("batch", 100.01)):
+        with pytest.raises(ValueError):
+            await store.tenants.create_api_key(acme, priority=priority, weight=weight)
+    assert [(i.priority, i.weight) for i in await store.tenants.list_api_keys()] == [
+        ("interactive", 0.5),
+        ("standard", 1.0),
+    ]
+    auth = Authenticator([], store.tenants)
+    await auth.start()
+    assert await auth.caller(f"Bearer {key}", "203.0.113.7") == Caller(
+        acme, Share(Priority.INTERACTIVE, 0.5)
+    )
 
 
 def test_keys_help_says_revoked_keys_still_close_the_proxy() -> None:

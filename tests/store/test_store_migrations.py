@@ -18,12 +18,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
 from bench.harness.processes import talaria_command
+from talaria.core.types import Priority
+from talaria.proxy.contract.calls import Caller, Share
 from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.store import db as store_db
 from talaria.proxy.store import migrate
 from talaria.proxy.store.cli import db_app
-from talaria.proxy.store.db import make_engine
+from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.models import Base
+from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.store.tenants import hash_key
 
 TABLES = {
     "tenants",
@@ -61,7 +65,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0010"
+    assert await migrate.current_async(db_url) == migrate.head() == "0011"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -367,6 +371,43 @@ async def test_0010_renumbers_repeated_call_indices_and_makes_them_unique(db_url
 
 
 @pytest.mark.asyncio
+async def test_0011_gives_existing_keys_the_standard_priority_and_weight_1(db_url: str) -> None:
+    """0011: a key created before has priority ``standard`` and weight 1.0 (the columns' server
+    defaults), and looks up as such; the downgrade drops both columns and keeps the key."""
+    await migrate.upgrade_async(db_url, "0010")
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
+                {"at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
+                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
+                ),
+                {"h": hash_key("tk-old"), "at": at},
+            )
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT priority, weight FROM api_keys"))).one()
+        assert tuple(row) == ("standard", 1.0)
+        caller = await SqlStore(make_sessionmaker(engine)).tenants.caller_for_key("tk-old")
+        assert caller == Caller("t1", Share(Priority.STANDARD, 1.0))
+        await asyncio.to_thread(migrate.downgrade, db_url, "0010")
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("api_keys")}
+            )
+            assert (await conn.execute(text("SELECT count(*) FROM api_keys"))).scalar() == 1
+        assert not {"priority", "weight"} & columns
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -389,9 +430,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0010" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0011" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0010" in out and "head: 0010" in out
+    assert "current: 0011" in out and "head: 0011" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -401,7 +442,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0010"
+    assert migrate.current(url) == "0011"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -412,7 +453,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0010"
+    assert migrate.current(url) == "0011"
 
 
 def test_default_sqlite_url_honours_data_dir(

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.core.types import Priority
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, chain, fingerprint, fingerprints
@@ -113,6 +114,10 @@ def test_a_final_header_ends_the_session(name: str) -> None:
         ({"x-talaria-tool-gap-ms": "1e308"}, {}, "X-Talaria-Tool-Gap-Ms"),
         ({"x-talaria-tool-gap-ms": "-5"}, {}, "X-Talaria-Tool-Gap-Ms"),
         ({"x-talaria-tool-gap-ms": "soon"}, {}, "X-Talaria-Tool-Gap-Ms"),
+        ({"x-talaria-priority": "urgent"}, {}, "X-Talaria-Priority"),
+        ({"x-talaria-deadline-s": "0"}, {}, "X-Talaria-Deadline-S"),
+        ({"x-talaria-deadline-s": "nan"}, {}, "X-Talaria-Deadline-S"),
+        ({"x-talaria-deadline-s": "1e9"}, {}, "X-Talaria-Deadline-S"),
     ],
 )
 def test_malformed_ids_and_hints_name_their_field(
@@ -121,6 +126,15 @@ def test_malformed_ids_and_hints_name_their_field(
     with pytest.raises(IdentityError) as info:
         identify(headers, body)
     assert info.value.field == field
+
+
+def test_priority_and_deadline_headers_are_the_calls_hints() -> None:
+    told = identify({"x-talaria-priority": "Batch", "x-talaria-deadline-s": "1.5"}, {})
+    assert (told.priority, told.deadline_s, told.explicit) == (Priority.BATCH, 1.5, False)
+    assert (identify({}, {}).priority, identify({}, {}).deadline_s) == (None, None)
+    with pytest.raises(IdentityError) as info:
+        identify({"x-talaria-priority": "high"}, {})
+    assert info.value.code == "invalid_value" and "interactive, standard, batch" in str(info.value)
 
 
 _BODIES = [

@@ -1,0 +1,193 @@
+"""A call's terms in the node's fair queue, through the real HTTP stack (uvicorn on a loopback
+port, a real SQLite file, a runtime that records what it is asked): the runtime gets the
+tenant as a digest (never its id), the key's weight, the call's class and its deadline in clock
+seconds, on every API; ``X-Talaria-Priority`` beats the key's default, which beats
+``standard``; a bad priority or deadline is a 400 in the API's own envelope, and nothing runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from talaria.core.types import CallRequest, GenerationEvent, Priority
+from talaria.proxy.callpath.runner import tenant_digest
+from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.store.db import make_engine, make_sessionmaker
+from talaria.proxy.store.migrate import upgrade_async
+from talaria.proxy.store.repository import SqlStore
+from talaria.runtime.instant import InstantRuntime
+from tests.integration.server import running_proxy
+
+MODEL = "glm-4.5-fp8"
+TIME_SCALE = 4.0
+ASK = "Summarise the plan."
+ROUTES = {  # path → a call's body
+    "/v1/chat/completions": {"model": MODEL, "messages": [{"role": "user", "content": ASK}]},
+    "/v1/completions": {"model": MODEL, "prompt": ASK, "max_tokens": 8},
+    "/v1/messages": {
+        "model": MODEL,
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": ASK}],
+    },
+    "/v1/responses": {"model": MODEL, "input": ASK, "store": False},
+}
+PRIORITY = "X-Talaria-Priority"
+DEADLINE = "X-Talaria-Deadline-S"
+
+
+class RecordingRuntime(InstantRuntime):
+    """An ``InstantRuntime`` that keeps every ``CallRequest`` it is asked to run, by id."""
+
+    def __init__(self) -> None:
+        super().__init__((MODEL,), output_tokens=4)
+        self.asked: dict[str, CallRequest] = {}
+
+    def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
+        self.asked[request.request_id] = request
+        return super().generate(request)
+
+
+@dataclass
+class Proxy:
+    base_url: str
+    runtime: RecordingRuntime
+    keys: dict[str, tuple[str, str]]
+    """"bulk" (a key made ``--priority batch --weight 2``) and "ide" (a plain key) → (tenant
+    id, API key)."""
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('priority') / 'p.db'}"
+
+    async def keys() -> dict[str, tuple[str, str]]:
+        await upgrade_async(url)
+        engine = make_engine(url)
+        tenants = SqlStore(make_sessionmaker(engine)).tenants
+        try:
+            bulk = await tenants.create_tenant("bulk")
+            ide = await tenants.create_tenant("ide")
+            return {
+                "bulk": (bulk, await tenants.create_api_key(bulk, priority="batch", weight=2.0)),
+                "ide": (ide, await tenants.create_api_key(ide)),
+            }
+        finally:
+            await engine.dispose()
+
+    made = asyncio.run(keys())
+    runtime = RecordingRuntime()
+    settings = ProxySettings(database_url=url, time_scale=TIME_SCALE)
+    with running_proxy(settings, runtimes=[runtime]) as running:
+        yield Proxy(running.base_url, runtime, made)
+
+
+def _post(proxy: Proxy, path: str, key: str, **headers: str) -> httpx.Response:
+    sent = {"authorization": f"Bearer {key}", "anthropic-version": "2023-06-01", **headers}
+    return httpx.post(proxy.base_url + path, json=ROUTES[path], headers=sent, timeout=30)
+
+
+def _asked(proxy: Proxy, path: str, key: str, **headers: str) -> CallRequest:
+    """What the runtime was asked for the call ``path`` answered (200)."""
+    reply = _post(proxy, path, key, **headers)
+    assert reply.status_code == 200, reply.text
+    return proxy.runtime.asked[reply.headers["x-request-id"]]
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_the_runtime_gets_the_tenant_digest_weight_class_and_deadline(
+    proxy: Proxy, path: str
+) -> None:
+    tenant, key = proxy.keys["bulk"]
+    asked = _asked(proxy, path, key, **{PRIORITY: "Interactive", DEADLINE: "2.5"})
+    assert asked.priority is Priority.INTERACTIVE
+    assert asked.deadline_s == 2.5 * TIME_SCALE  # wall seconds → the clock's
+    assert asked.tenant_weight == 2.0
+    assert asked.tenant == asked.cache_salt == tenant_digest(tenant)
+    assert tenant not in asked.tenant and "bulk" not in asked.tenant
+    other = _asked(proxy, path, proxy.keys["ide"][1])
+    assert other.tenant != asked.tenant and other.deadline_s is None
+
+
+@pytest.mark.parametrize(
+    ("who", "headers", "expected"),
+    [
+        ("bulk", {}, Priority.BATCH),  # the key's default
+        ("bulk", {PRIORITY: "standard"}, Priority.STANDARD),  # the header over the key
+        ("bulk", {PRIORITY: "INTERACTIVE"}, Priority.INTERACTIVE),
+        ("ide", {}, Priority.STANDARD),  # a plain key: standard
+        ("ide", {PRIORITY: "batch"}, Priority.BATCH),
+    ],
+)
+def test_the_header_beats_the_keys_default_which_beats_standard(
+    proxy: Proxy, who: str, headers: dict[str, str], expected: Priority
+) -> None:
+    for path in ROUTES:
+        asked = _asked(proxy, path, proxy.keys[who][1], **headers)
+        assert asked.priority is expected, path
+        assert asked.tenant_weight == (2.0 if who == "bulk" else 1.0)
+
+
+BAD = [
+    (PRIORITY, "urgent"),
+    (PRIORITY, "high"),
+    (DEADLINE, "0"),
+    (DEADLINE, "-3"),
+    (DEADLINE, "soon"),
+    (DEADLINE, "nan"),
+    (DEADLINE, "inf"),
+    (DEADLINE, "1e400"),
+    (DEADLINE, "1e9"),  # past a week
+]
+
+
+def _refused(reply: httpx.Response, path: str, header: str) -> None:
+    """A 400 in the route's envelope whose message names ``header``."""
+    assert reply.status_code == 400, reply.text
+    doc: dict[str, Any] = reply.json()
+    if path == "/v1/messages":  # Anthropic's envelope
+        assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error"
+    else:  # OpenAI's
+        assert doc["error"]["type"] == "invalid_request_error"
+        assert (doc["error"]["code"], doc["error"]["param"]) == ("invalid_value", header)
+    assert header in doc["error"]["message"]
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+@pytest.mark.parametrize(("header", "value"), BAD, ids=[f"{h}={v}" for h, v in BAD])
+def test_a_bad_priority_or_deadline_is_a_400_in_the_apis_envelope_and_nothing_runs(
+    proxy: Proxy, path: str, header: str, value: str
+) -> None:
+    before = proxy.runtime.calls
+    for session in ({}, {"X-Talaria-Session-Id": "named-by-header"}):  # placed early or not
+        _refused(
+            _post(proxy, path, proxy.keys["ide"][1], **session, **{header: value}), path, header
+        )
+    assert proxy.runtime.calls == before
+
+
+def test_open_mode_calls_are_standard_with_weight_1(tmp_path: Path) -> None:
+    runtime = RecordingRuntime()
+    settings = ProxySettings(database_url=f"sqlite+aiosqlite:///{tmp_path}/open.db")
+    with running_proxy(settings, runtimes=[runtime]) as running:
+        reply = httpx.post(
+            running.v1 + "/chat/completions", json=ROUTES["/v1/chat/completions"], timeout=30
+        )
+        assert reply.status_code == 200, reply.text
+        late = httpx.post(
+            running.v1 + "/chat/completions",
+            json=ROUTES["/v1/chat/completions"],
+            headers={PRIORITY: "batch", DEADLINE: "60"},
+            timeout=30,
+        )
+        assert late.status_code == 200, late.text
+    asked = runtime.asked[reply.headers["x-request-id"]]
+    assert (asked.priority, asked.tenant_weight, asked.deadline_s) == (Priority.STANDARD, 1.0, None)
+    assert asked.tenant == tenant_digest("local")
+    later = runtime.asked[late.headers["x-request-id"]]
+    assert (later.priority, later.deadline_s) == (Priority.BATCH, 60.0)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from talaria.core.status import InstanceStatus
+from talaria.proxy.api.tenants import tenant_shares
 from talaria.proxy.callpath.context import ProxyContext, context, json_response
 from talaria.proxy.console.routes import client_address, console_auth, signed_in
 from talaria.proxy.contract.errors import ApiError, unavailable
@@ -291,6 +292,25 @@ async def instances(request: Request) -> Response:
             }
         )
     return json_response({"data": data})
+
+
+@router.get("/tenants")
+async def tenants(request: Request) -> Response:
+    """Each tenant's share of the service and its queue now, over the instances
+    (proxy/api/tenants.py); an unreachable instance is listed in ``unreachable``."""
+    ctx = _admin(request)
+    runtimes = ctx.gateway.pool.runtimes
+    answers = await asyncio.gather(*(r.status() for r in runtimes), return_exceptions=True)
+    statuses = {
+        r.name: a for r, a in zip(runtimes, answers, strict=True) if isinstance(a, InstanceStatus)
+    }
+    unreachable = {
+        r.name: repr(a)
+        for r, a in zip(runtimes, answers, strict=True)
+        if isinstance(a, BaseException)
+    }
+    names = await _read(ctx, ctx.store.tenants.tenant_names)
+    return json_response({"data": tenant_shares(statuses, names), "unreachable": unreachable})
 
 
 def _kv_tokens(status: InstanceStatus) -> dict[str, dict[str, int]]:

@@ -115,6 +115,12 @@ class TenantTables(TableGroup):
             known = Priority.STANDARD
         return Caller(tenant_id, Share(known, float(weight)))
 
+    async def tenant_names(self) -> dict[str, str]:
+        """Every tenant's name by its id."""
+        async with self._sessionmaker() as db:
+            rows = await db.execute(select(Tenant.id, Tenant.name))
+        return {tenant_id: name for tenant_id, name in rows}
+
     async def list_api_keys(
         self, tenant_id: str | None = None, *, include_deleted: bool = False
     ) -> list[ApiKeyInfo]:

@@ -225,6 +225,9 @@ def test_node_view_follows_a_model_switch(console: Console, page: Page) -> None:
         arg=slots_before,
     )
     expect(card.locator(f"tr[data-model='{MODEL_B}']")).to_contain_text("active")
+    tenants = page.locator("#tenants tbody tr[data-tenant]")  # the open proxy's one tenant
+    expect(tenants).to_have_count(1)
+    expect(tenants.first).to_contain_text("100%")
     screenshot(page, "nodes")
 
 

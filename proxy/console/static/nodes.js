@@ -1,5 +1,5 @@
-// The nodes view (#/nodes): one live card per instance with its model residency, KV cache and
-// recent model slots.
+// The nodes view (#/nodes): each tenant's share of the service and its queue now, then one live
+// card per instance with its model residency, KV cache and recent model slots.
 
 import { api, bytes, current, el, esc, every, keepChart, legendNode, modelColour, main, say, seconds, slotBars, thisView } from "./common.js";
 
@@ -7,7 +7,12 @@ const LIVE_NODES_MS = 1000;
 
 /** Draw the nodes view: its cards, updated every LIVE_NODES_MS. */
 export function nodesView() {
-  main.innerHTML = `<h1>Nodes <span class="live">● live</span></h1><div class="cards" id="cards"></div>`;
+  main.innerHTML = `<h1>Nodes <span class="live">● live</span></h1>
+    <section class="card" aria-labelledby="tenants-title"><h2 id="tenants-title">Tenants</h2>
+      <table id="tenants"><thead><tr><th scope="col">Tenant</th><th scope="col" class="num">Share of service</th>
+        <th scope="col" class="num">Served</th><th scope="col" class="num">Waiting / running calls</th>
+        <th scope="col" class="num">Oldest wait</th></tr></thead><tbody></tbody></table></section>
+    <div class="cards" id="cards"></div>`;
   const cards = new Map();
   const models = [];
   const view = thisView();
@@ -24,10 +29,25 @@ export function nodesView() {
       if (!cards.has(inst.name)) cards.set(inst.name, nodeCard(inst.name));
       updateNode(cards.get(inst.name), inst, models);
     }
+    try {
+      showTenants((await api("/admin/tenants")).data);
+    } catch (err) {
+      if (current(view)) say(`Tenants: ${err.message}`);
+    }
     say(`Nodes updated ${new Date().toLocaleTimeString()}`);
   }
   load();
   every(LIVE_NODES_MS, load);
+}
+
+/** One row per tenant, most served first (proxy/api/tenants.py). */
+function showTenants(rows) {
+  const body = document.querySelector("#tenants tbody");
+  if (!body) return;
+  body.innerHTML = rows.map((t) => `
+    <tr data-tenant="${esc(t.tenant)}"><td>${esc(t.tenant)}</td><td class="num">${Math.round(100 * t.share)}%</td>
+      <td class="num">${seconds(t.served_s)}</td><td class="num">${t.waiting_calls} / ${t.running_calls}</td>
+      <td class="num">${seconds(t.oldest_wait_s)}</td></tr>`).join("") || `<tr><td colspan="5">no calls yet</td></tr>`;
 }
 
 function nodeCard(name) {

@@ -88,6 +88,7 @@ async def drive(
     balancer: str = "round-robin",
     ignore_eos: bool = False,
     log: Callable[[str], None] = _log,
+    headers_of: Callable[[SessionTrace], dict[str, str]] | None = None,
 ) -> list[SessionResult]:
     """One agent per session, closed loop; call i of a session goes to replica i mod R (with
     ``balancer`` "owner": always to the session's owner, so nothing is forwarded; "ingress":
@@ -97,7 +98,9 @@ async def drive(
     (the replies the engines gave count as they are), so that the simulated engines see the
     trace's prompts; a trace call that truncates the context (new tokens = prompt tokens)
     starts the conversation over. ``ignore_eos``: each reply runs to the trace's output tokens
-    (vLLM's extension), not to the simulated answer's own end. ``log`` hears the progress."""
+    (vLLM's extension), not to the simulated answer's own end. ``log`` hears the progress.
+    ``headers_of``: a session's own headers on each of its calls (its tenant's key, its
+    class)."""
     http = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=600),
         connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEP_ALIVE_S),
@@ -129,6 +132,8 @@ async def drive(
             messages.append(words.message(rng, call.prompt_tokens - size))
             size += message_tokens(messages[-1])
             headers = {"X-Talaria-Session-Id": session.session_id}
+            if headers_of is not None:
+                headers.update(headers_of(session))
             if i == last:
                 headers["X-Talaria-Session-Final"] = "true"
             url = urls[i % len(urls) if home is None else home]

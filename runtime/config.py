@@ -39,7 +39,8 @@ class ModelConfig:
 
     name: str
     engine: str
-    """An engine registered in runtime/factory.py's ``ENGINES`` (``sim``, ``vllm``)."""
+    """An engine registered in runtime/factory.py's ``ENGINES`` (``sim``, ``vllm``,
+    ``openai``: docs/upstream.md)."""
     path: str | None = None
     """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)

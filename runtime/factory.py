@@ -254,9 +254,27 @@ VLLM_PLACEABLE: dict[str, OptionKind] = {
 """The options of a vLLM model placed over HTTP: those docs/models.md and docs/deploy-h200.md
 document (any other engine argument only in the node's own TOML)."""
 
+
+def _build_upstream(site: EngineSite) -> Engine:
+    """An ``UpstreamEngine``: the model served by an OpenAI-compatible server at its ``url``
+    (runtime/engines/upstream/, docs/upstream.md)."""
+    from talaria.runtime.engines.upstream import build_upstream_engine
+
+    return build_upstream_engine(site.model.name, site.model.options, site.clock, site.config.name)
+
+
+UPSTREAM_PLACEABLE: dict[str, OptionKind] = dict.fromkeys(
+    ("url", "served_model", "sleep", "context_window", "weight_bytes", "device_bytes",
+     "staging", "rates", "timeout_s"),
+    "value",
+)  # fmt: skip
+"""The options of an upstream model placed over HTTP: all but ``api_key_env`` (a placed model
+must not choose which of the runtime's environment variables is sent to its URL)."""
+
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
     "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE),
+    "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE),
 }
 """The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
 

@@ -1,0 +1,400 @@
+"""``UpstreamEngine``: the ``Engine`` seam over an OpenAI-compatible server that runs on its
+own (``vllm serve``, SGLang, llama.cpp's server), reached over HTTP (client.py) and switched
+through its own sleep endpoints (sleep.py). docs/upstream.md says how to configure it.
+
+What it cannot know, and so reports as such:
+
+- The KV pool is the server's: ``needed_bytes`` and ``kv_floor_bytes`` are 0 (the server
+  preempts or queues when full; the node never refuses a call for memory on its behalf), and
+  ``kv_bytes`` is 0. ``session_kv`` lists the sessions it served since the server last slept
+  (their last prompt + output tokens, ``HBM``), best effort: the server's own evictions are
+  not seen. A call's cached tokens and KV source come from the server's usage
+  (``prompt_tokens_details.cached_tokens``): ``HBM`` when > 0, else ``RECOMPUTE`` for a
+  session it served before, ``NEW`` for a first call.
+- Timing is a linear rate model (options.py ``UPSTREAM_RATES``, est.), except the switch-in
+  estimate, which is the last wake it measured.
+- ``deactivate``'s ``keep_kv_on_host`` is the server's own business (its KV connector, e.g.
+  LMCache); a level-1 sleep drops the device's KV.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from talaria.core.calls import FinishReason, OutputAccumulator, OutputDelta
+from talaria.core.clock import Clock
+from talaria.core.types import (
+    CallRejected,
+    CallRequest,
+    CallResult,
+    Finished,
+    FirstToken,
+    GenerationEvent,
+    KvSource,
+    TokenDelta,
+)
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot, call_result
+from talaria.runtime.engines.upstream.client import (
+    UpstreamClient,
+    UpstreamUnavailable,
+    chat_body,
+)
+from talaria.runtime.engines.upstream.options import UpstreamOptions
+from talaria.runtime.engines.upstream.sleep import SleepControl
+from talaria.runtime.engines.vllm.chat import ChatTotals, parse_chunk
+from talaria.runtime.engines.vllm.generate import BusyMeter
+
+log = logging.getLogger(__name__)
+
+SESSIONS_KEPT = 4096
+"""Sessions whose last call the engine remembers (for ``session_kv`` and KV sources)."""
+BLOCK_TOKENS = 16
+"""Reported in ``info`` only: the server's block size is not visible over HTTP (vLLM's GPU
+default)."""
+
+
+def _finish(reason: str) -> FinishReason:
+    if reason == "tool_calls":
+        return "tool_calls"
+    return "length" if reason == "length" else "stop"
+
+
+class UpstreamEngine:
+    """One model served by an upstream server, behind the ``Engine`` protocol (see the module
+    docstring). ``await start()`` before use, ``await shutdown()`` at the end."""
+
+    def __init__(self, name: str, options: UpstreamOptions, clock: Clock, node: str) -> None:
+        self.model = name
+        self._opt = options
+        self._clock = clock
+        self._node = node
+        self._client = UpstreamClient(options)
+        self._sleep = SleepControl(options.sleep, self._client)
+        self._rates = options.rates
+        self._window = options.context_window
+        self._started = False
+        self._active = False
+        self._running = 0
+        self._staging = False
+        self._busy = BusyMeter(clock)
+        self._sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._wake_s: float | None = None
+        self._fault: str | None = None
+        """Why the last wake failed (None: it did not): the next call wakes again first."""
+        self.switches = 0
+
+    @property
+    def options(self) -> UpstreamOptions:
+        """Its options (URL, served model, sleep kind, …)."""
+        return self._opt
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Check that the server answers ``GET /v1/models`` and lists ``served_model`` (its
+        ``max_model_len`` is the context window unless given), then put it to sleep if it has
+        sleep endpoints. ``UpstreamUnavailable`` names the URL (and the models it lists)."""
+        if self._started:
+            return
+        served = self._opt.served_model
+        models = await self._client.models()
+        entry = next((m for m in models if m.get("id") == served), None)
+        if entry is None:
+            listed = ", ".join(str(m.get("id")) for m in models) or "none"
+            raise UpstreamUnavailable(
+                f"upstream {self._client.url} does not serve {served!r} (it lists: {listed}); "
+                "set served_model to one of them"
+            )
+        if self._window is None:
+            window = entry.get("max_model_len")
+            if not isinstance(window, int) or window <= 0:
+                raise UpstreamUnavailable(
+                    f"upstream {self._client.url} does not report max_model_len for {served!r}; "
+                    "set context_window in the model's options"
+                )
+            self._window = window
+        await self._sleep.put_to_sleep_at_start()
+        self._started = True
+        self._active = False
+
+    async def shutdown(self) -> None:
+        """Close the HTTP client. A server the engine put to sleep stays asleep (waking it
+        could find another server awake in its memory)."""
+        await self._sleep.stop()
+        await self._client.close()
+        self._started = False
+        self._active = False
+
+    # -- state -----------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Open for admission (``activate``)."""
+        return self._active
+
+    @property
+    def running(self) -> int:
+        """Calls admitted and not yet finished."""
+        return self._running
+
+    @property
+    def staging(self) -> bool:
+        """Weights are being (or have been) woken ahead of a switch (vLLM, ``staging``)."""
+        return self._staging and not self._active
+
+    def snapshot(self) -> EngineSnapshot:
+        """Active, running calls, staged (1 once the weights are awake ahead of a switch),
+        and the seconds during which some call was generating."""
+        staged = 1.0 if self.staging and self._sleep.weights_awake else 0.0
+        return EngineSnapshot(self.model, self._active, self._running, staged, self._busy.busy_s())
+
+    def info(self) -> EngineInfo:
+        """Kind ``openai``; switches cost when the server has sleep endpoints; its context
+        window (0 before ``start`` when not given)."""
+        return EngineInfo("openai", self._sleep.switches, BLOCK_TOKENS, None, self._window or 0)
+
+    def session_kv(self) -> dict[str, tuple[int, KvSource]]:
+        """Sessions served since the server last slept: (last prompt + output tokens,
+        ``HBM``); best effort (the module docstring says what it cannot see)."""
+        epoch = self._sleep.epoch
+        return {s: (t, KvSource.HBM) for s, (t, e) in self._sessions.items() if e == epoch}
+
+    # -- estimates -------------------------------------------------------------------------
+    @property
+    def device_bytes(self) -> float | None:
+        """The shared device's memory, if the node config gives it (``device_bytes``)."""
+        return self._opt.device_bytes
+
+    @property
+    def weight_bytes(self) -> float:
+        """What the server holds while awake (``weight_bytes``), for co-residency; 0 for a
+        server without sleep endpoints, which stays resident whatever it holds."""
+        return self._opt.weight_bytes if self._sleep.switches else 0.0
+
+    def kv_floor_bytes(self) -> float:
+        """0: the KV pool is the server's, inside what it holds awake."""
+        return 0.0
+
+    def can_activate(self) -> bool:
+        """True: the scheduler co-resides only servers whose ``weight_bytes`` fit."""
+        return True
+
+    def kv_bytes(self, tokens: int) -> float:
+        """0: the server's KV layout is not visible over HTTP."""
+        return 0.0
+
+    def needed_bytes(self, request: CallRequest) -> float:
+        """0: the server manages its own KV pool."""
+        return 0.0
+
+    def switch_in_s(self) -> float:
+        """0 when active or without sleep endpoints; ``kv_wake_s`` once the weights are
+        staged; else the last wake measured (``wake_s`` before any)."""
+        if self._active or not self._sleep.switches:
+            return 0.0
+        if self.staging and self._sleep.weights_awake:
+            return self._rates.kv_wake_s
+        return self._rates.wake_s if self._wake_s is None else self._wake_s
+
+    def kv_restore_s(self, tokens: int) -> float:
+        """``tokens × kv_restore_s_per_token`` (0 by default: a host tier is the server's)."""
+        return tokens * self._rates.kv_restore_s_per_token
+
+    def recompute_s(self, tokens: int) -> float:
+        """``tokens × prefill_s_per_token``."""
+        return tokens * self._rates.prefill_s_per_token
+
+    def _predict(self, request: CallRequest) -> tuple[KvSource, int]:
+        held = self._sessions.get(request.session_key)
+        if held is None:
+            return KvSource.NEW, 0
+        tokens, epoch = held
+        if epoch != self._sleep.epoch:
+            return KvSource.RECOMPUTE, 0
+        return KvSource.HBM, max(0, min(tokens, request.prompt_tokens - 1))
+
+    def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
+        """Uncached prompt tokens × ``prefill_s_per_token`` + expected output × the decode step
+        at the current batch (``RateModel``), the cached prefix predicted from its session."""
+        _, cached = self._predict(request)
+        prefill = max(0, request.prompt_tokens - cached) * self._rates.prefill_s_per_token
+        return prefill + expected_output_tokens * self.decode_step_s(self._running + 1, 0)
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """``decode_step_s + (batch − 1) × decode_step_s_per_seq`` (``RateModel``)."""
+        r = self._rates
+        return r.decode_step_s + max(0, batch - 1) * r.decode_step_s_per_seq
+
+    # -- admission and generation ----------------------------------------------------------
+    def try_admit(
+        self, request: CallRequest, arrival_s: float, sp_admitted: bool
+    ) -> Admission | None:
+        """Admit whenever active (the server owns the KV memory)."""
+        if not self._active:
+            raise RuntimeError(f"engine {self.model} is not active")
+        source, cached = self._predict(request)
+        self._running += 1
+        return Admission(request, arrival_s, self._clock.now(), sp_admitted, source, cached)
+
+    async def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+        """Send the call to the server and stream its answer: ``FirstToken`` (with the
+        admission's predicted cache), ``TokenDelta``s for a streaming call (one per chunk),
+        then ``Finished`` with the server's usage. Closed early, the HTTP stream closes."""
+        events = self._generate(admission)
+        try:
+            async for event in events:
+                yield event
+        finally:
+            self._running -= 1
+            await events.aclose()
+
+    async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
+        request = admission.request
+        call = request.call
+        if call is None or call.messages is None:
+            raise CallRejected(
+                "invalid_value",
+                f"Model {self.model} is served by an upstream chat server: it takes chat "
+                "messages only (no text prompt or replayed trace entry).",
+                param="prompt",
+            )
+        if self._fault is not None:  # the slot's wake failed: try once more, else fail
+            try:
+                await self._sleep.wake()
+            except UpstreamUnavailable as exc:
+                raise UpstreamUnavailable(f"{self.model}: not awake: {exc}") from exc
+            self._fault = None
+        limited = call.max_output_tokens is not None or request.output_tokens is not None
+        limit = request.output_tokens or request.max_output_tokens
+        body = chat_body(call, self._opt.served_model, limit if limited else None)
+        totals = ChatTotals()
+        output = OutputAccumulator()
+        first_s: float | None = None
+        chunks = 0
+        finish: FinishReason = "stop"
+        self._busy.begin()
+        try:
+            async with contextlib.aclosing(self._client.stream_chat(body)) as stream:
+                async for data in stream:
+                    try:
+                        chunk = parse_chunk(data, totals)
+                    except CallRejected:
+                        raise
+                    except RuntimeError as exc:  # an error chunk that is not the caller's
+                        raise UpstreamUnavailable(f"upstream {self._client.url}: {exc}") from exc
+                    if chunk is None:
+                        continue
+                    if chunk.finish_reason is not None:
+                        finish = _finish(chunk.finish_reason)
+                    if chunk.delta.empty:
+                        continue
+                    now = self._clock.now()
+                    output.add(chunk.delta)
+                    chunks += 1
+                    if first_s is None:
+                        first_s = now
+                        yield FirstToken(
+                            now, admission.cached_tokens, admission.kv_source, chunk.delta
+                        )
+                    elif request.stream:
+                        yield TokenDelta(now, max(1, len(chunk.token_ids)), chunk.delta)
+        finally:
+            self._busy.end()
+        if first_s is None:  # an empty reply: its first (and last) token is the end
+            first_s = self._clock.now()
+            yield FirstToken(first_s, admission.cached_tokens, admission.kv_source, OutputDelta())
+        yield Finished(self._result(admission, totals, first_s, output, finish, chunks))
+
+    def _result(
+        self,
+        admission: Admission,
+        totals: ChatTotals,
+        first_s: float,
+        output: OutputAccumulator,
+        finish: FinishReason,
+        chunks: int,
+    ) -> CallResult:
+        """The call's result from the server's usage (chunks counted where it sent none); the
+        session's prompt + output tokens are remembered at the current sleep epoch."""
+        request = admission.request
+        cached = totals.cached_tokens
+        prompt = totals.prompt_tokens or request.prompt_tokens
+        out_tokens = totals.completion_tokens or chunks
+        held = self._sessions.pop(request.session_key, None)
+        if cached > 0:
+            source = KvSource.HBM
+        else:
+            source = KvSource.NEW if held is None else KvSource.RECOMPUTE
+        recomputed = min(held[0], prompt) if held is not None and cached == 0 else 0
+        self._sessions[request.session_key] = (prompt + out_tokens, self._sleep.epoch)
+        while len(self._sessions) > SESSIONS_KEPT:
+            self._sessions.popitem(last=False)
+        return call_result(
+            admission,
+            self._node,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            output_tokens=out_tokens,
+            first_token_s=first_s,
+            finished_s=self._clock.now(),
+            kv_source=source,
+            recomputed_tokens=recomputed,
+            output=output.output(finish),
+        )
+
+    # -- switching -------------------------------------------------------------------------
+    async def activate(self) -> float:
+        """Open for admission: wake the server (sleep.py; only its KV pool if the weights
+        were staged); without sleep endpoints a gate, ~0 s. Returns the seconds it took (the
+        next ``switch_in_s`` estimate). A failed wake does not raise (the node would retry the
+        switch without end while its calls wait): it is logged, the engine opens, and each call
+        tries the wake again first, failing with ``UpstreamUnavailable`` (a 503) if it fails."""
+        start = self._clock.now()
+        if self._sleep.switches:
+            try:
+                await self._sleep.wake()
+                self._fault = None
+            except UpstreamUnavailable as exc:  # its calls fail fast (503) rather than wait
+                log.warning("%s: wake failed: %s", self.model, exc)
+                self._fault = str(exc)
+            if not self._staging and self._fault is None:
+                self._wake_s = self._clock.now() - start
+        self._staging = False
+        self._active = True
+        self.switches += 1
+        return self._clock.now() - start
+
+    async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
+        """Close for admission once drained, and put the server to sleep (vLLM's
+        ``/sleep?level=1``, SGLang's ``/release_memory_occupation``); without sleep endpoints a
+        gate. ``keep_kv_on_host`` / ``keep_host_weight_copy`` are the server's business (its
+        KV connector; vLLM's level-1 sleep keeps the weights in host memory). A failed sleep is
+        logged, not raised: the switch goes on."""
+        if self._running:
+            raise RuntimeError(f"deactivating {self.model} with {self._running} calls running")
+        start = self._clock.now()
+        self._active = False
+        self._staging = False
+        try:
+            await self._sleep.sleep()
+        except UpstreamUnavailable as exc:  # the node goes on; the next wake may then fail
+            log.warning("%s: sleep failed: %s", self.model, exc)
+        return self._clock.now() - start
+
+    def start_staging(self) -> bool:
+        """With ``staging`` (vLLM only): wake the weights in the background ahead of the
+        switch; False otherwise."""
+        if not self._opt.staging or self._active or self._staging or not self._started:
+            return False
+        self._staging = True
+        self._sleep.spawn(self._sleep.stage())
+        return True
+
+    def cancel_staging(self) -> None:
+        """Stop staging; weights already woken go back to sleep (in the background)."""
+        if not self._staging:
+            return
+        self._staging = False
+        if not self._active:
+            self._sleep.spawn(self._sleep.unstage())

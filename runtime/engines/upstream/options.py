@@ -1,0 +1,131 @@
+"""The options of an ``engine = "openai"`` model (a node TOML's ``[[model]]``), checked once
+when the node is built: a bad value is a ``NodeConfigError`` naming the model and the option."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from talaria.runtime.config import NodeConfigError
+from talaria.runtime.engines.vllm.options import RateModel
+
+SleepKind = Literal["vllm", "sglang", "none"]
+SLEEP_KINDS: tuple[SleepKind, ...] = ("vllm", "sglang", "none")
+
+UPSTREAM_RATES = RateModel(
+    prefill_s_per_token=2e-5,
+    decode_step_s=2e-2,
+    decode_step_s_per_seq=5e-4,
+    wake_s=5.0,
+    kv_wake_s=1.0,
+    kv_restore_s_per_token=0.0,
+)
+"""Assumed timings of an upstream server until measured, for the SP budget and status only
+(est., a mid-sized model on one GPU: 50k prompt tokens/s of prefill, a 20 ms decode step +
+0.5 ms per other running sequence, a ~5 s wake from level-1 sleep, ~1 s to wake only the KV
+pool after the weights were staged). A node TOML's ``rates = {...}`` overrides any field;
+``activate`` replaces ``wake_s`` by the last wake it measured."""
+
+
+@dataclass(frozen=True)
+class UpstreamOptions:
+    """How an ``UpstreamEngine`` reaches and drives its server."""
+
+    url: str
+    """The server's OpenAI base URL, normalised to end in ``/v1`` (``base``: without it)."""
+    served_model: str
+    """The model name the server serves (``/v1/models``), sent as each request's ``model``."""
+    api_key: str | None = None
+    """The bearer key read from ``api_key_env`` at build time (None: no Authorization)."""
+    sleep: SleepKind = "none"
+    """Which sleep / wake endpoints the server has (sleep.py)."""
+    context_window: int | None = None
+    """Given, or read from ``/v1/models`` (``max_model_len``) at start."""
+    weight_bytes: float = 0.0
+    """What the server holds of the device while awake (weights and KV pool), for the node's
+    co-residency accounting; 0: unknown (the node then keeps it resident beside the others)."""
+    device_bytes: float | None = None
+    """The memory of the device the node's upstream servers share (one GPU's); with every
+    engine of the node giving it, co-residency fits their ``weight_bytes`` into it."""
+    staging: bool = False
+    """``sleep = "vllm"`` only: wake the weights ahead of a switch (``/wake_up?tags=weights``)
+    while the outgoing server is still awake. Off by default: the engine cannot see the
+    device's free memory, so only the operator knows that both fit."""
+    rates: RateModel = field(default_factory=lambda: UPSTREAM_RATES)
+    timeout_s: float = 600.0
+    """The longest wait for any one upstream read (a chunk of a stream, a sleep or a wake)."""
+
+    @property
+    def base(self) -> str:
+        """The server's root (where vLLM's and SGLang's sleep endpoints are)."""
+        return self.url.removesuffix("/v1")
+
+
+def normalise_url(url: str) -> str:
+    """``http://host:port``, ``…/`` or ``…/v1/`` → ``http://host:port/v1``."""
+    url = url.strip().rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _number(name: str, model: str, value: Any, *, integer: bool = False) -> float:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    if not ok or (integer and not isinstance(value, int)):
+        kind = "a positive integer" if integer else "a positive number"
+        raise NodeConfigError(f"model {model}: {name} must be {kind}, not {value!r}")
+    return float(value)
+
+
+def _window(model: str, value: Any) -> int:
+    return int(_number("context_window", model, value, integer=True))
+
+
+KNOWN = frozenset(
+    {"url", "served_model", "api_key_env", "sleep", "context_window", "weight_bytes",
+     "device_bytes", "staging", "rates", "timeout_s"}
+)  # fmt: skip
+
+
+def upstream_options(model: str, options: Mapping[str, Any]) -> UpstreamOptions:
+    """The ``[[model]]`` options of an upstream model (``model``: its name), checked."""
+    unknown = sorted(set(options) - KNOWN)
+    if unknown:
+        raise NodeConfigError(
+            f"model {model}: unknown option(s) {', '.join(unknown)} for engine 'openai' "
+            f"(known: {', '.join(sorted(KNOWN))})"
+        )
+    url = options.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise NodeConfigError(f"model {model}: engine 'openai' needs a 'url' (http[s]://…)")
+    sleep = options.get("sleep", "none")
+    if sleep not in SLEEP_KINDS:
+        raise NodeConfigError(f"model {model}: sleep must be one of {SLEEP_KINDS}, not {sleep!r}")
+    key_env = options.get("api_key_env")
+    api_key = None
+    if key_env is not None:
+        api_key = os.environ.get(str(key_env))
+        if not api_key:
+            raise NodeConfigError(f"model {model}: api_key_env {key_env!r} is not set")
+    window = options.get("context_window")
+    rates = options.get("rates") or {}
+    if not isinstance(rates, Mapping):
+        raise NodeConfigError(f"model {model}: rates must be a table of RateModel fields")
+    try:
+        rate_model = RateModel(**{**UPSTREAM_RATES.__dict__, **rates})
+    except TypeError as exc:
+        raise NodeConfigError(f"model {model}: rates: {exc}") from exc
+    device = options.get("device_bytes")
+    weights = options.get("weight_bytes")
+    return UpstreamOptions(
+        url=normalise_url(url),
+        served_model=str(options.get("served_model") or model),
+        api_key=api_key,
+        sleep=sleep,
+        context_window=None if window is None else _window(model, window),
+        weight_bytes=0.0 if weights is None else _number("weight_bytes", model, weights),
+        device_bytes=None if device is None else _number("device_bytes", model, device),
+        staging=bool(options.get("staging", False)) and sleep == "vllm",
+        rates=rate_model,
+        timeout_s=_number("timeout_s", model, options.get("timeout_s", 600.0)),
+    )  # fmt: skip

@@ -1,5 +1,5 @@
 """API keys: from ``TALARIA_API_KEYS`` (tenant "default") or hashed in the store (their tenant,
-with the key's priority and weight: a ``Caller``).
+with the key's priority, weight and rate limits: a ``Caller``).
 
 Key mode, read live. While no key exists the proxy is *open*: it serves loopback callers with
 any key (tenant "local"), or every caller with ``allow_open`` (``--allow-open``). Whether a key
@@ -133,8 +133,8 @@ class Authenticator:
         return (await self.caller(authorization, client_host)).tenant_id
 
     async def caller(self, authorization: str | None, client_host: str | None) -> Caller:
-        """The caller (its tenant, its key's priority and weight), or raise a 401 (or, store
-        down, 503) ``ApiError``."""
+        """The caller (its tenant, its key's priority, weight and rate limits), or raise a 401
+        (or, store down, 503) ``ApiError``."""
         if await self._is_open():
             if self._allow_open or client_host in LOCAL_HOSTS:
                 return LOCAL

@@ -18,6 +18,7 @@ from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.callpath.bounds import check_structure
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.limiter import RateLimiter
 from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
@@ -48,6 +49,8 @@ class ProxyContext:
     """This replica's peers, when several share the database (proxy/cluster/)."""
     placement: PlacementLoop | None = None
     """The placement controller, with a model library (proxy/placement/loop.py)."""
+    limits: RateLimiter | None = None
+    """The API keys' rate limits (proxy/callpath/limiter.py)."""
 
 
 def context(request: Request) -> ProxyContext:

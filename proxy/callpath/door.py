@@ -12,7 +12,14 @@ from fastapi import Request
 from talaria.proxy.callpath.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
-from talaria.proxy.contract.calls import ApiCall, Caller, CallHandle, PreparedCall, Share
+from talaria.proxy.contract.calls import (
+    ApiCall,
+    Caller,
+    CallHandle,
+    PreparedCall,
+    RateLimits,
+    Share,
+)
 from talaria.proxy.contract.errors import ApiError, unavailable, unknown_model
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.placement.loop import ColdStartFailed
@@ -95,6 +102,12 @@ def _share(request: Request, tenant: str, identity: Identity) -> Share:
     return Share(identity.priority or key.priority, key.weight, identity.deadline_s)
 
 
+def _limits(request: Request, tenant: str) -> RateLimits | None:
+    """The rate limits of the call's key (``read_body``'s caller); None: not limited."""
+    caller: Caller | None = getattr(request.state, "caller", None)
+    return caller.limits if caller is not None and caller.tenant_id == tenant else None
+
+
 def _placement_key(
     request: Request,
     ctx: ProxyContext,
@@ -166,28 +179,37 @@ async def open_call(
 ) -> tuple[CallHandle, dict[str, str]]:
     """Start the call its dialect parsed (after ``read_body``): its session's identity (400 if
     malformed), its place (with replicas, forwarded to the owner of a session its body
-    identifies), its model, then the gateway. Returns its handle and the headers of the
-    reply."""
+    identifies), its key's rate limits (429; counted here, given back if it is refused before
+    it runs: proxy/callpath/limiter.py), its model, then the gateway. Returns its handle and
+    the headers of the reply."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
     call = parsed.content
     key = _placement_key(request, ctx, tenant, identity, call.messages)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
-    await ensure_model(ctx, call.model)
-    prepared = PreparedCall(
-        request_id=request.state.request_id,
-        tenant_id=tenant,
-        identity=identity,
-        api=parsed.api,
-        content=call,
-        max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
-        extra_records=parsed.extra_records,
-        route_key=key if ctx.cluster is not None else None,
-        format_param=parsed.format_param,
-        share=_share(request, tenant, identity),
-    )
-    handle = await ctx.gateway.open_call(prepared)
+    limiter = ctx.limits
+    ticket = limiter.admit(_limits(request, tenant)) if limiter is not None else None  # or 429
+    try:
+        await ensure_model(ctx, call.model)
+        prepared = PreparedCall(
+            request_id=request.state.request_id,
+            tenant_id=tenant,
+            identity=identity,
+            api=parsed.api,
+            content=call,
+            max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
+            extra_records=parsed.extra_records,
+            route_key=key if ctx.cluster is not None else None,
+            format_param=parsed.format_param,
+            share=_share(request, tenant, identity),
+            on_finished=limiter.on_finished(ticket) if limiter is not None else None,
+        )
+        handle = await ctx.gateway.open_call(prepared)
+    except BaseException:
+        if limiter is not None:
+            limiter.release(ticket)  # refused before it ran: not counted
+        raise
     request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge/http.py)
     headers = {
         "x-talaria-session-id": handle.session_id,

@@ -201,7 +201,8 @@ class CallRunner:
 
     def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the
-        session's reservation or end. Returns the sequence number of its last record."""
+        session's reservation or end, then its ``on_finished``. Returns the sequence number of
+        its last record."""
         finished_at = datetime.now(UTC)
         call, found = run.call, run.found
         self._keeper.replied(
@@ -211,6 +212,8 @@ class CallRunner:
         self._keeper.after_call(
             call, found.state, outcome.instance, outcome.output, finished_at, found.thread
         )
+        if call.on_finished is not None:
+            call.on_finished(outcome)
         return self._recorder.last_seq
 
     def _fail(self, run: RunningCall, error: BaseException | str) -> None:

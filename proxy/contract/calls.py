@@ -62,13 +62,26 @@ class Share:
 
 
 @dataclass(frozen=True)
+class RateLimits:
+    """An API key's rate limits (``talaria keys create --rpm --tpm``): the calls it may start
+    and the tokens (prompt + output) its calls may use per minute, counted by the key's id
+    across replicas (proxy/callpath/limiter.py); None: that one is not limited."""
+
+    key_id: str
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+@dataclass(frozen=True)
 class Caller:
-    """Who sends a call, as its API key says (proxy/callpath/auth.py): its tenant, and the
-    share its calls get unless their headers say otherwise (``talaria keys create --priority
-    --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1)."""
+    """Who sends a call, as its API key says (proxy/callpath/auth.py): its tenant, the share
+    its calls get unless their headers say otherwise (``talaria keys create --priority
+    --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1), and its key's rate
+    limits (None: a key without any, ``TALARIA_API_KEYS`` and open mode)."""
 
     tenant_id: str
     share: Share = Share()
+    limits: RateLimits | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,9 @@ class PreparedCall:
     """Where the dialect carries a response format (``ApiCall.format_param``)."""
     share: Share = Share()
     """Its terms in the node's fair queue: its key's, its headers' over them."""
+    on_finished: Callable[[CallOutcome], None] | None = None
+    """Told the call's outcome when it finishes (its key's rate limits count its tokens:
+    proxy/callpath/limiter.py); not when it fails or is cancelled."""
 
     @property
     def model(self) -> str:

@@ -82,6 +82,19 @@ def too_many_requests(limit: int) -> ApiError:
     )
 
 
+def rate_limited(limit: str, value: int, retry_after_s: float) -> ApiError:
+    """A 429 for a key past one of its per-minute limits (``limit``: ``requests`` or
+    ``tokens``), ``Retry-After`` when its minute ends (proxy/callpath/limiter.py)."""
+    return ApiError(
+        429,
+        f"Rate limit reached for this key: {value} {limit} per minute. Retry when the "
+        "minute ends (Retry-After).",
+        type="rate_limit_error",
+        code="rate_limit_exceeded",
+        retry_after_s=retry_after_s,
+    )
+
+
 def too_many_sessions(limit: int, retry_after_s: float) -> ApiError:
     """A call that would open a session past the tenant's live sessions (continuations of
     live sessions are never refused)."""

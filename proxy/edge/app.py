@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -53,19 +54,23 @@ def create_app(
     clock: Clock | None = None,
     dialects: Sequence[Dialect] = DIALECTS,
     call_lanes: bool = True,
+    wall_clock: Callable[[], float] = time.time,
 ) -> FastAPI:
     """The proxy. Without ``runtimes`` it builds the embedded simulated node(s) of
     ``settings``; without ``clock`` it uses the loop's time × ``settings.time_scale``;
     ``dialects``: the APIs it speaks (proxy/dialects/registry.py); ``call_lanes``: their
     call routes served around FastAPI's routing (proxy/edge/lanes.py; False: through it, as the
-    lanes' equivalence test compares)."""
+    lanes' equivalence test compares); ``wall_clock``: seconds since the epoch, whose UTC minutes
+    are the API keys' rate limit windows (a test's fixed time)."""
     cfg = settings or ProxySettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         life = Lifecycle()
         the_clock = clock or LoopClock(cfg.time_scale)
-        declare(life, cfg, runtimes=runtimes, clock=the_clock, dialects=dialects)
+        declare(
+            life, cfg, runtimes=runtimes, clock=the_clock, dialects=dialects, wall_clock=wall_clock
+        )
         parts = await life.start()  # each service after what it needs (proxy/edge/services.py)
         app.state.talaria = context_of(cfg, parts)
         app.state.dialect_services = parts.get("dialects", dict)

@@ -4,6 +4,7 @@ them in that order and stops them in the reverse one):
 | service | its part | needs | stops by |
 |---|---|---|---|
 | ``store`` | the store, its writer and dead letters (``StoreService``) | | closing it, last |
+| ``limits`` | the API keys' rate limits, synced with the store | store | its last flush |
 | ``metrics`` | the proxy's metrics | | |
 | ``catalog`` | the model catalog | | |
 | ``runtimes`` | the runtime clients, started | catalog | closing them |
@@ -19,7 +20,8 @@ them in that order and stops them in the reverse one):
 
 So on SIGTERM the stale-session sweep and the watchdog stop, the gateway and the writer drain
 (``shutdown``), then placement, the replica's membership, the dialects' services and the
-runtime clients close, and the store last. :func:`context_of` is what the routes reach.
+runtime clients close, the rate limits flush their last counts (the drained calls' tokens
+too), and the store closes last. :func:`context_of` is what the routes reach.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -37,6 +40,7 @@ from talaria.core.placement import PlacementConfig
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.callpath.context import ProxyContext
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.limiter import RateLimiter
 from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.handoff import AdoptableSession
@@ -65,13 +69,25 @@ def declare(
     runtimes: Sequence[RuntimeClient] | None,
     clock: Clock,
     dialects: Sequence[Dialect],
+    wall_clock: Callable[[], float] = time.time,
 ) -> None:
     """Declare the proxy's services (module docstring) on ``life``: ``runtimes`` given (a test's)
-    or built from the settings (HTTP runtimes, else the embedded simulated nodes)."""
+    or built from the settings (HTTP runtimes, else the embedded simulated nodes);
+    ``wall_clock``: seconds since the epoch, the rate limits' minutes."""
     metrics = ProxyMetrics()
 
     async def store(_: Parts) -> StoreService:
         return await StoreService.open(cfg)
+
+    async def limits(parts: Parts) -> RateLimiter:
+        usage = parts.get("store", StoreService).store.usage
+        made = RateLimiter(usage, sync_s=cfg.rate_sync_s, clock=wall_clock)
+        await made.start()  # the minute's totals, read once before serving
+        return made
+
+    async def close_limits(part: object) -> None:
+        assert isinstance(part, RateLimiter)
+        await part.close()
 
     async def catalog(_: Parts) -> Catalog:
         try:
@@ -214,6 +230,7 @@ def declare(
                 await part
 
     life.add("store", store, close_store)
+    life.add("limits", limits, close_limits, needs=("store",))  # stops after the drain
     life.add("catalog", catalog)
     life.add("runtimes", clients, close_clients, needs=("catalog",))
     life.add("gateway", gateway, needs=("store", "runtimes", "catalog"))
@@ -250,6 +267,7 @@ def context_of(cfg: ProxySettings, parts: Parts) -> ProxyContext:
         watchdog=parts.get("watchdog", LoopWatchdog),
         cluster=parts.optional("cluster", Cluster),
         placement=parts.optional("placement", PlacementLoop),
+        limits=parts.get("limits", RateLimiter),
     )
 
 

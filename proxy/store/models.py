@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -87,7 +88,8 @@ class Tenant(Base):
 class ApiKey(Base):
     """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters;
     with the priority its calls get unless a header says otherwise and its tenant's share
-    weight in the node's fair queue (``talaria keys create --priority --weight``)."""
+    weight in the node's fair queue (``talaria keys create --priority --weight``), and its rate
+    limits (``--rpm --tpm``)."""
 
     __tablename__ = "api_keys"
 
@@ -99,6 +101,23 @@ class ApiKey(Base):
     revoked_at: Mapped[datetime | None]
     priority: Mapped[str] = mapped_column(String, server_default="standard")
     weight: Mapped[float] = mapped_column(Float, server_default=text("1.0"))
+    rpm: Mapped[int | None] = mapped_column(Integer)
+    """Calls per minute (``--rpm``); None: no limit."""
+    tpm: Mapped[int | None] = mapped_column(Integer)
+    """Prompt + output tokens per minute (``--tpm``); None: no limit."""
+
+
+class KeyUsage(Base):
+    """A rate-limited key's calls and tokens in one minute (``window_start``, UTC), summed over
+    the replicas: each adds its own counts every ``TALARIA_RATE_SYNC_S`` (proxy/store/usage.py);
+    rows of past minutes are deleted."""
+
+    __tablename__ = "key_usage"
+
+    key_id: Mapped[str] = mapped_column(String, primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(primary_key=True)
+    requests: Mapped[int] = mapped_column(Integer)
+    tokens: Mapped[int] = mapped_column(BigInteger)
 
 
 class SessionRow(Base):

@@ -7,6 +7,7 @@ in its own module, for everything read or written outside those batches:
 - ``sessions`` (sessions.py): sessions, calls, routing decisions, reservations and hints;
 - ``cluster`` (cluster.py): replicas sharing the database, runtime instances, drains;
 - ``tenants`` (tenants.py): tenants and API keys;
+- ``usage`` (usage.py): the rate-limited keys' calls and tokens per minute;
 - ``dead_letters`` (deadletters.py): records the database refused.
 
 A caller that needs one group takes just that object (``Membership`` takes ``cluster``).
@@ -26,6 +27,7 @@ from talaria.proxy.store.deadletters import DeadLetterTable
 from talaria.proxy.store.health import SqliteFileGuard, is_content_error
 from talaria.proxy.store.sessions import SessionTables
 from talaria.proxy.store.tenants import TenantTables
+from talaria.proxy.store.usage import UsageTable
 
 
 class SqlStore:
@@ -43,6 +45,7 @@ class SqlStore:
         self.sessions = SessionTables(sessionmaker)
         self.cluster = ClusterTables(sessionmaker)
         self.tenants = TenantTables(sessionmaker)
+        self.usage = UsageTable(sessionmaker)
         self.dead_letters = DeadLetterTable(sessionmaker, guard)
 
     @property

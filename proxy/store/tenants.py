@@ -1,8 +1,8 @@
 """``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
 SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
-A key also holds its calls' default priority and its tenant's share weight.
-proxy/callpath/auth.py checks keys against them, ``talaria keys`` (talaria/cli/keys.py)
-manages them."""
+A key also holds its calls' default priority, its tenant's share weight and its rate limits
+(calls and tokens per minute). proxy/callpath/auth.py checks keys against them, ``talaria
+keys`` (talaria/cli/keys.py) manages them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 
 from talaria.core.protocol import MAX_TENANT_WEIGHT
 from talaria.core.types import Priority
-from talaria.proxy.contract.calls import Caller, Share
+from talaria.proxy.contract.calls import Caller, RateLimits, Share
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import ApiKey, Tenant
@@ -45,6 +45,23 @@ def key_share(priority: str = Priority.STANDARD, weight: float = 1.0) -> Share:
     return Share(known, float(weight))
 
 
+MAX_RATE_LIMIT = 2**31 - 1
+"""The largest ``--rpm`` or ``--tpm`` (the columns are 32-bit integers)."""
+
+
+def key_limit(name: str, value: int | None) -> int | None:
+    """A key's rate limit ``name`` (``rpm``, ``tpm``) as given: None (no limit) or a whole
+    number in [1, :data:`MAX_RATE_LIMIT`]; ``ValueError`` naming the fault otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_RATE_LIMIT:
+        raise ValueError(
+            f"{name} must be a whole number from 1 to {MAX_RATE_LIMIT} (got {value!r}); "
+            "leave it out for no limit"
+        )
+    return value
+
+
 class TenantTables(TableGroup):
     """Tenants by name; API keys created, looked up, listed, revoked and deleted."""
 
@@ -67,13 +84,21 @@ class TenantTables(TableGroup):
             return tenant_id
 
     async def create_api_key(
-        self, tenant_id: str, *, priority: str = Priority.STANDARD, weight: float = 1.0
+        self,
+        tenant_id: str,
+        *,
+        priority: str = Priority.STANDARD,
+        weight: float = 1.0,
+        rpm: int | None = None,
+        tpm: int | None = None,
     ) -> str:
         """A new key for ``tenant_id`` whose calls are ``priority`` unless a header says
-        otherwise, its tenant weighing ``weight`` in the node's fair queue: the plaintext is
-        returned here, once; only its hash is stored. ``ValueError`` if the tenant does not
-        exist, or the priority or weight is not one (:func:`key_share`)."""
+        otherwise, its tenant weighing ``weight`` in the node's fair queue, limited to ``rpm``
+        calls and ``tpm`` tokens a minute (None: not limited): the plaintext is returned here,
+        once; only its hash is stored. ``ValueError`` if the tenant does not exist, or the
+        priority, weight or a limit is not one (:func:`key_share`, :func:`key_limit`)."""
         share = key_share(priority, weight)
+        rpm, tpm = key_limit("rpm", rpm), key_limit("tpm", tpm)
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
         async with self._sessionmaker() as db, db.begin():
             if await db.get(Tenant, tenant_id) is None:
@@ -88,6 +113,8 @@ class TenantTables(TableGroup):
                     revoked_at=None,
                     priority=share.priority.value,
                     weight=share.weight,
+                    rpm=rpm,
+                    tpm=tpm,
                 )
             )
         return plaintext
@@ -99,21 +126,23 @@ class TenantTables(TableGroup):
 
     async def caller_for_key(self, plaintext: str) -> Caller | None:
         """The caller of an unrevoked key: its tenant, with the key's priority and weight
-        (a priority the store holds but this version does not know reads as ``standard``);
-        None if there is no such key."""
-        query = select(ApiKey.tenant_id, ApiKey.priority, ApiKey.weight).where(
+        (a priority the store holds but this version does not know reads as ``standard``) and
+        its rate limits (None when it has neither); None if there is no such key."""
+        columns = (ApiKey.id, ApiKey.tenant_id, ApiKey.priority, ApiKey.weight)
+        query = select(*columns, ApiKey.rpm, ApiKey.tpm).where(
             ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
         )
         async with self._sessionmaker() as db:
             row = (await db.execute(query)).first()
         if row is None:
             return None
-        tenant_id, priority, weight = row
+        key_id, tenant_id, priority, weight, rpm, tpm = row
         try:
             known = Priority(priority)
         except ValueError:
             known = Priority.STANDARD
-        return Caller(tenant_id, Share(known, float(weight)))
+        limits = None if rpm is None and tpm is None else RateLimits(key_id, rpm, tpm)
+        return Caller(tenant_id, Share(known, float(weight)), limits)
 
     async def tenant_names(self) -> dict[str, str]:
         """Every tenant's name by its id."""

@@ -102,6 +102,10 @@ class ApiKeyInfo:
     ``batch``)."""
     weight: float = 1.0
     """Its tenant's share weight in the node's fair queue, in (0, 100]."""
+    rpm: int | None = None
+    """Calls per minute; None: no limit."""
+    tpm: int | None = None
+    """Prompt + output tokens per minute; None: no limit."""
     tenant_name: str = ""
     deleted: bool = False
     """Deleted keys are tombstones: their row stays (so "a key existed" is never forgotten),

@@ -13,7 +13,7 @@ from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
-from talaria.proxy.store.tenants import TenantTables, key_share
+from talaria.proxy.store.tenants import MAX_RATE_LIMIT, TenantTables, key_limit, key_share
 
 T = TypeVar("T")
 
@@ -72,6 +72,13 @@ def _checked_weight(value: float) -> float:
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _checked_limit(ctx: typer.Context, param: typer.CallbackParam, value: int | None) -> int | None:
+    try:
+        return key_limit(param.name or "limit", value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
 @keys_app.command()
 def create(
     tenant: Annotated[str, typer.Option(help="Tenant name (created if new).")] = "default",
@@ -92,14 +99,35 @@ def create(
             callback=_checked_weight,
         ),
     ] = 1.0,
+    rpm: Annotated[
+        int | None,
+        typer.Option(
+            help="Calls the key may start per minute (UTC minutes, counted across replicas); "
+            f"1 to {MAX_RATE_LIMIT}; past it a call gets 429 with Retry-After. Default: no "
+            "limit.",
+            callback=_checked_limit,
+        ),
+    ] = None,
+    tpm: Annotated[
+        int | None,
+        typer.Option(
+            help="Tokens (prompt + output, counted as each call ends) the key's calls may use "
+            f"per minute; 1 to {MAX_RATE_LIMIT}; once reached, new calls get 429 with "
+            "Retry-After. Default: no limit.",
+            callback=_checked_limit,
+        ),
+    ] = None,
     url: UrlOpt = None,
 ) -> None:
-    """Create a key for TENANT and print it once (only its hash is stored). A bad --priority or
-    --weight is refused (exit 2) before the store is touched: nothing is created."""
+    """Create a key for TENANT and print it once (only its hash is stored). A bad --priority,
+    --weight, --rpm or --tpm is refused (exit 2) before the store is touched: nothing is
+    created."""
 
     async def action(store: TenantTables) -> str:
         tenant_id = await store.create_tenant(tenant)
-        return await store.create_api_key(tenant_id, priority=priority, weight=weight)
+        return await store.create_api_key(
+            tenant_id, priority=priority, weight=weight, rpm=rpm, tpm=tpm
+        )
 
     key = _with_store(url, action)
     typer.echo(key)
@@ -112,17 +140,22 @@ def list_keys(
         bool, typer.Option("--all", help="Show deleted keys too (marked 'deleted').")
     ] = False,
 ) -> None:
-    """List keys: id, tenant name, prefix, priority, weight, created, revoked (deleted keys only
-    with --all)."""
+    """List keys: id, tenant name, prefix, priority, weight, rpm, tpm ('-': no limit), created,
+    revoked (deleted keys only with --all)."""
     infos = _with_store(url, lambda store: store.list_api_keys(include_deleted=all_keys))
     for info in infos:
         revoked = info.revoked_at.isoformat() if info.revoked_at else "-"
         deleted = "  deleted" if info.deleted else ""
         typer.echo(
             f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  priority={info.priority}  "
-            f"weight={info.weight:g}  created={info.created_at.isoformat()}  "
+            f"weight={info.weight:g}  rpm={_limit(info.rpm)}  tpm={_limit(info.tpm)}  "
+            f"created={info.created_at.isoformat()}  "
             f"revoked={revoked}{deleted}"
         )
+
+
+def _limit(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @keys_app.command(

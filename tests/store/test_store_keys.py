@@ -1,6 +1,6 @@
 """API keys in the store, on both backends: deleting (a tombstone), tenant names in listings, a
-restart after revoking or deleting every key, the ``talaria keys`` commands; and the SQLite
-file's mode."""
+restart after revoking or deleting every key, the ``talaria keys`` commands (a key's priority,
+weight and rate limits among them); and the SQLite file's mode."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from talaria.cli.keys import keys_app
 from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import Authenticator
-from talaria.proxy.contract.calls import Caller, Share
+from talaria.proxy.contract.calls import Caller, RateLimits, Share
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.store.db import data_dir, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
@@ -291,3 +291,46 @@ def test_the_data_dir_is_created_private(tmp_path: Path, monkeypatch: pytest.Mon
     assert _mode(target) == 0o700
     target.chmod(0o750)
     assert data_dir() == target and _mode(target) == 0o750  # an existing one is left alone
+
+
+def test_keys_create_refuses_a_bad_rate_limit_and_creates_nothing(db_url: str) -> None:
+    for bad, named in (
+        (["--rpm", "0"], "--rpm"),
+        (["--rpm", "-1"], "--rpm"),
+        (["--tpm", "0"], "--tpm"),
+        (["--tpm", "-500"], "--tpm"),
+        (["--rpm", "2147483648"], "--rpm"),  # past the 32-bit column
+        (["--rpm", "1.5"], "--rpm"),
+        (["--rpm", "60", "--tpm", "0"], "--tpm"),
+    ):
+        refused = runner.invoke(keys_app, ["create", "--tenant", "acme", *bad, "--url", db_url])
+        assert refused.exit_code == 2, (bad, refused.output)
+        shown = " ".join(refused.output.replace("│", " ").split())
+        assert f"Invalid value for '{named}'" in shown, (bad, shown)
+        assert "tk-" not in refused.output
+    zero = runner.invoke(keys_app, ["create", "--rpm", "0", "--url", db_url])
+    shown = " ".join(zero.output.replace("│", " ").split())
+    assert "rpm must be a whole number from 1 to 2147483647 (got 0)" in shown
+    assert _lines(runner.invoke(keys_app, ["list", "--all", "--url", db_url]).output) == []
+    assert _count(db_url) == 0  # nothing was created
+
+
+def test_keys_create_stores_and_lists_rate_limits(db_url: str) -> None:
+    options = ["--tenant", "bulk", "--rpm", "60", "--tpm", "100000"]
+    made = runner.invoke(keys_app, ["create", *options, "--url", db_url])
+    assert made.exit_code == 0, made.output
+    rpm_only = runner.invoke(keys_app, ["create", "--tenant", "ide", "--rpm", "5", "--url", db_url])
+    assert rpm_only.exit_code == 0, rpm_only.output
+    plain = runner.invoke(keys_app, ["create", "--tenant", "ide", "--url", db_url])
+    assert plain.exit_code == 0, plain.output
+    listed = _lines(runner.invoke(keys_app, ["list", "--url", db_url]).output)
+    key_ids = [line.split()[0] for line in listed]
+    assert [tuple(line.split()[5:7]) for line in listed] == [
+        ("rpm=60", "tpm=100000"),
+        ("rpm=5", "tpm=-"),
+        ("rpm=-", "tpm=-"),
+    ]
+    limited = _caller(db_url, made.output.strip())
+    assert limited.limits == RateLimits(key_ids[0], 60, 100000)
+    assert _caller(db_url, rpm_only.output.strip()).limits == RateLimits(key_ids[1], 5, None)
+    assert _caller(db_url, plain.output.strip()).limits is None  # not counted at all

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from bench.harness.processes import talaria_command
 from talaria.core.types import Priority
-from talaria.proxy.contract.calls import Caller, Share
+from talaria.proxy.contract.calls import Caller, RateLimits, Share
 from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.store import db as store_db
 from talaria.proxy.store import migrate
@@ -42,6 +42,7 @@ TABLES = {
     "responses",
     "proxy_replicas",
     "instance_drains",
+    "key_usage",
 }
 
 
@@ -65,7 +66,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0011"
+    assert await migrate.current_async(db_url) == migrate.head() == "0012"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -408,6 +409,54 @@ async def test_0011_gives_existing_keys_the_standard_priority_and_weight_1(db_ur
 
 
 @pytest.mark.asyncio
+async def test_0012_leaves_existing_keys_unlimited_and_adds_the_usage_table(db_url: str) -> None:
+    """0012: a key created before has no rate limits (``rpm``, ``tpm`` null) and looks up as
+    such; a limited key's caller carries its id and limits; ``key_usage`` adds counts per (key,
+    minute); the downgrade drops the table and both columns and keeps the keys."""
+    await migrate.upgrade_async(db_url, "0011")
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
+                {"at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
+                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
+                ),
+                {"h": hash_key("tk-old"), "at": at},
+            )
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT rpm, tpm FROM api_keys"))).one()
+        assert tuple(row) == (None, None)
+        store = SqlStore(make_sessionmaker(engine))
+        assert await store.tenants.caller_for_key("tk-old") == Caller("t1", Share())
+        limited = await store.tenants.create_api_key("t1", rpm=60, tpm=1000)
+        caller = await store.tenants.caller_for_key(limited)
+        assert caller is not None and caller.limits is not None
+        assert (caller.limits.rpm, caller.limits.tpm) == (60, 1000)
+        assert caller.limits == RateLimits(caller.limits.key_id, 60, 1000)
+        minute = datetime(2026, 11, 1, 10, 31, tzinfo=UTC)
+        assert await store.usage.add_usage({("k1", minute): (1, 10)}, minute) == {"k1": (1, 10)}
+        totals = await store.usage.add_usage({("k1", minute): (2, 5)}, minute)
+        assert totals == {"k1": (3, 15)}
+        await asyncio.to_thread(migrate.downgrade, db_url, "0011")
+        async with engine.connect() as conn:
+            columns = await conn.run_sync(
+                lambda c: {col["name"] for col in inspect(c).get_columns("api_keys")}
+            )
+            assert (await conn.execute(text("SELECT count(*) FROM api_keys"))).scalar() == 2
+        assert not {"rpm", "tpm"} & columns
+        assert "key_usage" not in await _tables(db_url)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -430,9 +479,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0011" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0012" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0011" in out and "head: 0011" in out
+    assert "current: 0012" in out and "head: 0012" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -442,7 +491,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0011"
+    assert migrate.current(url) == "0012"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -453,7 +502,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0011"
+    assert migrate.current(url) == "0012"
 
 
 def test_default_sqlite_url_honours_data_dir(

@@ -109,11 +109,12 @@ def talaria_serve(
     until it listens (``startup_s`` at most between two lines of its output); on exit terminate
     it (and kill it if it does not stop within 60 s). ``max_descriptors``: its
     ``RLIMIT_NOFILE`` (soft and hard). With ``--model`` its runtime child writes to the same
-    stream: only the proxy's own listening line, after its "talaria proxy on" line, counts."""
+    stream: only the proxy's own listening line, after its "talaria proxy on" line, counts
+    (``--upstream`` likewise)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     full_env = {**base, "TALARIA_DATA_DIR": str(data_dir), **env}
     command = [*talaria_command(), "serve", "--port", str(port), *args]
-    after = "talaria proxy on" if "--model" in args else None
+    after = "talaria proxy on" if "--model" in args or "--upstream" in args else None
     with _listening(command, full_env, max_descriptors, after, startup_s) as served:
         yield served
 

@@ -66,6 +66,23 @@ def serve(
             "simulated runtime.",
         ),
     ] = None,
+    upstream: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--upstream",
+            help="URL of an OpenAI-compatible server that already runs (vllm serve, SGLang, "
+            "llama.cpp), repeatable: its models (from its /v1/models) are served through a "
+            "runtime of upstream engines that this command starts (docs/upstream.md).",
+        ),
+    ] = None,
+    upstream_sleep: Annotated[
+        str,
+        typer.Option(
+            help="With --upstream: how the node switches the servers: none (each keeps its "
+            "memory; the node only orders calls), vllm (/sleep and /wake_up: the server runs "
+            "with VLLM_SERVER_DEV_MODE=1) or sglang (memory occupation endpoints)."
+        ),
+    ] = "none",
     allow_open: Annotated[
         bool,
         typer.Option(
@@ -94,7 +111,8 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve the proxy: over an embedded simulated runtime (--models), over a vLLM runtime it
-    starts for real weights (--model PATH), or over runtime servers (--runtime URL).
+    starts for real weights (--model PATH), over OpenAI-compatible servers that already run
+    (--upstream URL), or over runtime servers (--runtime URL).
 
     It speaks OpenAI chat completions and Responses (base_url http://HOST:PORT/v1) and
     Anthropic Messages (base URL http://HOST:PORT): Claude Code, Codex, Qwen Code and any
@@ -159,6 +177,14 @@ def serve(
         console.print(f"starting the vLLM runtime for {', '.join(model)}")
         _serve_over_child(settings, args, host, port, log_level)
         return
+    if upstream:
+        if runtime or models:
+            raise typer.BadParameter(
+                "--upstream starts its own runtime: leave out --runtime and --models",
+                param_hint="'--upstream'",
+            )
+        _serve_upstreams(settings, upstream, upstream_sleep, host, port, log_level)
+        return
     if settings.placement_library is not None:
         _check_placement(settings)
     if settings.runtimes:
@@ -218,8 +244,35 @@ def _runtime_args(
     return [*args, "--log-level", log_level]
 
 
+def _serve_upstreams(
+    settings: ProxySettings, urls: list[str], sleep: str, host: str, port: int, log_level: str
+) -> None:
+    """Serve the models of running servers (cli/upstream.py) through a child runtime."""
+    import tempfile
+
+    from talaria.cli.upstream import UpstreamError, discover, node_toml
+
+    try:
+        found = discover(urls)
+        config = node_toml(found, sleep, settings.policy)
+    except UpstreamError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--upstream'") from exc
+    for upstream in found:
+        console.print(f"upstream {upstream.url}: {', '.join(upstream.models)}")
+    with tempfile.TemporaryDirectory(prefix="talaria-upstream-") as folder:
+        path = Path(folder) / "node.toml"
+        path.write_text(config)
+        args = ["--config", str(path), "--log-level", log_level]
+        _serve_over_child(settings, args, host, port, log_level, "'--upstream'")
+
+
 def _serve_over_child(
-    settings: ProxySettings, args: list[str], host: str, port: int, log_level: str
+    settings: ProxySettings,
+    args: list[str],
+    host: str,
+    port: int,
+    log_level: str,
+    option: str = "'--model'",
 ) -> None:
     """Start the ``--model`` runtime (cli/supervised.py) with a runtime token (the operator's
     TALARIA_RUNTIME_TOKEN, else a random one), serve the proxy over it, stop it."""
@@ -237,7 +290,7 @@ def _serve_over_child(
             console.print(f"talaria proxy on http://{host}:{port}/v1 — runtime {child.url}")
             _serve(served, host, port, log_level)
     except RuntimeStartError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'--model'") from exc
+        raise typer.BadParameter(str(exc), param_hint=option) from exc
 
 
 def _refuse_without_keys(settings: ProxySettings) -> None:

@@ -27,7 +27,7 @@ import httpx
 from talaria.core.calls import Call
 from talaria.core.types import CallRejected
 from talaria.runtime.engines.upstream.options import UpstreamOptions
-from talaria.runtime.engines.vllm.chat import decoding_params, tool_choice_doc
+from talaria.runtime.engines.vllm.chat import chat_fields
 
 CONNECT_TIMEOUT_S = 10.0
 CALLERS_FAULT = frozenset({400, 413, 422})
@@ -46,36 +46,12 @@ class UpstreamUnavailable(RuntimeError):
 
 
 def chat_body(call: Call, model: str, max_tokens: int | None) -> dict[str, Any]:
-    """The chat completion request for ``call`` (see the module docstring); ``max_tokens``:
-    None leaves the limit to the server (the rest of the model's window)."""
-    s = call.sampling
-    body: dict[str, Any] = {
-        "model": model,
-        "messages": [dict(m) for m in call.messages or ()],
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    """The chat completion request for ``call`` (vLLM's ``chat_fields``, see the module
+    docstring); ``max_tokens``: None leaves the limit to the server (the rest of the model's
+    window)."""
+    body: dict[str, Any] = {"model": model, **chat_fields(call)}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
-    if call.tools:
-        body["tools"] = [t.to_openai() for t in call.tools]
-        body["tool_choice"] = tool_choice_doc(call.tool_choice)
-        if call.parallel_tool_calls is not None:
-            body["parallel_tool_calls"] = call.parallel_tool_calls
-    body.update(decoding_params(s))
-    optional = {
-        "top_logprobs": s.top_logprobs,
-        "response_format": dict(s.response_format) if s.response_format else None,
-        "reasoning_effort": call.reasoning_effort,
-        "chat_template_kwargs": dict(call.template_kwargs) if call.template_kwargs else None,
-    }
-    body.update({k: v for k, v in optional.items() if v is not None})
-    if s.stop:
-        body["stop"] = list(s.stop)
-    if s.logprobs:
-        body["logprobs"] = True
-    if s.ignore_eos:
-        body["ignore_eos"] = True
     return body
 
 

@@ -76,28 +76,17 @@ def decoding_params(s: Sampling) -> dict[str, Any]:
     return {k: v for k, v in given.items() if v is not None}
 
 
-def to_vllm_request(
-    call: Call,
-    *,
-    model: str,
-    request_id: str,
-    priority: int,
-    max_tokens: int,
-    cache_salt: str | None,
-) -> dict[str, Any]:
-    """The body of vLLM's ``ChatCompletionRequest`` for ``call`` (streamed, with usage and
-    token ids; the caller's sampling parameters only where given, so vLLM's defaults and the
-    model's generation config apply to the rest)."""
+def chat_fields(call: Call) -> dict[str, Any]:
+    """The OpenAI chat completion fields of ``call`` that any server takes, streamed with usage:
+    its messages, tools, the caller's sampling parameters only where given (so the server's
+    defaults and the model's generation config apply to the rest), response format, reasoning
+    effort, template kwargs, stop, logprobs, ``ignore_eos``. ``to_vllm_request`` and the
+    upstream engine's ``chat_body`` (runtime/engines/upstream/client.py) add their own."""
     s = call.sampling
     body: dict[str, Any] = {
-        "model": model,
         "messages": [dict(m) for m in call.messages or ()],
         "stream": True,
         "stream_options": {"include_usage": True},
-        "max_completion_tokens": max_tokens,
-        "priority": priority,
-        "request_id": request_id,
-        "return_token_ids": True,
     }
     if call.tools:
         body["tools"] = [t.to_openai() for t in call.tools]
@@ -110,7 +99,6 @@ def to_vllm_request(
         "response_format": dict(s.response_format) if s.response_format else None,
         "reasoning_effort": call.reasoning_effort,
         "chat_template_kwargs": dict(call.template_kwargs) if call.template_kwargs else None,
-        "cache_salt": cache_salt,
     }
     body.update({k: v for k, v in optional.items() if v is not None})
     if s.stop:
@@ -119,6 +107,30 @@ def to_vllm_request(
         body["logprobs"] = True
     if s.ignore_eos:
         body["ignore_eos"] = True
+    return body
+
+
+def to_vllm_request(
+    call: Call,
+    *,
+    model: str,
+    request_id: str,
+    priority: int,
+    max_tokens: int,
+    cache_salt: str | None,
+) -> dict[str, Any]:
+    """The body of vLLM's ``ChatCompletionRequest`` for ``call``: ``chat_fields`` with vLLM's
+    own (the limit, the priority, the request id, token ids, the tenant's cache salt)."""
+    body: dict[str, Any] = {
+        "model": model,
+        **chat_fields(call),
+        "max_completion_tokens": max_tokens,
+        "priority": priority,
+        "request_id": request_id,
+        "return_token_ids": True,
+    }
+    if cache_salt is not None:
+        body["cache_salt"] = cache_salt
     return body
 
 

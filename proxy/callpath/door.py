@@ -176,12 +176,12 @@ async def ask_peers(
 
 async def open_call(
     request: Request, ctx: ProxyContext, tenant: str, parsed: ApiCall
-) -> tuple[CallHandle, dict[str, str]]:
+) -> CallHandle:
     """Start the call its dialect parsed (after ``read_body``): its session's identity (400 if
     malformed), its place (with replicas, forwarded to the owner of a session its body
     identifies), its key's rate limits (429; counted here, given back if it is refused before
-    it runs: proxy/callpath/limiter.py), its model, then the gateway. Returns its handle and
-    the headers of the reply."""
+    it runs: proxy/callpath/limiter.py), its model, then the gateway. Returns its handle (its
+    ``headers()`` are the reply's)."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
     call = parsed.content
@@ -211,13 +211,7 @@ async def open_call(
             limiter.release(ticket)  # refused before it ran: not counted
         raise
     request.state.runtime_clock = handle.clock  # the overhead header's (proxy/edge/http.py)
-    headers = {
-        "x-talaria-session-id": handle.session_id,
-        "x-talaria-session-key": handle.session_key,
-        "x-talaria-session-how": handle.how,
-        "x-talaria-instance": handle.instance,
-    }
-    return handle, headers
+    return handle
 
 
 SSE_HEADERS = {"cache-control": "no-cache"}

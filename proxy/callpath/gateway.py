@@ -10,7 +10,8 @@ bottom in :meth:`Gateway.open_call`, one step per function:
 4. route (``_route``: core/routing/) over the status of the instances hosting the model;
    settle the session's soft reservation (proxy/callpath/keeper.py); record the decision;
 5. run (``_run``: proxy/callpath/runner.py) in a task of its own; the runner records the outcome
-   (proxy/callpath/recorder.py) and the keeper the session's reservation or end.
+   (proxy/callpath/recorder.py) and the keeper the session's reservation or end; an instance
+   the call cannot reach is left for another (``_reroute``: steps 4 and 5 again).
 
 The parts it composes: the runtime pool (proxy/runtimes/pool.py), the recorder, the session
 keeper, the runner, and with replicas the hand-off. Sessions idle for
@@ -43,6 +44,7 @@ from talaria.proxy.callpath.schemas import SchemaCheck
 from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
 from talaria.proxy.contract.calls import SHUTDOWN, CallHandle, PreparedCall
 from talaria.proxy.contract.errors import (
+    ApiError,
     bad_request,
     too_many_requests,
     too_many_sessions,
@@ -129,7 +131,7 @@ class Gateway:
             time,
             idle_timeout_s=time.clock(session_idle_timeout_s),
         )
-        self._runner = CallRunner(self._recorder, self.keeper)
+        self._runner = CallRunner(self._recorder, self.keeper, self._reroute)
         self._handoff: Handoff | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -282,13 +284,31 @@ class Gateway:
         return CallHandle(
             run.events,
             task,
-            instance,
+            lambda: run.runtime.name,
             state.session_id,
             state.key,
             found.how,
             abandon=lambda: self._runner.abandon(task),
             clock=run.clock,
         )
+
+    async def _reroute(self, run: RunningCall, tried: frozenset[str]) -> RuntimeClient | None:
+        """The call's instance could not be reached (nothing was sent): route it again, as
+        ``_route`` does, among the instances hosting its model that answer, leaving out
+        ``tried``; None if none is left or the proxy is closing (the call fails with 503)."""
+        call, found = run.call, run.found
+        statuses = [s for s in await self.pool.statuses(call.model) if s.instance not in tried]
+        if not statuses or self._closing:
+            return None
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        try:
+            decision = await self._route(
+                call, found, run.request.prompt_tokens, statuses, now_s, now_at
+            )
+        except ApiError:
+            return None
+        found.state.threads[found.thread].last_instance = decision.instance
+        return self.pool[decision.instance]
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt, generation: Generation) -> None:

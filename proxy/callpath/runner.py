@@ -2,7 +2,9 @@
 call's records never depend on its client; a client that disconnects abandons it:
 ``CallRunner.abandon``), the runtime's events passed on as they come, the outcome recorded,
 and, with durable acknowledgement, its records committed before the client hears that the call
-is done.
+is done. A runtime the call never reached (``RuntimeUnreachable``: no connection; nothing was
+sent) is no fault of the call: it is routed again among the others (``Reroute``, the
+gateway's), each instance tried at most once, and fails only when none is left.
 
 The runner passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
 never writes output of its own.
@@ -15,6 +17,7 @@ import contextlib
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,7 +36,7 @@ from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.callpath.recorder import Recorder
 from talaria.proxy.contract.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
 from talaria.proxy.contract.errors import ApiError, bad_request, unavailable
-from talaria.proxy.runtimes.base import RuntimeClient
+from talaria.proxy.runtimes.base import RuntimeClient, RuntimeUnreachable
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.state import Resolution, SessionState
 
@@ -107,12 +110,18 @@ class RunningCall:
     clock: RuntimeClock = field(default_factory=RuntimeClock)
 
 
+Reroute = Callable[["RunningCall", frozenset[str]], Awaitable[RuntimeClient | None]]
+"""Another instance for a call whose instance could not be reached, leaving out the instances
+named (those already tried); None: none is left."""
+
+
 class CallRunner:
     """The running calls: their tasks, and how many each tenant has in flight."""
 
-    def __init__(self, recorder: Recorder, keeper: SessionKeeper) -> None:
+    def __init__(self, recorder: Recorder, keeper: SessionKeeper, reroute: Reroute) -> None:
         self._recorder = recorder
         self._keeper = keeper
+        self._reroute = reroute
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[str, int] = {}
         self._abandoned: set[asyncio.Task[Any]] = set()
@@ -169,7 +178,7 @@ class CallRunner:
         gets a 503 and the call an error record."""
         call, events = run.call, run.events
         try:
-            result = await _generate(run.runtime, run.request, events, run.clock)
+            result = await self._generate_where_reachable(run)
         except asyncio.CancelledError:
             gone = asyncio.current_task() in self._abandoned
             self._fail(run, CLIENT_GONE if gone else SHUTDOWN)
@@ -198,6 +207,22 @@ class CallRunner:
                 return outcome
         events.put_nowait(("done", outcome))
         return outcome
+
+    async def _generate_where_reachable(self, run: RunningCall) -> CallResult:
+        """Run the call on ``run.runtime``; while the instance cannot be reached, on the one
+        ``Reroute`` gives instead (``run.runtime`` then names it)."""
+        tried: set[str] = set()
+        while True:
+            try:
+                return await _generate(run.runtime, run.request, run.events, run.clock)
+            except RuntimeUnreachable as exc:
+                tried.add(run.runtime.name)
+                elsewhere = await self._reroute(run, frozenset(tried))
+                if elsewhere is None or elsewhere.name in tried:
+                    raise
+                log.warning("call %s: %s; routed again to %s", run.call.request_id, exc,
+                            elsewhere.name)  # fmt: skip
+                run.runtime = elsewhere
 
     def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the

@@ -167,7 +167,9 @@ class CallHandle:
 
     events: Events
     task: asyncio.Task[CallOutcome | None]
-    instance: str
+    running_on: Callable[[], str]
+    """The instance running the call now (another than the routed one if that one could
+    not be reached: proxy/callpath/runner.py)."""
     session_id: str
     """The client's id of the session (its key for an implicit session)."""
     session_key: str
@@ -177,6 +179,22 @@ class CallHandle:
     """The client went away: stop the call (proxy/callpath/runner.py, ``CallRunner.abandon``)."""
     clock: RuntimeClock = field(default_factory=RuntimeClock)
     """The call's time in its runtime."""
+
+    @property
+    def instance(self) -> str:
+        """The instance running the call now."""
+        return self.running_on()
+
+    def headers(self) -> dict[str, str]:
+        """The headers a reply carries: the session's id, key and how it was found, and the
+        call's instance as of now (a non-streamed reply, sent at the call's end, names the
+        one that ran it)."""
+        return {
+            "x-talaria-session-id": self.session_id,
+            "x-talaria-session-key": self.session_key,
+            "x-talaria-session-how": self.how,
+            "x-talaria-instance": self.instance,
+        }
 
     async def outcome(self) -> CallOutcome:
         """Wait for the call's end: its outcome, or its ``ApiError`` raised."""

@@ -19,6 +19,12 @@ class RuntimeUnavailable(RuntimeError):
     """The runtime could not be reached or refused the call (the gateway answers 503)."""
 
 
+class RuntimeUnreachable(RuntimeUnavailable):
+    """The call never reached the runtime: no connection to it could be made, so nothing of
+    the call was sent or ran there, and it may run on another instance (the runner routes it
+    again: proxy/callpath/runner.py)."""
+
+
 class RuntimeClient(Protocol):
     """One runtime instance as the gateway sees it: its models, a stream of events per call,
     its status for routing, and best-effort session hints."""

@@ -7,7 +7,8 @@ Ages are loop seconds since the status was fetched:
   background (*stale-while-revalidate*); under load the refreshes keep the age within
   ``ttl_s`` plus one fetch, and no call waits for one;
 - older, or none yet: the caller awaits a fetch;
-- the last fetch failed: the caller gets that failure at once (the pool leaves the runtime
+- the last fetch failed, or a call found the runtime unreachable (``failed``): the caller gets
+  that failure at once (the pool leaves the runtime
   out of the decision), and one fetch retries in the background; the first to succeed is the
   status again. A runtime that stops answering (a SIGSTOPped or wedged process, a network
   partition) thus costs the calls routed while it is down nothing but its absence: only the
@@ -63,6 +64,15 @@ class StatusCache:
         """Take ``status`` as fetched now (the runtime's first answer)."""
         self._status = status
         self._at = self._now()
+
+    def failed(self, exc: Exception) -> None:
+        """A call could not reach the runtime: callers get ``exc`` at once (the pool leaves
+        the runtime out) until a fetch succeeds; one fetch retries in the background."""
+        if self._failure is None:
+            log.warning("runtime %s: unreachable, left out until it answers: %r", self._name, exc)
+        self._status, self._failure = None, exc
+        if self._ttl_s > 0:
+            self._refresh()
 
     async def get(self) -> InstanceStatus:
         """The status, as the module docstring says; raises what the fetch raised."""

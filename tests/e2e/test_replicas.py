@@ -302,7 +302,11 @@ def test_a_runtime_node_dying_mid_call_fails_its_calls_retryably_then_its_sessio
     assert on_it
     assert any(s.failures for s in on_it), "no call was running on the node when it died"
     for session in sessions:
-        for failure in session.failures:  # a clear, retryable error
+        # only the call running on the node when it died fails (a clear, retryable error):
+        # a call routed to it afterwards, on a status read before its death, never reached
+        # it and runs on another node (proxy/callpath/runner.py)
+        assert len(session.failures) <= 1, session.failures
+        for failure in session.failures:
             assert " 503 " in failure and "runtime" in failure, failure
         assert node not in session.instances[2:]
     for session in on_it:  # its next calls went to the nodes that answer

@@ -58,9 +58,9 @@ toy_router = APIRouter()
 async def say(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     call = toy_call(parse(ToyRequest, raw, status=400))
-    handle, headers = await open_call(request, ctx, tenant, ApiCall("toy", call, raw))
+    handle = await open_call(request, ctx, tenant, ApiCall("toy", call, raw))
     outcome = await handle.outcome()
-    return json_response({"reply": outcome.output.text, "ok": True}, headers=headers)
+    return json_response({"reply": outcome.output.text, "ok": True}, headers=handle.headers())
 
 
 def toy_error(error: ApiError) -> tuple[int, dict[str, Any]]:

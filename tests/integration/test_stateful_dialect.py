@@ -122,9 +122,11 @@ async def tally(request: Request) -> Response:
         return [TallyRecord(tenant, state.tallies[tenant])]
 
     parsed = ApiCall("tally", call, raw, format_param="shape", extra_records=keep)
-    handle, headers = await open_call(request, ctx, tenant, parsed)
+    handle = await open_call(request, ctx, tenant, parsed)
     await handle.outcome()
-    return json_response({"calls": state.tallies[tenant], "beats": state.beats}, headers=headers)
+    return json_response(
+        {"calls": state.tallies[tenant], "beats": state.beats}, headers=handle.headers()
+    )
 
 
 TALLY = Dialect("tally", router, (TallyRequest,), service=Tally)

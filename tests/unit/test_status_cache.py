@@ -1,6 +1,7 @@
 """The runtime status cache (proxy/runtimes/status_cache.py): fresh, stale-while-revalidate,
-expired; one fetch however many callers; after a failed fetch callers fail at once while one
-fetch retries; ttl 0 fetches every time. A hand-driven clock and fetches the test releases."""
+expired; one fetch however many callers; after a failed fetch (or a call that found the
+runtime unreachable) callers fail at once while one fetch retries; ttl 0 fetches every time.
+A hand-driven clock and fetches the test releases."""
 
 from __future__ import annotations
 
@@ -159,5 +160,27 @@ def test_ttl_zero_fetches_every_time() -> None:
             runtime.answer(at_s)
             assert (await getting).at_s == at_s
         assert cache.fetches == 2
+
+    asyncio.run(main())
+
+
+def test_a_call_that_found_the_runtime_unreachable_leaves_it_out_at_once() -> None:
+    """A fresh status is no proof of life: after ``failed`` callers fail at once (the pool
+    leaves the runtime out of their decisions) while one fetch retries, and its first success
+    is the status again."""
+
+    async def main() -> None:
+        runtime, clock = Runtime(), [0.0]
+        cache = _cache(runtime, clock)
+        cache.put(_status(1.0))  # fresh for another 0.05 s
+        cache.failed(RuntimeUnavailable("connection refused"))
+        with pytest.raises(RuntimeUnavailable, match="connection refused"):
+            await cache.get()
+        await _settle()
+        assert len(runtime.waiting) == 1 and cache.fetches == 1
+        runtime.answer(4.0)
+        await _settle()
+        assert (await cache.get()).at_s == 4.0
+        await cache.close()
 
     asyncio.run(main())

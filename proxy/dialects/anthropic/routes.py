@@ -26,16 +26,16 @@ async def messages(request: Request) -> Response:
     beta = request.headers.get("anthropic-beta", "")
     body = parse(MessagesRequest, raw, status=400)
     call = messages_call(body, interleaved_thinking="interleaved-thinking" in beta)
-    handle, headers = await open_call(request, ctx, tenant, ApiCall("messages", call, raw))
+    handle = await open_call(request, ctx, tenant, ApiCall("messages", call, raw))
     request_id = request.state.request_id
     if call.stream:
         return StreamingResponse(
             message_stream(handle, request_id, call.model, call.prompt_tokens()),
             media_type="text/event-stream",
-            headers={**headers, **SSE_HEADERS},
+            headers={**handle.headers(), **SSE_HEADERS},
         )
     outcome = await outcome_unless_gone(request, handle)
-    return json_response(message(outcome, request_id, call.model), headers=headers)
+    return json_response(message(outcome, request_id, call.model), headers=handle.headers())
 
 
 @router.post("/v1/messages/count_tokens", openapi_extra=request_body(CountTokensRequest))

@@ -25,17 +25,18 @@ async def chat_completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     body = parse(ChatCompletionRequest, raw)
     call = chat_call(body)
-    handle, headers = await open_call(request, ctx, tenant, ApiCall("chat", call, raw))
+    handle = await open_call(request, ctx, tenant, ApiCall("chat", call, raw))
     request_id = request.state.request_id
     created = int(time.time())
     if call.stream:
         return StreamingResponse(
             chat_stream(handle, request_id, call.model, created, body.include_usage),
             media_type="text/event-stream",
-            headers={**headers, **SSE_HEADERS},
+            headers={**handle.headers(), **SSE_HEADERS},
         )
     outcome = await outcome_unless_gone(request, handle)
-    return json_response(chat_completion(outcome, request_id, call.model, created), headers=headers)
+    reply = chat_completion(outcome, request_id, call.model, created)
+    return json_response(reply, headers=handle.headers())
 
 
 DIALECT = Dialect("chat", router, (ChatCompletionRequest,))

@@ -25,7 +25,7 @@ async def completions(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     body = parse(CompletionRequest, raw)
     call = completion_call(body)
-    handle, headers = await open_call(request, ctx, tenant, ApiCall("completions", call, raw))
+    handle = await open_call(request, ctx, tenant, ApiCall("completions", call, raw))
     base: dict[str, object] = {
         "id": f"cmpl-{request.state.request_id}",
         "created": int(time.time()),
@@ -35,10 +35,10 @@ async def completions(request: Request) -> Response:
         return StreamingResponse(
             completion_stream(handle, base, body.include_usage),
             media_type="text/event-stream",
-            headers={**headers, **SSE_HEADERS},
+            headers={**handle.headers(), **SSE_HEADERS},
         )
     outcome = await outcome_unless_gone(request, handle)
-    return json_response(completion(outcome, base), headers=headers)
+    return json_response(completion(outcome, base), headers=handle.headers())
 
 
 DIALECT = Dialect("completions", router, (CompletionRequest,))

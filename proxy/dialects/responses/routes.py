@@ -82,7 +82,7 @@ async def create(request: Request) -> Response:
 
     try:
         parsed_call = ApiCall(NAME, call, raw, FORMAT_PARAM, keep if pending else None)
-        handle, headers = await open_call(request, ctx, tenant, parsed_call)
+        handle = await open_call(request, ctx, tenant, parsed_call)
     except BaseException:
         if pending is not None:
             responses.release(pending)
@@ -94,11 +94,11 @@ async def create(request: Request) -> Response:
         return StreamingResponse(
             response_stream(handle, parsed, request_id, created, stored),
             media_type="text/event-stream",
-            headers={**headers, **SSE_HEADERS},
+            headers={**handle.headers(), **SSE_HEADERS},
         )
     outcome = await outcome_unless_gone(request, handle)
     return json_response(
-        final_response(parsed, outcome, request_id, created, stored), headers=headers
+        final_response(parsed, outcome, request_id, created, stored), headers=handle.headers()
     )
 
 

@@ -10,6 +10,7 @@
 # The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
 # set, it is installed with apt if missing (scripts/browser.sh) and its path exported; the same
 # for Debian's nginx (TALARIA_NGINX), the ingress in front of the replicas in one e2e test.
+# The real-model stage also builds llama.cpp's server (scripts/llama-server.sh, once, cached).
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -77,5 +78,8 @@ else
     # `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
     TALARIA_REAL_MODEL=$(bash scripts/real-model.sh)
     export TALARIA_REAL_MODEL
+    # llama.cpp's own server, built once (~5 min) into the user's cache, fronting the same
+    # model's GGUF file (tests/real/test_upstream_llama_server.py)
+    provide TALARIA_LLAMA_SERVER "llama.cpp's llama-server" scripts/llama-server.sh
     HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest --durations=10 -m vllm tests/real
 fi

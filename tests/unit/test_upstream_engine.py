@@ -32,6 +32,7 @@ from talaria.runtime.engines.upstream import (
     normalise_url,
     upstream_options,
 )
+from talaria.runtime.engines.upstream.client import served_window
 from tests.unit.fake_upstream import FakeUpstream, fake_upstream
 
 T = TypeVar("T")
@@ -273,6 +274,23 @@ def test_start_names_an_url_that_does_not_answer_and_a_model_it_does_not_serve()
     assert f"{url}/v1/models" in down
     assert "does not serve 'fake-model' (it lists: other)" in missing and "/v1" in missing
     assert window == 777
+
+
+@pytest.mark.parametrize(
+    ("entry", "window"),
+    [
+        ({"id": "m", "max_model_len": 32768}, 32768),  # vLLM, SGLang
+        # llama.cpp's server: one slot's context (-c 4096 -np 2), not the model's training one
+        ({"id": "m", "meta": {"n_ctx": 2048, "n_ctx_train": 8192}}, 2048),
+        ({"id": "m", "max_model_len": 4096, "meta": {"n_ctx": 2048}}, 4096),
+        ({"id": "m"}, None),  # neither: context_window must be given
+        ({"id": "m", "meta": "n_ctx"}, None),
+        ({"id": "m", "max_model_len": True}, None),
+        ({"id": "m", "max_model_len": 0, "meta": {"n_ctx": -1}}, None),
+    ],
+)
+def test_the_window_a_server_reports(entry: dict[str, Any], window: int | None) -> None:
+    assert served_window(entry) == window
 
 
 def test_options_are_checked_and_the_url_normalised(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,6 +45,19 @@ class UpstreamUnavailable(RuntimeError):
     stream broke off): the runtime's fault, retryable elsewhere."""
 
 
+def served_window(entry: Mapping[str, Any]) -> int | None:
+    """The context window a server reports for one model of its ``GET /v1/models``: vLLM's
+    and SGLang's ``max_model_len``, else llama.cpp's ``meta.n_ctx`` (what one of its slots
+    holds: ``-c`` over ``-np``; ``n_ctx_train`` is the model's, not the server's); None when
+    it reports neither (docs/sources.md §13)."""
+    meta = entry.get("meta")
+    llama_cpp = meta.get("n_ctx") if isinstance(meta, dict) else None
+    for window in (entry.get("max_model_len"), llama_cpp):
+        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+            return window
+    return None
+
+
 def chat_body(call: Call, model: str, max_tokens: int | None) -> dict[str, Any]:
     """The chat completion request for ``call`` (vLLM's ``chat_fields``, see the module
     docstring); ``max_tokens``: None leaves the limit to the server (the rest of the model's

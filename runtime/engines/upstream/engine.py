@@ -41,6 +41,7 @@ from talaria.runtime.engines.upstream.client import (
     UpstreamClient,
     UpstreamUnavailable,
     chat_body,
+    served_window,
 )
 from talaria.runtime.engines.upstream.options import UpstreamOptions
 from talaria.runtime.engines.upstream.sleep import SleepControl
@@ -93,9 +94,10 @@ class UpstreamEngine:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        """Check that the server answers ``GET /v1/models`` and lists ``served_model`` (its
-        ``max_model_len`` is the context window unless given), then put it to sleep if it has
-        sleep endpoints. ``UpstreamUnavailable`` names the URL (and the models it lists)."""
+        """Check that the server answers ``GET /v1/models`` and lists ``served_model`` (the
+        window it reports there is the context window unless given: ``served_window``), then
+        put it to sleep if it has sleep endpoints. ``UpstreamUnavailable`` names the URL (and
+        the models it lists)."""
         if self._started:
             return
         served = self._opt.served_model
@@ -108,13 +110,13 @@ class UpstreamEngine:
                 "set served_model to one of them"
             )
         if self._window is None:
-            window = entry.get("max_model_len")
-            if not isinstance(window, int) or window <= 0:
+            self._window = served_window(entry)
+            if self._window is None:
                 raise UpstreamUnavailable(
-                    f"upstream {self._client.url} does not report max_model_len for {served!r}; "
-                    "set context_window in the model's options"
+                    f"upstream {self._client.url} does not report a context window for "
+                    f"{served!r} (max_model_len or meta.n_ctx); set context_window in the "
+                    "model's options"
                 )
-            self._window = window
         await self._sleep.put_to_sleep_at_start()
         self._started = True
         self._active = False

@@ -3,7 +3,9 @@
 Source of every formula: docs/sources.md §4 "Cost-model shape" (est.). One engine iteration
 (continuous batching with chunked prefill) costs a fixed overhead plus the larger of its compute
 time and its HBM-traffic time; transfers are bytes over the per-GPU link rate times the GPUs.
-Byte counts are physical bytes summed over the node's GPUs (``kv_bytes_per_token_tp8``).
+The server may be a GPU group (core/groups.py): TP = its ``gpus``. Byte counts are physical
+bytes summed over its GPUs (KV: ``kv_bytes_per_token_at(model, gpus)``, the catalog's
+``kv_bytes_per_token_tp8`` on a whole 8-GPU node).
 
 A model whose profile carries a ``StepFit`` (measured by ``talaria calibrate``) takes its step
 time from that fit instead of the roofline; transfers keep the server's rates.
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from talaria.core.catalog import EfficiencyProfile, ModelSpec, ServerSpec
+from talaria.core.groups import kv_bytes_per_token_at, kv_fixed_bytes_per_seq_at
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,11 @@ class CostModel:
         self._mem_bw = mem_bw
         self._linear_s_per_token = 2.0 * model.active_params / linear_flops
         self._attn_s_per_pair = 4.0 * model.layers * model.q_heads * d_att / attn_flops
-        self._kv_s_per_token = model.kv_bytes_per_token_tp8 / mem_bw
+        self.kv_bytes_per_token = kv_bytes_per_token_at(model, gpus)
+        """Physical KV bytes per token over the server's GPUs (TP = gpus)."""
+        self.kv_fixed_bytes_per_seq = kv_fixed_bytes_per_seq_at(model, gpus)
+        """Physical fixed KV bytes of a sequence (sliding-window layers) over them."""
+        self._kv_s_per_token = self.kv_bytes_per_token / mem_bw
         windowed = model.attention_window_tokens > 0
         self._window = model.attention_window_tokens
         self._window_frac = model.attention_window_layer_fraction if windowed else 0.0
@@ -61,14 +68,13 @@ class CostModel:
 
     # memory
     def kv_bytes(self, tokens: int) -> float:
-        """Physical KV bytes of one sequence on the node: ceil(tokens / block_tokens) ×
-        block_tokens × kv_bytes_per_token_tp8 + kv_fixed_bytes_per_seq_tp8; 0 tokens → 0."""
+        """Physical KV bytes of one sequence on the server: ceil(tokens / block_tokens) ×
+        block_tokens × kv_bytes_per_token + kv_fixed_bytes_per_seq; 0 tokens → 0."""
         if tokens <= 0:
             return 0.0
         block = self.profile.block_tokens
         blocks = -(-tokens // block)
-        m = self.model
-        return float(blocks * block * m.kv_bytes_per_token_tp8 + m.kv_fixed_bytes_per_seq_tp8)
+        return float(blocks * block * self.kv_bytes_per_token + self.kv_fixed_bytes_per_seq)
 
     def weights_touched_bytes(self, tokens_in_step: int) -> float:
         """Weight bytes read by a step of n tokens: dense_params × bpp + expert_params × bpp ×
@@ -84,13 +90,13 @@ class CostModel:
     def _static_terms(self, n: int, seqs: int) -> tuple[float, float]:
         """(linear compute s, weights + fixed-KV memory s) of a step of n tokens over seqs
         sequences: 2 × active × n / (η_c × gpus × peak(weight dtype)) and (weights_touched(n) +
-        seqs × kv_fixed_bytes_per_seq_tp8) / (η_m × gpus × HBM B/s)."""
-        fixed = seqs * self.model.kv_fixed_bytes_per_seq_tp8
+        seqs × kv_fixed_bytes_per_seq) / (η_m × gpus × HBM B/s)."""
+        fixed = seqs * self.kv_fixed_bytes_per_seq
         return n * self._linear_s_per_token, (self.weights_touched_bytes(n) + fixed) / self._mem_bw
 
     def _combine(self, static: tuple[float, float], pairs: float, kv_tokens: int) -> float:
         """t_fixed + max(compute, memory): compute adds 4 × layers × q_heads × d_att × pairs /
-        (η_c × gpus × peak bf16), memory adds kv_tokens × kv_bytes_per_token_tp8 / (η_m ×
+        (η_c × gpus × peak bf16), memory adds kv_tokens × kv_bytes_per_token / (η_m ×
         gpus × HBM B/s)."""
         compute = static[0] + pairs * self._attn_s_per_pair
         memory = static[1] + kv_tokens * self._kv_s_per_token
@@ -123,8 +129,8 @@ class CostModel:
         n = Σ chunk tokens + decode_seqs. compute_s = 2·active·n / (η_c·gpus·peak(weight
         dtype)) + 4·layers·q_heads·d_att·pairs / (η_c·gpus·peak bf16), pairs = decode context
         total + Σ (tokens·context + tokens²/2), d_att = head_dim, or kv_lora_rank + rope_dim for
-        MLA. memory_s = (weights_touched(n) + kv_bytes_per_token_tp8·(decode context total +
-        Σ (context + tokens)) + seqs·kv_fixed_bytes_per_seq_tp8) / (η_m·gpus·HBM B/s).
+        MLA. memory_s = (weights_touched(n) + kv_bytes_per_token·(decode context total +
+        Σ (context + tokens)) + seqs·kv_fixed_bytes_per_seq) / (η_m·gpus·HBM B/s).
         Source: docs/sources.md §4 "Cost-model shape" (est.)."""
         chunks = [c for c in prefill if c.tokens > 0]
         n = sum(c.tokens for c in chunks) + decode_seqs

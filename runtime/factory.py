@@ -15,6 +15,7 @@ from typing import Any
 
 from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
+from talaria.core.groups import group_server
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
@@ -52,12 +53,18 @@ def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
 
 @dataclass(frozen=True)
 class NodeSetup:
-    """A simulated node: its server and efficiency profile (catalog names) and the models it
-    hosts."""
+    """A simulated node: its server and efficiency profile (catalog names), the models it
+    hosts, and its GPUs: a group of the server's (core/groups.py; None: all of them)."""
 
     server: str
     profile: str
     models: tuple[str, ...]
+    gpus: int | None = None
+
+    def server_spec(self, catalog: Catalog) -> ServerSpec:
+        """The server, or the group of ``gpus`` of its GPUs."""
+        server = catalog.server(self.server)
+        return server if self.gpus is None else group_server(server, self.gpus)
 
 
 def build_sim_node(
@@ -71,7 +78,7 @@ def build_sim_node(
 ) -> NodeScheduler:
     """A node of ``SimEngine``s sharing one ``NodeMemory`` and one ``PcieLink``; ``replies``:
     what the engines answer live calls (runtime/engines/sim_reply.py)."""
-    server = catalog.server(setup.server)
+    server = setup.server_spec(catalog)
     profile = catalog.profile(setup.profile)
     specs = [catalog.model(m) for m in setup.models]
     memory = node_memory(server, specs)
@@ -106,7 +113,7 @@ def add_sim_model(
     the node's memory, link and GPUs, whose pinned host weight copy leaves the host KV tier."""
     assert node.pcie is not None and node.device is not None, "a build_sim_node node"
     spec = catalog.model(model)
-    cost = CostModel(spec, catalog.server(setup.server), catalog.profile(setup.profile))
+    cost = CostModel(spec, setup.server_spec(catalog), catalog.profile(setup.profile))
     engine = SimEngine(
         spec, cost, node.memory, node.pcie, node.clock, node.name, node.flags.host_kv, replies,
         node.device, class_eviction=node.flags.fair_queue,

@@ -47,6 +47,9 @@ class ExperimentSetup:
     node_models: tuple[tuple[str, ...], ...] | None = None
     """Per-node model lists (a cluster whose nodes host subsets); None: ``nodes`` nodes that
     each host every model."""
+    node_gpus: tuple[int, ...] | None = None
+    """Per node, the GPU group it is (core/groups.py: 1, 2, 4 or 8 of the server's GPUs);
+    None: every node is a whole server."""
     routing_seed: int = 0
     """Seed of the router's tie-break rng (``random.Random``), the same for every policy."""
     routing: RoutingConfig = field(default_factory=RoutingConfig)
@@ -57,6 +60,8 @@ class ExperimentSetup:
     """Each tenant's share weight (absent: 1), as its API key gives it live."""
 
     def __post_init__(self) -> None:
+        if self.node_gpus is not None and len(self.node_gpus) != self.nodes:
+            raise ValueError(f"nodes={self.nodes} but {len(self.node_gpus)} node GPU counts")
         if self.node_models is None:
             if self.nodes < 1:
                 raise ValueError(f"nodes must be >= 1, got {self.nodes}")
@@ -70,10 +75,11 @@ class ExperimentSetup:
             )
 
     def layout(self) -> list[tuple[str, NodeSetup]]:
-        """The shared nodes: ``node0``, ``node1``, ... with their model lists."""
+        """The shared nodes: ``node0``, ``node1``, ... with their model lists (and groups)."""
         per_node = self.node_models or (self.models,) * self.nodes
+        gpus = self.node_gpus or (None,) * self.nodes
         return [
-            (f"node{i}", NodeSetup(self.server, self.profile, models))
+            (f"node{i}", NodeSetup(self.server, self.profile, models, gpus[i]))
             for i, models in enumerate(per_node)
         ]
 

@@ -15,6 +15,17 @@ Demand of model m: ``D_m = Σ`` over its sessions of their calls' service time a
 
 ``weight_budget_bytes``: host DRAM × (1 − reserve) less the host KV tier a node keeps
 (runtime/factory.py ``pinned_weight_budget_bytes``).
+
+``share_groups`` (issue 40) packs GPU groups instead of whole nodes: from each model on groups
+of its own (core/groups.py), the coldest model alone on one group moves into the group of
+another, one model more at each step, so that the two time-share that group in slots:
+
+1. movers: models by demand, smallest first, each on exactly one group that hosts it alone;
+2. its host: of the other groups, those at least its smallest group (its weights and one
+   full-context sequence fit: ``minimum``) whose models' weights, with its own, fit the
+   group's share of the node's pinned-weight budget (``budget_bytes`` × size ÷ the node's
+   GPUs), the one with the least load (ties: the lower index); none: the model stays alone;
+3. its own group is freed: each step needs its group's GPUs fewer.
 """
 
 from __future__ import annotations
@@ -52,6 +63,46 @@ def model_demand(
 def weight_budget_bytes(catalog: Catalog, server: str) -> float:
     """The pinned weights a node can hold (module docstring)."""
     return pinned_weight_budget_bytes(catalog.server(server))
+
+
+Layout = tuple[tuple[str, ...], ...]
+
+
+def share_groups(
+    layout: Layout,
+    gpus: Sequence[int],
+    demand: Mapping[str, float],
+    weight_bytes: Mapping[str, float],
+    minimum: Mapping[str, int],
+    budget_bytes: float,
+    node_gpus: int,
+) -> list[tuple[Layout, tuple[int, ...]]]:
+    """The layouts (and their groups' GPUs) after each move of ``share_groups`` (module
+    docstring), fewest moves first; ``layout``, ``gpus``: the groups to start from."""
+    hosted = [list(models) for models in layout]
+    sizes = list(gpus)
+    replicas = {m: sum(m in models for models in hosted) for models in hosted for m in models}
+
+    def load(i: int) -> float:
+        return sum(demand.get(m, 0.0) / replicas[m] for m in hosted[i])
+
+    def fits(i: int, model: str) -> bool:
+        used = sum(weight_bytes[m] for m in hosted[i]) + weight_bytes[model]
+        return sizes[i] >= minimum[model] and used <= budget_bytes * sizes[i] / node_gpus
+
+    steps: list[tuple[Layout, tuple[int, ...]]] = []
+    for model in sorted(replicas, key=lambda m: (demand.get(m, 0.0), m)):
+        own = [i for i, models in enumerate(hosted) if model in models]
+        if len(own) != 1 or hosted[own[0]] != [model]:
+            continue  # replicated, or hosting others already
+        hosts = [i for i in range(len(hosted)) if i != own[0] and fits(i, model)]
+        if not hosts:
+            continue
+        target = min(hosts, key=lambda i: (load(i), i))
+        hosted[target].append(model)
+        del hosted[own[0]], sizes[own[0]]
+        steps.append((tuple(tuple(models) for models in hosted), tuple(sizes)))
+    return steps
 
 
 def pack(

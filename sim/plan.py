@@ -1,111 +1,159 @@
-"""How many nodes a fleet needs to meet an SLO on its sessions' completion time (issue 28).
+"""How many GPUs a fleet needs to meet an SLO on its sessions' completion time (issues 28, 40).
 
-The SLO: p95 SCT ≤ ``slo_p95_s``, by default ``slo_x`` × the *reference*, the p95 SCT of
-dedicated nodes, one per model (each model alone on its own node, never switched: what
-serverful serving gives). For each layout family the plan replays the sessions at every node
-count from the fewest that hold the models' weights up to ``max_nodes`` (each replay is
-independent, so they run ``jobs`` at a time) and takes the fewest nodes whose p95 meets the
-SLO:
+The SLO is per model: each model's sessions' p95 SCT ≤ its bound, by default ``slo_x`` × that
+model's p95 on the *reference*, every model alone on a whole node of its own (one each, never
+switched: what serverful serving on whole nodes gives); or one absolute bound for every model
+(``slo_p95_s``). A layout meets the SLO when every model does. Layouts are replayed (each
+replay independent, ``jobs`` at a time), and each family's plan is its evaluated layout with the
+fewest GPUs that meets the SLO (Talaria's: of its shared groups and its whole-node packings):
 
-- ``static``: the models packed onto ``n`` nodes by demand (sim/placement.py ``pack``), the
-  ``talaria`` policy (its router and scheduler), the layout fixed for the whole trace; counts
-  are tried fewest first, ``jobs`` at a time, until one meets both the SLO and the reference
-  itself (so the curve covers every SLO from 1× the reference up);
-- ``talaria``: the same packing as the start, and the placement controller moving models by
-  the demand it measures (core/placement/, the ``placement`` policy); counts as for
-  ``static``, until one meets the SLO (its replays are the slow ones);
-- ``dedicated``: every model on nodes of its own; from one node per model, one more node at a
-  time for the model whose sessions' p95 SCT is the worst, until the SLO is met.
+- ``talaria``: GPU groups shared (sim/placement.py ``share_groups``): from the ``dedicated``
+  plan's groups, the coldest models, one more at each step, time-share the group of another
+  model (slots, SP admission, host KV and staging inside the group: the ``talaria`` policy);
+  steps are replayed ``jobs`` at a time, fewest moves first, until a round in which none meets
+  the SLO;
+- ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
+  the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
+  counts are tried fewest first, ``jobs`` at a time, until one meets the SLO;
+- ``dedicated``: every model on GPU groups of its own (core/groups.py), as an operator without
+  Talaria deploys it: from each model on one group of the fewest GPUs that hold it (its
+  weights and one full-context sequence's KV: the memory minimum), the model furthest over
+  its bound (p95 ÷ bound) gets more, until the SLO is met: a group twice as large while it has
+  one replica (both candidates cost the same GPUs; both are replayed and the one whose worst
+  model is better off is kept), else one more replica of its group;
+- ``dedicated_node``: every model on whole nodes of its own (the reference), one more node at
+  a time for the model furthest over its bound.
 
-Every count evaluated is kept (``points``), so the nodes needed for any other SLO are read off
-the same replays (``nodes_for``).
+Every layout evaluated is kept (``points``), so the GPUs needed for any other SLO are read off
+the same replays (``cheapest``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from multiprocessing import get_context
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.groups import smallest_group
 from talaria.core.trace import SessionTrace
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.metrics import percentile
-from talaria.sim.placement import NoPlacement, model_demand, pack, weight_budget_bytes
+from talaria.sim.placement import (
+    Layout,
+    NoPlacement,
+    model_demand,
+    pack,
+    share_groups,
+    weight_budget_bytes,
+)
 
 POLICY = "talaria"
-FAMILY_POLICY = {"static": POLICY, "dedicated": POLICY, "talaria": "placement"}
-"""The replay policy of each layout family (sim/policies.py)."""
+"""The replay policy of every layout (sim/policies.py): its router and node scheduler."""
+FAMILIES = ("talaria", "static", "dedicated", "dedicated_node")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A layout to replay: its family, the models of each node and each node's GPUs."""
+
+    family: str
+    layout: Layout
+    gpus: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Point:
-    """One replay of the plan: a layout and the SCTs it gave."""
+    """One replay of the plan: a layout, its nodes' GPUs and the SCTs it gave."""
 
     family: str
-    nodes: int
-    layout: tuple[tuple[str, ...], ...]
+    layout: Layout
+    gpus_per_node: tuple[int, ...]
     p50_sct_s: float
     p95_sct_s: float
     mean_sct_s: float
-    sct_s: Mapping[str, float]
-    placement: Mapping[str, Any] | None = None
-    """The placement controller's summary (``talaria`` family), else None."""
+    p95_by_model: Mapping[str, float]
+    sct_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> int:
+        return len(self.layout)
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.gpus_per_node)
 
     def summary(self) -> dict[str, Any]:
         """The point without its per-session SCTs (for documents and tables)."""
-        extra = {"placement": self.placement} if self.placement is not None else {}
         return {
-            **extra,
             "family": self.family,
             "nodes": self.nodes,
+            "gpus": self.gpus,
             "layout": [list(models) for models in self.layout],
+            "gpus_per_node": list(self.gpus_per_node),
+            "groups": groups_of(self.layout, self.gpus_per_node),
             "p50_sct_s": self.p50_sct_s,
             "p95_sct_s": self.p95_sct_s,
             "mean_sct_s": self.mean_sct_s,
+            "p95_by_model": dict(self.p95_by_model),
         }
 
 
+def groups_of(layout: Layout, gpus: Sequence[int]) -> list[dict[str, Any]]:
+    """Each hosted set of models with its group size and how many groups host it."""
+    counts: dict[tuple[tuple[str, ...], int], int] = {}
+    for models, size in zip(layout, gpus, strict=True):
+        counts[(models, size)] = counts.get((models, size), 0) + 1
+    return [
+        {"models": list(models), "group_gpus": size, "replicas": n}
+        for (models, size), n in counts.items()
+    ]
+
+
 def replay_layout(
-    family: str,
+    candidate: Candidate,
     sessions: Sequence[SessionTrace],
     catalog: Catalog,
     server: str,
     profile: str,
     quantum_s: float,
-    layout: tuple[tuple[str, ...], ...],
 ) -> Point:
-    """Replay ``sessions`` on ``layout`` under the family's policy (``FAMILY_POLICY``)."""
+    """Replay ``sessions`` on the candidate's layout (the ``talaria`` policy)."""
+    layout, gpus = candidate.layout, candidate.gpus
     models = tuple(dict.fromkeys(m for node in layout for m in node))
-    setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout)
-    policy = FAMILY_POLICY[family]
-    doc = run_experiment(sessions, catalog, setup, [policy], include_dedicated=False)
-    result = doc["policies"][policy]
+    whole = catalog.server(server).gpus
+    groups = None if all(g == whole for g in gpus) else gpus
+    setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout, groups)
+    doc = run_experiment(sessions, catalog, setup, [POLICY], include_dedicated=False)
+    result = doc["policies"][POLICY]
     return Point(
-        family,
-        len(layout),
+        candidate.family,
         layout,
+        gpus,
         result["p50_sct_s"],
         result["p95_sct_s"],
         result["mean_sct_s"],
+        p95_by_model(result["sct_s"], sessions),
         result["sct_s"],
-        _placement_summary(result.get("placement")),
     )
 
 
-def _placement_summary(placement: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """What a plan keeps of a replay's placement: moves by reason, copies, cold starts and
-    the final layout (not every move)."""
-    if placement is None:
-        return None
-    return {k: v for k, v in placement.items() if k != "moves"}
+def p95_by_model(sct_s: Mapping[str, float], sessions: Sequence[SessionTrace]) -> dict[str, float]:
+    """Each model's sessions' p95 SCT."""
+    by_model: dict[str, list[float]] = {}
+    for session in sessions:
+        by_model.setdefault(session.model, []).append(sct_s[session.session_id])
+    return {m: percentile(scts, 95) for m, scts in sorted(by_model.items())}
 
 
-def dedicated_layout(replicas: Mapping[str, int]) -> tuple[tuple[str, ...], ...]:
-    """Each model on ``replicas[m]`` nodes of its own."""
-    return tuple((m,) for m, count in replicas.items() for _ in range(count))
+def dedicated_layout(
+    replicas: Mapping[str, int], sizes: Mapping[str, int]
+) -> tuple[Layout, tuple[int, ...]]:
+    """Each model on ``replicas[m]`` groups of ``sizes[m]`` GPUs of its own."""
+    nodes = [(m, sizes[m]) for m, count in replicas.items() for _ in range(count)]
+    return tuple((m,) for m, _ in nodes), tuple(size for _, size in nodes)
 
 
 def static_layouts(
@@ -115,7 +163,7 @@ def static_layouts(
     profile: str,
     models: Sequence[str],
     max_nodes: int,
-) -> dict[int, tuple[tuple[str, ...], ...]]:
+) -> dict[int, Layout]:
     """The demand packing at every node count that holds the models, up to ``max_nodes``."""
     demand = {m: 0.0 for m in models}
     demand.update(model_demand(sessions, catalog, server, profile))
@@ -130,13 +178,30 @@ def static_layouts(
     return layouts
 
 
-def nodes_for(points: Iterable[Point], slo_p95_s: float) -> Point | None:
-    """The evaluated point with the fewest nodes that meets the SLO (None: none does)."""
-    meeting = [p for p in points if p.p95_sct_s <= slo_p95_s]
-    return min(meeting, key=lambda p: p.nodes) if meeting else None
+def overage(point: Point, bounds: Mapping[str, float]) -> dict[str, float]:
+    """Each model's p95 ÷ its bound (≤ 1: the model meets the SLO)."""
+    return {m: point.p95_by_model[m] / bound for m, bound in bounds.items()}
 
 
-Replayer = Callable[[Sequence[tuple[str, tuple[tuple[str, ...], ...]]]], list[Point]]
+def meets(point: Point, bounds: Mapping[str, float]) -> bool:
+    """Every model's p95 within its bound."""
+    return all(ratio <= 1.0 for ratio in overage(point, bounds).values())
+
+
+def cheapest(points: Iterable[Point], bounds: Mapping[str, float]) -> Point | None:
+    """The evaluated point with the fewest GPUs (then nodes) that meets ``bounds`` (None:
+    none does)."""
+    meeting = [p for p in points if meets(p, bounds)]
+    return min(meeting, key=lambda p: (p.gpus, p.nodes)) if meeting else None
+
+
+def worst_model(point: Point, bounds: Mapping[str, float]) -> str:
+    """The model furthest over its bound (ties: the first by name)."""
+    ratios = overage(point, bounds)
+    return max(sorted(ratios), key=lambda m: ratios[m])
+
+
+Replayer = Callable[[Sequence[Candidate]], list[Point]]
 
 
 def plan(
@@ -153,49 +218,123 @@ def plan(
     jobs: int = 1,
     on_point: Callable[[Point], None] | None = None,
 ) -> dict[str, Any]:
-    """The plan's document (module docstring): the SLO, the reference, each family's plan
-    (its fewest nodes meeting the SLO, the layout and SCTs there, or None) and every point."""
+    """The plan's document (module docstring): the SLO (each model's bound), the reference,
+    each family's plan (its fewest GPUs meeting the SLO: layout, groups and SCTs there, or
+    None) and every point. ``max_nodes``: the most whole nodes' GPUs any family may use
+    (default: twice the model count)."""
     limit = max_nodes or 2 * len(models)
+    whole = catalog.server(server).gpus
     run = _runner(sessions, catalog, server, profile, quantum_s, jobs, on_point)
     one_each = {m: 1 for m in models}
-    [reference] = run([("dedicated", dedicated_layout(one_each))])
-    slo = slo_p95_s if slo_p95_s is not None else slo_x * reference.p95_sct_s
+    node_sizes = {m: whole for m in models}
+    [reference] = run([Candidate("dedicated_node", *dedicated_layout(one_each, node_sizes))])
+    reach = reference.p95_by_model
+    bounds = {m: slo_p95_s if slo_p95_s is not None else slo_x * reach[m] for m in reach}
     layouts = list(static_layouts(sessions, catalog, server, profile, models, limit).values())
-    enough = min(slo, reference.p95_sct_s)
-    packed: dict[str, list[Point]] = {"static": [], "talaria": []}
-    for family, points in packed.items():
-        stop = enough if family == "static" else slo
-        for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
-            points += run([(family, layout) for layout in layouts[start : start + jobs]])
-            if any(p.p95_sct_s <= stop for p in points):
-                break
-    dedicated = [reference]
-    replicas = dict(one_each)
-    while dedicated[-1].p95_sct_s > slo and sum(replicas.values()) < limit:
-        worst = _worst_model(dedicated[-1], sessions)
-        replicas[worst] += 1
-        dedicated += run([("dedicated", dedicated_layout(replicas))])
+    families: dict[str, list[Point]] = {"static": []}
+    for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
+        batch = layouts[start : start + jobs]
+        families["static"] += run([Candidate("static", lay, (whole,) * len(lay)) for lay in batch])
+        if any(meets(p, bounds) for p in families["static"]):
+            break
+    families["dedicated_node"] = _more_nodes(reference, bounds, node_sizes, limit, run)
+    minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
+    families["dedicated"] = _right_sized(minimum, bounds, whole, limit * whole, run)
+    start_from = cheapest(families["dedicated"], bounds)
+    steps = []
+    if start_from is not None:
+        demand = {m: 0.0 for m in models}
+        demand.update(model_demand(sessions, catalog, server, profile))
+        weights = {m: catalog.model(m).weight_bytes for m in models}
+        budget = weight_budget_bytes(catalog, server)
+        steps = share_groups(start_from.layout, start_from.gpus_per_node, demand, weights,
+                             minimum, budget, whole)  # fmt: skip
+    families["talaria"] = _shared(start_from, steps, bounds, jobs, run)
     plans = {}
-    families = {**packed, "dedicated": dedicated}
-    for family, points in families.items():
-        chosen = nodes_for(points, slo)
+    for family in FAMILIES:
+        chosen = cheapest(_candidates(family, families), bounds)
         plans[family] = chosen.summary() if chosen is not None else None
     return {
-        "slo": {"p95_sct_s": slo, "x": None if slo_p95_s is not None else slo_x},
+        "slo": {
+            "x": None if slo_p95_s is not None else slo_x,
+            "p95_sct_s": slo_p95_s,
+            "by_model": bounds,
+        },
         "reference": reference.summary(),
+        "memory_minimum": {"gpus": sum(minimum.values()), "group_gpus": minimum},
         "plans": plans,
-        "points": [p.summary() for points in families.values() for p in points],
+        "points": [p.summary() for family in FAMILIES for p in families[family]],
         "max_nodes": limit,
+        "gpus_per_node": whole,
         "policy": POLICY,
     }
 
 
-def _worst_model(point: Point, sessions: Sequence[SessionTrace]) -> str:
-    """The model whose sessions' p95 SCT is the largest at ``point``."""
-    by_model: dict[str, list[float]] = {}
-    for session in sessions:
-        by_model.setdefault(session.model, []).append(point.sct_s[session.session_id])
-    return max(sorted(by_model), key=lambda m: percentile(by_model[m], 95))
+def _more_nodes(
+    reference: Point, bounds: Mapping[str, float], sizes: Mapping[str, int], limit: int,
+    run: Replayer,
+) -> list[Point]:  # fmt: skip
+    """``dedicated_node``: from the reference, one more whole node at a time for the model
+    furthest over its bound, until the SLO is met or ``limit`` nodes are used."""
+    points = [reference]
+    replicas = {m: 1 for m in sizes}
+    while not meets(points[-1], bounds) and sum(replicas.values()) < limit:
+        replicas[worst_model(points[-1], bounds)] += 1
+        points += run([Candidate("dedicated_node", *dedicated_layout(replicas, sizes))])
+    return points
+
+
+def _candidates(family: str, families: Mapping[str, list[Point]]) -> list[Point]:
+    """The points a family's plan is chosen from: its own; Talaria's also the whole-node
+    packings (``static``: groups of 8 are groups too)."""
+    if family == "talaria":
+        return [*families["talaria"], *families["static"]]
+    return families[family]
+
+
+def _shared(
+    start: Point | None,
+    steps: Sequence[tuple[Layout, tuple[int, ...]]],
+    bounds: Mapping[str, float],
+    jobs: int,
+    run: Replayer,
+) -> list[Point]:
+    """``talaria``: the dedicated plan's groups (the same replay: no group switches), then the
+    ``share_groups`` steps, ``jobs`` at a time, until a round in which none meets the SLO."""
+    if start is None:
+        return []
+    points = [replace(start, family="talaria")]
+    for first in range(0, len(steps), jobs):
+        batch = steps[first : first + jobs]
+        tried = run([Candidate("talaria", layout, gpus) for layout, gpus in batch])
+        points += tried
+        if not any(meets(p, bounds) for p in tried):
+            break
+    return points
+
+
+def _right_sized(
+    minimum: Mapping[str, int], bounds: Mapping[str, float], whole: int, max_gpus: int,
+    run: Replayer,
+) -> list[Point]:  # fmt: skip
+    """``dedicated``: from every model on one group of its memory minimum, more GPUs for the
+    model furthest over its bound (module docstring) until the SLO is met or ``max_gpus``
+    would be passed."""
+    sizes, replicas = dict(minimum), {m: 1 for m in minimum}
+    [point] = run([Candidate("dedicated", *dedicated_layout(replicas, sizes))])
+    points = [point]
+    while not meets(point, bounds):
+        worst = worst_model(point, bounds)
+        if point.gpus + sizes[worst] > max_gpus:
+            break
+        options = [(sizes, {**replicas, worst: replicas[worst] + 1})]
+        if replicas[worst] == 1 and sizes[worst] < whole:
+            options.append(({**sizes, worst: 2 * sizes[worst]}, replicas))
+        tried = run([Candidate("dedicated", *dedicated_layout(r, s)) for s, r in options])
+        points += tried
+        best = min(range(len(tried)), key=lambda i: max(overage(tried[i], bounds).values()))
+        point, (sizes, replicas) = tried[best], options[best]
+    return points
 
 
 def _runner(
@@ -207,10 +346,10 @@ def _runner(
     jobs: int,
     on_point: Callable[[Point], None] | None,
 ) -> Replayer:
-    """Replays of (family, layout) pairs, ``jobs`` at a time in worker processes."""
+    """Replays of candidates, ``jobs`` at a time in worker processes."""
 
-    def run(layouts: Sequence[tuple[str, tuple[tuple[str, ...], ...]]]) -> list[Point]:
-        args = [(f, sessions, catalog, server, profile, quantum_s, lay) for f, lay in layouts]
+    def run(candidates: Sequence[Candidate]) -> list[Point]:
+        args = [(c, sessions, catalog, server, profile, quantum_s) for c in candidates]
         if jobs <= 1 or len(args) <= 1:
             points = []
             for a in args:

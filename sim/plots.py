@@ -234,25 +234,29 @@ def plot_fidelity(doc: dict[str, Any], path: str | Path, title: str = "") -> Pat
 
 
 def plot_plan(doc: dict[str, Any], path: str | Path) -> Path:
-    """GPUs needed against the SLO (p95 SCT ÷ dedicated's, one node per model), per layout
-    family: for each SLO the fewest evaluated nodes whose p95 meets it (``talaria plan``'s
-    replays, read off again for every SLO); the plan's own SLO dashed."""
-    reference = doc["reference"]["p95_sct_s"]
-    gpus = doc["gpus_per_node"]
+    """GPUs needed against the SLO (each model's p95 SCT ÷ its p95 on a whole node of its
+    own), per layout family: for each SLO the fewest GPUs evaluated that meet it (``talaria
+    plan``'s replays, read off again for every SLO); the plan's own SLO dashed."""
+    reference = doc["reference"]["p95_by_model"]
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     xs = [1.0 + 0.05 * i for i in range(61)]  # 1× to 4×
-    for family in ("talaria", "static", "dedicated"):
+    for family in ("talaria", "static", "dedicated", "dedicated_node"):
         points = [p for p in doc["points"] if p["family"] == family]
         if not points:
             continue
         ys = []
         for x in xs:
-            meeting = [p["nodes"] for p in points if p["p95_sct_s"] <= x * reference]
-            ys.append(min(meeting) * gpus if meeting else math.nan)
+            meeting = [
+                p["gpus"]
+                for p in points
+                if all(p["p95_by_model"][m] <= x * reach for m, reach in reference.items())
+            ]
+            ys.append(min(meeting) if meeting else math.nan)
         ax.step(xs, ys, where="post", label=family, linewidth=2 if family == "talaria" else 1.2)
-    ax.axvline(doc["slo"]["p95_sct_s"] / reference, color="0.4", linestyle="--", label="plan's SLO")
-    ax.set_xlabel("SLO: p95 SCT ÷ dedicated's p95 (one node per model)")
+    if doc["slo"]["x"] is not None:
+        ax.axvline(doc["slo"]["x"], color="0.4", linestyle="--", label="plan's SLO")
+    ax.set_xlabel("SLO: each model's p95 SCT ÷ its p95 on a whole node of its own")
     ax.set_ylabel("GPUs needed")
     ax.set_title(f"preset {doc['preset']}, seed {doc['seed']}: GPUs needed against the SLO")
     ax.grid(True, alpha=0.3)

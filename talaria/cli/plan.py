@@ -1,6 +1,6 @@
-"""``talaria plan``: the fewest nodes (and GPUs) that meet an SLO on session completion time,
-for talaria with its placement controller, for a static packing of the models and for
-dedicated nodes (sim/plan.py)."""
+"""``talaria plan``: the fewest GPUs that meet an SLO on session completion time, for talaria
+with its placement controller, for a static packing of the models, for dedicated GPU groups of
+the right size and for dedicated whole nodes (sim/plan.py)."""
 
 from __future__ import annotations
 
@@ -27,16 +27,18 @@ def plan(
         float,
         typer.Option(
             min=1.0,
-            help="SLO: p95 SCT ≤ this × the p95 SCT of dedicated nodes, one per model.",
+            help="SLO: each model's p95 SCT ≤ this × its p95 SCT on a whole node of its own.",
         ),
     ] = 1.5,
     slo_p95_s: Annotated[
         float | None,
-        typer.Option(min=0.0, help="SLO: p95 SCT ≤ this many seconds (instead of --slo-x)."),
+        typer.Option(
+            min=0.0, help="SLO: every model's p95 SCT ≤ this many seconds (instead of --slo-x)."
+        ),
     ] = None,
     max_nodes: Annotated[
         int | None,
-        typer.Option(min=1, help="Most nodes to try (default: twice the model count)."),
+        typer.Option(min=1, help="Most whole nodes' GPUs to try (default: twice the model count)."),
     ] = None,
     sessions: Annotated[
         int | None, typer.Option(min=1, help="Sessions to generate (default: the preset's).")
@@ -54,15 +56,17 @@ def plan(
     catalog_dirs: CatalogOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
-    """Find how many 8-GPU nodes the preset's sessions need to meet a p95 SCT SLO.
+    """Find how many GPUs the preset's sessions need to meet a p95 SCT SLO on every model.
 
     Replays the sessions at every node count that holds the models' weights on a packing of
-    the models by demand, fixed (static) and moved by the placement controller (talaria),
-    and on dedicated nodes (each model on its own, one more node at a time for the model
-    worst off), and prints the fewest nodes of each that meets the SLO. The JSON document
-    has plans.talaria.nodes, plans.static.nodes and plans.dedicated.nodes (null when no
-    count up to --max-nodes meets it), the SLO, the layouts found (talaria's: where it
-    started and ended, and its moves by reason) and every replay's SCTs.
+    the models by demand onto whole nodes, fixed (static) and moved by the placement
+    controller (talaria); on dedicated GPU groups of the right size (dedicated: each model
+    from the fewest GPUs that hold its weights and one full-context sequence, 1, 2, 4 or 8,
+    given more for the model worst off); and on dedicated whole nodes (dedicated_node). It
+    prints the fewest GPUs of each that meets the SLO. The JSON document has
+    plans.{talaria,static,dedicated,dedicated_node}.gpus (a plan is null when nothing up to
+    --max-nodes' GPUs meets it) with each plan's groups (models, group GPUs, replicas), the
+    SLO's bound per model, the memory minimum, and every replay's p95 per model.
     """
     from talaria.sim.plan import Point
     from talaria.sim.plan import plan as make_plan
@@ -82,14 +86,13 @@ def plan(
         traces = generate(workload, catalog, seed)
     except (ValueError, CatalogError) as exc:
         raise typer.BadParameter(str(exc)) from exc
-    gpus = catalog.server(chosen.server).gpus
     started = time.perf_counter()
     with progress_bar("replays") as bar:
         task = bar.add_task("plan", total=None, visible=progress)
 
         def tick(point: Point) -> None:
             bar.advance(task)
-            bar.update(task, description=f"plan: {point.family} {point.nodes} nodes")
+            bar.update(task, description=f"plan: {point.family} {point.gpus} GPUs")
 
         try:
             doc = make_plan(
@@ -107,10 +110,7 @@ def plan(
             )
         except CatalogError as exc:
             raise fail(str(exc)) from None
-    doc.update(preset=chosen.name, seed=seed, sessions=len(traces), gpus_per_node=gpus)
-    for found in doc["plans"].values():
-        if found is not None:
-            found["gpus"] = found["nodes"] * gpus
+    doc.update(preset=chosen.name, seed=seed, sessions=len(traces))
     out = stdout()
     out.print(_plan_table(doc))
     console.print(f"planned in {time.perf_counter() - started:.1f} s wall ({jobs} at once)")
@@ -127,25 +127,39 @@ def plan(
 
 def _plan_table(doc: dict[str, Any]) -> Table:
     slo = doc["slo"]
-    how = f"{slo['x']:g} × dedicated's p95" if slo["x"] is not None else "as given"
-    table = Table(
-        title=f"Nodes needed: p95 SCT ≤ {slo['p95_sct_s']:,.1f} s ({how}); preset "
-        f"{doc['preset']}, seed {doc['seed']}, {doc['sessions']} sessions"
+    how = (
+        f"{slo['x']:g} × its p95 on a whole node of its own"
+        if slo["x"] is not None
+        else f"{slo['p95_sct_s']:,.1f} s"
     )
-    for column in ("layout", "nodes", "GPUs", "p50 SCT s", "p95 SCT s", "÷ dedicated nodes"):
+    table = Table(
+        title=f"GPUs needed: every model's p95 SCT ≤ {how}; preset {doc['preset']}, seed "
+        f"{doc['seed']}, {doc['sessions']} sessions; memory minimum "
+        f"{doc['memory_minimum']['gpus']} GPUs"
+    )
+    columns = ("layout", "GPUs", "groups (GPUs × count)", "p50 SCT s", "p95 SCT s",
+               "÷ dedicated GPUs")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="left" if column == "layout" else "right")
     dedicated = doc["plans"]["dedicated"]
     for family, found in doc["plans"].items():
         if found is None:
-            table.add_row(family, f"> {doc['max_nodes']}", "–", "–", "–", "–")
+            most = doc["max_nodes"] * doc["gpus_per_node"]
+            table.add_row(family, f"> {most}", "–", "–", "–", "–")
             continue
-        share = f"{found['nodes'] / dedicated['nodes']:.2f}" if dedicated else "–"
+        share = f"{found['gpus'] / dedicated['gpus']:.2f}" if dedicated else "–"
         table.add_row(
             family,
-            str(found["nodes"]),
             str(found["gpus"]),
+            _group_counts(found["gpus_per_node"]),
             f"{found['p50_sct_s']:,.1f}",
             f"{found['p95_sct_s']:,.1f}",
             share,
         )
     return table
+
+
+def _group_counts(gpus_per_node: list[int]) -> str:
+    """``8×3 4×2``: groups of each size, largest first."""
+    sizes = sorted(set(gpus_per_node), reverse=True)
+    return " ".join(f"{size}×{gpus_per_node.count(size)}" for size in sizes)

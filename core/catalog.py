@@ -126,6 +126,9 @@ class ServerSpec:
     """Weights read from storage by the engine's loader, the whole node; 0: not known."""
     engine_init_s: float = 0.0
     """Starting a new engine beyond reading its weights (process, compile, CUDA graphs)."""
+    node_share: float = 1.0
+    """The fraction of a physical server this is: a GPU group's GPUs ÷ the server's
+    (core/groups.py ``group_server``); 1 for a whole server."""
 
     def placement_s(self, weight_bytes: float, from_peer: bool) -> float:
         """Seconds to place a model on this node: weights ÷ (the peer fabric's or the storage

@@ -87,6 +87,8 @@ STATUS_EXTRA_KEYS = (
     "draining_models",
     "weight_budget_bytes",
     "quantum_s",
+    "server",
+    "gpus",
 )
 """Status document keys beyond ``InstanceStatus``'s fields."""
 

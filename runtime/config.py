@@ -6,8 +6,10 @@ name = "node0"          # instance name the proxy sees
 policy = "talaria"      # scheduler flags: round, talaria, +flag (as in talaria replay)
 quantum_s = 60.0
 time_scale = 1.0        # simulated engines only: simulated seconds per real second
-server = "h200x8"       # simulated engines' hardware (catalog)
+server = "h200x8"       # the node's hardware (catalog)
 profile = "default"
+gpus = "0-3"            # optional: the GPU group this runtime serves (1, 2, 4 or 8 of the
+                        # server's GPUs; `talaria runtime --gpus`, else CUDA_VISIBLE_DEVICES)
 
 [[model]]
 name = "glm-4.5-fp8"    # a catalog model, simulated
@@ -26,7 +28,10 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from talaria.core.catalog import Catalog, ServerSpec
 
 
 class NodeConfigError(ValueError):
@@ -61,6 +66,28 @@ class NodeConfig:
     profile: str = "default"
     base_dir: Path = Path(".")
     """The config file's folder: relative model paths start here."""
+    gpus: tuple[int, ...] | None = None
+    """The GPU group this runtime serves: device ids of the server (core/groups.py; its
+    size is the TP of its engines); None: the whole server."""
+
+    def server_spec(self, catalog: Catalog) -> ServerSpec:
+        """The node's hardware: the catalog's server, or the group of ``gpus`` of it;
+        ``NodeConfigError`` for a group that is not 1, 2, 4 or 8 distinct GPUs of it."""
+        from talaria.core.groups import GroupError, group_server
+
+        server = catalog.server(self.server)
+        if self.gpus is None:
+            return server
+        beyond = [g for g in self.gpus if g >= server.gpus]
+        if beyond:
+            raise NodeConfigError(
+                f"node {self.name}: GPUs {beyond} are not GPUs of server {server.name} "
+                f"(0-{server.gpus - 1})"
+            )
+        try:
+            return group_server(server, len(self.gpus))
+        except GroupError as exc:
+            raise NodeConfigError(f"node {self.name}: gpus {list(self.gpus)}: {exc}") from exc
 
     def model_dir(self, model: ModelConfig) -> Path:
         """A vLLM model's directory: absolute, relative to the config file, or a shipped tiny
@@ -99,6 +126,29 @@ def model_config(entry: Any, where: str, engines: tuple[str, ...]) -> ModelConfi
     return ModelConfig(entry["name"], engine, path, options)
 
 
+def parse_gpus(value: Any, where: str) -> tuple[int, ...]:
+    """Device ids from ``"0-3"``, ``"4,5"``, ``"0-1,6"`` or a list of integers (the form of
+    ``CUDA_VISIBLE_DEVICES`` and of ``--gpus``); ``NodeConfigError`` naming ``where`` for
+    anything else or for a repeated id."""
+    ids: list[int] = []
+    try:
+        if isinstance(value, list) and all(type(v) is int for v in value):
+            ids = list(value)
+        elif isinstance(value, str) and value.strip():
+            for part in value.split(","):
+                first, _, last = part.strip().partition("-")
+                ids += range(int(first), int(last or first) + 1)
+        else:
+            raise ValueError(value)
+    except ValueError:
+        raise NodeConfigError(
+            f'{where}: gpus must be device ids such as "0-3" or [4, 5], not {value!r}'
+        ) from None
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise NodeConfigError(f"{where}: gpus {value!r} must name distinct devices, from 0")
+    return tuple(ids)
+
+
 def load_node_config(path: str | Path) -> NodeConfig:
     """The node config of a TOML file (the module docstring shows one); a missing field or an
     unknown name is a ``NodeConfigError``."""
@@ -114,7 +164,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
     if not isinstance(entries, list) or not entries:
         raise NodeConfigError(f"{file}: needs at least one [[model]]")
     models = [model_config(entry, str(file), tuple(ENGINES)) for entry in entries]
-    known = {"name", "policy", "quantum_s", "time_scale", "server", "profile"}
+    known = {"name", "policy", "quantum_s", "time_scale", "server", "profile", "gpus"}
     unknown = set(node) - known
     if unknown:
         raise NodeConfigError(f"{file}: unknown [node] keys {sorted(unknown)}")
@@ -127,4 +177,5 @@ def load_node_config(path: str | Path) -> NodeConfig:
         server=node.get("server", "h200x8"),
         profile=node.get("profile", "default"),
         base_dir=file.parent,
+        gpus=parse_gpus(node["gpus"], f"{file}: [node]") if "gpus" in node else None,
     )

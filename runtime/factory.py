@@ -15,7 +15,7 @@ from typing import Any
 
 from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
-from talaria.core.groups import group_server
+from talaria.core.groups import GroupError, check_fits, group_server
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
@@ -37,9 +37,11 @@ cluster preset's layout keeps ≥ 500 GB, sim/presets.py)."""
 
 def pinned_weight_budget_bytes(server: ServerSpec) -> float:
     """The pinned weight copies a node may hold, so that each hosted model can be woken:
-    host DRAM × (1 − ``HOST_RESERVE_FRACTION``) − ``HOST_KV_FLOOR_BYTES`` (what a placement
-    packs models into, sim/placement.py, and a live node reports in its status)."""
-    return server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - HOST_KV_FLOOR_BYTES
+    host DRAM × (1 − ``HOST_RESERVE_FRACTION``) − ``HOST_KV_FLOOR_BYTES`` × the server's
+    ``node_share`` (a GPU group keeps its share of the node's floor; what a placement packs
+    models into, sim/placement.py, and a live node reports in its status)."""
+    floor = HOST_KV_FLOOR_BYTES * server.node_share
+    return server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - floor
 
 
 def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
@@ -138,7 +140,7 @@ def _calibrated_cost(config: NodeConfig, catalog: Catalog, model: str) -> CostMo
     profile = catalog.profile(config.profile)
     if model not in profile.fitted or model not in catalog.models:
         return None
-    return CostModel(catalog.model(model), catalog.server(config.server), profile)
+    return CostModel(catalog.model(model), config.server_spec(catalog), profile)
 
 
 def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) -> dict[str, Any]:
@@ -216,10 +218,18 @@ class EngineKind:
 
 
 def _build_sim(site: EngineSite) -> Engine:
-    """A ``SimEngine`` of a catalog model, timed by the node's server and profile."""
+    """A ``SimEngine`` of a catalog model, timed by the node's server (or GPU group) and
+    profile; on a group, a model that does not fit it is a ``NodeConfigError`` naming the
+    model and the numbers."""
     config = site.config
     spec = site.catalog.model(site.model.name)
-    cost = CostModel(spec, site.catalog.server(config.server), site.catalog.profile(config.profile))
+    server = config.server_spec(site.catalog)
+    if config.gpus is not None:
+        try:
+            check_fits(spec, site.catalog.server(config.server), len(config.gpus))
+        except GroupError as exc:
+            raise NodeConfigError(f"node {config.name}: {exc}") from exc
+    cost = CostModel(spec, server, site.catalog.profile(config.profile))
     return SimEngine(
         spec,
         cost,
@@ -234,17 +244,27 @@ def _build_sim(site: EngineSite) -> Engine:
 
 
 def _build_vllm(site: EngineSite) -> Engine:
-    """A ``VLLMEngine`` of a model directory (vLLM is imported only here, lazily)."""
+    """A ``VLLMEngine`` of a model directory (vLLM is imported only here, lazily); on a GPU
+    group its ``tensor_parallel_size`` is the group's size (another given value is a
+    ``NodeConfigError``)."""
     from talaria.runtime.engines.vllm import build_vllm_engine
 
     config, model = site.config, site.model
+    options = {**_serving_defaults(config, site.catalog, model), **model.options}
+    if config.gpus is not None:
+        tp = options.setdefault("tensor_parallel_size", len(config.gpus))
+        if tp != len(config.gpus):
+            raise NodeConfigError(
+                f"model {model.name}: tensor_parallel_size {tp} on node {config.name}'s group "
+                f"of {len(config.gpus)} GPUs {list(config.gpus)}: it must be the group's size"
+            )
     return build_vllm_engine(
         config.model_dir(model),
         model.name,
         site.clock,
         config.name,
         cost=_calibrated_cost(config, site.catalog, model.name),
-        **{**_serving_defaults(config, site.catalog, model), **model.options},
+        **options,
     )
 
 
@@ -307,7 +327,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     memory = NodeMemory(float("inf"), 0.0)
     if bound:
         specs = [catalog.model(m.name) for m in bound]
-        memory = node_memory(catalog.server(config.server), specs)
+        memory = node_memory(config.server_spec(catalog), specs)
     pcie = PcieLink(clock)
     device = DeviceShare()
     engines: dict[str, Engine] = {}
@@ -343,7 +363,7 @@ async def place_model(
     load_s = 0.0
     if kind.loads_on_clock:
         weight_bytes = catalog.model(model.name).weight_bytes
-        load_s = catalog.server(config.server).placement_s(weight_bytes, from_peer=False)
+        load_s = config.server_spec(catalog).placement_s(weight_bytes, from_peer=False)
     assert node.pcie is not None and node.device is not None, "a built node"
     site = EngineSite(
         config, model, catalog, node.clock, node.flags, node.memory, node.pcie, node.device

@@ -217,9 +217,11 @@ def create_runtime_app(
                 engines=engines,
                 draining_models=sorted(runtime.draining),
                 weight_budget_bytes=pinned_weight_budget_bytes(
-                    runtime.catalog.server(runtime.config.server)
+                    runtime.config.server_spec(runtime.catalog)
                 ),
                 quantum_s=runtime.config.quantum_s,
+                server=runtime.config.server,
+                gpus=runtime.config.server_spec(runtime.catalog).gpus,
             )
         )
 

@@ -102,6 +102,9 @@ class NodeView:
     """Model → when it was placed here (absent: from the start)."""
     live: Mapping[str, int] = field(default_factory=dict)
     """Model → sessions whose last call ran here and that have not ended."""
+    too_small: frozenset[str] = frozenset()
+    """Models this node's GPU group cannot hold (core/groups.py: their smallest group is
+    larger): never added here."""
 
 
 @dataclass(frozen=True)
@@ -214,8 +217,10 @@ class _Plan:
         return sorted(found, key=lambda m: (-self.view.weight_bytes[m], m))
 
     def room_after_evictions(self, node: str, model: str) -> list[str] | None:
-        """The idle models to evict so ``model`` fits on ``node`` (None: it cannot)."""
-        if model in self.hosted[node] or model in self.nodes[node].draining:
+        """The idle models to evict so ``model`` fits on ``node`` (None: it cannot, the node's
+        GPU group too small among the reasons)."""
+        view = self.nodes[node]
+        if model in self.hosted[node] or model in view.draining or model in view.too_small:
             return None
         free = self.nodes[node].budget_bytes - self.used_bytes(node)
         need = self.view.weight_bytes[model]

@@ -13,7 +13,8 @@ What one look reads:
 - **nodes**: every runtime whose status answers: *hosted*, its models less those it drains,
   plus those this loop is adding to it; *draining*, its ``draining_models``; the *budget*, its
   ``weight_budget_bytes``; *live*, each model's ``live_sessions``; *placed*, when this loop
-  added a model there (absent: from the start);
+  added a model there (absent: from the start); *too small*, the library models its GPU
+  group cannot hold (its status's ``server`` and ``gpus``, ``group_floor``: never added);
 - **weights**: a library entry's ``weight_bytes``, else the catalog's, else 0;
 - ``w_m``: the largest ``switch_s`` a runtime reports for the model; ``Q``: the largest
   ``quantum_s`` a runtime reports.
@@ -62,7 +63,7 @@ from talaria.core.placement import (
 )
 from talaria.core.status import InstanceStatus
 from talaria.proxy.placement.library import LIBRARY_ONLY_KEYS, merge_demand
-from talaria.proxy.placement.target import LiveMove, PlacementTarget
+from talaria.proxy.placement.target import GroupFloor, LiveMove, PlacementTarget, too_small
 from talaria.proxy.runtimes.http import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
@@ -94,6 +95,7 @@ class PlacementLoop:
         config: PlacementConfig,
         clock: Clock,
         *,
+        group_floor: GroupFloor = lambda model, server: None,
         leads: Callable[[], bool] = lambda: True,
         cold_start_timeout_s: float = 900.0,
     ) -> None:
@@ -114,6 +116,7 @@ class PlacementLoop:
             for name, entry in self.library.items()
         }
         self._catalog_weights = catalog_weights
+        self._group_floor = group_floor
         self.records: list[LiveMove] = []
         self.looks = 0
         self._started_s = clock.now()
@@ -235,6 +238,7 @@ class PlacementLoop:
                     target.weight_budget_bytes,
                     {m: t for (r, m), t in self._placed_s.items() if r == runtime.name},
                     {m: res.live_sessions for m, res in status.models.items()},
+                    too_small(target, self.library, self._group_floor),
                 )
             )
             for model, res in status.models.items():

@@ -3,7 +3,7 @@ and what it records of each move."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -16,6 +16,10 @@ class PlacementTarget(Protocol):
     name: str
     weight_budget_bytes: float
     quantum_s: float | None
+    server: str | None
+    """The runtime's hardware (a catalog server), as its status says; None: not said."""
+    gpus: int | None
+    """The GPUs of its group (core/groups.py), as its status says; None: not said."""
 
     @property
     def models(self) -> tuple[str, ...]: ...
@@ -46,3 +50,18 @@ class LiveMove:
     reason: str
     outcome: str = "running"
     seconds: float = 0.0
+
+
+GroupFloor = Callable[[str, str], int | None]
+"""(model, server) → the fewest GPUs of a group of that server that hold the model
+(core/groups.py ``smallest_group``); None: not known (no constraint)."""
+
+
+def too_small(target: PlacementTarget, models: Iterable[str], floor: GroupFloor) -> frozenset[str]:
+    """Of ``models``, those the target's GPU group cannot hold (the controller's
+    ``NodeView.too_small``); none when the runtime does not say its server and group."""
+    if target.server is None or target.gpus is None:
+        return frozenset()
+    return frozenset(
+        m for m in models if (need := floor(m, target.server)) is not None and need > target.gpus
+    )

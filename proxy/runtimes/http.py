@@ -154,6 +154,10 @@ class HttpRuntime:
         """The pinned weights the node may hold (its status; a placement's budget)."""
         self.quantum_s: float | None = None
         """The node's slot quantum (its status)."""
+        self.server: str | None = None
+        """The node's hardware, a catalog server (its status)."""
+        self.gpus: int | None = None
+        """The GPUs of the node's group (its status)."""
         self.status_cache = StatusCache(
             self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s, name=self.name
         )
@@ -242,6 +246,9 @@ class HttpRuntime:
         draining = data.get("draining_models")
         if isinstance(draining, list):
             self._draining = frozenset(str(n) for n in draining)
+        server, gpus = data.get("server"), data.get("gpus")
+        if isinstance(server, str) and isinstance(gpus, int):
+            self.server, self.gpus = server, gpus
         budget, quantum = data.get("weight_budget_bytes"), data.get("quantum_s")
         if isinstance(budget, int | float):
             self.weight_budget_bytes = float(budget)

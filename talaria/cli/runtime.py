@@ -4,6 +4,7 @@ node config file or from model paths (``--model``)."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -98,6 +99,15 @@ def runtime_server(
             "Python from the model's directory); the node config may set it regardless.",
         ),
     ] = False,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="The GPU group this runtime serves: 1, 2, 4 or 8 of the server's GPUs, as "
+            "device ids ('0-3', '4,5'); its vLLM engines get tensor_parallel_size = their "
+            "count and see only them (CUDA_VISIBLE_DEVICES). Default: the config's \\[node] "
+            "gpus, else CUDA_VISIBLE_DEVICES, else the whole server.",
+        ),
+    ] = None,
 ) -> None:
     """Run one node's runtime server: its engines (simulated or vLLM) behind the slot scheduler,
     serving the proxy over HTTP (talaria serve --runtime http://HOST:PORT). The node comes
@@ -113,7 +123,7 @@ def runtime_server(
     token = runtime_token(host)
     catalog = catalog_of(catalog_dirs)
     choices = ServingChoices(tool_parser, reasoning_parser, chat_template, max_model_len)
-    node = node_config(config, model, choices, catalog)
+    node = on_group(node_config(config, model, choices, catalog), gpus, catalog)
     console.print(
         f"talaria runtime {node.name} on http://{host}:{port} — "
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
@@ -170,6 +180,35 @@ def node_config(
         raise typer.BadParameter(str(exc)) from exc
     if faults:
         raise typer.BadParameter("; ".join(faults))
+    return node
+
+
+def on_group(node: NodeConfig, flag: str | None, catalog: Catalog) -> NodeConfig:
+    """The node on its GPU group (``--gpus``, else its config's, else ``CUDA_VISIBLE_DEVICES``:
+    its count when it names devices by UUID), checked at once: a group that is not 1, 2, 4 or
+    8 of the server's GPUs, or a simulated model that does not fit it, is one line naming the
+    numbers. A group given by the flag or the config becomes this process's
+    ``CUDA_VISIBLE_DEVICES`` (vLLM's engines see only its GPUs)."""
+    from talaria.core.groups import GroupError, check_fits
+    from talaria.runtime.config import NodeConfigError, parse_gpus
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    try:
+        if flag is not None:
+            node = replace(node, gpus=parse_gpus(flag, "--gpus"))
+        elif node.gpus is None and visible:
+            entries = visible.split(",")
+            numeric = all(e.strip().isdigit() for e in entries)
+            ids = parse_gpus(visible, "CUDA_VISIBLE_DEVICES") if numeric else range(len(entries))
+            node = replace(node, gpus=tuple(ids))
+        server = node.server_spec(catalog)
+        for model in node.models:
+            if node.gpus is not None and model.engine == "sim":
+                check_fits(catalog.model(model.name), catalog.server(node.server), server.gpus)
+    except (NodeConfigError, GroupError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--gpus'") from exc
+    if node.gpus is not None and (flag is not None or not visible):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in node.gpus)
     return node
 
 

@@ -37,8 +37,11 @@ class FakeRuntime:
         budget: float = 1_000 * GB,
         fail_add: str | None = None,
         add_s: float = ENGINE_START_S,
+        gpus: int | None = None,
     ) -> None:
         self.name = name
+        self.server: str | None = "h200x8" if gpus is not None else None
+        self.gpus = gpus
         self.hosted = list(models)
         self.draining: set[str] = set()
         self.live: dict[str, int] = {}
@@ -124,6 +127,7 @@ def _loop(
     library: Mapping[str, Mapping[str, Any]] = LIBRARY,
     timeout_s: float = 900.0,
     leads: bool = True,
+    floors: Mapping[str, int] | None = None,
 ) -> PlacementLoop:
     pool = RuntimePool(runtimes, TimeScale(1.0))  # type: ignore[arg-type]
     return PlacementLoop(
@@ -134,6 +138,7 @@ def _loop(
         LoopClock(),
         leads=lambda: leads,
         cold_start_timeout_s=timeout_s,
+        group_floor=lambda model, server: (floors or {}).get(model),
     )
 
 
@@ -158,6 +163,26 @@ def test_a_call_for_a_library_model_cold_starts_it_with_its_entry() -> None:
         assert record.seconds == pytest.approx(ENGINE_START_S)
         assert await loop.ensure("c") is True  # hosted now: no second add
         assert sum(len(r.requests) for r in (n0, n1)) == 1
+
+    run_virtual(main())
+
+
+def test_a_model_is_never_added_to_a_gpu_group_too_small_for_it() -> None:
+    """c needs a group of 4 GPUs: the idle 2-GPU runtime is passed over for the busier
+    4-GPU one; a runtime that does not say its group is not constrained."""
+
+    async def main() -> None:
+        small, big = FakeRuntime("small", [], gpus=2), FakeRuntime("big", ["a", "b"], gpus=4)
+        loop = _loop([small, big], floors={"c": 4, "a": 1, "b": 1})
+        assert await loop.ensure("c") is True
+        assert "c" in big.models and "c" not in small.models
+        only = FakeRuntime("only", [], gpus=2)
+        loop = _loop([only], floors={"c": 4})
+        with pytest.raises(ColdStartFailed, match="no runtime has room for c"):  # its 503
+            await loop.ensure("c")
+        assert only.requests == []
+        unsaid = FakeRuntime("unsaid", [])
+        assert await _loop([unsaid], floors={"c": 4}).ensure("c") is True
 
     run_virtual(main())
 

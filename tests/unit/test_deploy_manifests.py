@@ -293,6 +293,26 @@ def test_runtime_requests_a_whole_gpu_node() -> None:
     assert anti[0]["topologyKey"] == "kubernetes.io/hostname"
 
 
+def test_the_runtime_serves_the_gpu_group_its_pod_gets() -> None:
+    """``--gpus 0-(N-1)``: the N GPUs the device plugin gives the pod (core/groups.py); the
+    chart derives it from the pod's GPU limit, so a values file of 4-GPU pods gets 0-3."""
+    args = _container(_one("StatefulSet", "runtime"))["args"]
+    assert args[args.index("--gpus") + 1] == f"0-{GPUS_PER_NODE - 1}"
+    pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (optional)")
+    four = {"nvidia.com/gpu": 4, "memory": "875Gi"}
+    out = _render_module().render_chart(
+        {
+            "database": {"url": "postgresql+asyncpg://u:p@db/t"},
+            "runtime": {"resources": {"requests": {**four, "cpu": "32"}, "limits": four}},
+        }
+    )
+    (pods,) = [
+        d for d in yaml.safe_load_all(out["talaria/templates/runtime-statefulset.yaml"]) if d
+    ]
+    args = pods["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--gpus") + 1] == "0-3"
+
+
 def test_runtime_probes_and_drain() -> None:
     statefulset = _one("StatefulSet", "runtime")
     runtime = _container(statefulset)

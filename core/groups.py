@@ -26,6 +26,7 @@ cannot hold one ``max_model_len`` sequence (docs/sources.md §14).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 
 from talaria.core.catalog import CatalogError, ModelSpec, ServerSpec
@@ -87,6 +88,15 @@ def memory_floor_bytes(model: ModelSpec, tp: int) -> float:
     """weight_bytes + one context_window_tokens sequence's KV at TP = ``tp``."""
     kv = kv_bytes_per_token_at(model, tp) * model.context_window_tokens
     return model.weight_bytes + kv + kv_fixed_bytes_per_seq_at(model, tp)
+
+
+def fit_together(models: Sequence[ModelSpec], server: ServerSpec, size: int) -> bool:
+    """Whether the models can be resident together on a group of ``size`` GPUs: Σ weights +
+    the largest one-sequence KV floor ≤ the group's usable HBM (the node scheduler's
+    resident-set rule, runtime/scheduling/slots.py ``resident_set``)."""
+    weights = sum(m.weight_bytes for m in models)
+    kv = max(memory_floor_bytes(m, size) - m.weight_bytes for m in models)
+    return weights + kv <= group_server(server, size).usable_hbm_bytes
 
 
 def fits(model: ModelSpec, server: ServerSpec, size: int) -> bool:

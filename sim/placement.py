@@ -24,13 +24,15 @@ another, one model more at each step, so that the two time-share that group in s
 2. its host: of the other groups, those at least its smallest group (its weights and one
    full-context sequence fit: ``minimum``) whose models' weights, with its own, fit the
    group's share of the node's pinned-weight budget (``budget_bytes`` × size ÷ the node's
-   GPUs), the one with the least load (ties: the lower index); none: the model stays alone;
+   GPUs); first those where all can stay resident together (``together``: no switch, only
+   the GPUs shared), then the one with the least load (ties: the lower index); none: the
+   model stays alone;
 3. its own group is freed: each step needs its group's GPUs fewer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from talaria.core.catalog import Catalog
 from talaria.core.trace import SessionTrace
@@ -76,6 +78,7 @@ def share_groups(
     minimum: Mapping[str, int],
     budget_bytes: float,
     node_gpus: int,
+    together: Callable[[Sequence[str], int], bool],
 ) -> list[tuple[Layout, tuple[int, ...]]]:
     """The layouts (and their groups' GPUs) after each move of ``share_groups`` (module
     docstring), fewest moves first; ``layout``, ``gpus``: the groups to start from."""
@@ -98,7 +101,7 @@ def share_groups(
         hosts = [i for i in range(len(hosted)) if i != own[0] and fits(i, model)]
         if not hosts:
             continue
-        target = min(hosts, key=lambda i: (load(i), i))
+        target = min(hosts, key=lambda i: (not together([*hosted[i], model], sizes[i]), load(i), i))
         hosted[target].append(model)
         del hosted[own[0]], sizes[own[0]]
         steps.append((tuple(tuple(models) for models in hosted), tuple(sizes)))

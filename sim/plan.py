@@ -8,8 +8,9 @@ replay independent, ``jobs`` at a time), and each family's plan is its evaluated
 fewest GPUs that meets the SLO (Talaria's: of its shared groups and its whole-node packings):
 
 - ``talaria``: GPU groups shared (sim/placement.py ``share_groups``): from the ``dedicated``
-  plan's groups, the coldest models, one more at each step, time-share the group of another
-  model (slots, SP admission, host KV and staging inside the group: the ``talaria`` policy);
+  plan's groups, the coldest models, one more at each step, share the group of another model
+  (resident together where their memory allows, else time-sharing it in slots with SP
+  admission, host KV and staging: the ``talaria`` policy);
   steps are replayed ``jobs`` at a time, fewest moves first, until a round in which none meets
   the SLO;
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
@@ -37,7 +38,7 @@ from multiprocessing import get_context
 from typing import Any
 
 from talaria.core.catalog import Catalog
-from talaria.core.groups import smallest_group
+from talaria.core.groups import fit_together, smallest_group
 from talaria.core.trace import SessionTrace
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.metrics import percentile
@@ -247,8 +248,13 @@ def plan(
         demand.update(model_demand(sessions, catalog, server, profile))
         weights = {m: catalog.model(m).weight_bytes for m in models}
         budget = weight_budget_bytes(catalog, server)
+        spec = catalog.server(server)
+
+        def together(names: Sequence[str], size: int) -> bool:
+            return fit_together([catalog.model(m) for m in names], spec, size)
+
         steps = share_groups(start_from.layout, start_from.gpus_per_node, demand, weights,
-                             minimum, budget, whole)  # fmt: skip
+                             minimum, budget, whole, together)  # fmt: skip
     families["talaria"] = _shared(start_from, steps, bounds, jobs, run)
     plans = {}
     for family in FAMILIES:

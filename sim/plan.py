@@ -5,7 +5,8 @@ model's p95 on the *reference*, every model alone on a whole node of its own (on
 switched: what serverful serving on whole nodes gives); or one absolute bound for every model
 (``slo_p95_s``). A layout meets the SLO when every model does. Layouts are replayed (each
 replay independent, ``jobs`` at a time), and each family's plan is its evaluated layout with the
-fewest GPUs that meets the SLO (Talaria's: of its shared groups and its whole-node packings):
+fewest GPUs that meets the SLO (Talaria's: of its shared groups, the whole-node packings and
+the dedicated groups, all served under its policy):
 
 - ``talaria``: GPU groups shared (sim/placement.py ``share_groups``): from the ``dedicated``
   plan's groups, the coldest models, one more at each step, share the group of another model
@@ -291,10 +292,11 @@ def _more_nodes(
 
 
 def _candidates(family: str, families: Mapping[str, list[Point]]) -> list[Point]:
-    """The points a family's plan is chosen from: its own; Talaria's also the whole-node
-    packings (``static``: groups of 8 are groups too)."""
+    """The points a family's plan is chosen from: its own; Talaria's all the layouts it can
+    serve under its policy: its shared groups, the whole-node packings (groups of 8 are groups
+    too) and the dedicated groups (a group of one model is a group too)."""
     if family == "talaria":
-        return [*families["talaria"], *families["static"]]
+        return [*families["talaria"], *families["static"], *families["dedicated"]]
     return families[family]
 
 

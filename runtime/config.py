@@ -136,8 +136,8 @@ def parse_gpus(value: Any, where: str) -> tuple[int, ...]:
             ids = list(value)
         elif isinstance(value, str) and value.strip():
             for part in value.split(","):
-                first, _, last = part.strip().partition("-")
-                ids += range(int(first), int(last or first) + 1)
+                first, dash, last = part.strip().partition("-")
+                ids += range(int(first), int(last if dash else first) + 1)
         else:
             raise ValueError(value)
     except ValueError:

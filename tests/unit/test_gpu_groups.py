@@ -3,9 +3,13 @@ model, a group's server figures and cost model, and the errors for a bad group."
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from talaria.core.catalog import load_catalog
+from talaria.core.clock import LoopClock
 from talaria.core.groups import (
     GroupError,
     check_fits,
@@ -16,7 +20,9 @@ from talaria.core.groups import (
     memory_floor_bytes,
     smallest_group,
 )
+from talaria.runtime.config import NodeConfigError, load_node_config, parse_gpus
 from talaria.runtime.costmodel import CostModel
+from talaria.runtime.factory import build_node_from_config
 from talaria.sim.presets import FLEET_MODELS
 
 CATALOG = load_catalog()
@@ -98,3 +104,72 @@ def test_a_model_that_does_not_fit_its_group_names_the_numbers() -> None:
     assert "smallest group is 8" in text
     with pytest.raises(GroupError, match=r"kimi-k2-instruct needs 1,.* but 8 GPUs"):
         smallest_group(CATALOG.model("kimi-k2-instruct"), H200)
+
+
+NODE = """
+[node]
+name = "g"
+{gpus}
+
+[[model]]
+name = "{model}"
+engine = "{engine}"
+{extra}
+"""
+
+
+def _node(tmp_path: Path, model: str, gpus: str = "", engine: str = "sim", extra: str = "") -> Any:
+    path = tmp_path / "node.toml"
+    path.write_text(NODE.format(gpus=gpus, model=model, engine=engine, extra=extra))
+    return load_node_config(path)
+
+
+@pytest.mark.parametrize(
+    ("value", "ids"),
+    [("0-3", (0, 1, 2, 3)), ("4,5", (4, 5)), ("0-1,6", (0, 1, 6)), ([7], (7,)), ("2", (2,))],
+)
+def test_gpus_are_parsed_as_device_ids(value: Any, ids: tuple[int, ...]) -> None:
+    assert parse_gpus(value, "here") == ids
+
+
+@pytest.mark.parametrize("value", ["", "a-b", "3-", [1.5], "1,1", "-1", True, 4])
+def test_bad_gpus_are_refused_naming_where(value: Any) -> None:
+    with pytest.raises(NodeConfigError, match="here"):
+        parse_gpus(value, "here")
+
+
+def test_a_node_on_a_group_has_the_groups_memory(tmp_path: Path) -> None:
+    config = _node(tmp_path, "gpt-oss-120b", gpus='gpus = "6"')
+    assert config.gpus == (6,)
+    built = build_node_from_config(config, CATALOG, LoopClock())
+    assert built.node.memory.hbm_capacity_bytes == pytest.approx(141e9 * 0.9)
+    whole = build_node_from_config(_node(tmp_path, "gpt-oss-120b"), CATALOG, LoopClock())
+    assert whole.node.memory.hbm_capacity_bytes == pytest.approx(8 * 141e9 * 0.9)
+    with pytest.raises(NodeConfigError, match=r"glm-4\.5-fp8 does not fit a group of 2 GPUs"):
+        build_node_from_config(_node(tmp_path, "glm-4.5-fp8", 'gpus = "0-1"'), CATALOG, LoopClock())
+
+
+def test_vllm_engines_on_a_group_run_with_its_tensor_parallelism(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import talaria.runtime.engines.vllm as vllm_engines
+
+    asked: list[dict[str, Any]] = []
+
+    def fake_build(*args: Any, **options: Any) -> Any:
+        asked.append(options)
+        raise RuntimeError("not built here")
+
+    monkeypatch.setattr(vllm_engines, "build_vllm_engine", fake_build)
+    (tmp_path / "m").mkdir()
+    config = _node(tmp_path, "m", 'gpus = "0-3"', "vllm", 'path = "m"')
+    with pytest.raises(RuntimeError, match="not built here"):
+        build_node_from_config(config, CATALOG, LoopClock())
+    assert asked[-1]["tensor_parallel_size"] == 4
+    config = _node(tmp_path, "m", 'gpus = "0-3"', "vllm", 'path = "m"\ntensor_parallel_size = 2')
+    with pytest.raises(NodeConfigError, match="tensor_parallel_size 2 on node g's group of 4"):
+        build_node_from_config(config, CATALOG, LoopClock())
+    config = _node(tmp_path, "m", "", "vllm", 'path = "m"')
+    with pytest.raises(RuntimeError, match="not built here"):
+        build_node_from_config(config, CATALOG, LoopClock())
+    assert "tensor_parallel_size" not in asked[-1]  # no group: vLLM's own default

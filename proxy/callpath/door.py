@@ -23,7 +23,14 @@ from talaria.proxy.contract.calls import (
 from talaria.proxy.contract.errors import ApiError, unavailable, unknown_model
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.placement.loop import ColdStartFailed
-from talaria.proxy.sessions.identity import IdentityError, identify, named_by_header
+from talaria.proxy.sessions.identity import (
+    IdentityError,
+    Source,
+    headers_of,
+    identify,
+    named_by_header,
+    session_sources,
+)
 
 COLD_RETRY_S = 30.0
 """Retry-After of a call whose model's cold start failed (seconds)."""
@@ -54,8 +61,8 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     caller = request.state.caller = await caller_of(ctx, request)
     tenant = caller.tenant_id
     raw = await read_bytes(request, ctx.settings.max_request_bytes)
-    if named_by_header(request.headers):  # the body cannot change the identity
-        known = _identify(request, {})
+    if named_by_header(request.headers, _sources(ctx)):  # the body cannot change the identity
+        known = _identify(request, ctx, {})
         if known.identity is not None:
             key = _placement_key(request, ctx, tenant, known.identity, None)
             await forward_to_owner(request, ctx, key, None)
@@ -63,7 +70,7 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
         body = parse_json(raw)
     else:
         body = parse_json(raw)
-        known = _identify(request, body)
+        known = _identify(request, ctx, body)
     request.state.identified = known
     return ctx, tenant, body
 
@@ -87,9 +94,15 @@ class Identified:
         return self.identity
 
 
-def _identify(request: Request, body: Any) -> Identified:
+def _sources(ctx: ProxyContext) -> tuple[Source, ...]:
+    """The identity table: the built-in rows and ``TALARIA_SESSION_HEADERS``'s."""
+    return session_sources(ctx.settings.session_headers)
+
+
+def _identify(request: Request, ctx: ProxyContext, body: Any) -> Identified:
     try:
-        return Identified(identify(request.headers, body if isinstance(body, dict) else {}))
+        found = identify(request.headers, body if isinstance(body, dict) else {}, _sources(ctx))
+        return Identified(found)
     except IdentityError as exc:
         return Identified(None, ApiError(400, str(exc), param=exc.field, code=exc.code))
 
@@ -117,7 +130,10 @@ def _placement_key(
 ) -> str | None:
     """The key the call is placed by among replicas (proxy/cluster/owner.py)."""
     ingress = ctx.settings.replica_affinity == "ingress"
-    return placement_key(tenant, identity.placed_by, messages, request.headers, ingress=ingress)
+    names = headers_of(_sources(ctx))
+    return placement_key(
+        tenant, identity.placed_by, messages, request.headers, ingress=ingress, names=names
+    )
 
 
 async def check_model(ctx: ProxyContext, model: str) -> bool:

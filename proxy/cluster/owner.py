@@ -70,11 +70,12 @@ NGINX_KEY = "talaria_session_name"
 """The nginx variable :func:`nginx_session_maps` defines: the balancer's hash key."""
 
 
-def affinity(headers: Mapping[str, str]) -> str | None:
-    """The value an ingress hashes a call on: the first of ``AFFINITY_HEADERS`` that is not
-    empty (nginx: ``$talaria_session_name``, :func:`nginx_session_maps`); None when the call
-    has none of them (the ingress then spreads it round-robin)."""
-    for name in AFFINITY_HEADERS:
+def affinity(headers: Mapping[str, str], names: Sequence[str] = AFFINITY_HEADERS) -> str | None:
+    """The value an ingress hashes a call on: the first of ``names`` (the session headers,
+    with an operator's: proxy/sessions/identity.py ``session_sources``) that is not empty
+    (nginx: ``$talaria_session_name``, :func:`nginx_session_maps`); None when the call has
+    none of them (the ingress then spreads it round-robin)."""
+    for name in names:
         value = headers.get(name, "")
         if value:
             return value
@@ -101,10 +102,12 @@ def placement_key(
     headers: Mapping[str, str],
     *,
     ingress: bool,
+    names: Sequence[str] = AFFINITY_HEADERS,
 ) -> str | None:
     """The key a call is placed by among replicas: with ``ingress`` affinity and an affinity
-    header, ``ingress|tenant|value`` (owned where it landed); else its ``route_key``."""
-    if ingress and (value := affinity(headers)) is not None:
+    header (of ``names``), ``ingress|tenant|value`` (owned where it landed); else its
+    ``route_key``."""
+    if ingress and (value := affinity(headers, names)) is not None:
         return f"{INGRESS_PREFIX}{tenant_id}|{value}"
     return route_key(tenant_id, session_id, messages)
 

@@ -230,6 +230,13 @@ class ProxySettings(BaseSettings):
         "every one): they sign the requests they forward to each other with it; required "
         "with replica_url",
     )
+    session_headers: str = Field(
+        "",
+        description="More headers that name a session, for clients that send their own: "
+        "comma-separated 'name' or 'name:rank' (rank: the 1-based place among the session "
+        "sources, docs/proxy.md; default: after the built-in ones); a name that is not an "
+        "HTTP header name, a built-in one or a rank out of range is refused at start",
+    )
     replica_affinity: Literal["rendezvous", "ingress"] = Field(
         "rendezvous",
         description="rendezvous: the replica a call reaches forwards it to its session's "
@@ -272,6 +279,14 @@ class ProxySettings(BaseSettings):
         description="gc.freeze() after start-up (talaria serve sets it): the "
         "objects of start-up leave the collector's scans, which otherwise stall the loop",
     )
+
+    @field_validator("session_headers")
+    @classmethod
+    def _session_headers(cls, value: str) -> str:
+        from talaria.proxy.sessions.identity import session_sources
+
+        session_sources(value)  # ValueError naming a bad entry
+        return value
 
     @field_validator("admin_token")
     @classmethod

@@ -10,8 +10,10 @@ as a table with each header's source, docs/agents.md what each agent sends):
 - Codex CLI: header ``session-id``, else ``thread-id``;
 - NVIDIA Dynamo's clients: header ``X-Dynamo-Session-ID``;
 - OpenAI: body ``prompt_cache_key``;
-- aliases: header ``x-session-id`` (OpenCode's), header ``x-litellm-session-id``, body
-  ``litellm_session_id``.
+- aliases: header ``x-session-id`` (OpenCode's), header ``x-session-affinity`` (OpenCode's too,
+  the same value), header ``x-litellm-session-id``, body ``litellm_session_id``;
+- an operator's own headers (``TALARIA_SESSION_HEADERS``: ``session_sources``), each at the
+  rank it is given, else after these.
 
 A sub-agent is a *child* session only when the request names its parent (children are never
 guessed):
@@ -41,7 +43,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from talaria.core.types import Priority
@@ -112,6 +115,7 @@ SESSION_ID_SOURCES: tuple[tuple[str, str, str, str], ...] = (
     ("header", "x-dynamo-session-id", "dynamo", "X-Dynamo-Session-ID"),
     ("body", "prompt_cache_key", "prompt_cache_key", "prompt_cache_key"),
     ("header", "x-session-id", "x-session-id", "x-session-id"),
+    ("header", "x-session-affinity", "x-session-affinity", "x-session-affinity"),
     ("header", "x-litellm-session-id", "x-litellm-session-id", "x-litellm-session-id"),
     ("body", "litellm_session_id", "litellm_session_id", "litellm_session_id"),
 )
@@ -121,11 +125,64 @@ as; the name errors show). The one rule for a session's name: the proxy's identi
 and a balancer's hash key (proxy/cluster/owner.py ``AFFINITY_HEADERS``, deploy/nginx/
 talaria.conf) takes the first of its headers."""
 
-SESSION_HEADERS = tuple(name for where, name, _, _ in SESSION_ID_SOURCES if where == "header")
-"""The session headers, in rank order."""
+Source = tuple[str, str, str, str]
+"""A row of ``SESSION_ID_SOURCES``."""
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP field name (RFC 9110 §5.1: a token)."""
 
-OUTRANKING_HEADERS = ("x-talaria-session-id", "x-claude-code-session-id")
-"""The headers ranked above every body field (the first two rows of ``SESSION_ID_SOURCES``)."""
+
+def headers_of(sources: Sequence[Source]) -> tuple[str, ...]:
+    """The session headers of an identity table, in rank order."""
+    return tuple(name for where, name, _, _ in sources if where == "header")
+
+
+SESSION_HEADERS = headers_of(SESSION_ID_SOURCES)
+"""The built-in session headers, in rank order."""
+
+
+@lru_cache(maxsize=8)
+def session_sources(extra: str = "") -> tuple[Source, ...]:
+    """The identity table with an operator's headers (``TALARIA_SESSION_HEADERS``): a comma-
+    separated list of ``name`` or ``name:rank``, where ``rank`` is the header's 1-based place
+    in the table (1: before ``X-Talaria-Session-Id``); without one, after the built-in rows,
+    in the order given. Recorded as their own name. ``ValueError`` naming the entry for a name
+    that is not an HTTP field name, a built-in header, a repeated name, or a rank outside the
+    table."""
+    table = list(SESSION_ID_SOURCES)
+    known = {name for where, name, _, _ in table if where == "header"}
+    for entry in (e.strip() for e in extra.split(",")):
+        if not entry:
+            continue
+        name, colon, rank_text = (part.strip() for part in entry.partition(":"))
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"TALARIA_SESSION_HEADERS: {name!r} is not an HTTP header name")
+        name = name.lower()
+        if name in known:
+            raise ValueError(f"TALARIA_SESSION_HEADERS: {name} is already a session header")
+        rank = len(table) + 1
+        if colon:
+            try:
+                rank = int(rank_text)
+            except ValueError:
+                rank = 0
+            if not 1 <= rank <= len(table) + 1:
+                raise ValueError(
+                    f"TALARIA_SESSION_HEADERS: {entry!r}: the rank must be 1 to {len(table) + 1}"
+                )
+        table.insert(rank - 1, ("header", name, name, name))
+        known.add(name)
+    return tuple(table)
+
+
+def outranking_headers(sources: Sequence[Source]) -> tuple[str, ...]:
+    """The headers ranked above every body field (built in: the first two rows)."""
+    found = []
+    for where, name, _, _ in sources:
+        if where != "header":
+            break
+        found.append(name)
+    return tuple(found)
+
 
 FINAL_HEADERS = ("x-talaria-session-final", "x-dynamo-session-final")
 PARENT_HEADERS = (
@@ -141,19 +198,23 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value if value and value.strip() else None
 
 
-def named_by_header(headers: Mapping[str, str]) -> bool:
+def named_by_header(
+    headers: Mapping[str, str], sources: Sequence[Source] = SESSION_ID_SOURCES
+) -> bool:
     """Whether a header that outranks every body field names the session: then
     ``identify(headers, body)`` is ``identify(headers, {})``, known before the body is read."""
-    return any(_header(headers, name) is not None for name in OUTRANKING_HEADERS)
+    return any(_header(headers, name) is not None for name in outranking_headers(sources))
 
 
 Found = tuple[str, str, str]
 """(value, source, the field it came from)."""
 
 
-def _explicit(headers: Mapping[str, str], body: Mapping[str, Any]) -> Found | None:
-    """The first explicit id of ``SESSION_ID_SOURCES``, or None."""
-    for where, name, source, shown in SESSION_ID_SOURCES:
+def _explicit(
+    headers: Mapping[str, str], body: Mapping[str, Any], sources: Sequence[Source]
+) -> Found | None:
+    """The first explicit id of ``sources``, or None."""
+    for where, name, source, shown in sources:
         value: str | None
         if where == "header":
             value = _header(headers, name)
@@ -246,15 +307,19 @@ def _deadline(headers: Mapping[str, str]) -> float | None:
     return deadline_s
 
 
-def identify(headers: Mapping[str, str], body: Mapping[str, Any]) -> Identity:
-    """The request's identity and its call's hints; ``IdentityError`` if an id or hint is
-    malformed."""
+def identify(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    sources: Sequence[Source] = SESSION_ID_SOURCES,
+) -> Identity:
+    """The request's identity and its call's hints (the id from ``sources``, the identity
+    table: ``session_sources``); ``IdentityError`` if an id or hint is malformed."""
     gap_s = _gap_hint(headers)
     priority, deadline_s = _priority(headers), _deadline(headers)
     final = any(
         headers.get(name, "").strip().lower() in ("true", "1", "yes") for name in FINAL_HEADERS
     )
-    found = _explicit(headers, body)
+    found = _explicit(headers, body, sources)
     parent = _parent(headers)
     family = None
     sub_agent = _sub_agent(headers, found)

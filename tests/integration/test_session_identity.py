@@ -1,7 +1,8 @@
 """A session is what the agent says it is, over HTTP with the real ``openai`` client: the
-identity table's aliases and parents (Dynamo's headers, a final header that ends the
-session), an explicit id that keeps a compacted history in the same session, and an implicit
-session that survives a discarded reply followed by a correction, with cached tokens."""
+identity table's aliases and parents (Dynamo's headers, a final header that ends the session,
+OpenCode's ``x-session-affinity``, an operator's own header), an explicit id that keeps a
+compacted history in the same session, and an implicit session that survives a discarded
+reply followed by a correction, with cached tokens."""
 
 from __future__ import annotations
 
@@ -26,7 +27,10 @@ SYSTEM = {"role": "system", "content": "You are a coding agent. Always call a to
 def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
     tmp: Path = tmp_path_factory.mktemp("identity")
     cfg = ProxySettings(
-        database_url=f"sqlite+aiosqlite:///{tmp}/p.db", admin_token=ADMIN, time_scale=500.0
+        database_url=f"sqlite+aiosqlite:///{tmp}/p.db",
+        admin_token=ADMIN,
+        time_scale=500.0,
+        session_headers="x-acme-run",  # an operator's own session header
     )
     with running_proxy(cfg) as running:
         yield running
@@ -87,6 +91,20 @@ def test_a_compacted_history_under_an_id_stays_in_the_session(
     ]  # fmt: skip
     listed = _admin(proxy, "/admin/sessions?limit=1000")["data"]
     assert [s["session_id"] for s in listed].count(sid) == 1
+
+
+@pytest.mark.parametrize("header", ["x-session-affinity", "x-acme-run"])
+def test_opencodes_affinity_header_and_an_operators_own_name_the_session(
+    client: openai.OpenAI, proxy: RunningProxy, header: str
+) -> None:
+    """OpenCode's ``x-session-affinity`` (built in) and ``x-acme-run`` (TALARIA_SESSION_HEADERS):
+    two conversations under one value are one session, recorded with that source."""
+    sid = f"{header}-{uuid.uuid4().hex[:8]}"
+    for task in ("plan the change ", "now write the tests "):
+        reply = _call(client, [SYSTEM, {"role": "user", "content": task * 30}], **{header: sid})
+        assert reply.headers["x-talaria-session-id"] == sid
+    session = _admin(proxy, f"/admin/sessions/{sid}")["session"]
+    assert (session["identity_source"], session["calls"]) == (header, 2)
 
 
 def test_dynamo_headers_name_the_session_its_parent_and_its_end(

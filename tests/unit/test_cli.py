@@ -422,3 +422,20 @@ def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch
         create_app()
     monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "x" * 16)
     assert ProxySettings().admin_token == "x" * 16
+
+
+@pytest.mark.parametrize(
+    ("headers", "said"),
+    [
+        ("x acme", "TALARIA_SESSION_HEADERS: 'x acme' is not an HTTP header name"),
+        ("x-acme:0", "TALARIA_SESSION_HEADERS: 'x-acme:0': the rank must be 1 to 12"),
+    ],
+)
+def test_a_bad_session_header_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, headers: str, said: str
+) -> None:
+    started = _no_uvicorn(monkeypatch)
+    monkeypatch.setenv("TALARIA_SESSION_HEADERS", headers)
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and not started
+    assert said in _flat(result.output)

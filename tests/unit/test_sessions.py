@@ -11,12 +11,19 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from talaria.core.types import Priority
 from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, chain, fingerprint, fingerprints
-from talaria.proxy.sessions.identity import IdentityError, identify, named_by_header
+from talaria.proxy.sessions.identity import (
+    IdentityError,
+    identify,
+    named_by_header,
+    session_sources,
+)
 
 UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
 
@@ -42,6 +49,9 @@ UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
         ({"thread-id": "t1", "x-dynamo-session-id": "d1"}, {}, ("t1", "codex")),
         ({"x-session-id": "x"}, {"prompt_cache_key": "k"}, ("k", "prompt_cache_key")),
         ({"x-session-id": "x", "x-litellm-session-id": "y"}, {}, ("x", "x-session-id")),
+        # OpenCode sends both with the same value; either alone names the session
+        ({"x-session-affinity": "o", "x-session-id": "o"}, {}, ("o", "x-session-id")),
+        ({"x-session-affinity": "o"}, {"litellm_session_id": "z"}, ("o", "x-session-affinity")),
         ({"x-litellm-session-id": "y"}, {"litellm_session_id": "z"}, ("y", "x-litellm-session-id")),
         ({}, {"litellm_session_id": "z"}, ("z", "litellm_session_id")),
         ({}, {"metadata": {"user_id": "not-claude"}}, (None, "implicit")),
@@ -166,6 +176,52 @@ def test_a_session_named_by_an_outranking_header_is_known_before_the_body(
         assert all(identify(headers, body) == identify(headers, {}) for body in _BODIES)
     else:
         assert any(identify(headers, body) != identify(headers, {}) for body in _BODIES)
+
+
+@pytest.mark.parametrize(
+    ("extra", "headers", "body", "expected"),
+    [
+        # after the built-in rows: named only when nothing else names the session
+        ("x-acme-run", {"x-acme-run": "r1"}, {}, ("r1", "x-acme-run")),
+        ("x-acme-run", {"x-acme-run": "r1"}, {"litellm_session_id": "z"},
+         ("z", "litellm_session_id")),
+        ("X-Acme-Run", {"x-acme-run": "r1"}, {}, ("r1", "x-acme-run")),  # names are lower-cased
+        # at rank 1: above X-Talaria-Session-Id and every body field
+        ("x-acme-run:1", {"x-acme-run": "r1", "x-talaria-session-id": "t"}, {},
+         ("r1", "x-acme-run")),
+        ("x-acme-run:1", {"x-acme-run": "r1"}, {"prompt_cache_key": "k"}, ("r1", "x-acme-run")),
+        # two, the second ranked first
+        ("a-run, b-run:2", {"a-run": "a", "b-run": "b"}, {}, ("b", "b-run")),
+        ("", {"x-acme-run": "r1"}, {}, (None, "implicit")),
+    ],
+)  # fmt: skip
+def test_an_operators_session_headers_name_sessions_at_their_rank(
+    extra: str, headers: dict[str, str], body: dict[str, Any], expected: tuple[str | None, str]
+) -> None:
+    sources = session_sources(extra)
+    found = identify(headers, body, sources)
+    assert (found.session_id, found.source) == expected
+    if extra.endswith(":1"):  # ranked above every body field: known before the body is read
+        assert named_by_header({"x-acme-run": "r1"}, sources)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("x acme", "'x acme' is not an HTTP header name"),
+        ("x-acme:run", "the rank must be 1 to"),
+        ("x-acme:0", "the rank must be 1 to"),
+        ("x-acme:99", "the rank must be 1 to 12"),
+        ("X-Session-Affinity", "x-session-affinity is already a session header"),
+        ("x-a,x-a", "x-a is already a session header"),
+        ("x-é", "is not an HTTP header name"),
+    ],
+)
+def test_a_bad_session_header_is_refused_naming_it(extra: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        session_sources(extra)
+    with pytest.raises(ValidationError, match=message):
+        ProxySettings(session_headers=extra)
 
 
 def _call(name: str, args: Any, call_id: str = "c1") -> dict[str, Any]:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         else None
         for f in FAMILIES
     ]  # fmt: skip
-    print(f"| median | {' | '.join(str(m) for m in medians)} | "
+    print(f"| median | {' | '.join(f'{m:g}' if m is not None else '–' for m in medians)} | "
           f"{statistics.median(ratios):.2f} | | | |" if ratios else "")  # fmt: skip
     print()
     print("| SLO: every model's p95 ≤ x × its whole-node p95 | " + " | ".join(FAMILIES)

@@ -16,7 +16,9 @@ the dedicated groups, all served under its policy):
   the SLO;
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
-  counts are tried fewest first, ``jobs`` at a time, until one meets the SLO;
+  counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the
+  ``dedicated_node`` plan's node count (more whole nodes than one per model is never the
+  answer);
 - ``dedicated``: every model on GPU groups of its own (core/groups.py), as an operator without
   Talaria deploys it: from each model on one group of the fewest GPUs that hold it (its
   weights and one full-context sequence's KV: the memory minimum), the model furthest over
@@ -232,14 +234,16 @@ def plan(
     [reference] = run([Candidate("dedicated_node", *dedicated_layout(one_each, node_sizes))])
     reach = reference.p95_by_model
     bounds = {m: slo_p95_s if slo_p95_s is not None else slo_x * reach[m] for m in reach}
-    layouts = list(static_layouts(sessions, catalog, server, profile, models, limit).values())
     families: dict[str, list[Point]] = {"static": []}
+    families["dedicated_node"] = _more_nodes(reference, bounds, node_sizes, limit, run)
+    whole_nodes = cheapest(families["dedicated_node"], bounds)
+    most = whole_nodes.nodes if whole_nodes is not None else limit  # never more than those
+    layouts = list(static_layouts(sessions, catalog, server, profile, models, most).values())
     for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
         batch = layouts[start : start + jobs]
         families["static"] += run([Candidate("static", lay, (whole,) * len(lay)) for lay in batch])
         if any(meets(p, bounds) for p in families["static"]):
             break
-    families["dedicated_node"] = _more_nodes(reference, bounds, node_sizes, limit, run)
     minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
     families["dedicated"] = _right_sized(minimum, bounds, whole, limit * whole, run)
     start_from = cheapest(families["dedicated"], bounds)

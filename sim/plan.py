@@ -276,6 +276,7 @@ def plan(
         "plans": plans,
         "points": [p.summary() for family in FAMILIES for p in families[family]],
         "max_nodes": limit,
+        "static_max_nodes": most,
         "gpus_per_node": whole,
         "policy": POLICY,
     }

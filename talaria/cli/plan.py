@@ -143,9 +143,9 @@ def _plan_table(doc: dict[str, Any]) -> Table:
         table.add_column(column, justify="left" if column == "layout" else "right")
     dedicated = doc["plans"]["dedicated"]
     for family, found in doc["plans"].items():
-        if found is None:
-            most = doc["max_nodes"] * doc["gpus_per_node"]
-            table.add_row(family, f"> {most}", "–", "–", "–", "–")
+        if found is None:  # nothing evaluated meets it, up to the family's bound
+            nodes = doc["static_max_nodes"] if family == "static" else doc["max_nodes"]
+            table.add_row(family, f"> {nodes * doc['gpus_per_node']}", "–", "–", "–", "–")
             continue
         share = f"{found['gpus'] / dedicated['gpus']:.2f}" if dedicated else "–"
         table.add_row(

@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from talaria.core.catalog import CatalogError, ModelSpec, ServerSpec
+from talaria.core.catalog import Catalog, CatalogError, ModelSpec, ServerSpec
 
 GROUP_SIZES = (1, 2, 4, 8)
 """The group sizes (TP degrees) a node's GPUs are split into."""
@@ -131,3 +131,15 @@ def check_fits(model: ModelSpec, server: ServerSpec, size: int) -> None:
             f"KV) of the group's {room:,.0f} GB; its smallest group is "
             f"{smallest_group(model, server)}"
         )
+
+
+def group_floor(catalog: Catalog, model: str, server: str) -> int | None:
+    """The fewest GPUs of ``server`` that hold ``model``, by names (the proxy's placement loop
+    asks it of the runtimes' models); None when the catalog knows either not; more than the
+    server's GPUs when not even all of them do."""
+    if model not in catalog.models or server not in catalog.servers:
+        return None
+    try:
+        return smallest_group(catalog.model(model), catalog.server(server))
+    except GroupError:
+        return catalog.server(server).gpus + 1

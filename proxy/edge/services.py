@@ -35,7 +35,7 @@ from datetime import UTC, datetime, timedelta
 
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
 from talaria.core.clock import Clock, LoopClock
-from talaria.core.groups import GroupError, smallest_group
+from talaria.core.groups import group_floor
 from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.core.placement import PlacementConfig
 from talaria.proxy.callpath.auth import Authenticator
@@ -370,18 +370,6 @@ def _start_placement(
         raise RuntimeError(f"placement: {exc}") from exc
     loop.start()
     return loop
-
-
-def group_floor(catalog: Catalog, model: str, server: str) -> int | None:
-    """The fewest GPUs of ``server`` that hold ``model`` (core/groups.py), for the placement
-    loop; None when the catalog knows neither; more than the server's GPUs when not even it
-    does."""
-    if model not in catalog.models or server not in catalog.servers:
-        return None
-    try:
-        return smallest_group(catalog.model(model), catalog.server(server))
-    except GroupError:
-        return catalog.server(server).gpus + 1
 
 
 STALE_SWEEP_S = 60.0

@@ -14,6 +14,7 @@ from talaria.core.groups import (
     GroupError,
     check_fits,
     check_group_size,
+    group_floor,
     group_server,
     kv_bytes_per_token_at,
     kv_copies,
@@ -173,3 +174,11 @@ def test_vllm_engines_on_a_group_run_with_its_tensor_parallelism(
     with pytest.raises(RuntimeError, match="not built here"):
         build_node_from_config(config, CATALOG, LoopClock())
     assert "tensor_parallel_size" not in asked[-1]  # no group: vLLM's own default
+
+
+def test_group_floor_by_names() -> None:
+    """What the proxy's placement loop asks of the catalog (proxy/edge/services.py)."""
+    assert group_floor(CATALOG, "glm-4.5-fp8", "h200x8") == 4
+    assert group_floor(CATALOG, "kimi-k2-instruct", "h200x8") == 9  # not even 8 hold it
+    assert group_floor(CATALOG, "someone-elses-model", "h200x8") is None
+    assert group_floor(CATALOG, "glm-4.5-fp8", "a-server-of-theirs") is None

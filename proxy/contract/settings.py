@@ -280,14 +280,6 @@ class ProxySettings(BaseSettings):
         "objects of start-up leave the collector's scans, which otherwise stall the loop",
     )
 
-    @field_validator("session_headers")
-    @classmethod
-    def _session_headers(cls, value: str) -> str:
-        from talaria.proxy.sessions.identity import session_sources
-
-        session_sources(value)  # ValueError naming a bad entry
-        return value
-
     @field_validator("admin_token")
     @classmethod
     def _long_enough(cls, value: str | None) -> str | None:

@@ -34,6 +34,7 @@ from talaria.proxy.edge.lanes import ASGIApp, ProxyApp
 from talaria.proxy.edge.lifecycle import Lifecycle
 from talaria.proxy.edge.services import context_of, declare
 from talaria.proxy.runtimes.base import RuntimeClient
+from talaria.proxy.sessions.identity import session_sources
 
 log = logging.getLogger("talaria.proxy")
 
@@ -63,6 +64,7 @@ def create_app(
     lanes' equivalence test compares); ``wall_clock``: seconds since the epoch, whose UTC minutes
     are the API keys' rate limit windows (a test's fixed time)."""
     cfg = settings or ProxySettings()
+    session_sources(cfg.session_headers)  # a bad TALARIA_SESSION_HEADERS: ValueError naming it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -130,6 +130,7 @@ def serve(
     import os
 
     from talaria.proxy.contract.settings import ProxySettings
+    from talaria.proxy.sessions.identity import session_sources
 
     overrides: dict[str, Any] = {
         key: value
@@ -153,6 +154,7 @@ def serve(
         settings = ProxySettings(**overrides)
         if settings.policy:
             policy_flags(settings.policy)
+        session_sources(settings.session_headers)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     # Refuse here what would otherwise fail every call (a 500) or the app's start (a traceback).

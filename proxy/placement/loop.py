@@ -11,13 +11,12 @@ What one look reads:
   calls that finished in it, the runtimes' means weighted by their calls; a runtime whose
   demand does not answer is left out of the look;
 - **nodes**: every runtime whose status answers: *hosted*, its models less those it drains,
-  plus those this loop is adding to it; *draining*, its ``draining_models``; the *budget*, its
+  plus those this loop adds; *draining*, its ``draining_models``; *budget*, its
   ``weight_budget_bytes``; *live*, each model's ``live_sessions``; *placed*, when this loop
-  added a model there (absent: from the start); *too small*, the library models its GPU
-  group cannot hold (its status's ``server`` and ``gpus``, ``group_floor``: never added);
-- **weights**: a library entry's ``weight_bytes``, else the catalog's, else 0;
-- ``w_m``: the largest ``switch_s`` a runtime reports for the model; ``Q``: the largest
-  ``quantum_s`` a runtime reports.
+  added a model there; *too small*, the library models its GPU group (status ``server``,
+  ``gpus``; ``group_floor``) cannot hold;
+- **weights**: a library entry's ``weight_bytes``, else the catalog's, else 0; ``w_m``, ``Q``:
+  the largest ``switch_s`` of the model, ``quantum_s``, a runtime reports.
 
 Moves, each in a task of its own and recorded (``records``):
 
@@ -27,9 +26,8 @@ Moves, each in a task of its own and recorded (``records``):
 - **evict**: ``DELETE`` at once (the runtime retires the model once its calls are done);
 - **drain**: the runtime marks the model draining (no proxy routes a new session to it there
   while another runtime serves it: ``RuntimePool.routable``), then ``DELETE`` once its live
-  sessions there are gone or ``drain_s`` has passed. A drain this loop did not begin — a
-  library model a runtime lists as draining, say because the replica that began it has
-  gone — is taken over at the next look (recorded with reason ``taken-over``), its
+  sessions there are gone or ``drain_s`` has passed. A drain this loop did not begin (the
+  replica that began it gone) is taken over at the next look (reason ``taken-over``), its
   ``drain_s`` counted from then, so that no model is left draining for good. A ``DELETE`` of
   a model the runtime no longer hosts (404: another replica removed it) ends the drain too;
   one the runtime refuses otherwise is recorded as failed and not taken over again here.
@@ -37,10 +35,9 @@ Moves, each in a task of its own and recorded (``records``):
 The controller manages the library's models only: a move of a model the library does not
 list is not made (it could not be placed again). Looks run every ``interval_s`` on the
 replica that ``leads`` (with replicas, the owner of ``LEADER_KEY`` among the live ones:
-proxy/cluster/owner.py), so one replica moves models at a time; a **cold start** — a call for
-a library model no runtime hosts — is looked for at once by the replica that serves the call
-(its session's owner), and the call waits for its add (``ensure``, at most
-``cold_start_timeout_s``).
+proxy/cluster/owner.py), so one replica moves models at a time; a **cold start** (a call for
+a library model no runtime hosts) is looked for at once by the replica serving the call, which
+waits for its add (``ensure``, at most ``cold_start_timeout_s``).
 """
 
 from __future__ import annotations

@@ -11,10 +11,9 @@ What it cannot know, and so reports as such:
   not seen. A call's cached tokens and KV source come from the server's usage
   (``prompt_tokens_details.cached_tokens``): ``HBM`` when > 0, else ``RECOMPUTE`` for a
   session it served before, ``NEW`` for a first call.
-- Timing is a linear rate model (options.py ``UPSTREAM_RATES``, est.), except the switch-in
-  estimate, which is the last wake it measured.
-- ``deactivate``'s ``keep_kv_on_host`` is the server's own business (its KV connector, e.g.
-  LMCache); a level-1 sleep drops the device's KV.
+- Timing is a linear rate model (options.py ``UPSTREAM_RATES``, est.); the switch-in estimate
+  is the last wake it measured. Host KV (``keep_kv_on_host``) is the server's own connector's
+  (e.g. LMCache); a level-1 sleep drops the device's KV.
 """
 
 from __future__ import annotations

@@ -71,8 +71,8 @@ def proxy_in_thread(**settings: Any) -> Iterator[InProcessProxy]:
     """``talaria serve``'s app and server (its bounded HTTP edge, uvloop when installed, the
     start-up objects frozen out of the collector's reach) on a free loopback port, on a
     thread of this process, SQLite in a temporary folder; ``settings``: ProxySettings
-    fields (``freeze_gc=False`` in a test process, whose objects are not the proxy's). Stops
-    as ``talaria serve`` does (the drain)."""
+    fields. The freeze takes every object of this process: a test process that needs them
+    back calls ``gc.unfreeze()`` after. Stops as ``talaria serve`` does (the drain)."""
     from talaria.core.http_edge import BoundedConfig, EdgeBounds
     from talaria.proxy.contract.settings import ProxySettings
     from talaria.proxy.edge.app import create_app

@@ -16,11 +16,13 @@ Demand of model m: ``D_m = Σ`` over its sessions of their calls' service time a
 ``weight_budget_bytes``: host DRAM × (1 − reserve) less the host KV tier a node keeps
 (runtime/factory.py ``pinned_weight_budget_bytes``).
 
-``share_groups`` (issue 40) packs GPU groups instead of whole nodes: from each model on groups
-of its own (core/groups.py), the coldest model alone on one group moves into the group of
-another, one model more at each step, so that the two time-share that group in slots:
+``share_group`` (issue 40) packs GPU groups instead of whole nodes: from each model on groups
+of its own (core/groups.py), a model alone on one group moves into the group of another, so
+that the two share that group (resident together, or time-sharing it in slots); sim/plan.py
+tries the movers in turn and keeps each move whose replay still meets the SLO:
 
-1. movers: models by demand, smallest first, each on exactly one group that hosts it alone;
+1. movers (``movers``): models by demand, smallest first, each on exactly one group that hosts
+   it alone;
 2. its host: of the other groups, those at least its smallest group (its weights and one
    full-context sequence fit: ``minimum``) whose models' weights, with its own, fit the
    group's share of the node's pinned-weight budget (``budget_bytes`` × size ÷ the node's
@@ -70,18 +72,30 @@ def weight_budget_bytes(catalog: Catalog, server: str) -> float:
 Layout = tuple[tuple[str, ...], ...]
 
 
-def share_groups(
+def movers(layout: Layout, demand: Mapping[str, float]) -> list[str]:
+    """The models that may move into another group (module docstring, 1): each alone on
+    exactly one group, by demand, smallest first (ties: by name)."""
+    counts: dict[str, int] = {}
+    for models in layout:
+        for m in models:
+            counts[m] = counts.get(m, 0) + 1
+    alone = {models[0] for models in layout if len(models) == 1 and counts[models[0]] == 1}
+    return sorted(alone, key=lambda m: (demand.get(m, 0.0), m))
+
+
+def share_group(
     layout: Layout,
     gpus: Sequence[int],
+    model: str,
     demand: Mapping[str, float],
     weight_bytes: Mapping[str, float],
     minimum: Mapping[str, int],
     budget_bytes: float,
     node_gpus: int,
     together: Callable[[Sequence[str], int], bool],
-) -> list[tuple[Layout, tuple[int, ...]]]:
-    """The layouts (and their groups' GPUs) after each move of ``share_groups`` (module
-    docstring), fewest moves first; ``layout``, ``gpus``: the groups to start from."""
+) -> tuple[Layout, tuple[int, ...]] | None:
+    """The layout (and its groups' GPUs) with ``model``, one of ``movers``, moved into its
+    host's group and its own group freed (module docstring, 2–3); None: no group holds it."""
     hosted = [list(models) for models in layout]
     sizes = list(gpus)
     replicas = {m: sum(m in models for models in hosted) for models in hosted for m in models}
@@ -89,23 +103,18 @@ def share_groups(
     def load(i: int) -> float:
         return sum(demand.get(m, 0.0) / replicas[m] for m in hosted[i])
 
-    def fits(i: int, model: str) -> bool:
+    def fits(i: int) -> bool:
         used = sum(weight_bytes[m] for m in hosted[i]) + weight_bytes[model]
         return sizes[i] >= minimum[model] and used <= budget_bytes * sizes[i] / node_gpus
 
-    steps: list[tuple[Layout, tuple[int, ...]]] = []
-    for model in sorted(replicas, key=lambda m: (demand.get(m, 0.0), m)):
-        own = [i for i, models in enumerate(hosted) if model in models]
-        if len(own) != 1 or hosted[own[0]] != [model]:
-            continue  # replicated, or hosting others already
-        hosts = [i for i in range(len(hosted)) if i != own[0] and fits(i, model)]
-        if not hosts:
-            continue
-        target = min(hosts, key=lambda i: (not together([*hosted[i], model], sizes[i]), load(i), i))
-        hosted[target].append(model)
-        del hosted[own[0]], sizes[own[0]]
-        steps.append((tuple(tuple(models) for models in hosted), tuple(sizes)))
-    return steps
+    [own] = [i for i, models in enumerate(hosted) if model in models]
+    hosts = [i for i in range(len(hosted)) if i != own and fits(i)]
+    if not hosts:
+        return None
+    target = min(hosts, key=lambda i: (not together([*hosted[i], model], sizes[i]), load(i), i))
+    hosted[target].append(model)
+    del hosted[own], sizes[own]
+    return tuple(tuple(models) for models in hosted), tuple(sizes)
 
 
 def pack(

@@ -8,12 +8,11 @@ replay independent, ``jobs`` at a time), and each family's plan is its evaluated
 fewest GPUs that meets the SLO (Talaria's: of its shared groups, the whole-node packings and
 the dedicated groups, all served under its policy):
 
-- ``talaria``: GPU groups shared (sim/placement.py ``share_groups``): from the ``dedicated``
-  plan's groups, the coldest models, one more at each step, share the group of another model
+- ``talaria``: GPU groups shared (sim/placement.py ``share_group``): from the ``dedicated``
+  plan's groups, each model alone on a group, coldest first, moves into the group of another
   (resident together where their memory allows, else time-sharing it in slots with SP
-  admission, host KV and staging: the ``talaria`` policy);
-  steps are replayed ``jobs`` at a time, fewest moves first, until a round in which none meets
-  the SLO;
+  admission, host KV and staging: the ``talaria`` policy); a move is kept when the replay
+  still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
   counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the
@@ -22,9 +21,9 @@ the dedicated groups, all served under its policy):
 - ``dedicated``: every model on GPU groups of its own (core/groups.py), as an operator without
   Talaria deploys it: from each model on one group of the fewest GPUs that hold it (its
   weights and one full-context sequence's KV: the memory minimum), the model furthest over
-  its bound (p95 ÷ bound) gets more, until the SLO is met: a group twice as large while it has
-  one replica (both candidates cost the same GPUs; both are replayed and the one whose worst
-  model is better off is kept), else one more replica of its group;
+  its bound (p95 ÷ bound) gets more, until the SLO is met: one more replica of its group, or
+  groups twice as large, half as many rounded up (never more GPUs than the replica); both are
+  replayed and the one whose worst model is better off is kept;
 - ``dedicated_node``: every model on whole nodes of its own (the reference), one more node at
   a time for the model furthest over its bound.
 
@@ -49,8 +48,9 @@ from talaria.sim.placement import (
     Layout,
     NoPlacement,
     model_demand,
+    movers,
     pack,
-    share_groups,
+    share_group,
     weight_budget_bytes,
 )
 
@@ -206,6 +206,7 @@ def worst_model(point: Point, bounds: Mapping[str, float]) -> str:
 
 
 Replayer = Callable[[Sequence[Candidate]], list[Point]]
+Moved = tuple[Layout, tuple[int, ...]]
 
 
 def plan(
@@ -245,22 +246,21 @@ def plan(
         if any(meets(p, bounds) for p in families["static"]):
             break
     minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
-    families["dedicated"] = _right_sized(minimum, bounds, whole, limit * whole, run)
+    families["dedicated"] = search_dedicated(minimum, bounds, whole, limit * whole, run)
     start_from = cheapest(families["dedicated"], bounds)
-    steps = []
-    if start_from is not None:
-        demand = {m: 0.0 for m in models}
-        demand.update(model_demand(sessions, catalog, server, profile))
-        weights = {m: catalog.model(m).weight_bytes for m in models}
-        budget = weight_budget_bytes(catalog, server)
-        spec = catalog.server(server)
+    demand = {m: 0.0 for m in models}
+    demand.update(model_demand(sessions, catalog, server, profile))
+    weights = {m: catalog.model(m).weight_bytes for m in models}
+    budget = weight_budget_bytes(catalog, server)
+    spec = catalog.server(server)
 
-        def together(names: Sequence[str], size: int) -> bool:
-            return fit_together([catalog.model(m) for m in names], spec, size)
+    def together(names: Sequence[str], size: int) -> bool:
+        return fit_together([catalog.model(m) for m in names], spec, size)
 
-        steps = share_groups(start_from.layout, start_from.gpus_per_node, demand, weights,
-                             minimum, budget, whole, together)  # fmt: skip
-    families["talaria"] = _shared(start_from, steps, bounds, jobs, run)
+    def move(layout: Layout, gpus: Sequence[int], model: str) -> Moved | None:
+        return share_group(layout, gpus, model, demand, weights, minimum, budget, whole, together)
+
+    families["talaria"] = search_shared(start_from, demand, move, bounds, jobs, run)
     plans = {}
     for family in FAMILIES:
         chosen = cheapest(_candidates(family, families), bounds)
@@ -305,34 +305,50 @@ def _candidates(family: str, families: Mapping[str, list[Point]]) -> list[Point]
     return families[family]
 
 
-def _shared(
+def search_shared(
     start: Point | None,
-    steps: Sequence[tuple[Layout, tuple[int, ...]]],
+    demand: Mapping[str, float],
+    move: Callable[[Layout, Sequence[int], str], Moved | None],
     bounds: Mapping[str, float],
     jobs: int,
     run: Replayer,
 ) -> list[Point]:
-    """``talaria``: the dedicated plan's groups (the same replay: no group switches), then the
-    ``share_groups`` steps, ``jobs`` at a time, until a round in which none meets the SLO."""
+    """``talaria``: from the dedicated plan's groups (the same replay: no group switches),
+    each mover in turn (sim/placement.py ``movers``, coldest first) into its host's group
+    (``move``), a move kept while its replay meets the SLO and dropped when it does not.
+    ``jobs`` movers are replayed at a time, each from the layout kept so far: of those that
+    meet, the one with the fewest GPUs is kept and the others are tried again from it."""
     if start is None:
         return []
-    points = [replace(start, family="talaria")]
-    for first in range(0, len(steps), jobs):
-        batch = steps[first : first + jobs]
-        tried = run([Candidate("talaria", layout, gpus) for layout, gpus in batch])
+    kept = replace(start, family="talaria")
+    points, queue = [kept], movers(kept.layout, demand)
+    while queue:
+        batch: list[tuple[str, Moved]] = []
+        while queue and len(batch) < jobs:
+            model = queue.pop(0)
+            moved = move(kept.layout, kept.gpus_per_node, model)
+            if moved is not None:
+                batch.append((model, moved))
+        tried = run([Candidate("talaria", *moved) for _, moved in batch])
         points += tried
-        if not any(meets(p, bounds) for p in tried):
-            break
+        passed = [i for i, point in enumerate(tried) if meets(point, bounds)]
+        if passed:
+            best = min(passed, key=lambda i: (tried[i].gpus, i))
+            kept = tried[best]
+            again = [batch[i][0] for i in passed if i != best]
+            queue = [m for m in [*again, *queue] if m in movers(kept.layout, demand)]
     return points
 
 
-def _right_sized(
+def search_dedicated(
     minimum: Mapping[str, int], bounds: Mapping[str, float], whole: int, max_gpus: int,
     run: Replayer,
 ) -> list[Point]:  # fmt: skip
-    """``dedicated``: from every model on one group of its memory minimum, more GPUs for the
-    model furthest over its bound (module docstring) until the SLO is met or ``max_gpus``
-    would be passed."""
+    """``dedicated``: from every model on one group of its memory minimum, more for the model
+    furthest over its bound (module docstring) until the SLO is met or ``max_gpus`` would be
+    passed. Its ``r`` groups of ``s`` GPUs become ``r + 1`` groups, or ``⌈r/2⌉`` groups of
+    ``2s`` (never more GPUs than ``r + 1`` of ``s``); both are replayed and the layout whose
+    worst model is better off is kept. Groups only grow, so the halved replicas never loop."""
     sizes, replicas = dict(minimum), {m: 1 for m in minimum}
     [point] = run([Candidate("dedicated", *dedicated_layout(replicas, sizes))])
     points = [point]
@@ -341,8 +357,9 @@ def _right_sized(
         if point.gpus + sizes[worst] > max_gpus:
             break
         options = [(sizes, {**replicas, worst: replicas[worst] + 1})]
-        if replicas[worst] == 1 and sizes[worst] < whole:
-            options.append(({**sizes, worst: 2 * sizes[worst]}, replicas))
+        if 2 * sizes[worst] <= whole:
+            larger = {**replicas, worst: -(-replicas[worst] // 2)}
+            options.append(({**sizes, worst: 2 * sizes[worst]}, larger))
         tried = run([Candidate("dedicated", *dedicated_layout(r, s)) for s, r in options])
         points += tried
         best = min(range(len(tried)), key=lambda i: max(overage(tried[i], bounds).values()))

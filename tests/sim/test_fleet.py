@@ -11,7 +11,13 @@ from talaria.cli.common import generate
 from talaria.core.catalog import load_catalog
 from talaria.core.groups import fit_together
 from talaria.sim.experiment import run_experiment
-from talaria.sim.placement import NoPlacement, model_demand, share_groups, weight_budget_bytes
+from talaria.sim.placement import (
+    NoPlacement,
+    model_demand,
+    movers,
+    share_group,
+    weight_budget_bytes,
+)
 from talaria.sim.presets import get_preset
 
 CATALOG = load_catalog()
@@ -68,15 +74,31 @@ def _share(
     minimum: dict[str, int],
     together: frozenset[frozenset[str]] = frozenset(),
 ) -> list[tuple[tuple[tuple[str, ...], ...], tuple[int, ...]]]:
-    """share_groups with a node budget of 1,000 GB over 8 GPUs; ``together``: the sets that
-    may be resident together."""
-    return share_groups(
-        layout, gpus, demand, weights, minimum, 1000 * GB, 8,
-        lambda names, size: frozenset(names) in together,
-    )  # fmt: skip
+    """Every mover in turn moved and kept (what the plan does while every replay meets the
+    SLO), with a node budget of 1,000 GB over 8 GPUs; ``together``: the sets that may be
+    resident together. The layouts after each kept move."""
+    steps = []
+    for model in movers(layout, demand):
+        if model not in movers(layout, demand):
+            continue  # it hosts another now
+        moved = share_group(
+            layout, gpus, model, demand, weights, minimum, 1000 * GB, 8,
+            lambda names, size: frozenset(names) in together,
+        )  # fmt: skip
+        if moved is not None:
+            layout, gpus = moved
+            steps.append(moved)
+    return steps
 
 
-def test_share_groups_moves_the_coldest_into_the_least_loaded_group_that_holds_it() -> None:
+def test_movers_are_the_models_alone_on_one_group_coldest_first() -> None:
+    demand = {"a": 5.0, "b": 1.0, "c": 3.0, "d": 0.0}
+    layout = (("a",), ("b",), ("c", "d"), ("e",), ("e",))
+    assert movers(layout, demand) == ["b", "a"]  # c and d share, e is replicated
+    assert movers((("x",), ("y",)), {}) == ["x", "y"]  # no demand: by name
+
+
+def test_a_mover_goes_to_the_least_loaded_group_that_holds_it() -> None:
     layout, gpus = (("hot",), ("warm",), ("cold",), ("colder",)), (4, 4, 2, 1)
     demand = {"hot": 900.0, "warm": 300.0, "cold": 20.0, "colder": 10.0}
     weights = {"hot": 200 * GB, "warm": 150 * GB, "cold": 60 * GB, "colder": 30 * GB}
@@ -90,7 +112,7 @@ def test_share_groups_moves_the_coldest_into_the_least_loaded_group_that_holds_i
     ]
 
 
-def test_share_groups_respects_the_smallest_group_the_budget_and_prefers_residence() -> None:
+def test_a_move_respects_the_smallest_group_the_budget_and_prefers_residence() -> None:
     layout, gpus = (("a",), ("b",), ("c",)), (4, 2, 1)
     demand = {"a": 500.0, "b": 100.0, "c": 1.0}
     weights = {"a": 300 * GB, "b": 100 * GB, "c": 50 * GB}

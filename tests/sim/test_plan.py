@@ -4,13 +4,25 @@ talaria, a static packing, dedicated groups of the right size and dedicated whol
 from __future__ import annotations
 
 import json
-from itertools import pairwise
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from typer.testing import CliRunner
 
 from talaria.cli import app
-from talaria.sim.plan import Point, cheapest, dedicated_layout, groups_of, worst_model
+from talaria.sim.placement import Layout, share_group
+from talaria.sim.plan import (
+    Candidate,
+    Moved,
+    Point,
+    cheapest,
+    dedicated_layout,
+    groups_of,
+    meets,
+    search_dedicated,
+    search_shared,
+    worst_model,
+)
 
 
 def _point(family: str, gpus: tuple[int, ...], p95: dict[str, float]) -> Point:
@@ -37,6 +49,85 @@ def test_dedicated_layouts_and_their_groups() -> None:
         {"models": ["a"], "group_gpus": 4, "replicas": 2},
         {"models": ["b"], "group_gpus": 1, "replicas": 1},
     ]
+
+
+def _replayer(
+    p95: Callable[[Layout, tuple[int, ...]], Mapping[str, float]], tried: list[Candidate]
+) -> Callable[[Sequence[Candidate]], list[Point]]:
+    """Replays by a rule instead of the simulator, noting every candidate."""
+
+    def run(candidates: Sequence[Candidate]) -> list[Point]:
+        tried.extend(candidates)
+        return [
+            Point(c.family, c.layout, c.gpus, 0.0, 0.0, 0.0, dict(p95(c.layout, c.gpus)))
+            for c in candidates
+        ]
+
+    return run
+
+
+def test_dedicated_grows_the_group_of_a_model_that_more_replicas_do_not_help() -> None:
+    """A model whose p95 is 100 s × 8 ÷ its group's GPUs, plus 1,000 s while it has one
+    replica: a second replica helps first, then only larger groups do. The search reaches
+    groups of 8 (p95 100 s ≤ 150 s) where replicas alone never would."""
+
+    def p95(layout: Layout, gpus: tuple[int, ...]) -> dict[str, float]:
+        size = max(g for models, g in zip(layout, gpus, strict=True) if models == ("slow",))
+        replicas = sum(models == ("slow",) for models in layout)
+        return {"slow": 800.0 / size + (1000.0 if replicas == 1 else 0.0), "easy": 1.0}
+
+    tried: list[Candidate] = []
+    run = _replayer(p95, tried)
+    points = search_dedicated({"slow": 1, "easy": 1}, {"slow": 150.0, "easy": 10.0}, 8, 64, run)
+    final = points[-1]
+    assert final.p95_by_model["slow"] <= 150.0
+    assert groups_of(final.layout, final.gpus_per_node)[0] == {
+        "models": ["slow"], "group_gpus": 8, "replicas": 2
+    }  # fmt: skip
+    assert [max(c.gpus) for c in tried][:3] == [1, 1, 2]  # first: one more replica, or 2 GPUs
+    # seven steps of two replays: (1, 2), (1, 3), (2, 2), (2, 3), (4, 2), (4, 3), (8, 2); a
+    # rule that doubles only a single replica adds 1-GPU replicas up to the 64-GPU cap
+    assert len(tried) == 1 + 7 * 2
+
+
+def test_dedicated_stops_at_the_gpu_cap_when_nothing_meets() -> None:
+    tried: list[Candidate] = []
+    run = _replayer(lambda layout, gpus: {"a": 1e9}, tried)
+    points = search_dedicated({"a": 1}, {"a": 1.0}, 8, 6, run)
+    assert all(p.gpus <= 6 for p in points) and not any(p.p95_by_model["a"] <= 1 for p in points)
+
+
+def _sharing(demand: dict[str, float]) -> Callable[[Layout, Sequence[int], str], Moved | None]:
+    weights = {m: 10e9 for m in demand}
+    minimum = {m: 1 for m in demand}
+
+    def move(layout: Layout, gpus: Sequence[int], model: str) -> Moved | None:
+        return share_group(layout, gpus, model, demand, weights, minimum, 1000e9, 8,
+                           lambda names, size: True)  # fmt: skip
+
+    return move
+
+
+def test_shared_drops_a_failing_move_and_tries_the_next_mover() -> None:
+    """Models a–d on 2-GPU groups of their own, coldest first; a layout fails when b shares a
+    group. a's move (into b's group, the least loaded) and b's are dropped, and the movers
+    after them are still tried: c joins a; d's move, into b's group, is dropped."""
+    demand = {"a": 1.0, "b": 2.0, "c": 3.0, "d": 4.0}
+    layout, gpus = dedicated_layout(dict.fromkeys(demand, 1), dict.fromkeys(demand, 2))
+    start = Point("dedicated", layout, gpus, 0.0, 0.0, 0.0, dict.fromkeys(demand, 1.0))
+
+    def p95(layout: Layout, gpus: tuple[int, ...]) -> dict[str, float]:
+        shared_b = any("b" in models and len(models) > 1 for models in layout)
+        return {m: 200.0 if shared_b else 100.0 for m in demand}
+
+    bounds = dict.fromkeys(demand, 150.0)
+    for jobs in (1, 2, 3):
+        tried: list[Candidate] = []
+        points = search_shared(start, demand, _sharing(demand), bounds, jobs, _replayer(p95, tried))
+        best = cheapest(points, bounds)
+        assert best is not None and best.gpus == 6, jobs
+        assert sorted(map(sorted, best.layout)) == [["a", "c"], ["b"], ["d"]], jobs
+        assert sum(not meets(p, bounds) for p in points) >= 3, jobs  # a's, b's and d's moves
 
 
 def test_talaria_plan_writes_the_gpus_each_family_needs(tmp_path: Path) -> None:
@@ -76,9 +167,10 @@ def test_talaria_plan_writes_the_gpus_each_family_needs(tmp_path: Path) -> None:
     assert meets(talaria) and talaria["gpus"] <= min(dedicated["gpus"], static["gpus"])
     shared = [p for p in doc["points"] if p["family"] == "talaria"]
     assert shared[0]["layout"] == dedicated["layout"]  # from the dedicated plan's groups
-    for before, after in pairwise(shared):  # one model moved per step
-        assert after["nodes"] == before["nodes"] - 1 and after["gpus"] < before["gpus"]
-        assert sorted(m for node in after["layout"] for m in node) == sorted(models)
+    for i, moved in enumerate(shared[1:], 1):  # one model moved from a layout kept before
+        kept = [p["nodes"] for p in shared[:i] if meets(p)]
+        assert moved["nodes"] + 1 in kept and moved["gpus"] < dedicated["gpus"]
+        assert sorted(m for node in moved["layout"] for m in node) == sorted(models)
     assert png.stat().st_size > 0
     for family in ("talaria", "static", "dedicated", "dedicated_node", "memory minimum 77"):
         assert family in result.output

@@ -28,6 +28,7 @@ from typing import Any
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
+from talaria.core.groups import group_floor
 from talaria.core.placement import (
     DemandMeter,
     FleetView,
@@ -40,7 +41,7 @@ from talaria.core.placement import (
 )
 from talaria.core.types import CallRequest, CallResult
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.factory import NodeSetup, add_sim_model
+from talaria.runtime.factory import NodeSetup, add_sim_model, pinned_weight_budget_bytes
 from talaria.runtime.scheduling.node import NodeScheduler
 
 DRAIN_POLL_S = 15.0
@@ -60,6 +61,14 @@ class MoveRecord:
     seconds: float
 
 
+def _too_small(catalog: Catalog, setup: NodeSetup) -> frozenset[str]:
+    """The catalog's models that a node's GPU group cannot hold (their smallest group is
+    larger: core/groups.py ``group_floor``)."""
+    gpus = setup.gpus or catalog.server(setup.server).gpus
+    floors = {m: group_floor(catalog, m, setup.server) for m in catalog.models}
+    return frozenset(m for m, floor in floors.items() if floor is not None and floor > gpus)
+
+
 class PlacementDriver:
     """The replay's placement driver (module docstring). ``live(node, model)`` counts the
     sessions whose last call ran on ``node``; the dispatcher provides it."""
@@ -72,7 +81,6 @@ class PlacementDriver:
         clock: Clock,
         config: PlacementConfig,
         table: PlacementTable,
-        budget_bytes: float,
         quantum_s: float,
     ) -> None:
         self.nodes = nodes
@@ -81,8 +89,13 @@ class PlacementDriver:
         self.clock = clock
         self.config = config
         self.table = table
-        self.budget_bytes = budget_bytes
         self.quantum_s = quantum_s
+        self.budget_bytes = {
+            n: pinned_weight_budget_bytes(s.server_spec(catalog)) for n, s in setups.items()
+        }
+        """Each node's pinned-weight budget: its GPU group's share (runtime/factory.py)."""
+        self.too_small = {n: _too_small(catalog, s) for n, s in setups.items()}
+        """Each node's models its GPU group cannot hold (core/groups.py): never added there."""
         server = catalog.server(next(iter(setups.values())).server)
         profile = catalog.profile(next(iter(setups.values())).profile)
         self._switch_s = {
@@ -144,7 +157,7 @@ class PlacementDriver:
         weights = {m: self.catalog.model(m).weight_bytes for m in self.catalog.models}
         view = FleetView(
             now,
-            self.table.views(self.budget_bytes, self.live()),
+            self.table.views(self.live(), self.budget_bytes, self.too_small),
             self.meter.demand(now),
             weights,
             unplaced_waiting=frozenset(self._unplaced),

@@ -30,7 +30,6 @@ from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.cluster import Dispatcher
-from talaria.sim.placement import weight_budget_bytes
 from talaria.sim.placement_driver import PlacementDriver
 
 
@@ -193,11 +192,15 @@ async def _replay(
     table = None
     if placement is not None:
         table = PlacementTable({n.name: n.engines for n in nodes}, placement.drain_s)
-        server = layout[0][1].server
         driver = PlacementDriver(
-            {n.name: n for n in nodes}, dict(layout), catalog, clock, placement, table,
-            weight_budget_bytes(catalog, server), config.quantum_s,
-        )  # fmt: skip
+            {n.name: n for n in nodes},
+            dict(layout),
+            catalog,
+            clock,
+            placement,
+            table,
+            config.quantum_s,
+        )
     proxy = Dispatcher(nodes, router, clock, routing, routing_seed, table, driver)
     if driver is not None:
         driver.live = proxy.live

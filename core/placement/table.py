@@ -88,8 +88,15 @@ class PlacementTable:
         since = self.draining[node].get(model)
         return since is not None and now_s - since >= self.drain_s
 
-    def views(self, budget_bytes: float, live: Mapping[tuple[str, str], int]) -> Sequence[NodeView]:
-        """The controller's view of every node; ``live``: (node, model) → live sessions."""
+    def views(
+        self,
+        live: Mapping[tuple[str, str], int],
+        budget_bytes: Mapping[str, float],
+        too_small: Mapping[str, frozenset[str]],
+    ) -> Sequence[NodeView]:
+        """The controller's view of every node; ``live``: (node, model) → live sessions;
+        ``budget_bytes`` and ``too_small``: each node's (its GPU group's share of the host
+        memory, the models its group cannot hold; absent: no bound)."""
         views = []
         for node in self.nodes:
             hosted = frozenset(self.serving[node] | set(self.receiving[node]))
@@ -99,9 +106,10 @@ class PlacementTable:
                     node,
                     hosted,
                     frozenset(self.draining[node]),
-                    budget_bytes,
+                    budget_bytes.get(node, float("inf")),
                     dict(self.placed_s[node]),
                     node_live,
+                    too_small.get(node, frozenset()),
                 )
             )
         return views

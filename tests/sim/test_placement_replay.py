@@ -107,3 +107,21 @@ def test_a_busy_model_moves_off_a_time_shared_node_and_its_sessions_finish_soone
         assert p50["placed"][prefix] < 1.1 * p50["dedicated"][prefix], p50
     again = _run(sessions, layout, PlacementConfig())
     assert again.placement == placed.placement  # seeded and virtual: the same moves
+
+
+def test_a_cold_model_is_placed_only_on_a_gpu_group_that_holds_it() -> None:
+    """MiniMax-M2 (230 GB) needs a group of 4 GPUs (core/groups.py). The idle 2-GPU group is
+    the least loaded host and its share of the host memory (325 GB) holds the weights beside
+    gpt-oss-120b's 65 GB, but its GPUs cannot hold the model: the busy 4-GPU group gets it."""
+    layout = [
+        ("n0", NodeSetup("h200x8", "default", ("gpt-oss-120b",), 2)),
+        ("n1", NodeSetup("h200x8", "default", ("glm-4.5-air-fp8",), 4)),
+    ]
+    sessions = [_session(f"a{i}", "glm-4.5-air-fp8", 2.0 * i, calls=6) for i in range(6)]
+    sessions.append(_session("m0", "minimax-m2", 10.0, calls=4))
+    outcome = _run(sessions, layout, PlacementConfig())
+    assert sum(len(s.calls) for s in outcome.sessions) == 6 * 6 + 4  # no call lost
+    assert outcome.placement is not None
+    moves = outcome.placement["moves"]
+    assert [(m["kind"], m["node"]) for m in moves if m["model"] == "minimax-m2"] == [("add", "n1")]
+    assert "minimax-m2" not in outcome.placement["final_layout"]["n0"]

@@ -34,6 +34,8 @@ def test_a_draining_node_takes_new_sessions_while_no_other_node_serves_the_model
 def test_views_count_receiving_as_hosted_and_report_live_sessions() -> None:
     table = PlacementTable({"n0": ["a"], "n1": []})
     table.receive("n1", "b", ready_s=5.0, now_s=1.0)
-    views = table.views(1e12, {("n0", "a"): 3})
+    views = table.views({("n0", "a"): 3}, {"n0": 1e12}, {"n1": frozenset({"c"})})
     assert [sorted(v.hosted) for v in views] == [["a"], ["b"]]
     assert views[0].live == {"a": 3} and views[1].placed_s == {"b": 1.0}
+    assert views[0].budget_bytes == 1e12 and views[1].budget_bytes == float("inf")
+    assert views[0].too_small == frozenset() and views[1].too_small == {"c"}

@@ -9,6 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
+from talaria.core.calls import Call
 from talaria.proxy.callpath.context import ProxyContext, context, parse_json, read_bytes
 from talaria.proxy.cluster.forward import Forwarded
 from talaria.proxy.cluster.owner import placement_key
@@ -16,6 +17,7 @@ from talaria.proxy.contract.calls import (
     ApiCall,
     Caller,
     CallHandle,
+    NormalisedPrompt,
     PreparedCall,
     RateLimits,
     Share,
@@ -31,6 +33,7 @@ from talaria.proxy.sessions.identity import (
     named_by_header,
     session_sources,
 )
+from talaria.proxy.sessions.normalise import normalise, prompt_parts
 
 COLD_RETRY_S = 30.0
 """Retry-After of a call whose model's cold start failed (seconds)."""
@@ -121,6 +124,25 @@ def _limits(request: Request, tenant: str) -> RateLimits | None:
     return caller.limits if caller is not None and caller.tenant_id == tenant else None
 
 
+def _normalised(
+    request: Request, ctx: ProxyContext, tenant: str, call: Call
+) -> tuple[Call, NormalisedPrompt | None]:
+    """The call as the engine gets it, and what prompt normalisation took out of its system
+    text (proxy/sessions/normalise.py; None: nothing). The engine gets the normalised
+    messages unless the switch is off for the call: its key's ``normalise_prompts``
+    (``read_body``'s caller), else ``TALARIA_NORMALISE_PROMPTS``."""
+    if call.messages is None:
+        return call, None
+    found = normalise(call.messages, prompt_parts(ctx.settings.prompt_patterns))
+    if found is None:
+        return call, None
+    caller: Caller | None = getattr(request.state, "caller", None)
+    keyed = caller.normalise_prompts if caller is not None and caller.tenant_id == tenant else None
+    if not (ctx.settings.normalise_prompts if keyed is None else keyed):
+        return call, replace(found, engine=False)
+    return replace(call, messages=found.messages), found
+
+
 def _placement_key(
     request: Request,
     ctx: ProxyContext,
@@ -194,14 +216,15 @@ async def open_call(
     request: Request, ctx: ProxyContext, tenant: str, parsed: ApiCall
 ) -> CallHandle:
     """Start the call its dialect parsed (after ``read_body``): its session's identity (400 if
-    malformed), its place (with replicas, forwarded to the owner of a session its body
-    identifies), its key's rate limits (429; counted here, given back if it is refused before
-    it runs: proxy/callpath/limiter.py), its model, then the gateway. Returns its handle (its
-    ``headers()`` are the reply's)."""
+    malformed), its system text normalised (``_normalised``), its place (with replicas,
+    forwarded to the owner of a session its body identifies), its key's rate limits (429;
+    counted here, given back if it is refused before it runs: proxy/callpath/limiter.py), its
+    model, then the gateway. Returns its handle (its ``headers()`` are the reply's)."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
-    call = parsed.content
-    key = _placement_key(request, ctx, tenant, identity, call.messages)
+    call, normalised = _normalised(request, ctx, tenant, parsed.content)
+    found_by = normalised.messages if normalised is not None else call.messages
+    key = _placement_key(request, ctx, tenant, identity, found_by)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
     limiter = ctx.limits
@@ -220,6 +243,7 @@ async def open_call(
             format_param=parsed.format_param,
             share=_share(request, tenant, identity),
             on_finished=limiter.on_finished(ticket) if limiter is not None else None,
+            normalised=normalised,
         )
         handle = await ctx.gateway.open_call(prepared)
     except BaseException:

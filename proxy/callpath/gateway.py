@@ -140,7 +140,7 @@ class Gateway:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
         tools = tools_fingerprint(call.content.tools)
-        messages = call.content.messages
+        messages = call.session_messages  # normalised (proxy/sessions/normalise.py)
         conversation = Conversation.of(messages) if messages is not None else EMPTY
         call, prompt_tokens, statuses = await self._admit(call, tools, conversation)
         now_s, now_at = self._clock.now(), datetime.now(UTC)
@@ -159,8 +159,9 @@ class Gateway:
         or a store that cannot take its records (503), the tenant's calls in flight at their
         bound (429), no instance of its model (503)."""
         self._schemas.check(call.content, tools.digest, call.format_param)
-        if call.content.messages is not None:  # Call.prompt_tokens, from the sums already made
-            prompt_tokens = max(1, conversation.tokens[-1] + tools.tokens)
+        engine_gets_others = call.normalised is not None and not call.normalised.engine
+        if call.content.messages is not None and not engine_gets_others:
+            prompt_tokens = max(1, conversation.tokens[-1] + tools.tokens)  # the sums made
         else:
             prompt_tokens = call.content.prompt_tokens()
         call = fit_window(call, prompt_tokens, self.pool.context_window(call.model))
@@ -194,7 +195,8 @@ class Gateway:
     ) -> tuple[Resolution, int | None]:
         """The call's session (429 past the tenant's session cap), and the tokens of its
         prompt the session's KV already holds (None: unknown; the tools render ahead of the
-        messages)."""
+        messages; only those before the first normalised message when the engine gets the
+        client's own prompt: the volatile part may have changed)."""
         try:
             found = self.sessions.resolve(
                 tenant_id=call.tenant_id,
@@ -215,6 +217,8 @@ class Gateway:
         if state.route_key is None:
             state.route_key = call.route_key
         shared: int | None = found.shared_tokens
+        if call.normalised is not None and not call.normalised.engine:
+            shared = min(found.shared_tokens, conversation.tokens[call.normalised.first])
         if found.how == "adopted":
             shared = None  # unknown here: the runtime's own record of the session decides
         elif shared and state.tools == tools.digest:

@@ -254,5 +254,6 @@ def _call_record(
         how=found.how,
         thread=found.thread,
         drift_at=found.drift_at,
+        normalised=list(call.normalised.parts) if call.normalised is not None else None,
         **outcome,
     )

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from starlette.requests import ClientDisconnect
 
-from talaria.core.calls import Call, ModelOutput
+from talaria.core.calls import Call, Message, ModelOutput
 from talaria.core.types import CallResult, Priority
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.records import Record
@@ -76,12 +76,29 @@ class RateLimits:
 class Caller:
     """Who sends a call, as its API key says (proxy/callpath/auth.py): its tenant, the share
     its calls get unless their headers say otherwise (``talaria keys create --priority
-    --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1), and its key's rate
-    limits (None: a key without any, ``TALARIA_API_KEYS`` and open mode)."""
+    --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1), its key's rate
+    limits (None: a key without any, ``TALARIA_API_KEYS`` and open mode), and whether the
+    engine gets its calls' prompts normalised (``--normalise-prompts`` /
+    ``--no-normalise-prompts``; None: as ``TALARIA_NORMALISE_PROMPTS`` says)."""
 
     tenant_id: str
     share: Share = Share()
     limits: RateLimits | None = None
+    normalise_prompts: bool | None = None
+
+
+@dataclass(frozen=True)
+class NormalisedPrompt:
+    """What prompt normalisation (proxy/sessions/normalise.py) took out of a call's system
+    text: the volatile parts' names (the table's rows, in its order), the call's messages
+    without them (what its session is found by), the first message it changed, and whether
+    the engine gets these messages (the switch: ``TALARIA_NORMALISE_PROMPTS``, its key's
+    override) or the client's own (then the KV the engine can reuse ends before ``first``)."""
+
+    parts: tuple[str, ...]
+    messages: tuple[Message, ...]
+    first: int
+    engine: bool = True
 
 
 @dataclass(frozen=True)
@@ -107,6 +124,15 @@ class PreparedCall:
     on_finished: Callable[[CallOutcome], None] | None = None
     """Told the call's outcome when it finishes (its key's rate limits count its tokens:
     proxy/callpath/limiter.py); not when it fails or is cancelled."""
+    normalised: NormalisedPrompt | None = None
+    """The volatile parts taken out of its system text (None: none were): its session is
+    found by ``normalised.messages``; ``content`` is what the engine gets."""
+
+    @property
+    def session_messages(self) -> tuple[Message, ...] | None:
+        """The messages its session is found by: normalised, else its own (None: a text
+        prompt)."""
+        return self.normalised.messages if self.normalised is not None else self.content.messages
 
     @property
     def model(self) -> str:

@@ -76,6 +76,11 @@ class CallRecord:
     drift_at: int | None = None
     """For a ``drifted`` call, the first message of the thread's prompt it rewrote (the KV of
     the messages from there on could not be reused: proxy/sessions/drift.py)."""
+    normalised: list[str] | None = None
+    """The volatile parts taken out of its system text before its session was found, and
+    (unless the switch was off for it) before the engine got it: the names of
+    proxy/sessions/normalise.py's rows (``claude-code-attribution``, ``operator-<n>``); None:
+    none."""
 
 
 @dataclass(frozen=True)

@@ -237,6 +237,20 @@ class ProxySettings(BaseSettings):
         "sources, docs/proxy.md; default: after the built-in ones); a name that is not an "
         "HTTP header name, a built-in one or a rank out of range is refused at start",
     )
+    normalise_prompts: bool = Field(
+        True,
+        description="Take the volatile parts of a call's system text (Claude Code's "
+        "attribution line, the patterns below) out of the prompt the engine gets, so that "
+        "its prefix stays the same from turn to turn; an API key may say otherwise (talaria "
+        "keys create --normalise-prompts / --no-normalise-prompts). Sessions are found "
+        "without them either way (proxy/sessions/normalise.py)",
+    )
+    prompt_patterns: str = Field(
+        "",
+        description="More volatile parts of system text: one Python regular expression a "
+        "line (blank lines ignored), whose matches are removed; one that does not compile "
+        "is refused at start",
+    )
     replica_affinity: Literal["rendezvous", "ingress"] = Field(
         "rendezvous",
         description="rendezvous: the replica a call reaches forwards it to its session's "

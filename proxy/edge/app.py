@@ -35,6 +35,7 @@ from talaria.proxy.edge.lifecycle import Lifecycle
 from talaria.proxy.edge.services import context_of, declare
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.identity import session_sources
+from talaria.proxy.sessions.normalise import prompt_parts
 
 log = logging.getLogger("talaria.proxy")
 
@@ -65,6 +66,7 @@ def create_app(
     are the API keys' rate limit windows (a test's fixed time)."""
     cfg = settings or ProxySettings()
     session_sources(cfg.session_headers)  # a bad TALARIA_SESSION_HEADERS: ValueError naming it
+    prompt_parts(cfg.prompt_patterns)  # a bad TALARIA_PROMPT_PATTERNS: ValueError naming it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

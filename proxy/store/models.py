@@ -88,8 +88,8 @@ class Tenant(Base):
 class ApiKey(Base):
     """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters;
     with the priority its calls get unless a header says otherwise and its tenant's share
-    weight in the node's fair queue (``talaria keys create --priority --weight``), and its rate
-    limits (``--rpm --tpm``)."""
+    weight in the node's fair queue (``talaria keys create --priority --weight``), its rate
+    limits (``--rpm --tpm``) and its prompt normalisation switch."""
 
     __tablename__ = "api_keys"
 
@@ -105,6 +105,9 @@ class ApiKey(Base):
     """Calls per minute (``--rpm``); None: no limit."""
     tpm: Mapped[int | None] = mapped_column(Integer)
     """Prompt + output tokens per minute (``--tpm``); None: no limit."""
+    normalise_prompts: Mapped[bool | None] = mapped_column(Boolean)
+    """Whether the engine gets its calls' prompts normalised (``--normalise-prompts`` /
+    ``--no-normalise-prompts``); None: as ``TALARIA_NORMALISE_PROMPTS`` says."""
 
 
 class KeyUsage(Base):
@@ -187,6 +190,7 @@ class CallRow(Base):
     how: Mapped[str | None] = mapped_column(String)
     thread: Mapped[int | None] = mapped_column(Integer)
     drift_at: Mapped[int | None] = mapped_column(Integer)
+    normalised: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class DecisionRow(Base):

@@ -1,7 +1,8 @@
 """``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
 SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
-A key also holds its calls' default priority, its tenant's share weight and its rate limits
-(calls and tokens per minute). proxy/callpath/auth.py checks keys against them, ``talaria
+A key also holds its calls' default priority, its tenant's share weight, its rate limits
+(calls and tokens per minute) and whether the engine gets its calls' prompts normalised (None:
+as the server says). proxy/callpath/auth.py checks keys against them, ``talaria
 keys`` (talaria/cli/keys.py) manages them."""
 
 from __future__ import annotations
@@ -91,12 +92,15 @@ class TenantTables(TableGroup):
         weight: float = 1.0,
         rpm: int | None = None,
         tpm: int | None = None,
+        normalise_prompts: bool | None = None,
     ) -> str:
         """A new key for ``tenant_id`` whose calls are ``priority`` unless a header says
         otherwise, its tenant weighing ``weight`` in the node's fair queue, limited to ``rpm``
-        calls and ``tpm`` tokens a minute (None: not limited): the plaintext is returned here,
-        once; only its hash is stored. ``ValueError`` if the tenant does not exist, or the
-        priority, weight or a limit is not one (:func:`key_share`, :func:`key_limit`)."""
+        calls and ``tpm`` tokens a minute (None: not limited), its calls' prompts normalised
+        for the engine or not (``normalise_prompts``; None: as the server says): the plaintext
+        is returned here, once; only its hash is stored. ``ValueError`` if the tenant does not
+        exist, or the priority, weight or a limit is not one (:func:`key_share`,
+        :func:`key_limit`)."""
         share = key_share(priority, weight)
         rpm, tpm = key_limit("rpm", rpm), key_limit("tpm", tpm)
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
@@ -115,6 +119,7 @@ class TenantTables(TableGroup):
                     weight=share.weight,
                     rpm=rpm,
                     tpm=tpm,
+                    normalise_prompts=normalise_prompts,
                 )
             )
         return plaintext
@@ -126,23 +131,24 @@ class TenantTables(TableGroup):
 
     async def caller_for_key(self, plaintext: str) -> Caller | None:
         """The caller of an unrevoked key: its tenant, with the key's priority and weight
-        (a priority the store holds but this version does not know reads as ``standard``) and
-        its rate limits (None when it has neither); None if there is no such key."""
+        (a priority the store holds but this version does not know reads as ``standard``),
+        its rate limits (None when it has neither) and its prompt normalisation switch; None
+        if there is no such key."""
         columns = (ApiKey.id, ApiKey.tenant_id, ApiKey.priority, ApiKey.weight)
-        query = select(*columns, ApiKey.rpm, ApiKey.tpm).where(
+        query = select(*columns, ApiKey.rpm, ApiKey.tpm, ApiKey.normalise_prompts).where(
             ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
         )
         async with self._sessionmaker() as db:
             row = (await db.execute(query)).first()
         if row is None:
             return None
-        key_id, tenant_id, priority, weight, rpm, tpm = row
+        key_id, tenant_id, priority, weight, rpm, tpm, normalise_prompts = row
         try:
             known = Priority(priority)
         except ValueError:
             known = Priority.STANDARD
         limits = None if rpm is None and tpm is None else RateLimits(key_id, rpm, tpm)
-        return Caller(tenant_id, Share(known, float(weight)), limits)
+        return Caller(tenant_id, Share(known, float(weight)), limits, normalise_prompts)
 
     async def tenant_names(self) -> dict[str, str]:
         """Every tenant's name by its id."""

@@ -106,6 +106,8 @@ class ApiKeyInfo:
     """Calls per minute; None: no limit."""
     tpm: int | None = None
     """Prompt + output tokens per minute; None: no limit."""
+    normalise_prompts: bool | None = None
+    """Whether the engine gets its calls' prompts normalised; None: as the server says."""
     tenant_name: str = ""
     deleted: bool = False
     """Deleted keys are tombstones: their row stays (so "a key existed" is never forgotten),

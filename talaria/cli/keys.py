@@ -117,6 +117,15 @@ def create(
             callback=_checked_limit,
         ),
     ] = None,
+    normalise_prompts: Annotated[
+        bool | None,
+        typer.Option(
+            "--normalise-prompts/--no-normalise-prompts",
+            help="Whether the engine gets the key's calls' prompts without their volatile "
+            "parts (Claude Code's attribution line, TALARIA_PROMPT_PATTERNS); sessions are "
+            "found without them either way. Default: as TALARIA_NORMALISE_PROMPTS says.",
+        ),
+    ] = None,
     url: UrlOpt = None,
 ) -> None:
     """Create a key for TENANT and print it once (only its hash is stored). A bad --priority,
@@ -126,7 +135,12 @@ def create(
     async def action(store: TenantTables) -> str:
         tenant_id = await store.create_tenant(tenant)
         return await store.create_api_key(
-            tenant_id, priority=priority, weight=weight, rpm=rpm, tpm=tpm
+            tenant_id,
+            priority=priority,
+            weight=weight,
+            rpm=rpm,
+            tpm=tpm,
+            normalise_prompts=normalise_prompts,
         )
 
     key = _with_store(url, action)
@@ -140,8 +154,9 @@ def list_keys(
         bool, typer.Option("--all", help="Show deleted keys too (marked 'deleted').")
     ] = False,
 ) -> None:
-    """List keys: id, tenant name, prefix, priority, weight, rpm, tpm ('-': no limit), created,
-    revoked (deleted keys only with --all)."""
+    """List keys: id, tenant name, prefix, priority, weight, rpm, tpm ('-': no limit),
+    normalise (on, off, '-': as the server says), created, revoked (deleted keys only with
+    --all)."""
     infos = _with_store(url, lambda store: store.list_api_keys(include_deleted=all_keys))
     for info in infos:
         revoked = info.revoked_at.isoformat() if info.revoked_at else "-"
@@ -149,6 +164,7 @@ def list_keys(
         typer.echo(
             f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  priority={info.priority}  "
             f"weight={info.weight:g}  rpm={_limit(info.rpm)}  tpm={_limit(info.tpm)}  "
+            f"normalise={_switch(info.normalise_prompts)}  "
             f"created={info.created_at.isoformat()}  "
             f"revoked={revoked}{deleted}"
         )
@@ -156,6 +172,10 @@ def list_keys(
 
 def _limit(value: int | None) -> str:
     return "-" if value is None else str(value)
+
+
+def _switch(value: bool | None) -> str:
+    return "-" if value is None else ("on" if value else "off")
 
 
 @keys_app.command(

@@ -131,6 +131,7 @@ def serve(
 
     from talaria.proxy.contract.settings import ProxySettings
     from talaria.proxy.sessions.identity import session_sources
+    from talaria.proxy.sessions.normalise import prompt_parts
 
     overrides: dict[str, Any] = {
         key: value
@@ -155,6 +156,7 @@ def serve(
         if settings.policy:
             policy_flags(settings.policy)
         session_sources(settings.session_headers)
+        prompt_parts(settings.prompt_patterns)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     # Refuse here what would otherwise fail every call (a 500) or the app's start (a traceback).

@@ -132,6 +132,8 @@ def test_claude_code(agent_bin: Path, served: Served) -> None:
     for detail in roots:
         _check_session(detail, "claude-code")
         assert all(c["api"] == "messages" for c in detail["calls"])
+        # its attribution line, sent by default, taken out (proxy/sessions/normalise.py)
+        assert all(c["normalised"] == ["claude-code-attribution"] for c in detail["calls"])
 
 
 def test_codex(agent_bin: Path, served: Served) -> None:

@@ -199,6 +199,22 @@ def test_keys_create_stores_and_lists_a_priority_and_weight(db_url: str) -> None
     ]
 
 
+def test_keys_create_stores_and_lists_a_prompt_normalisation_switch(db_url: str) -> None:
+    """``--normalise-prompts`` / ``--no-normalise-prompts``: the key's own say over
+    ``TALARIA_NORMALISE_PROMPTS``; neither: none of its own (``-``)."""
+    made = {}
+    for option in ("--normalise-prompts", "--no-normalise-prompts", None):
+        options = [option] if option else []
+        created = runner.invoke(keys_app, ["create", *options, "--url", db_url])
+        assert created.exit_code == 0, created.output
+        made[option] = created.output.strip()
+    assert _caller(db_url, made["--normalise-prompts"]).normalise_prompts is True
+    assert _caller(db_url, made["--no-normalise-prompts"]).normalise_prompts is False
+    assert _caller(db_url, made[None]).normalise_prompts is None
+    listed = _lines(runner.invoke(keys_app, ["list", "--url", db_url]).output)
+    assert [line.split()[7] for line in listed] == ["normalise=on", "normalise=off", "normalise=-"]
+
+
 @pytest.mark.asyncio
 async def test_a_keys_priority_and_weight_reach_its_caller(store: SqlStore) -> None:
     acme = await store.tenants.create_tenant("acme")

@@ -66,7 +66,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0012"
+    assert await migrate.current_async(db_url) == migrate.head() == "0013"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -457,6 +457,71 @@ async def test_0012_leaves_existing_keys_unlimited_and_adds_the_usage_table(db_u
 
 
 @pytest.mark.asyncio
+async def test_0013_leaves_existing_keys_and_calls_as_they_were(db_url: str) -> None:
+    """0013: a key created before has no prompt normalisation switch of its own (null: the
+    server's) and looks up as before; a call recorded before lists no normalised parts; a key
+    may say either way, and a call's parts come back as a list; the downgrade drops both
+    columns and keeps the rows."""
+    await migrate.upgrade_async(db_url, "0012")
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
+                {"at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
+                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
+                ),
+                {"h": hash_key("tk-old"), "at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (session_key, tenant_id, session_id, model, state,"
+                    " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
+                    " output_tokens) VALUES ('s1', 't1', 's1', 'm', 'active', :at, :at, 1, 0, 0, 0)"
+                ),
+                {"at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO calls (request_id, session_key, call_index, model, arrived_at,"
+                    " status, prompt_tokens, cached_tokens, output_tokens, stream)"
+                    " VALUES ('r1', 's1', 0, 'm', :at, 'ok', 0, 0, 0, false)"
+                ),
+                {"at": at},
+            )
+        await migrate.upgrade_async(db_url)
+        async with engine.connect() as conn:
+            row = (await conn.execute(text("SELECT normalise_prompts FROM api_keys"))).one()
+            assert tuple(row) == (None,)
+            assert tuple((await conn.execute(text("SELECT normalised FROM calls"))).one()) == (
+                None,
+            )
+        store = SqlStore(make_sessionmaker(engine))
+        assert await store.tenants.caller_for_key("tk-old") == Caller("t1", Share())
+        for switch in (True, False):
+            key = await store.tenants.create_api_key("t1", normalise_prompts=switch)
+            caller = await store.tenants.caller_for_key(key)
+            assert caller is not None and caller.normalise_prompts is switch
+        listed = await store.tenants.list_api_keys()
+        assert [k.normalise_prompts for k in listed] == [None, True, False]
+        detail = await store.sessions.get_session("s1")
+        assert detail is not None and [c.normalised for c in detail.calls] == [None]
+        await asyncio.to_thread(migrate.downgrade, db_url, "0012")
+        assert "normalise_prompts" not in await _columns(engine, "api_keys")
+        assert "normalised" not in await _columns(engine, "calls")
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM api_keys"))).scalar() == 3
+            assert (await conn.execute(text("SELECT count(*) FROM calls"))).scalar() == 1
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -479,9 +544,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0012" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0013" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0012" in out and "head: 0012" in out
+    assert "current: 0013" in out and "head: 0013" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -491,7 +556,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0012"
+    assert migrate.current(url) == "0013"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -502,7 +567,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0012"
+    assert migrate.current(url) == "0013"
 
 
 def test_default_sqlite_url_honours_data_dir(

@@ -439,3 +439,15 @@ def test_a_bad_session_header_is_refused_at_start(
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and not started
     assert said in _flat(result.output)
+
+
+def test_a_prompt_pattern_that_is_not_a_regular_expression_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``TALARIA_PROMPT_PATTERNS``: one line naming the bad pattern, exit 2, nothing served."""
+    started = _no_uvicorn(monkeypatch)
+    monkeypatch.setenv("TALARIA_PROMPT_PATTERNS", "^Today is .*$\n(unclosed")
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and not started
+    said = "TALARIA_PROMPT_PATTERNS: pattern 2 '(unclosed' is not a regular expression"
+    assert said in _flat(result.output)

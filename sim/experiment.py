@@ -171,8 +171,10 @@ def run_experiment(
     policies: Sequence[str],
     on_call: OnCall | None = None,
     include_dedicated: bool = True,
+    include_oracle: bool = True,
 ) -> dict[str, Any]:
-    """Replay every policy, the dedicated reference and the oracle bound on ``sessions``."""
+    """Replay every policy, the dedicated reference and the oracle bound on ``sessions``
+    (without either when not wanted: a plan's many replays need neither)."""
     config = SchedulerConfig(quantum_s=setup.quantum_s)
     shared = setup.layout()
     seed = setup.routing_seed
@@ -203,8 +205,9 @@ def run_experiment(
         "sessions": len(sessions),
         "calls": sum(s.num_calls for s in sessions),
         "policies": results,
-        "oracle": _oracle(sessions, catalog, setup),
     }
+    if include_oracle:
+        document["oracle"] = _oracle(sessions, catalog, setup)
     if include_dedicated:
         per_model = [(m, NodeSetup(setup.server, setup.profile, (m,))) for m in setup.models]
         outcome = replay(
@@ -230,7 +233,7 @@ def _oracle(
 def _add_ratios(document: dict[str, Any]) -> None:
     """speedup_p50/p95 = round's SCT percentile / this one's; oracle_ratio_p50/p95 = this
     one's / the oracle's (≥ 1); for ``dedicated``, talaria's p50 / dedicated's."""
-    oracle = document["oracle"]
+    oracle = document.get("oracle")
     base = document["policies"].get("round")
     targets = [*document["policies"].values()]
     if "dedicated" in document:
@@ -239,7 +242,7 @@ def _add_ratios(document: dict[str, Any]) -> None:
         for q in ("p50", "p95"):
             key = f"{q}_sct_s"
             summary[f"speedup_{q}"] = base[key] / summary[key] if base else None
-            summary[f"oracle_ratio_{q}"] = summary[key] / oracle[key]
+            summary[f"oracle_ratio_{q}"] = summary[key] / oracle[key] if oracle else None
     talaria = document["policies"].get("talaria")
     if talaria and "dedicated" in document:
         dedicated = document["dedicated"]

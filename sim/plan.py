@@ -130,7 +130,9 @@ def replay_layout(
     whole = catalog.server(server).gpus
     groups = None if all(g == whole for g in gpus) else gpus
     setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout, groups)
-    doc = run_experiment(sessions, catalog, setup, [POLICY], include_dedicated=False)
+    doc = run_experiment(
+        sessions, catalog, setup, [POLICY], include_dedicated=False, include_oracle=False
+    )
     result = doc["policies"][POLICY]
     return Point(
         candidate.family,

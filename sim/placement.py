@@ -166,3 +166,25 @@ def pack(
             replicas[heaviest] -= 1
             break
     return tuple(tuple(models) for models in hosted)
+
+
+def static_layouts(
+    sessions: Sequence[SessionTrace],
+    catalog: Catalog,
+    server: str,
+    profile: str,
+    models: Sequence[str],
+    max_nodes: int,
+) -> dict[int, Layout]:
+    """The demand packing at every node count that holds the models, up to ``max_nodes``."""
+    demand = {m: 0.0 for m in models}
+    demand.update(model_demand(sessions, catalog, server, profile))
+    weights = {m: catalog.model(m).weight_bytes for m in models}
+    budget = weight_budget_bytes(catalog, server)
+    layouts = {}
+    for nodes in range(1, max_nodes + 1):
+        try:
+            layouts[nodes] = pack(demand, weights, nodes, budget)
+        except NoPlacement:
+            continue
+    return layouts

@@ -46,11 +46,10 @@ from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.metrics import percentile
 from talaria.sim.placement import (
     Layout,
-    NoPlacement,
     model_demand,
     movers,
-    pack,
     share_group,
+    static_layouts,
     weight_budget_bytes,
 )
 
@@ -160,28 +159,6 @@ def dedicated_layout(
     """Each model on ``replicas[m]`` groups of ``sizes[m]`` GPUs of its own."""
     nodes = [(m, sizes[m]) for m, count in replicas.items() for _ in range(count)]
     return tuple((m,) for m, _ in nodes), tuple(size for _, size in nodes)
-
-
-def static_layouts(
-    sessions: Sequence[SessionTrace],
-    catalog: Catalog,
-    server: str,
-    profile: str,
-    models: Sequence[str],
-    max_nodes: int,
-) -> dict[int, Layout]:
-    """The demand packing at every node count that holds the models, up to ``max_nodes``."""
-    demand = {m: 0.0 for m in models}
-    demand.update(model_demand(sessions, catalog, server, profile))
-    weights = {m: catalog.model(m).weight_bytes for m in models}
-    budget = weight_budget_bytes(catalog, server)
-    layouts = {}
-    for nodes in range(1, max_nodes + 1):
-        try:
-            layouts[nodes] = pack(demand, weights, nodes, budget)
-        except NoPlacement:
-            continue
-    return layouts
 
 
 def overage(point: Point, bounds: Mapping[str, float]) -> dict[str, float]:

@@ -371,6 +371,21 @@ async def test_0010_renumbers_repeated_call_indices_and_makes_them_unique(db_url
         await engine.dispose()
 
 
+async def _old_key(conn: Any, at: datetime) -> None:
+    """Tenant ``t1`` (acme) and its key ``k1`` (``tk-old``), as an older schema holds them."""
+    await conn.execute(
+        text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
+        {"at": at},
+    )
+    await conn.execute(
+        text(
+            "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
+            " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
+        ),
+        {"h": hash_key("tk-old"), "at": at},
+    )
+
+
 @pytest.mark.asyncio
 async def test_0011_gives_existing_keys_the_standard_priority_and_weight_1(db_url: str) -> None:
     """0011: a key created before has priority ``standard`` and weight 1.0 (the columns' server
@@ -380,17 +395,7 @@ async def test_0011_gives_existing_keys_the_standard_priority_and_weight_1(db_ur
     at = datetime(2026, 11, 1, tzinfo=UTC)
     try:
         async with engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
-                {"at": at},
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
-                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
-                ),
-                {"h": hash_key("tk-old"), "at": at},
-            )
+            await _old_key(conn, at)
         await migrate.upgrade_async(db_url)
         async with engine.connect() as conn:
             row = (await conn.execute(text("SELECT priority, weight FROM api_keys"))).one()
@@ -418,17 +423,7 @@ async def test_0012_leaves_existing_keys_unlimited_and_adds_the_usage_table(db_u
     at = datetime(2026, 11, 1, tzinfo=UTC)
     try:
         async with engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
-                {"at": at},
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
-                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
-                ),
-                {"h": hash_key("tk-old"), "at": at},
-            )
+            await _old_key(conn, at)
         await migrate.upgrade_async(db_url)
         async with engine.connect() as conn:
             row = (await conn.execute(text("SELECT rpm, tpm FROM api_keys"))).one()
@@ -467,17 +462,7 @@ async def test_0013_leaves_existing_keys_and_calls_as_they_were(db_url: str) -> 
     at = datetime(2026, 11, 1, tzinfo=UTC)
     try:
         async with engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO tenants (id, name, created_at) VALUES ('t1', 'acme', :at)"),
-                {"at": at},
-            )
-            await conn.execute(
-                text(
-                    "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)"
-                    " VALUES ('k1', 't1', :h, 'tk-old00', :at)"
-                ),
-                {"h": hash_key("tk-old"), "at": at},
-            )
+            await _old_key(conn, at)
             await conn.execute(
                 text(
                     "INSERT INTO sessions (session_key, tenant_id, session_id, model, state,"

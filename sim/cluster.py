@@ -90,23 +90,27 @@ class Dispatcher:
             await self._placer.ensure(request.model)
             names = self.table.candidates(request.model, last, self._clock.now())
         now = self._clock.now()
-        reserved = self.book.reserved(sid, now)
-        decision = route(
-            self.router,
-            RouteRequest(sid, request.model, request.prompt_tokens, last, reserved),
-            [self._nodes[name].status() for name in names],
-            self.config,
-            self._rng,
-        )
-        self.reasons[decision.reason] += 1
-        self.book.started(sid, decision.instance, now)
-        if last is not None and last != decision.instance:
+        if len(names) == 1:  # what ``route`` decides for one candidate, without its status
+            instance, reason = names[0], "only-candidate"
+        else:
+            reserved = self.book.reserved(sid, now)
+            decision = route(
+                self.router,
+                RouteRequest(sid, request.model, request.prompt_tokens, last, reserved),
+                [self._nodes[name].status() for name in names],
+                self.config,
+                self._rng,
+            )
+            instance, reason = decision.instance, decision.reason
+        self.reasons[reason] += 1
+        self.book.started(sid, instance, now)
+        if last is not None and last != instance:
             self.migrations += 1
             self._nodes[last].session_moved(sid)
-        self._last[sid] = decision.instance
+        self._last[sid] = instance
         self._model[sid] = request.model
-        self._visited.setdefault(sid, set()).add(decision.instance)
-        node = self._nodes[decision.instance]
+        self._visited.setdefault(sid, set()).add(instance)
+        node = self._nodes[instance]
         result = await node.submit(request)
         if self._placer is not None:
             self._placer.finished(result)

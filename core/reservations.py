@@ -10,7 +10,10 @@ Expected gap = the caller's hint if given, else the session's learned mean gap
 ``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: the tool-gap mean
 ≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A reservation is taken only if the
 session is expected back before the slot's deadline (there is no point holding a slot it will
-miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)``.
+miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)``. With the
+``learned_gaps`` scheduler flag the node passes, for a session without a hint, the median of
+its learned log-normal gap as the expected gap and the hold ``hold_gap_s`` from it
+(core/gaps.py): the reservation then expires at ``now + hold_gap_s``.
 """
 
 from __future__ import annotations
@@ -77,33 +80,46 @@ def plan_reservation(
     deadline_s: float | None,
     slack_factor: float = 2.0,
     min_slack_s: float = 1.0,
+    hold_gap_s: float | None = None,
 ) -> Reservation | None:
-    """The reservation to take after a call that ends in a tool gap, or None (rules above)."""
+    """The reservation to take after a call that ends in a tool gap, or None (rules above);
+    ``hold_gap_s``, when given, replaces the slack rule for how long it is held."""
     expected_return = now_s + expected_gap_s
     if deadline_s is not None and expected_return > deadline_s:
         return None
-    hold = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
+    if hold_gap_s is not None:
+        hold = hold_gap_s
+    else:
+        hold = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
     return Reservation(session_key, model, held_bytes, now_s, expected_return, now_s + hold)
 
 
 @dataclass
 class ReservationTable:
-    """A node's live reservations by session, and how many were released for each reason."""
+    """A node's live reservations by session, how many were released for each reason, and the
+    memory they held: Σ held_bytes × (release − creation), byte-seconds, over the releases
+    that gave their time."""
 
     live: dict[str, Reservation] = field(default_factory=dict)
     released: dict[ReleaseReason, int] = field(
         default_factory=lambda: dict.fromkeys(ReleaseReason, 0)
     )
+    held_byte_s: float = 0.0
 
     def add(self, reservation: Reservation) -> None:
         """Hold ``reservation`` (replacing the session's previous one, uncounted)."""
         self.live[reservation.session_key] = reservation
 
-    def release(self, session_key: str, reason: ReleaseReason) -> Reservation | None:
-        """Drop the session's reservation, counting ``reason``; the one dropped, or None."""
+    def release(
+        self, session_key: str, reason: ReleaseReason, now_s: float | None = None
+    ) -> Reservation | None:
+        """Drop the session's reservation, counting ``reason`` (and, given ``now_s``, its
+        held bytes × the seconds it was held); the one dropped, or None."""
         found = self.live.pop(session_key, None)
         if found is not None:
             self.released[reason] += 1
+            if now_s is not None:
+                self.held_byte_s += found.held_bytes * max(0.0, now_s - found.created_s)
         return found
 
     def expired(self, now_s: float) -> list[Reservation]:

@@ -118,6 +118,8 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         makespan_s=outcome.makespan_s,
         peak_hbm_fraction=max(n.peak_hbm_bytes / n.hbm_capacity_bytes for n in outcome.nodes),
         reservations=reservations,
+        reservation_gb_s=sum(n.reservation_byte_s for n in outcome.nodes) / 1e9,
+        reservations_expired_share=_expired_share(reservations),
         sct_s={s.session_id: s.sct_s for s in outcome.sessions},
         timeline=[
             {
@@ -135,6 +137,14 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         ],
     )
     return summary
+
+
+def _expired_share(reservations: dict[str, int]) -> float | None:
+    """expired ÷ (returned + expired): the reservations that ran out before their session came
+    back; None when none did either."""
+    expired = reservations.get("expired", 0)
+    settled = reservations.get("returned", 0) + expired
+    return expired / settled if settled else None
 
 
 def _groups(

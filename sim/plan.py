@@ -15,9 +15,9 @@ the dedicated groups, all served under its policy):
   still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
-  counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the
-  ``dedicated_node`` plan's node count (more whole nodes than one per model is never the
-  answer);
+  counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the GPUs
+  of the ``dedicated`` (or ``dedicated_node``) plan, whichever is fewer (a packing that needs
+  more is never the cheapest layout, so its own plan is then None: more than those);
 - ``dedicated``: every model on GPU groups of its own (core/groups.py), as an operator without
   Talaria deploys it: from each model on one group of the fewest GPUs that hold it (its
   weights and one full-context sequence's KV: the memory minimum), the model furthest over
@@ -216,17 +216,18 @@ def plan(
     bounds = {m: slo_p95_s if slo_p95_s is not None else slo_x * reach[m] for m in reach}
     families: dict[str, list[Point]] = {"static": []}
     families["dedicated_node"] = _more_nodes(reference, bounds, node_sizes, limit, run)
-    whole_nodes = cheapest(families["dedicated_node"], bounds)
-    most = whole_nodes.nodes if whole_nodes is not None else limit  # never more than those
+    minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
+    families["dedicated"] = search_dedicated(minimum, bounds, whole, limit * whole, run)
+    start_from = cheapest(families["dedicated"], bounds)
+    plans_so_far = (cheapest(families["dedicated_node"], bounds), start_from)
+    found = [p.gpus for p in plans_so_far if p is not None]
+    most = min(found) // whole if found else limit  # more whole nodes are never the cheapest
     layouts = list(static_layouts(sessions, catalog, server, profile, models, most).values())
     for start in range(0, len(layouts), jobs):  # in rounds of ``jobs``, fewest nodes first
         batch = layouts[start : start + jobs]
         families["static"] += run([Candidate("static", lay, (whole,) * len(lay)) for lay in batch])
         if any(meets(p, bounds) for p in families["static"]):
             break
-    minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
-    families["dedicated"] = search_dedicated(minimum, bounds, whole, limit * whole, run)
-    start_from = cheapest(families["dedicated"], bounds)
     demand = {m: 0.0 for m in models}
     demand.update(model_demand(sessions, catalog, server, profile))
     weights = {m: catalog.model(m).weight_bytes for m in models}

@@ -5,6 +5,7 @@ mapped.
 |---|---|---|---|
 | ``round`` | ``load-only`` | all off | the per-request baseline |
 | ``talaria`` | ``talaria`` | all on | the whole system, on the preset's fixed layout |
+| ``talaria-learned`` | ``talaria`` | ``talaria`` + ``learned_gaps`` | learned tool gaps |
 | ``placement`` | ``talaria`` | all on | ``talaria`` with the placement controller moving models |
 | ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
 | ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
@@ -28,6 +29,7 @@ from talaria.runtime.scheduling.flags import (
     FLAG_NAMES,
     ROUND,
     TALARIA,
+    TALARIA_LEARNED,
     SchedulerFlags,
     policy_flags,
 )
@@ -55,6 +57,8 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "load-only", ROUND)
     if name == "talaria":
         return Policy(name, "talaria", TALARIA)
+    if name == "talaria-learned":
+        return Policy(name, "talaria", TALARIA_LEARNED)
     if name == "placement":
         return Policy(name, "talaria", TALARIA, placement=True)
     if name in ROUTER_NAMES:
@@ -63,7 +67,7 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "talaria", policy_flags(name))
     except ValueError:
         flags = [*(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
-        names = ["round", "talaria", "placement", *ROUTER_NAMES, *flags]
+        names = ["round", "talaria", "talaria-learned", "placement", *ROUTER_NAMES, *flags]
         choices = ", ".join(dict.fromkeys(names))
         raise ValueError(
             f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)"

@@ -55,7 +55,7 @@ class SessionOutcome:
 @dataclass
 class NodeOutcome:
     """One node after a replay: its slots, busy times (s), peak memory use and capacities
-    (bytes), and its reservations released by reason."""
+    (bytes), and its reservations released by reason and the memory they held."""
 
     name: str
     models: tuple[str, ...]
@@ -67,6 +67,8 @@ class NodeOutcome:
     peak_host_kv_bytes: float
     host_kv_capacity_bytes: float
     reservations: dict[str, int]
+    reservation_byte_s: float = 0.0
+    """Σ held bytes × seconds held over its released reservations (``ReservationTable``)."""
 
 
 @dataclass(frozen=True)
@@ -266,4 +268,5 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
         peak_host_kv_bytes=node.memory.peak_host_kv_bytes,
         host_kv_capacity_bytes=node.memory.host_kv_capacity_bytes,
         reservations={str(k): v for k, v in node.reservations.released.items()},
+        reservation_byte_s=node.reservations.held_byte_s,
     )

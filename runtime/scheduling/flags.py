@@ -1,8 +1,9 @@
 """Scheduler feature flags and the named policies built from them.
 
 Every ablation is the same scheduler with flags switched: ``round`` has all of them off,
-``talaria`` all on, ``+<flag>`` switches on one flag over ``round`` and ``-<flag>`` switches one
-off from ``talaria`` (several at once: ``+a+b``, ``-a-b``).
+``talaria`` all on but ``learned_gaps`` (``talaria-learned``: all on), ``+<flag>`` switches on
+one flag over ``round`` and ``-<flag>`` switches one off from ``talaria`` (several at once:
+``+a+b``, ``-a-b``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,15 @@ class SchedulerFlags:
     """Admit waiting calls by class, then tenant shares of the node's service, then least
     attained service per session (fairness.py), instead of in arrival order; weigh each
     model's demand for slots by the tenants' shares."""
+    learned_gaps: bool = False
+    """With ``soft_reservations``: a session without a gap hint reserves by its learned
+    log-normal tool gap (core/gaps.py) instead of its mean. Per population (tenant, model) an
+    online fit of ln(gap) (Welford, seeded with docs/sources.md §2's mixture: μ0 = −0.7374,
+    σ0 = 1.5589, as 20 observations); per session μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the
+    population's. Reserve when now + e^μ_s is before the slot's deadline; hold until
+    now + max(min(e^(μ_s + z_0.9 σ), 600 s), e^μ_s + 1 s). A hint still uses the mean rule.
+    Not in ``talaria`` (the named policy ``talaria-learned`` is ``talaria`` with it on), and not
+    among the ``+flag`` ablations of ``DEFAULT_POLICIES``."""
 
     def enabled(self) -> list[str]:
         """The names of the flags that are on, in declaration order."""
@@ -42,25 +52,37 @@ class SchedulerFlags:
 FLAG_NAMES: tuple[str, ...] = tuple(f.name for f in fields(SchedulerFlags))
 ROUND = SchedulerFlags()
 TALARIA = SchedulerFlags(True, True, True, True, True, True, True)
+TALARIA_LEARNED = replace(TALARIA, learned_gaps=True)
+"""``talaria`` with ``learned_gaps`` (the named policy ``talaria-learned``)."""
+ABLATION_FLAGS: tuple[str, ...] = tuple(f for f in FLAG_NAMES if getattr(TALARIA, f))
+"""The flags ``talaria`` has on, whose ``+flag`` policies are the default ablations."""
 
 
 def policy_flags(name: str) -> SchedulerFlags:
     """``round``, ``talaria``, ``+flag`` (flags over round, e.g. ``+sp_admission`` or
     ``+sp_admission+host_kv``) or ``-flag`` (talaria with flags off, e.g. ``-co_residency`` or
-    ``-co_residency-demand_slots``: the four original flags)."""
+    ``-co_residency-demand_slots``: the four original flags), or ``talaria-learned``."""
     if name == "round":
         return ROUND
     if name == "talaria":
         return TALARIA
+    if name == "talaria-learned":
+        return TALARIA_LEARNED
     sign = name[:1]
     names = name[1:].split(sign) if sign in ("+", "-") else []
     if names and all(f in FLAG_NAMES for f in names):
         base, on = (ROUND, True) if sign == "+" else (TALARIA, False)
         return replace(base, **dict.fromkeys(names, on))
     choices = ", ".join(
-        ["round", "talaria", *(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
+        [
+            "round",
+            "talaria",
+            "talaria-learned",
+            *(f"+{f}" for f in FLAG_NAMES),
+            *(f"-{f}" for f in FLAG_NAMES),
+        ]
     )
     raise ValueError(f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)")
 
 
-DEFAULT_POLICIES: tuple[str, ...] = ("round", *(f"+{f}" for f in FLAG_NAMES), "talaria")
+DEFAULT_POLICIES: tuple[str, ...] = ("round", *(f"+{f}" for f in ABLATION_FLAGS), "talaria")

@@ -380,9 +380,16 @@ class SlotLoop:
             await asyncio.gather(task, return_exceptions=True)
         self._transition = None
 
-    def reserve(self, result: CallResult, session: NodeSession, expected_gap_s: float) -> None:
+    def reserve(
+        self,
+        result: CallResult,
+        session: NodeSession,
+        expected_gap_s: float,
+        hold_gap_s: float | None = None,
+    ) -> None:
         """``soft_reservations``: after ``result``, the session reserves for its next call
-        (``KvHolds.hold``), until the slot's deadline when the plan has its model leave."""
+        (``KvHolds.hold``), until the slot's deadline when the plan has its model leave;
+        ``hold_gap_s`` (``learned_gaps``) sets how long it is held."""
         leaving = self.leaving_in(self.plan())
         deadline = self._slot.deadline_s() if result.model in leaving else None
         self._holds.hold(
@@ -392,6 +399,7 @@ class SlotLoop:
             expected_gap_s=expected_gap_s,
             deadline_s=deadline,
             default_output_tokens=self.config.default_output_tokens,
+            hold_gap_s=hold_gap_s,
         )
 
     def release_hold(self, session_key: str, reason: ReleaseReason) -> None:

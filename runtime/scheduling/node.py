@@ -26,6 +26,7 @@ from types import MappingProxyType
 from typing import Any
 
 from talaria.core.clock import Clock
+from talaria.core.gaps import PopulationGaps
 from talaria.core.reservations import ReleaseReason, ReservationTable
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
@@ -105,7 +106,7 @@ class NodeScheduler:
         self.config = config or SchedulerConfig()
         self._clock = clock
         self._engines = dict(engines)  # the model set: changed in add_model and retire only
-        self._sessions = NodeSessions()
+        self._sessions = NodeSessions(PopulationGaps() if flags.learned_gaps else None)
         self._context = NodeContext(
             name=name,
             clock=clock,
@@ -117,7 +118,7 @@ class NodeScheduler:
         )
         self._signals = self._context.signals
         self._intake = Intake(self._context, self._session_of, self._finished, self._sessions)
-        self._loop = SlotLoop(self._context, self._intake, self._sessions, KvHolds(memory))
+        self._loop = SlotLoop(self._context, self._intake, self._sessions, KvHolds(memory, clock))
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
 
@@ -271,7 +272,8 @@ class NodeScheduler:
 
     def _finished(self, request: CallRequest, result: CallResult) -> None:
         """A call finished: count it for its session, end the session on a final call, else
-        (``soft_reservations``) reserve for its next call."""
+        (``soft_reservations``) reserve for its next call: by the hint or the mean gap, or
+        (``learned_gaps``, no hint) by the learned median gap, held to its q-quantile."""
         session = self._sessions.finished(result)
         if session is None:
             return
@@ -281,6 +283,10 @@ class NodeScheduler:
         if request.expected_tool_gap_s is not None:
             session.hint_gap_s = request.expected_tool_gap_s
         if not self.flags.soft_reservations:
+            return
+        if self.flags.learned_gaps and session.hint_gap_s is None:
+            learned = self._sessions.predicted_gap(session)
+            self._loop.reserve(result, session, learned.median_s, learned.hold_s)
             return
         gap = session.expected_gap_s()
         session.hint_gap_s = None

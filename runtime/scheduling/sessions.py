@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from talaria.core.gaps import GapPrediction, PopulationGaps, SessionGaps, predict_session
 from talaria.core.reservations import GapEstimator
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 
@@ -25,6 +26,8 @@ class NodeSession:
     """Calls of the session finished here (> 0: its next call is a continuation)."""
     last_finish_s: float | None = None
     gaps: GapEstimator = field(default_factory=GapEstimator)
+    log_gaps: SessionGaps = field(default_factory=SessionGaps)
+    """Its own ln(gap)s, for ``learned_gaps`` (core/gaps.py)."""
     output_tokens: int = 0
     appended_tokens: int = 0
     """Prompt tokens the calls after the first added to the previous call's context."""
@@ -78,10 +81,12 @@ class SessionsView(Protocol):
 class NodeSessions:
     """The sessions of one node by key (``CallRequest.session_key``), in first-seen order."""
 
-    def __init__(self) -> None:
+    def __init__(self, population: PopulationGaps | None = None) -> None:
         self.sessions: dict[str, NodeSession] = {}
         self.ranks: dict[int, int] = {}
         """Calls that arrived here per class."""
+        self.population = population
+        """``learned_gaps``: the node's log-normal gap fits by (tenant, model); None: off."""
 
     def __contains__(self, session_key: str) -> bool:
         return session_key in self.sessions
@@ -103,13 +108,23 @@ class NodeSessions:
         tokens its prompt appended to that call's context, and count it pending."""
         session = self.get_or_add(request.session_key, request.model)
         if session.last_finish_s is not None:
-            session.gaps.observe(now_s - session.last_finish_s)
+            gap = now_s - session.last_finish_s
+            session.gaps.observe(gap)
+            if self.population is not None:
+                session.log_gaps.observe(gap)
+                self.population.observe((request.tenant, request.model), gap)
         if session.context_tokens:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         session.pending += 1
         session.rank = request.priority.rank
         session.tenant, session.tenant_weight = request.tenant, request.tenant_weight
         self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
+
+    def predicted_gap(self, session: NodeSession) -> GapPrediction:
+        """``learned_gaps``: the session's learned median gap and hold (core/gaps.py), from
+        its own gaps and its (tenant, model) population's fit (the prior when off)."""
+        population = self.population or PopulationGaps()
+        return predict_session(session.log_gaps, population.fit((session.tenant, session.model)))
 
     def settled(self, session_key: str) -> None:
         """A call of the session left the node (finished, failed or withdrawn)."""

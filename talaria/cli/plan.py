@@ -1,6 +1,6 @@
 """``talaria plan``: the fewest GPUs that meet an SLO on session completion time, for talaria
-with its placement controller, for a static packing of the models, for dedicated GPU groups of
-the right size and for dedicated whole nodes (sim/plan.py)."""
+(GPU groups shared), for a static packing of the models onto whole nodes, for dedicated GPU
+groups of the right size and for dedicated whole nodes (sim/plan.py)."""
 
 from __future__ import annotations
 
@@ -59,17 +59,17 @@ def plan(
     """Find how many GPUs the preset's sessions need to meet a p95 SCT SLO on every model.
 
     Replays the sessions on four families of layouts and prints the fewest GPUs of each that
-    meets the SLO: dedicated_node (every model on whole 8-GPU nodes of its own, one more for
-    the model worst off); dedicated (every model on GPU groups of the right size: from the
-    fewest GPUs that hold its weights and one full-context sequence, 1, 2, 4 or 8, the model
-    worst off gets one more replica or groups twice as large); static (the models packed by
-    demand onto whole nodes, fewest first); talaria (the dedicated groups with models moved,
-    coldest first, into another model's group, each move kept only while the SLO is still
-    met; or any other layout above that the talaria policy serves with fewer GPUs). The JSON
-    document has plans.{talaria,static,dedicated,dedicated_node}.gpus (a plan is null when
-    nothing up to --max-nodes' GPUs meets it) with each plan's groups (models, group GPUs,
-    replicas), the SLO's bound per model, the memory minimum, and every replay's p95 per
-    model.
+    meets the SLO: dedicated_node (every model on whole 8-GPU nodes of its own, one more for the
+    model worst off); dedicated (every model on GPU groups of the right size: from the fewest
+    GPUs that hold its weights and one full-context sequence, 1, 2, 4 or 8, the model worst off
+    gets one more replica or groups twice as large); static (the models packed by demand onto
+    whole nodes, fewest first, up to the GPUs of the dedicated plan); talaria (the dedicated
+    groups with models moved, coldest first, into another model's group, each move kept only
+    while the SLO is still met; or any other layout above that the talaria policy serves with
+    fewer GPUs). The JSON document has plans.{talaria,static,dedicated,dedicated_node}.gpus (a
+    plan is null when nothing up to --max-nodes' GPUs meets it) with each plan's groups (models,
+    group GPUs, replicas), the SLO's bound per model, the memory minimum, and every replay's p95
+    per model.
     """
     from talaria.sim.plan import Point
     from talaria.sim.plan import plan as make_plan

@@ -23,10 +23,12 @@ from talaria.runtime.scheduling.admission import (
     fits_memory,
 )
 from talaria.runtime.scheduling.flags import (
+    ABLATION_FLAGS,
     DEFAULT_POLICIES,
     FLAG_NAMES,
     ROUND,
     TALARIA,
+    TALARIA_LEARNED,
     SchedulerFlags,
     policy_flags,
 )
@@ -330,7 +332,9 @@ def test_reservation_table_queries() -> None:
     ("name", "enabled"),
     [
         ("round", []),
-        ("talaria", list(FLAG_NAMES)),
+        ("talaria", list(ABLATION_FLAGS)),
+        ("talaria-learned", list(FLAG_NAMES)),
+        ("+learned_gaps", ["learned_gaps"]),
         ("+sp_admission", ["sp_admission"]),
         ("+host_kv", ["host_kv"]),
         ("+d2d_staging", ["d2d_staging"]),
@@ -354,13 +358,16 @@ def test_named_policies() -> None:
         "demand_slots",
         "co_residency",
         "fair_queue",
+        "learned_gaps",
     )
-    assert all(getattr(TALARIA, f) for f in FLAG_NAMES)
+    assert ABLATION_FLAGS == FLAG_NAMES[:-1]
+    assert all(getattr(TALARIA, f) for f in ABLATION_FLAGS) and not TALARIA.learned_gaps
+    assert policy_flags("talaria-learned") == TALARIA_LEARNED == replace(TALARIA, learned_gaps=True)
     assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)
     four = replace(TALARIA, co_residency=False, demand_slots=False)
     assert policy_flags("-co_residency-demand_slots") == four
     assert policy_flags("+sp_admission+host_kv") == replace(ROUND, sp_admission=True, host_kv=True)
-    one_flag = [f"+{f}" for f in FLAG_NAMES]
+    one_flag = [f"+{f}" for f in ABLATION_FLAGS]  # learned_gaps is no default ablation
     assert list(DEFAULT_POLICIES) == ["round", *one_flag, "talaria"]
     for name in DEFAULT_POLICIES:
         policy_flags(name)

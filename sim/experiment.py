@@ -182,10 +182,12 @@ def run_experiment(
     on_call: OnCall | None = None,
     include_dedicated: bool = True,
     include_oracle: bool = True,
+    config: SchedulerConfig | None = None,
 ) -> dict[str, Any]:
     """Replay every policy, the dedicated reference and the oracle bound on ``sessions``
-    (without either when not wanted: a plan's many replays need neither)."""
-    config = SchedulerConfig(quantum_s=setup.quantum_s)
+    (without either when not wanted: a plan's many replays need neither); ``config``: the
+    nodes' settings (None: the defaults with the setup's quantum)."""
+    config = config or SchedulerConfig(quantum_s=setup.quantum_s)
     shared = setup.layout()
     seed = setup.routing_seed
     results: dict[str, dict[str, Any]] = {}

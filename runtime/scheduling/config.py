@@ -24,3 +24,6 @@ class SchedulerConfig:
     starvation_quanta: float = 2.0
     """With ``fair_queue``: a call that has waited this many quanta is promoted a class
     (fairness.py), so a batch call waits at most twice that behind interactive arrivals."""
+    gap_quantile: float = 0.9
+    """With ``learned_gaps``: a reservation is held until this quantile of the session's learned
+    log-normal gap (core/gaps.py ``predict``)."""

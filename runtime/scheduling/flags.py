@@ -40,7 +40,8 @@ class SchedulerFlags:
     online fit of ln(gap) (Welford, seeded with docs/sources.md §2's mixture: μ0 = −0.7374,
     σ0 = 1.5589, as 20 observations); per session μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the
     population's. Reserve when now + e^μ_s is before the slot's deadline; hold until
-    now + max(min(e^(μ_s + z_0.9 σ), 600 s), e^μ_s + 1 s). A hint still uses the mean rule.
+    now + max(min(e^(μ_s + z_q σ), 600 s), e^μ_s + 1 s), q = ``SchedulerConfig.gap_quantile``
+    (0.9). A hint still uses the mean rule.
     Not in ``talaria`` (the named policy ``talaria-learned`` is ``talaria`` with it on), and not
     among the ``+flag`` ablations of ``DEFAULT_POLICIES``."""
 

@@ -285,7 +285,7 @@ class NodeScheduler:
         if not self.flags.soft_reservations:
             return
         if self.flags.learned_gaps and session.hint_gap_s is None:
-            learned = self._sessions.predicted_gap(session)
+            learned = self._sessions.predicted_gap(session, self.config.gap_quantile)
             self._loop.reserve(result, session, learned.median_s, learned.hold_s)
             return
         gap = session.expected_gap_s()

@@ -120,11 +120,13 @@ class NodeSessions:
         session.tenant, session.tenant_weight = request.tenant, request.tenant_weight
         self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
 
-    def predicted_gap(self, session: NodeSession) -> GapPrediction:
-        """``learned_gaps``: the session's learned median gap and hold (core/gaps.py), from
-        its own gaps and its (tenant, model) population's fit (the prior when off)."""
+    def predicted_gap(self, session: NodeSession, quantile: float) -> GapPrediction:
+        """``learned_gaps``: the session's learned median gap and hold to ``quantile``
+        (core/gaps.py), from its own gaps and its (tenant, model) population's fit (the prior
+        when off)."""
         population = self.population or PopulationGaps()
-        return predict_session(session.log_gaps, population.fit((session.tenant, session.model)))
+        fit = population.fit((session.tenant, session.model))
+        return predict_session(session.log_gaps, fit, quantile=quantile)
 
     def settled(self, session_key: str) -> None:
         """A call of the session left the node (finished, failed or withdrawn)."""

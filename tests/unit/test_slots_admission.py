@@ -360,7 +360,7 @@ def test_named_policies() -> None:
         "fair_queue",
         "learned_gaps",
     )
-    assert ABLATION_FLAGS == FLAG_NAMES[:-1]
+    assert FLAG_NAMES[:-1] == ABLATION_FLAGS
     assert all(getattr(TALARIA, f) for f in ABLATION_FLAGS) and not TALARIA.learned_gaps
     assert policy_flags("talaria-learned") == TALARIA_LEARNED == replace(TALARIA, learned_gaps=True)
     assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)

@@ -10,16 +10,14 @@ uncontended, nothing closes):
 - models in the plan that are not resident (*incoming*) are activated once the leaving ones
   have drained (at once when none leaves: they fit beside the residents).
 
-A transition (deactivate, make room, activate) runs as a task of its own, so staying models
-keep serving through it. With ``d2d_staging`` the first incoming model's weights are staged
-into free HBM while the slot runs.
+A transition (deactivate, make room, activate) runs as a task of its own: staying models keep
+serving through it. ``d2d_staging`` stages the first incoming model's weights during the slot.
 
-``SlotLoop`` owns the slot (``SlotState``), the transition under way and the soft reservations
-(``KvHolds``): nothing else changes them. The others read the slot through ``slot`` (a
-``SlotStateView``) and the reservations through ``reservations``; the intake gets what it needs
-of both in each pass's ``AdmissionView`` and hands back what it admitted. The node asks for
-changes through methods: ``retire`` (a model leaves the resident set once its calls are gone and
-no transition runs), ``reserve`` and ``release_hold`` (its session events).
+``SlotLoop`` alone changes the slot (``SlotState``), the transition under way and the soft
+reservations (``KvHolds``); others read ``slot`` (a ``SlotStateView``) and ``reservations``;
+the intake gets both in each pass's ``AdmissionView`` and hands back what it admitted. The node
+asks through ``retire`` (a model leaves once its calls are gone and no transition runs),
+``reserve`` and ``release_hold`` (its session events).
 """
 
 from __future__ import annotations
@@ -381,25 +379,21 @@ class SlotLoop:
         self._transition = None
 
     def reserve(
-        self,
-        result: CallResult,
-        session: NodeSession,
-        expected_gap_s: float,
-        hold_gap_s: float | None = None,
+        self, result: CallResult, session: NodeSession, gap_s: float, hold_s: float | None = None
     ) -> None:
         """``soft_reservations``: after ``result``, the session reserves for its next call
-        (``KvHolds.hold``), until the slot's deadline when the plan has its model leave;
-        ``hold_gap_s`` (``learned_gaps``) sets how long it is held."""
+        (``KvHolds.hold``: expected in ``gap_s``, held ``hold_s`` with ``learned_gaps``),
+        until the slot's deadline when the plan has its model leave."""
         leaving = self.leaving_in(self.plan())
         deadline = self._slot.deadline_s() if result.model in leaving else None
         self._holds.hold(
             result,
             session,
             self.context.engines[result.model],
-            expected_gap_s=expected_gap_s,
+            expected_gap_s=gap_s,
             deadline_s=deadline,
             default_output_tokens=self.config.default_output_tokens,
-            hold_gap_s=hold_gap_s,
+            hold_gap_s=hold_s,
         )
 
     def release_hold(self, session_key: str, reason: ReleaseReason) -> None:

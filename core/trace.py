@@ -31,14 +31,16 @@ FIELDS = (
     "latency_s",
     "ttft_s",
     "parent_session_id",
+    "parent_call_index",
+    "parent_prefix_tokens",
     "tenant",
     "priority",
 )
 """Every key a line may hold, in the order ``dumps_call`` writes them."""
 
 _OPTIONAL = frozenset(
-    {"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id", "tenant",
-     "priority"}
+    {"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id",
+     "parent_call_index", "parent_prefix_tokens", "tenant", "priority"}
 )  # fmt: skip
 # Characters that str.splitlines treats as line ends but json.dumps leaves raw in strings.
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -68,6 +70,13 @@ class TraceCall:
     latency_s: float | None = None
     ttft_s: float | None = None
     parent_session_id: str | None = None
+    parent_call_index: int | None = None
+    """A sub-agent's spawn: the parent's call after whose answer the child starts (the parent's
+    next call then waits for the child's end); read from call 0. None: the child starts at its
+    own ``arrival_offset_s``."""
+    parent_prefix_tokens: int | None = None
+    """Tokens at the start of the child's prompt equal to its parent's (system prompt and tools),
+    which prefix caching may reuse from the parent's KV; read from call 0."""
     tenant: str = DEFAULT_TENANT
     """Whose session it is (absent: ``default``); the same on every call of a session."""
     priority: Priority = Priority.STANDARD
@@ -85,6 +94,11 @@ class SessionTrace:
     calls: tuple[TraceCall, ...]
     tenant: str = DEFAULT_TENANT
     priority: Priority = Priority.STANDARD
+
+    @property
+    def parent_session_id(self) -> str | None:
+        """The parent session a sub-agent's calls name (call 0's), or None."""
+        return self.calls[0].parent_session_id
 
     @property
     def num_calls(self) -> int:
@@ -122,6 +136,10 @@ def dumps_call(call: TraceCall) -> str:
         row["ttft_s"] = float(call.ttft_s)
     if call.parent_session_id is not None:
         row["parent_session_id"] = call.parent_session_id
+    if call.parent_call_index is not None:
+        row["parent_call_index"] = call.parent_call_index
+    if call.parent_prefix_tokens is not None:
+        row["parent_prefix_tokens"] = call.parent_prefix_tokens
     if call.tenant != DEFAULT_TENANT:
         row["tenant"] = call.tenant
     if call.priority is not Priority.STANDARD:
@@ -164,6 +182,11 @@ def _opt_float(row: dict[str, Any], key: str, where: str) -> float | None:
     return None if row.get(key) is None else _float(row, key, where)
 
 
+def _opt_int(row: dict[str, Any], key: str, where: str) -> int | None:
+    """``_int`` (>= 0) of an optional key; absent or null reads as None."""
+    return None if row.get(key) is None else _int(row, key, where, 0)
+
+
 def parse_call(line: str, where: str) -> TraceCall:
     """Parse and check one line; ``where`` (e.g. ``"t.jsonl:7"``) prefixes every error.
 
@@ -196,6 +219,13 @@ def parse_call(line: str, where: str) -> TraceCall:
     parent = None
     if row.get("parent_session_id") is not None:
         parent = _str(row, "parent_session_id", where)
+    spawn = _opt_int(row, "parent_call_index", where)
+    shared = _opt_int(row, "parent_prefix_tokens", where)
+    for key, value in (("parent_call_index", spawn), ("parent_prefix_tokens", shared)):
+        if value is not None and parent is None:
+            raise _fail(where, key, "needs parent_session_id")
+    if shared is not None and shared > prompt:
+        raise _fail(where, "parent_prefix_tokens", f"{shared} exceeds prompt_tokens {prompt}")
     tenant = DEFAULT_TENANT if row.get("tenant") is None else _str(row, "tenant", where)
     try:
         priority = Priority(row.get("priority") or Priority.STANDARD)
@@ -215,6 +245,8 @@ def parse_call(line: str, where: str) -> TraceCall:
         latency_s=_opt_float(row, "latency_s", where),
         ttft_s=_opt_float(row, "ttft_s", where),
         parent_session_id=parent,
+        parent_call_index=spawn,
+        parent_prefix_tokens=shared,
         tenant=tenant,
         priority=priority,
     )

@@ -74,6 +74,11 @@ class CallRequest:
     shared_prefix_tokens: int | None = None
     """Tokens of this prompt equal to the session's previous prompt + output. Replay knows it
     from the trace; ``None`` means append-only (the whole cached prefix matches)."""
+    parent_session_key: str | None = None
+    """A sub-agent's parent session (its key on the runtime), whose KV the engine may reuse for
+    the first ``parent_prefix_tokens`` tokens of this prompt (its system prompt and tools)
+    when the session has no KV of its own there: prefix caching across sessions."""
+    parent_prefix_tokens: int = 0
     call: Call | None = None
     """What the caller asked (messages or a prompt, tools, tool choice, sampling, reasoning,
     template kwargs: core/calls.py), for engines that render, tokenize or write a reply; None

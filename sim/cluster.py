@@ -96,7 +96,15 @@ class Dispatcher:
             reserved = self.book.reserved(sid, now)
             decision = route(
                 self.router,
-                RouteRequest(sid, request.model, request.prompt_tokens, last, reserved),
+                RouteRequest(
+                    sid,
+                    request.model,
+                    request.prompt_tokens,
+                    last,
+                    reserved,
+                    request.parent_session_key,
+                    request.parent_prefix_tokens,
+                ),
                 [self._nodes[name].status() for name in names],
                 self.config,
                 self._rng,

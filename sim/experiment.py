@@ -120,6 +120,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         reservations=reservations,
         reservation_gb_s=sum(n.reservation_byte_s for n in outcome.nodes) / 1e9,
         reservations_expired_share=_expired_share(reservations),
+        **_subagents(outcome.sessions),
         sct_s={s.session_id: s.sct_s for s in outcome.sessions},
         timeline=[
             {
@@ -137,6 +138,27 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         ],
     )
     return summary
+
+
+def _subagents(sessions: Sequence[SessionOutcome]) -> dict[str, Any]:
+    """With sub-agents: ``{"subagents": ...}``, their sessions, p50 SCT, first calls whose
+    prefix came from the parent's KV (``from_parent``, of ``first_calls``), the tokens those
+    reused and every token their calls recomputed (sim/subagents.py); without, nothing."""
+    children = [s for s in sessions if s.parent_session_id is not None]
+    if not children:
+        return {}
+    firsts = [s.calls[0] for s in children]
+    reused = [c for c in firsts if c.kv_source in (KvSource.HBM, KvSource.HOST)]
+    return {
+        "subagents": {
+            "sessions": len(children),
+            "p50_sct_s": percentile([s.sct_s for s in children], 50),
+            "first_calls": len(firsts),
+            "from_parent": len(reused),
+            "reused_tokens": sum(c.cached_tokens for c in reused),
+            "recomputed_tokens": sum(c.recomputed_tokens for s in children for c in s.calls),
+        }
+    }
 
 
 def _expired_share(reservations: dict[str, int]) -> float | None:
@@ -201,7 +223,7 @@ def run_experiment(
             config,
             on_call,
             router=policy.router,
-            routing=setup.routing,
+            routing=policy.routing(setup.routing),
             routing_seed=seed,
             transport=Transport.of(catalog.profile(setup.profile)),
             placement=setup.placement if policy.placement else None,

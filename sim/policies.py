@@ -6,6 +6,7 @@ mapped.
 | ``round`` | ``load-only`` | all off | the per-request baseline |
 | ``talaria`` | ``talaria`` | all on | the whole system, on the preset's fixed layout |
 | ``talaria-learned`` | ``talaria`` | ``talaria`` + ``learned_gaps`` | learned tool gaps |
+| ``talaria-no-parent`` | ``talaria``, ``parent_kv`` 0 | all on | sub-agents near their parent |
 | ``placement`` | ``talaria`` | all on | ``talaria`` with the placement controller moving models |
 | ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
 | ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
@@ -21,9 +22,10 @@ candidate, so the single-node results depend on the flags alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from talaria.core.routing.routers import ROUTER_NAMES
+from talaria.core.routing.settings import RoutingConfig, ScorerWeights
 from talaria.runtime.scheduling.flags import (
     DEFAULT_POLICIES,
     FLAG_NAMES,
@@ -49,6 +51,16 @@ class Policy:
     flags: SchedulerFlags
     placement: bool = False
     """A placement controller moves models between the nodes (core/placement/)."""
+    unweighted: tuple[str, ...] = ()
+    """Scorers the router counts with weight 0 (reported, not counted)."""
+
+    def routing(self, config: RoutingConfig) -> RoutingConfig:
+        """``config`` with the router's ``unweighted`` scorers at weight 0."""
+        if not self.unweighted:
+            return config
+        table = config.weights(self.router)
+        zeroed = ScorerWeights({k: 0.0 if k in self.unweighted else v for k, v in table.items()})
+        return replace(config, **{self.router.replace("-", "_"): zeroed})  # type: ignore[arg-type]
 
 
 def resolve_policy(name: str) -> Policy:
@@ -59,6 +71,8 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "talaria", TALARIA)
     if name == "talaria-learned":
         return Policy(name, "talaria", TALARIA_LEARNED)
+    if name == "talaria-no-parent":
+        return Policy(name, "talaria", TALARIA, unweighted=("parent_kv",))
     if name == "placement":
         return Policy(name, "talaria", TALARIA, placement=True)
     if name in ROUTER_NAMES:
@@ -67,7 +81,8 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "talaria", policy_flags(name))
     except ValueError:
         flags = [*(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
-        names = ["round", "talaria", "talaria-learned", "placement", *ROUTER_NAMES, *flags]
+        names = ["round", "talaria", "talaria-learned", "talaria-no-parent", "placement"]
+        names += [*ROUTER_NAMES, *flags]
         choices = ", ".join(dict.fromkeys(names))
         raise ValueError(
             f"unknown policy {name!r}; choose from: {choices} (several flags: +a+b, -a-b)"

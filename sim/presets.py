@@ -12,6 +12,7 @@ from talaria.core.types import Priority
 from talaria.sim.experiment import ExperimentSetup
 from talaria.sim.placement import model_demand, pack, weight_budget_bytes
 from talaria.sim.policies import CLUSTER_POLICIES, SINGLE_NODE_POLICIES
+from talaria.sim.subagents import SubagentSpec, add_subagents
 from talaria.sim.tenants import TenantLoad, mixed_sessions, union_workload
 from talaria.sim.workload import PAPER_WORKLOAD, WorkloadSpec, generate_sessions
 
@@ -40,6 +41,8 @@ class Preset:
     tenants: tuple[TenantLoad, ...] = ()
     """Several tenants, each with a workload of its own (sim/tenants.py); ``workload`` is then
     their union (its models). Empty: one tenant, ``workload``'s sessions."""
+    subagents: SubagentSpec | None = None
+    """Sessions spawn sub-agents (sim/subagents.py); None: none do."""
 
     def sessions(self, catalog: Catalog, seed: int) -> list[SessionTrace]:
         """The preset's sessions drawn with ``seed``, sized by the catalog's models."""
@@ -48,7 +51,10 @@ class Preset:
         reasoning = {m.name: m.reasoning for m in models}
         if self.tenants:
             return mixed_sessions(self.tenants, windows, reasoning, seed)
-        return generate_sessions(self.workload, windows, reasoning, seed)
+        sessions = generate_sessions(self.workload, windows, reasoning, seed)
+        if self.subagents is not None:
+            return add_subagents(sessions, self.workload, self.subagents, windows, reasoning, seed)
+        return sessions
 
     def experiment_setup(
         self,
@@ -211,6 +217,16 @@ PRESETS: dict[str, Preset] = {
         CLUSTER_WORKLOAD,
         node_models=CLUSTER_NODE_MODELS,
         policies=CLUSTER_POLICIES,
+    ),
+    "subagents": Preset(
+        "subagents",
+        "the cluster preset where a third of the sessions spawn a sub-agent that shares their "
+        "system prompt and tools (sim/subagents.py): does routing a child by its parent's KV "
+        "save its prefix?",
+        CLUSTER_WORKLOAD,
+        node_models=CLUSTER_NODE_MODELS,
+        policies=("round", "talaria", "talaria-no-parent"),
+        subagents=SubagentSpec(),
     ),
     "fleet": Preset(
         "fleet",

@@ -1,7 +1,9 @@
 """Virtual-time replay: agent sessions as coroutines against the real node scheduler.
 
 Each agent waits for its session's start, then sends its calls closed-loop: call, wait for the
-answer, wait the recorded tool gap, call again. Agents send no gap hints (the scheduler learns
+answer, wait the recorded tool gap, call again. A sub-agent's session spawned by a call
+(sim/subagents.py) starts at that call's answer instead, and its parent's next call also
+waits for the child's end. Agents send no gap hints (the scheduler learns
 each session's gaps, as it would live without the SDK's explicit hints). Nodes are the real
 ``NodeScheduler`` over ``SimEngine`` engines, on a ``VirtualTimeLoop``.
 
@@ -31,6 +33,7 @@ from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.cluster import Dispatcher
 from talaria.sim.placement_driver import PlacementDriver
+from talaria.sim.subagents import spawn_table
 
 
 @dataclass
@@ -45,6 +48,8 @@ class SessionOutcome:
     calls: list[CallResult]
     tenant: str = DEFAULT_TENANT
     priority: Priority = Priority.STANDARD
+    parent_session_id: str | None = None
+    """The parent of a sub-agent's session (its trace's), or None."""
 
     @property
     def sct_s(self) -> float:
@@ -113,6 +118,8 @@ builds the same)."""
 def _request(session: SessionTrace, index: int, weights: Mapping[str, float]) -> CallRequest:
     call = session.calls[index]
     return CallRequest(
+        parent_session_key=session.parent_session_id,
+        parent_prefix_tokens=session.calls[0].parent_prefix_tokens or 0,
         tenant=session.tenant,
         tenant_weight=weights.get(session.tenant, 1.0),
         priority=session.priority,
@@ -208,8 +215,13 @@ async def _replay(
         driver.live = proxy.live
         driver.start()
 
-    async def agent(session: SessionTrace) -> SessionOutcome:
-        await clock.sleep(session.start_s - clock.now())
+    spawns = spawn_table(sessions)
+    spawned = {child.session_id for children in spawns.values() for child in children}
+    outcomes: dict[str, SessionOutcome] = {}
+
+    async def agent(session: SessionTrace) -> None:
+        if session.session_id not in spawned:
+            await clock.sleep(session.start_s - clock.now())
         start = clock.now()
         results: list[CallResult] = []
         for index, call in enumerate(session.calls):
@@ -224,16 +236,21 @@ async def _replay(
             if on_call is not None:
                 on_call(result)
             last = index == len(session.calls) - 1
-            if call.tool_gap_s is not None and not last and not recorded_arrivals:
-                await clock.sleep(call.tool_gap_s)
-        return SessionOutcome(
+            gap = call.tool_gap_s is not None and not last and not recorded_arrivals
+            children = spawns.get((session.session_id, index))
+            if children:  # the tool gap and the sub-agents it runs, whichever ends last
+                wait = clock.sleep(call.tool_gap_s or 0.0 if gap else 0.0)
+                await asyncio.gather(wait, *(agent(child) for child in children))
+            elif gap:
+                await clock.sleep(call.tool_gap_s or 0.0)
+        outcomes[session.session_id] = SessionOutcome(
             session.session_id, session.model, start, clock.now(), results, session.tenant,
-            session.priority,
+            session.priority, session.parent_session_id,
         )  # fmt: skip
 
-    agents = [asyncio.ensure_future(agent(s)) for s in sessions]
+    agents = [asyncio.ensure_future(agent(s)) for s in sessions if s.session_id not in spawned]
     try:
-        outcomes = await asyncio.gather(*agents)
+        await asyncio.gather(*agents)
         makespan = clock.now()
     finally:  # after a failure, stop the other agents and the nodes before it propagates
         for task in agents:
@@ -244,7 +261,7 @@ async def _replay(
         for node in nodes:
             await node.stop()
     return ReplayOutcome(
-        list(outcomes),
+        [outcomes[s.session_id] for s in sessions],
         [_node_outcome(n) for n in nodes],
         makespan,
         router=proxy.router,

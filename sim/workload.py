@@ -233,7 +233,7 @@ def rescale_counts(counts: Sequence[int], total: int) -> list[int]:
     return out
 
 
-def _session_calls(
+def draw_session_calls(
     rng: random.Random,
     spec: WorkloadSpec,
     head: tuple[str, str, float, int, int],
@@ -296,6 +296,6 @@ def generate_sessions(
         sid, model = f"s{k:04d}", models[k]
         head = (sid, model, starts[k], counts[k], c0s[k])
         window, thinks = context_windows[model], reasoning.get(model, False)
-        calls = _session_calls(rng, spec, head, window, thinks)
+        calls = draw_session_calls(rng, spec, head, window, thinks)
         sessions.append(SessionTrace(sid, model, starts[k], calls))
     return sessions

@@ -8,8 +8,8 @@ only ``talaria.core``, never ``proxy``, ``runtime`` or ``sim``.
 
 - ``request``: ``RouteRequest`` (what routing knows about a call), ``NoInstanceError``;
 - ``scorers/``: one file per scorer, ``model_residency``, ``kv_locality``,
-  ``instance_pressure``, ``model_affinity`` (formulas there), and the registry ``SCORERS``
-  (name → ``Scorer``, one line each);
+  ``instance_pressure``, ``model_affinity``, ``parent_kv`` (formulas there), and the registry
+  ``SCORERS`` (name → ``Scorer``, one line each);
 - ``picker``: weighted sum, argmax, seeded tie-break, the reason label;
 - ``routers``: ``talaria``, ``load-only``, ``sticky``, ``kv-aware``; ``route`` (the proxy-level
   soft reservations its ``reserved`` rule reads are ``core.reservations.SessionReservations``);
@@ -25,6 +25,7 @@ from talaria.core.routing.scorers.instance_pressure import instance_pressure
 from talaria.core.routing.scorers.kv_locality import kv_locality
 from talaria.core.routing.scorers.model_affinity import model_affinity
 from talaria.core.routing.scorers.model_residency import model_residency
+from talaria.core.routing.scorers.parent_kv import parent_kv
 from talaria.core.routing.settings import RoutingConfig, ScorerWeights
 
 __all__ = [
@@ -44,5 +45,6 @@ __all__ = [
     "kv_locality",
     "model_affinity",
     "model_residency",
+    "parent_kv",
     "route",
 ]

@@ -6,7 +6,7 @@ registered in core/routing/scorers/), then apply the router's rules before the a
 
 | router | scorers (default weights) | rule before scoring |
 |---|---|---|
-| ``talaria`` | residency 1, KV 1, pressure 0.5, affinity 0.5 | soft reservation → its instance |
+| ``talaria`` | residency, KV, parent KV 1; pressure, affinity 0.5 | reservation → its instance |
 | ``load-only`` | pressure 1 (least outstanding work) | – |
 | ``sticky`` | pressure 1 | the session's last instance, if a candidate |
 | ``kv-aware`` | KV 1, pressure 0.5 (no model residency) | – |

@@ -47,7 +47,11 @@ class RoutingConfig:
     successor are resident, so reservations weigh at least as much as KV already in use."""
     talaria: ScorerWeights = field(
         default_factory=lambda: ScorerWeights(
-            model_residency=1.0, kv_locality=1.0, instance_pressure=0.5, model_affinity=0.5
+            model_residency=1.0,
+            kv_locality=1.0,
+            parent_kv=1.0,
+            instance_pressure=0.5,
+            model_affinity=0.5,
         )
     )
     """Residency and KV locality each save seconds per call (a switch, or a prefix recompute
@@ -58,7 +62,11 @@ class RoutingConfig:
     exceeds ~1.4 units (pressure < 0.41): cold sessions spread once the warm node is busy.
     Affinity weighs 0.5 for the same reason as pressure: its whole range stays below a KV hit
     in HBM, so it places new sessions (and sessions whose KV is gone) without moving a
-    session off its KV."""
+    session off its KV. A sub-agent's parent's KV (``parent_kv``) weighs 1 like the session's
+    own, in the same unit (the fraction of the call's prefill saved), so a child goes where its
+    parent's prefix is unless load outweighs the share it saves: a child whose shared prefix
+    is 40 % of its prompt (0.4) moves to an idle node when the parent's has 0.8 units more
+    pressure."""
     load_only: ScorerWeights = field(default_factory=lambda: ScorerWeights(instance_pressure=1.0))
     """Least outstanding work only."""
     sticky: ScorerWeights = field(default_factory=lambda: ScorerWeights(instance_pressure=1.0))

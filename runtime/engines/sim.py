@@ -189,14 +189,16 @@ class SimEngine:
         # budget, core/schema_instance.py) refuses the call before anything changed.
         reply = ReplyStream(*plan_reply(request, self._replies)) if _writes_reply(request) else None
         source, cached, entry = self._kv.reuse(request)
-        offloaded = self._kv.evict_for(self.needed_bytes(request), keep=request.session_key)
+        offloaded = self._kv.evict_for(
+            self.needed_bytes(request), request.session_key, request.parent_session_key
+        )
         if offloaded is None:
             return None
         now = self._clock.now()
         self._kv.commit(request, entry, now, self._steps.runs(request.session_key))
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
         idle = self._steps.idle_s(now)
-        shared = request.shared_prefix_tokens or 0
+        shared = request.shared_prefix_tokens or request.parent_prefix_tokens
         if request.output_tokens is not None:
             output_tokens = request.output_tokens
         elif reply is not None:
@@ -226,7 +228,7 @@ class SimEngine:
         the device-to-device copy; otherwise a full wake (host→HBM at the sleep-mode rate)."""
         start = self._clock.now()
         weights = self._spec.weight_bytes
-        offloaded = 0.0 if self.staging else self._kv.evict_for(weights, keep="")
+        offloaded = 0.0 if self.staging else self._kv.evict_for(weights)
         if offloaded is None:
             raise RuntimeError(f"no HBM room for {self.model}'s weights (check can_activate)")
         if not self.staging:

@@ -1,11 +1,15 @@
 """The simulated engine's KV accounting: its sessions' prefixes in the node's ``NodeMemory``.
 
 Prefix reuse per session: a prefix in HBM is skipped; in host DRAM it is restored over PCIe
-before the sequence runs; gone, it is prefilled again. Only whole blocks are reused, and never
-the last prompt token (vLLM recomputes it to get logits). Memory is committed at admission for
-prompt + max output tokens and trimmed to prompt + output at the finish; idle KV is evicted to make
-room LRU, with ``class_eviction`` the lowest class first (to host DRAM when ``host_kv``, else
-dropped).
+before the sequence runs; gone, it is prefilled again. A sub-agent's session with no KV of its
+own here reuses its parent's KV for the prompt's first ``parent_prefix_tokens`` (prefix caching
+across sessions, as vLLM's block hashes give it); the child's own entry is then committed whole
+(the shared blocks counted twice: memory is over-, never under-estimated), and a child whose
+parent's prefix is not here recomputes it (``KvSource.RECOMPUTE``). Only whole blocks are
+reused, and never the last prompt token (vLLM recomputes it to get logits). Memory is
+committed at admission for prompt + max output tokens and trimmed to prompt + output at the
+finish; idle KV is evicted to make room LRU, with ``class_eviction`` the lowest class first (to
+host DRAM when ``host_kv``, else dropped).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class SimKv:
         if shared is None:
             shared = entry.tokens if entry is not None else 0
         if entry is None:
+            if request.parent_prefix_tokens > 0:
+                return (*self._parent_reuse(request), None)
             source = KvSource.NEW if shared == 0 else KvSource.RECOMPUTE
             return source, 0, None
         reusable = min(shared, entry.tokens, request.prompt_tokens - 1)
@@ -57,6 +63,19 @@ class SimKv:
         source = KvSource.HBM if entry.location is KvLocation.HBM else KvSource.HOST
         return source, reusable, entry
 
+    def _parent_reuse(self, request: CallRequest) -> tuple[KvSource, int]:
+        """Where a child's shared prefix comes from and its reused tokens: the parent's entry
+        for this model, whole blocks of ``min(parent_prefix_tokens, its tokens, prompt − 1)``;
+        ``RECOMPUTE`` and 0 when the parent's KV is not here."""
+        parent = self._memory.kv.get(request.parent_session_key or "")
+        if parent is None or parent.model != self._model:
+            return KvSource.RECOMPUTE, 0
+        reusable = min(request.parent_prefix_tokens, parent.tokens, request.prompt_tokens - 1)
+        reusable -= reusable % self._block
+        if reusable <= 0:
+            return KvSource.RECOMPUTE, 0
+        return (KvSource.HBM if parent.location is KvLocation.HBM else KvSource.HOST), reusable
+
     def needed_bytes(self, request: CallRequest) -> float:
         """KV bytes of prompt + max output, less what the session holds in HBM already."""
         _, _, entry = self.reuse(request)
@@ -64,12 +83,12 @@ class SimKv:
         held = entry.nbytes if entry is not None and entry.location is KvLocation.HBM else 0.0
         return max(0.0, total - held)
 
-    def evict_for(self, need: float, keep: str) -> float | None:
+    def evict_for(self, need: float, *keep: str | None) -> float | None:
         """Free HBM for ``need`` bytes by evicting idle KV in ``NodeMemory.evictable`` order
-        (never session ``keep``'s);
+        (never that of the sessions in ``keep``: the call's own and a child's parent's);
         returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
         it cannot fit."""
-        victims = [e for e in self._memory.evictable(KvLocation.HBM) if e.session_key != keep]
+        victims = [e for e in self._memory.evictable(KvLocation.HBM) if e.session_key not in keep]
         if self._memory.hbm_free_bytes() + sum(v.nbytes for v in victims) < need:
             return None
         offloaded = 0.0

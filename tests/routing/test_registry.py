@@ -23,7 +23,13 @@ from talaria.core.routing import (
 from talaria.core.routing.scorers.base import label, unit
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 
-REAL_SCORERS = ("model_residency", "kv_locality", "instance_pressure", "model_affinity")
+REAL_SCORERS = (
+    "model_residency",
+    "kv_locality",
+    "parent_kv",
+    "instance_pressure",
+    "model_affinity",
+)
 
 
 # -- the toy scorer, as a file under core/routing/scorers/ would define it -------------------

@@ -184,6 +184,7 @@ def test_scores_report_every_scorer_and_the_weighted_total() -> None:
             {
                 "model_residency": 0.5,
                 "kv_locality": 0.0,
+                "parent_kv": 0.0,
                 "instance_pressure": 1.0,
                 "model_affinity": 1.0,
                 "total": 1.5,
@@ -193,6 +194,7 @@ def test_scores_report_every_scorer_and_the_weighted_total() -> None:
             {
                 "model_residency": 1.0,
                 "kv_locality": 0.8,
+                "parent_kv": 0.0,
                 "instance_pressure": 0.5,
                 "model_affinity": 1.0,
                 "total": 2.55,

@@ -89,7 +89,7 @@ def test_write_is_deterministic_and_order_free(tmp_path: Path) -> None:
 
 def test_measured_fields_are_written_in_order_and_read_back() -> None:
     call = TraceCall(
-        *("s", 1, "m", 2.0, 120, 15, 5, None, 100, 3.25, 0.5, "p", "acme", Priority.BATCH)
+        *("s", 1, "m", 2.0, 120, 15, 5, None, 100, 3.25, 0.5, "p", 3, 60, "acme", Priority.BATCH)
     )
     line = dumps_call(call)
     assert list(json.loads(line)) == list(FIELDS)
@@ -98,6 +98,8 @@ def test_measured_fields_are_written_in_order_and_read_back() -> None:
         "latency_s",
         "ttft_s",
         "parent_session_id",
+        "parent_call_index",
+        "parent_prefix_tokens",
         "tenant",
         "priority",
     ]
@@ -199,6 +201,15 @@ BAD: dict[str, tuple[list[str], int, str | None]] = {
     "nan ttft": ([_j(ttft_s=float("nan"))], 1, "ttft_s"),
     "bool ttft": ([_j(ttft_s=True)], 1, "ttft_s"),
     "empty parent": ([_j(parent_session_id="")], 1, "parent_session_id"),
+    "spawn without parent": ([_j(parent_call_index=0)], 1, "parent_call_index"),
+    "prefix without parent": ([_j(parent_prefix_tokens=10)], 1, "parent_prefix_tokens"),
+    "negative spawn": ([_j(parent_session_id="p", parent_call_index=-1)], 1, "parent_call_index"),
+    "float spawn": ([_j(parent_session_id="p", parent_call_index=1.0)], 1, "parent_call_index"),
+    "prefix above prompt": (
+        [_j(parent_session_id="p", parent_prefix_tokens=101)],
+        1,
+        "parent_prefix_tokens",
+    ),
     "duplicate index": ([_C0, _c1(), _c1()], 3, "call_index"),
     "index gap": ([_C0, _c1(call_index=2)], 2, "call_index"),
     "no call 0": ([_c1()], 1, "call_index"),

@@ -12,12 +12,14 @@ from talaria.core.routing.scorers import (
     kv_locality,
     model_affinity,
     model_residency,
+    parent_kv,
 )
 from talaria.core.routing.scorers.base import Scorer
 
 SCORERS: dict[str, Scorer] = {
     "model_residency": model_residency.SCORER,
     "kv_locality": kv_locality.SCORER,
+    "parent_kv": parent_kv.SCORER,
     "instance_pressure": instance_pressure.SCORER,
     "model_affinity": model_affinity.SCORER,
 }

@@ -65,9 +65,11 @@ def replay(
         typer.Option(
             help="Workload and node setup: 'paper' (30 sessions, 960 calls, one "
             "8×H200 node, three 100B+ models), 'small', 'cluster' (four nodes, six "
-            "models, 120 sessions; a router picks the node of every call), or 'fleet' "
-            "(fifteen models, 600 sessions whose model shares shift and burst, packed onto "
-            "8 nodes or --nodes by demand)."
+            "models, 120 sessions; a router picks the node of every call), 'subagents' "
+            "('cluster' where a third of the sessions spawn a sub-agent sharing their "
+            "prompt's start), 'fleet' (fifteen models, 600 sessions whose model shares shift "
+            "and burst, packed onto 8 nodes or --nodes by demand), 'noisy' or 'saturated' "
+            "(tenants at saturation)."
         ),
     ] = "paper",
     trace: Annotated[

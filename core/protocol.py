@@ -58,14 +58,14 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
 calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s
 fields) instead of top-level fields of the request; 5: the session's key as ``session_key`` (was
 ``session_id``) in the request and the result (``session_id`` is the client's id, which the
 runtime never sees); 6: the call's tenant (an opaque key) and its weight, priority and
-deadline."""
+deadline; 7: a sub-agent's parent (``parent_session_key``, ``parent_prefix_tokens``)."""
 MAX_TENANT_WEIGHT = 100.0
 """A tenant's share weight is in (0, ``MAX_TENANT_WEIGHT``]."""
 
@@ -200,6 +200,11 @@ def request_from_dict(data: Any) -> CallRequest:
         raise ProtocolError(f"bad call request: tenant_weight must be in (0, {MAX_TENANT_WEIGHT}]")
     if deadline is not None and not (isinstance(deadline, int | float) and deadline >= 0):
         raise ProtocolError("bad call request: deadline_s must be a non-negative number")
+    parent, shared = request.parent_session_key, request.parent_prefix_tokens
+    if parent is not None and not isinstance(parent, str):
+        raise ProtocolError("bad call request: parent_session_key must be a string or null")
+    if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
+        raise ProtocolError("bad call request: parent_prefix_tokens must be an integer >= 0")
     return replace(request, priority=priority)
 
 

@@ -56,6 +56,7 @@ from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
+from talaria.proxy.sessions.lineage import opening, parent_of
 from talaria.proxy.sessions.state import Resolution
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
@@ -193,10 +194,10 @@ class Gateway:
         now_s: float,
         now_at: datetime,
     ) -> tuple[Resolution, int | None]:
-        """The call's session (429 past the tenant's session cap), and the tokens of its
-        prompt the session's KV already holds (None: unknown; the tools render ahead of the
-        messages; only those before the first normalised message when the engine gets the
-        client's own prompt: the volatile part may have changed)."""
+        """The call's session (429 past the tenant's session cap; a child's parent: lineage.py),
+        and the tokens of its prompt the session's KV already holds (None: unknown; the tools
+        render ahead of the messages; only those before the first normalised message when the
+        engine gets the client's own prompt: the volatile part may have changed)."""
         try:
             found = self.sessions.resolve(
                 tenant_id=call.tenant_id,
@@ -223,8 +224,9 @@ class Gateway:
             shared = None  # unknown here: the runtime's own record of the session decides
         elif shared and state.tools == tools.digest:
             shared += tools.tokens
-        state.tools = tools.digest
-        return found, shared
+        state.tools, state.opening = tools.digest, opening(call, conversation, tools, found.thread)
+        parent = parent_of(self.sessions, state, call, conversation, tools)
+        return replace(found, parent=parent), shared
 
     async def _route(
         self,
@@ -250,6 +252,8 @@ class Gateway:
                     reserved_instance=self.reservations.reserved(
                         state.runtime_key(found.thread), now_s
                     ),
+                    parent_key=found.parent.key,
+                    parent_prefix_tokens=found.parent.prefix_tokens,
                 ),
                 self.pool.routable(call.model, statuses, last_instance),
                 self._routing,
@@ -275,7 +279,7 @@ class Gateway:
         """Start the call on ``instance`` as its session's next call."""
         state = found.state
         request = runtime_request(
-            call, state, found.thread, shared_tokens, prompt_tokens, self._time
+            call, state, found.thread, shared_tokens, prompt_tokens, self._time, found.parent
         )
         self.sessions.call_started(state, conversation, now_s, found.thread)
         # The instance knows the thread from now on, whether or not a call of it ever replies:

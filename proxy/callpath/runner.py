@@ -38,7 +38,7 @@ from talaria.proxy.contract.calls import SHUTDOWN, CallOutcome, Events, Prepared
 from talaria.proxy.contract.errors import ApiError, bad_request, unavailable
 from talaria.proxy.runtimes.base import RuntimeClient, RuntimeUnreachable
 from talaria.proxy.sessions.conversation import Conversation
-from talaria.proxy.sessions.state import Resolution, SessionState
+from talaria.proxy.sessions.state import NO_PARENT, Parent, Resolution, SessionState
 
 log = logging.getLogger("talaria.proxy.callpath.gateway")  # the gateway's part: its log name
 
@@ -67,11 +67,13 @@ def runtime_request(
     shared_tokens: int | None,
     prompt_tokens: int,
     time: TimeScale,
+    parent: Parent = NO_PARENT,
 ) -> CallRequest:
     """What the runtime is asked to run: the call, under its thread's key on the runtime
     (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
-    seconds, the shared prefix estimate) and the fair queue's (the tenant's digest and weight,
-    the call's class, its deadline in clock seconds)."""
+    seconds, the shared prefix estimate, a child's ``parent``: its key on the runtime and the
+    prefix they share, proxy/sessions/lineage.py) and the fair queue's (the tenant's digest
+    and weight, the call's class, its deadline in clock seconds)."""
     tenant = tenant_digest(call.tenant_id)
     return CallRequest(
         request_id=call.request_id,
@@ -91,6 +93,8 @@ def runtime_request(
         tenant_weight=call.share.weight,
         priority=call.share.priority,
         deadline_s=time.clock(call.share.deadline_s),
+        parent_session_key=parent.key,
+        parent_prefix_tokens=parent.prefix_tokens,
     )
 
 

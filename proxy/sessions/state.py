@@ -47,6 +47,31 @@ class Thread:
     ``core.reservations.SessionReservations``, under the thread's runtime key."""
 
 
+@dataclass(frozen=True)
+class Opening:
+    """How a session's latest call began, as a child of it may begin too (lineage.py): the
+    model, the digest of the tools it offered, the digests of its first messages (lineage.py
+    says which), and the thread it ran in (whose KV on the runtime holds that prompt)."""
+
+    model: str
+    tools: bytes
+    digests: tuple[bytes, ...]
+    thread: int
+
+
+@dataclass(frozen=True)
+class Parent:
+    """A child session's parent as routing and the runtime are told it (lineage.py): its key
+    on the runtime (None: no parent to tell), and how many of the call's first prompt tokens
+    equal the parent's prompt."""
+
+    key: str | None = None
+    prefix_tokens: int = 0
+
+
+NO_PARENT = Parent()
+
+
 @dataclass
 class SessionState:
     """One live session as this replica holds it. ``key`` is the internal key (``ses_<hex>``,
@@ -74,6 +99,8 @@ class SessionState:
     last_finish_reason: str | None = None
     tools: bytes = b""
     """Digest of the tools the last call offered (conversation.tools_fingerprint)."""
+    opening: Opening | None = None
+    """How its latest call began (lineage.py: what a child's prompt is compared with)."""
     threads: dict[int, Thread] = field(default_factory=dict)
     """Its live conversations, by number (book.py retires the least recently used beyond
     its bound; numbers are never reused)."""
@@ -120,3 +147,5 @@ class Resolution:
     thread: int = 0
     drift_at: int | None = None
     """For a ``drifted`` call: the first message it rewrote (drift.py)."""
+    parent: Parent = NO_PARENT
+    """For a child session's call: its parent, and the prefix they share (lineage.py)."""

@@ -158,6 +158,34 @@ def test_a_tool_round_trip_is_one_session_with_cached_tokens(served: ServeProces
     assert all(c["engine_prefill_s"] is not None for c in session["calls"]), session["calls"]
 
 
+def test_a_sub_agent_reuses_its_parents_prefix_in_vllms_cache(served: ServeProcess) -> None:
+    """OpenCode's headers name a child of a parent session; with the parent's system prompt
+    (unique to this test) and tools, the child's first call finds them in vLLM's prefix cache
+    (the proxy's ``parent_kv`` scorer placed it by the parent's KV: one instance here)."""
+    parent_id, child_id = f"parent-{os.getpid()}", f"child-{os.getpid()}"
+    system = {"role": "system", "content": f"Test {parent_id}. " + "Answer briefly. " * 40}
+    first: list[Any] = [system, {"role": "user", "content": "Say hello."}]
+    parent = _client(served)
+    parent.chat.completions.create(
+        model=NAME, messages=first, tools=[WEATHER], temperature=0, max_tokens=4,
+        extra_headers={"x-session-id": parent_id},
+    )  # fmt: skip
+    reply = parent.chat.completions.create(
+        model=NAME,
+        messages=[system, {"role": "user", "content": "Name a colour."}],
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=4,
+        extra_headers={"x-session-id": child_id, "x-parent-session-id": parent_id},
+    )
+    assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
+    assert (reply.usage.prompt_tokens_details.cached_tokens or 0) > 0
+    child = _admin(served, f"/admin/sessions/{child_id}")
+    parent_key = _admin(served, f"/admin/sessions/{parent_id}")["session"]["session_key"]
+    assert child["session"]["parent_session_key"] == parent_key
+    assert child["calls"][0]["routing_scores"][child["calls"][0]["instance"]]["parent_kv"] > 0
+
+
 def test_talarias_count_is_vllms_count(served: ServeProcess, real_dir: Path) -> None:
     """One tokenizer and one template for counting and serving (issue 26, defect 3)."""
     reply = _client(served).chat.completions.create(

@@ -15,8 +15,12 @@ gaps change, docs/sources.md §2):
 - ``interactive``: quick tools only, ``gap_long_fraction`` 0, ``gap_short_median_s`` 0.2.
 
 Prints, per workload, seed and policy: p50/p95 SCT, reservations taken (released for any
-reason), returned, expired, the expired share (expired ÷ (returned + expired)) and the memory
-they held (GB·s); then per workload and policy the mean over seeds. ``--quantiles``: the hold's
+reason), returned, expired, the expired share (expired ÷ (returned + expired)), the missed share
+((expired + slot closed) ÷ (returned + expired + slot closed): released before their session
+came back for either reason) and the memory they held (GB·s); then per workload and policy the
+mean over seeds, and per seed against ``talaria`` on the same sessions: the median and range of
+p50 ÷ talaria's p50, the seeds where it is not worse, and the seeds where the expired share
+fell. ``--quantiles``: the hold's
 quantile q of ``talaria-learned`` (``SchedulerConfig.gap_quantile``; default 0.9); each further
 q replays ``talaria-learned`` once more; a q other than 0.9 is shown as
 ``talaria-learned q=…``.
@@ -44,13 +48,15 @@ WORKLOADS: dict[str, dict[str, float]] = {
     "skewed": {"gap_long_fraction": 0.15},
     "interactive": {"gap_long_fraction": 0.0, "gap_short_median_s": 0.2},
 }
-COLUMNS = ("p50 SCT", "p95 SCT", "taken", "returned", "expired", "exp share", "GB·s")
+COLUMNS = ("p50 SCT", "p95 SCT", "taken", "returned", "expired", "exp share", "missed", "GB·s")
 
 
 def row(summary: dict[str, Any]) -> tuple[float, ...]:
     """The printed figures of one policy's summary (``COLUMNS``)."""
     released = summary["reservations"]
     share = summary["reservations_expired_share"]
+    missed = released["expired"] + released["slot-closed"]
+    settled = released["returned"] + missed
     return (
         summary["p50_sct_s"],
         summary["p95_sct_s"],
@@ -58,16 +64,29 @@ def row(summary: dict[str, Any]) -> tuple[float, ...]:
         float(released["returned"]),
         float(released["expired"]),
         float("nan") if share is None else share,
+        missed / settled if settled else float("nan"),
         summary["reservation_gb_s"],
     )
 
 
 def fmt(values: tuple[float, ...]) -> str:
     """One table row's figures."""
-    p50, p95, taken, returned, expired, share, gbs = values
+    p50, p95, taken, returned, expired, share, missed, gbs = values
     return (
         f"| {p50:.1f} | {p95:.1f} | {taken:.0f} | {returned:.0f} | {expired:.0f} "
-        f"| {share:.3f} | {gbs:,.0f} |"
+        f"| {share:.3f} | {missed:.3f} | {gbs:,.0f} |"
+    )
+
+
+def paired(base: list[tuple[float, ...]], other: list[tuple[float, ...]]) -> str:
+    """Per seed against ``talaria``'s rows ``base``: the median and range of the p50 ratio,
+    the seeds where p50 is not worse, and the seeds where the expired share fell."""
+    ratios = [o[0] / b[0] for b, o in zip(base, other, strict=True)]
+    fell = sum(1 for b, o in zip(base, other, strict=True) if o[5] < b[5])
+    n = len(ratios)
+    return (
+        f"| {statistics.median(ratios):.3f} ({min(ratios):.2f}–{max(ratios):.2f}) "
+        f"| {sum(1 for r in ratios if r <= 1.0)}/{n} | {fell}/{n} |"
     )
 
 
@@ -134,6 +153,15 @@ def main() -> None:
     for (name, policy), per_seed in rows.items():
         means = tuple(statistics.fmean(column) for column in zip(*per_seed, strict=True))
         print(f"| {name} | {policy} " + fmt(means))
+    print()
+    print("Per seed against talaria: p50 ÷ talaria's (median, range), seeds not worse, seeds")
+    print("where the expired share fell:")
+    print()
+    print("| workload | policy | p50 ÷ talaria | p50 not worse | share fell |")
+    print("|---|---|---|---|---|")
+    for (name, policy), per_seed in rows.items():
+        if policy != "talaria":
+            print(f"| {name} | {policy} " + paired(rows[(name, "talaria")], per_seed))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=1, sort_keys=True))

@@ -35,10 +35,12 @@ population's mean with a pseudo-count k_s (``session_weight``, default 3; est.):
 to fit its own spread).
 
 **Prediction** (``predict``): median gap m = e^μ_s; hold = max(min(e^(μ_s + z_q σ), cap),
-m + floor), z_q the standard normal q-quantile (q = 0.9 by default), the cap the session idle
+m + floor), z_q the standard normal q-quantile (q = 0.95 by default,
+``runtime.scheduling.config.SchedulerConfig.gap_quantile`` says why), the cap the session idle
 timeout 600 s (docs/sources.md §2), the floor 1 s. So the hold is always ≥ m + 1 s ≥ m, and
-(below the cap) grows with q. The node reserves when now + m is before the slot's deadline and
-holds until now + hold (``core.reservations.plan_reservation`` with ``hold_gap_s``).
+(below the cap) grows with q. The node holds the session's KV until now + max(hold, the mean
+rule's hold) (``core.reservations.plan_reservation`` with ``hold_gap_s``); whether it reserves
+and how long the reservation keeps the slot open stay the mean rule's.
 
 Gaps are floored at ``MIN_GAP_S`` = 1 ms before the log (a call that arrives at the instant the
 previous one finished would give ln 0).
@@ -56,7 +58,7 @@ GAP_MIXTURE: tuple[tuple[float, float, float], ...] = ((0.96, 0.4, 1.3), (0.04, 
 """docs/sources.md §2's fitted tool gap: (weight, median s, σ) of each log-normal part."""
 MIN_GAP_S = 1e-3
 """Gaps are floored here before their log is taken, seconds."""
-DEFAULT_QUANTILE = 0.9
+DEFAULT_QUANTILE = 0.95
 DEFAULT_FLOOR_S = 1.0
 DEFAULT_CAP_S = 600.0
 """The session idle timeout of docs/sources.md §2: no hold outlives a session's idle life."""

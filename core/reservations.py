@@ -10,10 +10,13 @@ Expected gap = the caller's hint if given, else the session's learned mean gap
 ``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: the tool-gap mean
 ≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A reservation is taken only if the
 session is expected back before the slot's deadline (there is no point holding a slot it will
-miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)``. With the
-``learned_gaps`` scheduler flag the node passes, for a session without a hint, the median of
-its learned log-normal gap as the expected gap and the hold ``hold_gap_s`` from it
-(core/gaps.py): the reservation then expires at ``now + hold_gap_s``.
+miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)`` (the *slack rule*).
+With the ``learned_gaps`` scheduler flag the node passes, for a session without a hint, the
+q-quantile of its learned log-normal gap as ``hold_gap_s`` (core/gaps.py): the reservation then
+holds the session's KV until ``now + max(hold_gap_s, slack rule)``, but keeps its model's slot
+open (``Reservation.slot_until_s``) only for the slack rule. A live reservation stops the
+slot's idle close (runtime/scheduling/slots.py), so holding the slot longer would keep other
+models waiting (docs/results.md §12 measured it); holding the KV longer costs only its bytes.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ class Reservation:
     created_s: float
     expected_return_s: float
     expires_s: float
+    slot_until_s: float | None = None
+    """Until when it keeps its model's contended slot from closing idle (runtime/scheduling/
+    slots.py ``close_reason``); None: for as long as it lives."""
+
+    def keeps_slot(self, now_s: float) -> bool:
+        """Whether it still keeps its model's slot open at ``now_s``."""
+        return self.slot_until_s is None or now_s < self.slot_until_s
 
 
 def plan_reservation(
@@ -83,15 +93,23 @@ def plan_reservation(
     hold_gap_s: float | None = None,
 ) -> Reservation | None:
     """The reservation to take after a call that ends in a tool gap, or None (rules above);
-    ``hold_gap_s``, when given, replaces the slack rule for how long it is held."""
+    ``hold_gap_s``, when given, extends how long it is held to at least that, and the slack
+    rule then bounds how long it keeps the slot open."""
     expected_return = now_s + expected_gap_s
     if deadline_s is not None and expected_return > deadline_s:
         return None
-    if hold_gap_s is not None:
-        hold = hold_gap_s
-    else:
-        hold = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
-    return Reservation(session_key, model, held_bytes, now_s, expected_return, now_s + hold)
+    slack = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
+    if hold_gap_s is None:
+        return Reservation(session_key, model, held_bytes, now_s, expected_return, now_s + slack)
+    return Reservation(
+        session_key,
+        model,
+        held_bytes,
+        now_s,
+        expected_return,
+        now_s + max(hold_gap_s, slack),
+        now_s + slack,
+    )
 
 
 @dataclass
@@ -130,6 +148,10 @@ class ReservationTable:
         """The live reservations of sessions on ``model``."""
         return [r for r in self.live.values() if r.model == model]
 
+    def keeping_slot(self, model: str, now_s: float) -> int:
+        """How many live reservations on ``model`` keep its slot open at ``now_s``."""
+        return sum(1 for r in self.live.values() if r.model == model and r.keeps_slot(now_s))
+
     def held_bytes(
         self, exclude_session: str | None = None, counts: Callable[[str], bool] | None = None
     ) -> float:
@@ -141,9 +163,12 @@ class ReservationTable:
             if r.session_key != exclude_session and (counts is None or counts(r.session_key))
         )
 
-    def next_expiry_s(self) -> float | None:
-        """The earliest expiry among the live reservations, seconds; None when none is held."""
-        return min((r.expires_s for r in self.live.values()), default=None)
+    def next_change_s(self, now_s: float) -> float | None:
+        """The earliest expiry, or end of keeping a slot open after ``now_s``, among the live
+        reservations, seconds; None when there is none."""
+        times = [r.expires_s for r in self.live.values()]
+        times += [t for r in self.live.values() if (t := r.slot_until_s) is not None and t > now_s]
+        return min(times, default=None)
 
 
 class Settled(StrEnum):

@@ -4,8 +4,9 @@ After a call that ends in a tool gap expected to close before its slot's deadlin
 holds the HBM bytes its next call will need and pins its KV (LRU eviction skips it) until it
 returns, moves, ends, its slot closes, or the reservation expires at
 ``now + max(2·gap, gap + 1 s)`` (``core.reservations.plan_reservation``). With
-``learned_gaps``, a session without a hint reserves when its learned median return is before the
-deadline and holds until the q-quantile of its learned log-normal gap (core/gaps.py).
+``learned_gaps``, a session without a hint holds its KV at least until the q-quantile of its
+learned log-normal gap (core/gaps.py), while the reservation keeps the slot open only for the
+mean rule's hold (``Reservation.slot_until_s``).
 
 Each release with the node's clock adds held bytes × seconds held to the table's
 ``held_byte_s`` (the replay's memory-seconds held).

@@ -230,7 +230,7 @@ class SlotLoop:
         return True
 
     def _next_timer_s(self, plan: list[str] | None) -> float | None:
-        timers = [self._holds.table.next_expiry_s()]
+        timers = [self._holds.table.next_change_s(self._clock.now())]
         if plan is not None and self._slot.active is not None and not self._slot.leaving:
             timers.append(self._slot.deadline_s())  # a closed slot waits for its drain instead
         pending = [t for t in timers if t is not None]
@@ -241,15 +241,16 @@ class SlotLoop:
         waiting = self.intake.waiting
         if self.flags.fair_queue and self._outranked():
             return CloseReason.OUTRANKED
+        now = self._clock.now()
         return close_reason(
-            now_s=self._clock.now(),
+            now_s=now,
             deadline_s=self._slot.deadline_s(),
             contended=True,
             running=sum(self.context.engines[m].running for m in leaving),
             admissible_waiting=any(
                 self.intake.decide(w, view) is not False for m in leaving for w in waiting[m]
             ),
-            live_reservations=sum(len(self._holds.table.for_model(m)) for m in leaving),
+            live_reservations=sum(self._holds.table.keeping_slot(m, now) for m in leaving),
         )
 
     def _outranked(self) -> bool:

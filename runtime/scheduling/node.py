@@ -272,8 +272,8 @@ class NodeScheduler:
 
     def _finished(self, request: CallRequest, result: CallResult) -> None:
         """A call finished: count it for its session, end the session on a final call, else
-        (``soft_reservations``) reserve for its next call: by the hint or the mean gap, or
-        (``learned_gaps``, no hint) by the learned median gap, held to its q-quantile."""
+        (``soft_reservations``) reserve for its next call: by the hint or the mean gap, its KV
+        held (``learned_gaps``, no hint) at least to its learned gap's q-quantile."""
         session = self._sessions.finished(result)
         if session is None:
             return
@@ -286,7 +286,7 @@ class NodeScheduler:
             return
         if self.flags.learned_gaps and session.hint_gap_s is None:
             learned = self._sessions.predicted_gap(session, self.config.gap_quantile)
-            self._loop.reserve(result, session, learned.median_s, learned.hold_s)
+            self._loop.reserve(result, session, session.expected_gap_s(), learned.hold_s)
             return
         gap = session.expected_gap_s()
         session.hint_gap_s = None

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from talaria.core.gaps import (
     DEFAULT_CAP_S,
     DEFAULT_PRIOR_WEIGHT,
+    DEFAULT_QUANTILE,
     GAP_MIXTURE,
     MIN_GAP_S,
     PRIOR_LOG_MEAN,
@@ -132,7 +133,7 @@ def test_learned_hold_follows_the_population(
         session.observe(g)
     got = predict_session(session, fit)
     assert got.median_s == pytest.approx(median_s, rel=0.05)
-    z = NormalDist().inv_cdf(0.9)
+    z = NormalDist().inv_cdf(DEFAULT_QUANTILE)
     mu = session.log_mean(fit.mean)
     expected = hold_s if hold_s is not None else math.exp(mu + z * fit.sd)
     assert got.hold_s == pytest.approx(max(expected, got.median_s + 1.0), rel=0.05)

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 import pytest
@@ -157,10 +157,14 @@ def _requests(agent: Agent) -> list[CallRequest]:
 
 
 def run_scenario(
-    flags: SchedulerFlags, agents: Sequence[Agent], quantum_s: float = QUANTUM_S
+    flags: SchedulerFlags,
+    agents: Sequence[Agent],
+    quantum_s: float = QUANTUM_S,
+    gap_quantile: float | None = None,
 ) -> tuple[NodeScheduler, dict[str, Outcome]]:
-    """Run the agents closed-loop against one node; a failed call ends its session."""
-    node, outcomes, _ = run_probed(flags, agents, (), quantum_s)
+    """Run the agents closed-loop against one node; a failed call ends its session
+    (``gap_quantile``: the node's, for ``learned_gaps``; None: the default)."""
+    node, outcomes, _ = run_probed(flags, agents, (), quantum_s, gap_quantile)
     return node, outcomes
 
 
@@ -169,13 +173,17 @@ def run_probed(
     agents: Sequence[Agent],
     probe_at: Sequence[float],
     quantum_s: float = QUANTUM_S,
+    gap_quantile: float | None = None,
 ) -> tuple[NodeScheduler, dict[str, Outcome], list[InstanceStatus]]:
     """``run_scenario``, plus the node's status at each time of ``probe_at`` and once more
     when every agent is done (last)."""
 
     async def main() -> tuple[NodeScheduler, dict[str, Outcome], list[InstanceStatus]]:
         clock = LoopClock()
-        node = build_node("n0", SETUP, CATALOG, flags, SchedulerConfig(quantum_s=quantum_s), clock)
+        config = SchedulerConfig(quantum_s=quantum_s)
+        if gap_quantile is not None:
+            config = replace(config, gap_quantile=gap_quantile)
+        node = build_node("n0", SETUP, CATALOG, flags, config, clock)
         node.start()
 
         async def run_agent(agent: Agent) -> Outcome:

@@ -258,6 +258,38 @@ def test_plan_reservation_custom_slack() -> None:
 
 
 @pytest.mark.parametrize(
+    ("hold", "expires", "slot_until"),
+    [
+        (20.0, 20.0, 6.0),  # a longer learned hold keeps the KV; the slot: the slack rule's
+        (3.0, 6.0, 6.0),  # a shorter one: the slack rule's hold stands
+    ],
+)
+def test_a_learned_hold_extends_the_kv_not_the_slot(
+    hold: float, expires: float, slot_until: float
+) -> None:
+    res = plan_reservation(
+        session_key="s",
+        model="m",
+        now_s=0.0,
+        expected_gap_s=3.0,  # slack rule: max(2 × 3, 3 + 1) = 6
+        held_bytes=0.0,
+        deadline_s=None,
+        hold_gap_s=hold,
+    )
+    assert res is not None and (res.expires_s, res.slot_until_s) == (expires, slot_until)
+    assert res.keeps_slot(5.9) and not res.keeps_slot(6.0)
+    table = ReservationTable()
+    table.add(res)
+    assert table.keeping_slot("m", 5.0) == 1 and table.keeping_slot("m", 7.0) == 0
+    assert table.next_change_s(0.0) == 6.0 and table.next_change_s(6.0) == expires
+    plain = plan_reservation(
+        session_key="s", model="m", now_s=0.0, expected_gap_s=3.0, held_bytes=0.0,
+        deadline_s=None,
+    )  # fmt: skip
+    assert plain is not None and plain.slot_until_s is None and plain.keeps_slot(1e9)
+
+
+@pytest.mark.parametrize(
     ("gaps", "expected"),
     [
         ((), DEFAULT_GAP_PRIOR_S),  # the prior alone
@@ -310,12 +342,12 @@ def test_reservation_table_release_counts_only_live_reservations() -> None:
 
 def test_reservation_table_queries() -> None:
     table = ReservationTable()
-    assert table.next_expiry_s() is None
+    assert table.next_change_s(0.0) is None
     assert table.held_bytes() == 0.0
     table.add(_res("s1", "a", held=5.0, expires=10.0))
     table.add(_res("s2", "b", held=7.0, expires=4.0))
     table.add(_res("s3", "a", held=11.0, expires=20.0))
-    assert table.next_expiry_s() == 4.0
+    assert table.next_change_s(0.0) == 4.0
     assert [r.session_key for r in table.expired(10.0)] == ["s1", "s2"]  # expires_s <= now
     assert table.expired(3.9) == []
     assert {r.session_key for r in table.for_model("a")} == {"s1", "s3"}

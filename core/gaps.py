@@ -23,9 +23,10 @@ a single log-normal cannot be bimodal, and its fitted tail is the compromise).
 deviations of ln(gap), seeded as ``prior_weight`` = k observations (default 20; est.) at mean μ0
 with variance σ0²: n = k, mean = μ0, M2 = k σ0². Each gap g: n ← n + 1, d = ln g − mean,
 mean ← mean + d / n, M2 ← M2 + d (ln g − mean); σ = √(M2 / n). The key at the node is
-(tenant, model): ``CallRequest.tenant`` is a digest of the tenant, ``model`` the model. The
-agent's kind (Claude Code, SWE-agent, ...) would be a better key but is not on the node's wire,
-so it is left out. Bounded memory: ``PopulationGaps`` keeps at most ``max_keys`` (default 1,024)
+(tenant, model, agent): ``CallRequest.tenant`` is a digest of the tenant, ``model`` the model,
+``agent`` the agent's kind as the proxy found it (its ``User-Agent``'s product name, e.g.
+``claude-cli``, else where its session id came from: proxy/sessions/identity.py; "" in a
+replayed trace). Bounded memory: ``PopulationGaps`` keeps at most ``max_keys`` (default 1,024)
 fits, least recently used evicted first (an evicted key starts again from the prior); each is
 three floats.
 

@@ -58,16 +58,19 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
 calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s
 fields) instead of top-level fields of the request; 5: the session's key as ``session_key`` (was
 ``session_id``) in the request and the result (``session_id`` is the client's id, which the
 runtime never sees); 6: the call's tenant (an opaque key) and its weight, priority and
-deadline; 7: a sub-agent's parent (``parent_session_key``, ``parent_prefix_tokens``)."""
+deadline; 7: a sub-agent's parent (``parent_session_key``, ``parent_prefix_tokens``); 8: the
+agent's kind (``agent``)."""
 MAX_TENANT_WEIGHT = 100.0
 """A tenant's share weight is in (0, ``MAX_TENANT_WEIGHT``]."""
+MAX_AGENT_CHARS = 64
+"""A call's ``agent`` is at most this many characters (the proxy sends at most 40)."""
 
 RUNTIME_TOKEN_ENV = "TALARIA_RUNTIME_TOKEN"
 """The environment variable holding the runtime's bearer token, on both ends."""
@@ -205,6 +208,10 @@ def request_from_dict(data: Any) -> CallRequest:
         raise ProtocolError("bad call request: parent_session_key must be a string or null")
     if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise ProtocolError("bad call request: parent_prefix_tokens must be an integer >= 0")
+    if not isinstance(request.agent, str) or len(request.agent) > MAX_AGENT_CHARS:
+        raise ProtocolError(
+            f"bad call request: agent must be a string of at most {MAX_AGENT_CHARS} characters"
+        )
     return replace(request, priority=priority)
 
 

@@ -98,6 +98,10 @@ class CallRequest:
     deadline_s: float | None = None
     """Seconds after its arrival by which the caller wants it done (``X-Talaria-Deadline-S``):
     among calls of one class and tenant, the earliest deadline goes first."""
+    agent: str = ""
+    """The kind of agent the call comes from (the proxy sends its ``User-Agent``'s product name,
+    e.g. ``claude-cli``; proxy/sessions/identity.py ``agent_kind``); "" when unknown (a replayed
+    trace). The node learns tool gaps per (tenant, model, agent) (core/gaps.py)."""
 
     @property
     def live(self) -> bool:

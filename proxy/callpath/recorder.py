@@ -227,6 +227,7 @@ class Recorder:
                 end_reason=ended_reason,
                 session_id=state.session_id,
                 identity_source=state.identity_source,
+                agent=state.agent or None,
             )
         )
 

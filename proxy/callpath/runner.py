@@ -73,7 +73,8 @@ def runtime_request(
     (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
     seconds, the shared prefix estimate, a child's ``parent``: its key on the runtime and the
     prefix they share, proxy/sessions/lineage.py) and the fair queue's (the tenant's digest
-    and weight, the call's class, its deadline in clock seconds)."""
+    and weight, the call's class, its deadline in clock seconds) and the agent's kind, which
+    the node learns tool gaps by."""
     tenant = tenant_digest(call.tenant_id)
     return CallRequest(
         request_id=call.request_id,
@@ -91,6 +92,7 @@ def runtime_request(
         output_tokens=call.max_tokens if call.content.sampling.ignore_eos else None,
         tenant=tenant,
         tenant_weight=call.share.weight,
+        agent=call.identity.agent,
         priority=call.share.priority,
         deadline_s=time.clock(call.share.deadline_s),
         parent_session_key=parent.key,

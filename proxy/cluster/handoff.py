@@ -91,6 +91,7 @@ class Handoff:
                 tenant_id=call.tenant_id,
                 session_id=sid,
                 identity_source=call.identity.source,
+                agent=call.identity.agent,
                 model=stored.model,
                 started_at=stored.started_at,
                 started_s=now_s - self._time.clock(max(0.0, age_s)),

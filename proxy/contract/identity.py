@@ -30,6 +30,9 @@ class Identity:
     deadline_s: float | None = None
     """``X-Talaria-Deadline-S``: wall seconds after its arrival by which the call should be
     done (None: no deadline)."""
+    agent: str = ""
+    """The agent's kind (proxy/sessions/identity.py ``agent_kind``): its ``User-Agent``'s
+    product name, else ``source``; the node learns tool gaps per (tenant, model, agent)."""
 
     @property
     def placed_by(self) -> str | None:

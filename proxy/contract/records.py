@@ -32,6 +32,9 @@ class SessionRecord:
     """The client's id of the session (None: the same as ``session_key``)."""
     identity_source: str | None = None
     """Where that id came from (proxy/sessions/identity.py), or "implicit"."""
+    agent: str | None = None
+    """The agent's kind (proxy/sessions/identity.py ``agent_kind``: its ``User-Agent``'s
+    product name, else ``identity_source``)."""
 
 
 @dataclass(frozen=True)

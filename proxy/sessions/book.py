@@ -269,6 +269,7 @@ class SessionBook:
             tenant_id=tenant_id,
             session_id=identity.session_id or key,
             identity_source=identity.source,
+            agent=identity.agent,
             model=model,
             started_at=now_at,
             started_s=now_s,

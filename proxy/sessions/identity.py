@@ -30,6 +30,10 @@ With no id, the call is *implicit*: the session book finds the session whose con
 extends (book.py). Every id is validated the same way wherever it came from: 1 to 200
 printable ASCII characters (no control characters), so it is safe to echo in a header.
 
+The agent's *kind* (``agent_kind``), which the node learns tool gaps by: the product name
+of its ``User-Agent`` (``claude-cli``, ``codex_cli_rs``, ...), else where its session id came
+from.
+
 Hints: ``X-Talaria-Tool-Gap-Ms`` (tool time expected after this call; finite, 0 to
 ``MAX_TOOL_GAP_S``), ``X-Talaria-Session-Final: true`` (or ``X-Dynamo-Session-Final``): the
 session ends with this call. The call's terms in the node's fair queue:
@@ -60,6 +64,8 @@ MAX_TOOL_GAP_S = 24 * 3600.0
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 """A deadline beyond a week is refused (it would order nothing, and clock seconds of a scaled
 clock must stay finite)."""
+MAX_AGENT_CHARS = 40
+"""A longer ``User-Agent`` product name is not an agent's kind (the identity source is)."""
 PRIORITY_HEADER = "X-Talaria-Priority"
 DEADLINE_HEADER = "X-Talaria-Deadline-S"
 _VALID_ID = re.compile(rf"[\x20-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
@@ -307,6 +313,19 @@ def _deadline(headers: Mapping[str, str]) -> float | None:
     return deadline_s
 
 
+def agent_kind(headers: Mapping[str, str], source: str) -> str:
+    """The kind of agent a request comes from: the product name its ``User-Agent`` starts with
+    (RFC 9110 §10.1.5: ``product = token ["/" product-version]``), lower case, when that is a
+    token of at most ``MAX_AGENT_CHARS`` characters (Claude Code: ``claude-cli``; Codex:
+    ``codex_cli_rs``; the openai Python client: ``openai``; docs/sources.md §9); else
+    ``source``, where its session id came from ("implicit" when nothing named it)."""
+    product = headers.get("user-agent", "").strip().split("/", 1)[0].split(None, 1)
+    name = product[0].lower() if product else ""
+    if len(name) <= MAX_AGENT_CHARS and _TOKEN.fullmatch(name):
+        return name
+    return source
+
+
 def identify(
     headers: Mapping[str, str],
     body: Mapping[str, Any],
@@ -329,8 +348,17 @@ def identify(
         found, (parent_value, _, parent_field) = sub_agent
         parent = valid_id(parent_value, parent_field)
     if found is None:
-        return Identity(None, "implicit", parent, gap_s, final, None, priority, deadline_s)
+        agent = agent_kind(headers, "implicit")
+        return Identity(None, "implicit", parent, gap_s, final, None, priority, deadline_s, agent)
     value, source, name = found
     return Identity(
-        valid_id(value, name), source, parent, gap_s, final, family, priority, deadline_s
+        valid_id(value, name),
+        source,
+        parent,
+        gap_s,
+        final,
+        family,
+        priority,
+        deadline_s,
+        agent_kind(headers, source),
     )

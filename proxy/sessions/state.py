@@ -109,6 +109,8 @@ class SessionState:
     ended: bool = False
     route_key: str | None = None
     """Its key among proxy replicas (proxy/cluster/owner.py); None without replicas."""
+    agent: str = ""
+    """The agent's kind, as its first call here said (``Identity.agent``)."""
     adopted: bool = False
     """Taken over from the replica that held it before (proxy/cluster/): its next call
     continues it, whatever conversation it sends (this replica has not seen any)."""

@@ -197,6 +197,8 @@ def _apply_session(sessions: _Table, rec: SessionRecord) -> None:
         row["session_id"] = rec.session_id
     if rec.identity_source is not None:
         row["identity_source"] = rec.identity_source
+    if rec.agent is not None:
+        row["agent"] = rec.agent
     if rec.parent_session_key is not None:
         row["parent_session_key"] = rec.parent_session_key
     row["started_at"] = min(row["started_at"], as_utc(rec.started_at))

@@ -138,6 +138,7 @@ class SessionRow(Base):
     tenant_id: Mapped[str] = mapped_column(String, index=True)
     session_id: Mapped[str] = mapped_column(String)
     identity_source: Mapped[str | None] = mapped_column(String)
+    agent: Mapped[str | None] = mapped_column(String)
     parent_session_key: Mapped[str | None] = mapped_column(String, index=True)
     model: Mapped[str] = mapped_column(String)
     state: Mapped[str] = mapped_column(String)

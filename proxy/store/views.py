@@ -29,6 +29,9 @@ class SessionSummary:
     session_id: str
     """What the client calls it (the key, for an implicit session)."""
     identity_source: str | None
+    agent: str | None
+    """The agent's kind (its ``User-Agent``'s product name, else ``identity_source``); None
+    for a session recorded before migration 0014."""
     parent_session_key: str | None
     model: str
     state: str

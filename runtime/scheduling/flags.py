@@ -37,8 +37,8 @@ class SchedulerFlags:
     learned_gaps: bool = False
     """With ``soft_reservations``: a session without a gap hint holds its KV to a quantile of
     its learned log-normal tool gap (core/gaps.py), not only to the mean rule's slack. Per
-    population (tenant, model) an online fit of ln(gap) (Welford, seeded with docs/sources.md
-    §2's mixture: μ0 = −0.7374, σ0 = 1.5589, as 20 observations); per session
+    population (tenant, model, agent kind) an online fit of ln(gap) (Welford, seeded with
+    docs/sources.md §2's mixture: μ0 = −0.7374, σ0 = 1.5589, as 20 observations); per session
     μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the population's. Whether to reserve and how long the
     reservation keeps the slot open stay the mean rule's (core/reservations.py); the KV is held
     until now + max(min(e^(μ_s + z_q σ), 600 s), e^μ_s + 1 s, the mean rule's hold),

@@ -41,6 +41,13 @@ class NodeSession:
     tenant: str = DEFAULT_TENANT
     tenant_weight: float = 1.0
     """Its tenant (``CallRequest.tenant``) and the tenant's weight, as its latest call said."""
+    agent: str = ""
+    """The kind of agent it is (``CallRequest.agent``), as its latest call said."""
+
+    @property
+    def population(self) -> tuple[str, str, str]:
+        """The key its tool gaps are learned under: (tenant, model, agent)."""
+        return (self.tenant, self.model, self.agent)
 
     def expected_gap_s(self) -> float:
         """The caller's hint if it gave one, else the mean observed gap (with its prior)."""
@@ -86,7 +93,8 @@ class NodeSessions:
         self.ranks: dict[int, int] = {}
         """Calls that arrived here per class."""
         self.population = population
-        """``learned_gaps``: the node's log-normal gap fits by (tenant, model); None: off."""
+        """``learned_gaps``: the node's log-normal gap fits by (tenant, model, agent); None:
+        off."""
 
     def __contains__(self, session_key: str) -> bool:
         return session_key in self.sessions
@@ -112,20 +120,21 @@ class NodeSessions:
             session.gaps.observe(gap)
             if self.population is not None:
                 session.log_gaps.observe(gap)
-                self.population.observe((request.tenant, request.model), gap)
+                self.population.observe((request.tenant, request.model, request.agent), gap)
         if session.context_tokens:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         session.pending += 1
         session.rank = request.priority.rank
         session.tenant, session.tenant_weight = request.tenant, request.tenant_weight
+        session.agent = request.agent
         self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
 
     def predicted_gap(self, session: NodeSession, quantile: float) -> GapPrediction:
         """``learned_gaps``: the session's learned median gap and hold to ``quantile``
-        (core/gaps.py), from its own gaps and its (tenant, model) population's fit (the prior
-        when off)."""
+        (core/gaps.py), from its own gaps and its (tenant, model, agent) population's fit (the
+        prior when off)."""
         population = self.population or PopulationGaps()
-        fit = population.fit((session.tenant, session.model))
+        fit = population.fit(session.population)
         return predict_session(session.log_gaps, fit, quantile=quantile)
 
     def settled(self, session_key: str) -> None:

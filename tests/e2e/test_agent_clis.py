@@ -95,11 +95,13 @@ def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Served]:
         yield Served(proxy, statuses, home, work)
 
 
-def _check_session(detail: dict[str, Any], source: str) -> None:
+def _check_session(detail: dict[str, Any], source: str, agent: str) -> None:
     """One agent run: one session, with no children (none of these tasks starts a sub-agent,
-    and children are never guessed), ≥ 2 calls, every continuation served from cached KV."""
+    and children are never guessed), ≥ 2 calls, every continuation served from cached KV; the
+    agent's kind from its own User-Agent (docs/sources.md §9)."""
     calls = detail["calls"]
     assert detail["session"]["identity_source"] == source
+    assert detail["session"]["agent"] == agent
     assert detail["children"] == []
     assert len(calls) >= 2 and all(c["status"] == "ok" for c in calls)
     assert calls[0]["cached_tokens"] == 0
@@ -130,7 +132,7 @@ def test_claude_code(agent_bin: Path, served: Served) -> None:
     roots = served.roots()
     assert len(roots) == 2
     for detail in roots:
-        _check_session(detail, "claude-code")
+        _check_session(detail, "claude-code", "claude-cli")
         assert all(c["api"] == "messages" for c in detail["calls"])
         # its attribution line, sent by default, taken out (proxy/sessions/normalise.py)
         assert all(c["normalised"] == ["claude-code-attribution"] for c in detail["calls"])
@@ -156,7 +158,7 @@ def test_codex(agent_bin: Path, served: Served) -> None:
     assert "[simulated]" in done.stdout
     _all_2xx(served, "/v1/responses")
     [detail] = served.roots()
-    _check_session(detail, "codex")
+    _check_session(detail, "codex", "codex_cli_rs")
     assert all(c["api"] == "responses" for c in detail["calls"])
 
 
@@ -173,7 +175,7 @@ def test_qwen_code_gets_an_implicit_session_and_reservations_without_hints(
     assert "[simulated]" in done.stdout
     _all_2xx(served, "/v1/chat/completions")
     [detail] = served.roots()
-    _check_session(detail, "implicit")
+    _check_session(detail, "implicit", "qwencode")
     # Qwen Code sends no session id and no hints: the proxy reserved the session's instance
     # after each tool-call reply (learned gaps), and the session came back to it
     released = [r["release_reason"] for r in detail["reservations"]]

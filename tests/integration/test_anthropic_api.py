@@ -197,6 +197,7 @@ def test_claude_code_identity_and_sub_agents(
     assert raw.headers["x-talaria-session-id"] == f"{sid}-agent-1"
     detail = _admin(proxy, f"/admin/sessions/{sid}")
     assert detail["session"]["identity_source"] == "claude-code"
+    assert detail["session"]["agent"] == "anthropic"  # Anthropic/Python, the SDK's User-Agent
     assert detail["session"]["calls"] == 3
     assert titled.headers["x-talaria-session-key"] == detail["session"]["session_key"]
     [child] = detail["children"]

@@ -1,8 +1,9 @@
 """A call's terms in the node's fair queue, through the real HTTP stack (uvicorn on a loopback
 port, a real SQLite file, a runtime that records what it is asked): the runtime gets the
-tenant as a digest (never its id), the key's weight, the call's class and its deadline in clock
-seconds, on every API; ``X-Talaria-Priority`` beats the key's default, which beats
-``standard``; a bad priority or deadline is a 400 in the API's own envelope, and nothing runs."""
+tenant as a digest (never its id), the key's weight, the call's class, its deadline in clock
+seconds and the agent's kind, on every API; ``X-Talaria-Priority`` beats the key's default,
+which beats ``standard``; a bad priority or deadline is a 400 in the API's own envelope, and
+nothing runs."""
 
 from __future__ import annotations
 
@@ -97,6 +98,19 @@ def _asked(proxy: Proxy, path: str, key: str, **headers: str) -> CallRequest:
     reply = _post(proxy, path, key, **headers)
     assert reply.status_code == 200, reply.text
     return proxy.runtime.asked[reply.headers["x-request-id"]]
+
+
+@pytest.mark.parametrize("path", sorted(ROUTES))
+def test_the_runtime_gets_the_agents_kind(proxy: Proxy, path: str) -> None:
+    """The node learns tool gaps per agent kind: its ``User-Agent``'s product name, else
+    where the session id came from."""
+    key = proxy.keys["ide"][1]
+    claude = _asked(proxy, path, key, **{"user-agent": "claude-cli/2.1.328 (external, cli)"})
+    assert claude.agent == "claude-cli"
+    assert _asked(proxy, path, key).agent == "python-httpx"  # httpx's own
+    named = _asked(proxy, path, key, **{"user-agent": "", "x-session-id": f"s-{path}"})
+    assert named.agent == "x-session-id"
+    assert _asked(proxy, path, key, **{"user-agent": "(odd)"}).agent == "implicit"
 
 
 @pytest.mark.parametrize("path", sorted(ROUTES))

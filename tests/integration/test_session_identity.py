@@ -105,6 +105,7 @@ def test_opencodes_affinity_header_and_an_operators_own_name_the_session(
         assert reply.headers["x-talaria-session-id"] == sid
     session = _admin(proxy, f"/admin/sessions/{sid}")["session"]
     assert (session["identity_source"], session["calls"]) == (header, 2)
+    assert session["agent"] == "openai"  # the openai client's User-Agent: OpenAI/Python
 
 
 def test_dynamo_headers_name_the_session_its_parent_and_its_end(

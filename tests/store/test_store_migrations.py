@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from bench.harness.processes import talaria_command
 from talaria.core.types import Priority
 from talaria.proxy.contract.calls import Caller, RateLimits, Share
+from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.store import db as store_db
 from talaria.proxy.store import migrate
@@ -66,7 +67,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0013"
+    assert await migrate.current_async(db_url) == migrate.head() == "0014"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -507,6 +508,40 @@ async def test_0013_leaves_existing_keys_and_calls_as_they_were(db_url: str) -> 
 
 
 @pytest.mark.asyncio
+async def test_0014_leaves_existing_sessions_without_an_agent(db_url: str) -> None:
+    """0014: a session recorded before has no agent kind (null) and reads back as before; a
+    new session's record sets it, and a later record without one keeps it; the downgrade drops
+    the column and keeps the rows."""
+    await migrate.upgrade_async(db_url, "0013")
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (session_key, tenant_id, session_id, model, state,"
+                    " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
+                    " output_tokens) VALUES ('s1', 't1', 's1', 'm', 'active', :at, :at, 1, 0, 0, 0)"
+                ),
+                {"at": at},
+            )
+        await migrate.upgrade_async(db_url)
+        store = SqlStore(make_sessionmaker(engine))
+        detail = await store.sessions.get_session("s1")
+        assert detail is not None and detail.session.agent is None
+        await store.write_batch([SessionRecord("s2", "t1", "m", at, at, agent="claude-cli")])
+        await store.write_batch([SessionRecord("s2", "t1", "m", at, at)])
+        detail = await store.sessions.get_session("s2")
+        assert detail is not None and detail.session.agent == "claude-cli"
+        await asyncio.to_thread(migrate.downgrade, db_url, "0013")
+        assert "agent" not in await _columns(engine, "sessions")
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT count(*) FROM sessions"))).scalar() == 2
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
     engine = make_engine(db_url)
@@ -529,9 +564,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0013" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0014" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0013" in out and "head: 0013" in out
+    assert "current: 0014" in out and "head: 0014" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -541,7 +576,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0013"
+    assert migrate.current(url) == "0014"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -552,7 +587,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0013"
+    assert migrate.current(url) == "0014"
 
 
 def test_default_sqlite_url_honours_data_dir(

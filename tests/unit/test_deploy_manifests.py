@@ -29,6 +29,8 @@ import yaml
 from talaria.cli.runtime import runtime_server
 from talaria.core.protocol import RUNTIME_TOKEN_ENV
 from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.sessions.identity import session_sources
+from talaria.proxy.sessions.normalise import prompt_parts
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import ENGINE_SHUTDOWN_S
@@ -188,6 +190,35 @@ def test_proxy_env_names_are_settings_the_proxy_reads() -> None:
     assert replica_url == "http://$(POD_IP):8000"
     # Values from the chart's proxy.env are TALARIA_* settings too.
     assert set(_values()["proxy"]["env"]) <= known
+
+
+def test_the_chart_passes_session_headers_and_prompt_patterns() -> None:
+    """``proxy.sessionHeaders`` and ``proxy.promptPatterns`` (empty by default: the manifests
+    set neither) become TALARIA_SESSION_HEADERS and TALARIA_PROMPT_PATTERNS, as values the
+    proxy takes at start (a rank, a multi-line pattern block)."""
+    env = _env(_container(_one("Deployment", "proxy")))
+    assert not {"TALARIA_SESSION_HEADERS", "TALARIA_PROMPT_PATTERNS"} & set(env)
+    assert _values()["proxy"]["sessionHeaders"] == _values()["proxy"]["promptPatterns"] == ""
+    pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (optional)")
+    patterns = "(?m)^Time: [0-9:]+\\n?\n(?m)^Build: \\S+\\n?\n"
+    out = _render_module().render_chart(
+        {
+            "database": {"url": "postgresql+asyncpg://u:p@db/t"},
+            "proxy": {"sessionHeaders": "x-acme-run,x-team-session:1", "promptPatterns": patterns},
+        }
+    )
+    (deployment,) = [
+        d for d in yaml.safe_load_all(out["talaria/templates/proxy-deployment.yaml"]) if d
+    ]
+    env = _env(_container(deployment))
+    headers = env["TALARIA_SESSION_HEADERS"]["value"]
+    assert [row[1] for row in session_sources(headers)][:2] == [
+        "x-team-session",
+        "x-talaria-session-id",
+    ]
+    assert session_sources(headers)[-1][1] == "x-acme-run"
+    parts = prompt_parts(env["TALARIA_PROMPT_PATTERNS"]["value"])
+    assert [p.name for p in parts][-2:] == ["operator-1", "operator-2"]
 
 
 def test_proxy_secrets_come_from_the_secret() -> None:

@@ -11,12 +11,13 @@ from dataclasses import replace
 import pytest
 
 from talaria.core.catalog import load_catalog
-from talaria.core.gaps import LogNormalFit, SessionGaps, predict_session
+from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict_session
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
-from talaria.core.types import DEFAULT_TENANT, CallResult
+from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
+from talaria.runtime.scheduling.sessions import NodeSessions
 from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import resolve_policy
@@ -116,7 +117,7 @@ def test_whether_to_reserve_stays_the_mean_rules() -> None:
 
 def test_the_node_learns_the_sessions_gaps() -> None:
     """Five quick tools (0.05 s) then a call whose session never returns: the node's
-    (tenant, model) population and the session have learned the five gaps, whose learned hold
+    (tenant, model, agent) population and the session have learned the five gaps, whose learned hold
     (median + 1 s) is shorter than the mean rule's, which stands."""
     gaps = [0.05] * 5
     calls = (*(Call(P0 + 100 * i, OUT, gap_s=0.05) for i in range(5)), Call(P0 + 500, OUT))
@@ -135,10 +136,37 @@ def test_the_node_learns_the_sessions_gaps() -> None:
     assert node.slots[0].end_s == approx(last + slack)
     population = node._sessions.population  # the node's learned fits
     assert population is not None
-    got = population.fit((DEFAULT_TENANT, "a"))
+    got = population.fit((DEFAULT_TENANT, "a", ""))
     assert got.n == pytest.approx(fit.n)
     assert got.mean == pytest.approx(fit.mean)
     assert node.reservations.released[ReleaseReason.RETURNED] == 5
+
+
+def test_each_agent_kind_is_a_population_of_its_own() -> None:
+    """Two sessions of one tenant and model, one from a test-running agent (60 s gaps) and one
+    from a quick chat client (0.2 s): each population learns only its own agent's gaps, so the
+    quick client's learned hold stays short, and a session's prediction reads its own agent's
+    fit."""
+    sessions = NodeSessions(PopulationGaps())
+    now = {"slow": 0.0, "quick": 0.0}
+    gaps = {"slow": 60.0, "quick": 0.2}
+    agents = {"slow": "claude-cli", "quick": "qwencode"}
+    for i in range(6):
+        for key in ("slow", "quick"):
+            request = CallRequest(f"{key}{i}", key, "a", 100, 10, i, agent=agents[key])
+            sessions.arrived(request, now[key])
+            sessions.settled(key)
+            sessions.sessions[key].last_finish_s = now[key]  # a call that took no time
+            now[key] += gaps[key]
+    population = sessions.population
+    assert population is not None
+    slow = population.fit((DEFAULT_TENANT, "a", "claude-cli"))
+    quick = population.fit((DEFAULT_TENANT, "a", "qwencode"))
+    assert slow.n == quick.n == LogNormalFit.prior().n + 5
+    assert math.exp(slow.mean) > 1.0 > math.exp(quick.mean)
+    slow_hold = sessions.predicted_gap(sessions.sessions["slow"], 0.95).hold_s
+    quick_hold = sessions.predicted_gap(sessions.sessions["quick"], 0.95).hold_s
+    assert quick_hold < 5.0 < 60.0 < slow_hold
 
 
 def test_without_the_flag_the_node_keeps_no_population() -> None:

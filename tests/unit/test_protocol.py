@@ -112,6 +112,7 @@ FULL_REQUEST = CallRequest(
     deadline_s=30.0,
     parent_session_key="ses_parent",
     parent_prefix_tokens=512,
+    agent="claude-cli",
 )
 
 
@@ -141,6 +142,8 @@ def test_a_minimal_request_round_trips() -> None:
         ({"parent_prefix_tokens": -1}, "parent_prefix_tokens"),
         ({"parent_prefix_tokens": "10"}, "parent_prefix_tokens"),
         ({"parent_prefix_tokens": True}, "parent_prefix_tokens"),
+        ({"agent": 7}, "agent must be a string"),
+        ({"agent": "a" * 65}, "agent must be a string"),
     ],
 )
 def test_bad_requests_are_refused(change: dict[str, Any], message: str) -> None:
@@ -247,7 +250,7 @@ def test_version_5_names_the_session_key_and_a_version_4_request_is_refused() ->
     """v5 sends the proxy's key as ``session_key`` (v4 called it ``session_id``): a v4 peer's
     request is refused by its version, not misread."""
     data = _wire(request_to_dict(FULL_REQUEST))
-    assert data["v"] == PROTOCOL_VERSION == 7
+    assert data["v"] == PROTOCOL_VERSION == 8
     assert data["session_key"] == "ses_1" and "session_id" not in data
     result = _wire(event_to_dict(Finished(RESULT)))["result"]
     assert result["session_key"] == "ses_1" and "session_id" not in result

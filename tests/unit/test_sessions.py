@@ -65,6 +65,32 @@ def test_identity_sources_in_order(
     assert (found.session_id, found.source) == expected
 
 
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        # The User-Agent's product name (docs/sources.md §9: what each agent sends) ...
+        (
+            {"user-agent": "claude-cli/2.0.14 (external, cli)", **{"x-session-id": "s"}},
+            "claude-cli",
+        ),
+        ({"user-agent": "codex_cli_rs/0.46.0 (Debian 12; x86_64) dumb"}, "codex_cli_rs"),
+        ({"user-agent": "OpenAI/Python 1.109.1"}, "openai"),
+        ({"user-agent": "QwenCode"}, "qwencode"),
+        # ... else where the session id came from
+        ({"x-session-id": "s"}, "x-session-id"),
+        ({"session-id": "s", "user-agent": "  "}, "codex"),
+        ({"x-session-id": "s", "user-agent": "(compatible; bot)/1"}, "x-session-id"),
+        ({"x-session-id": "s", "user-agent": "a" * 41 + "/1"}, "x-session-id"),
+        ({"user-agent": "a" * 40 + "/1"}, "a" * 40),
+        ({}, "implicit"),
+    ],
+)
+def test_the_agents_kind_is_its_user_agents_product_else_its_identity_source(
+    headers: dict[str, str], expected: str
+) -> None:
+    assert identify(headers, {}).agent == expected
+
+
 CC_SESSION = {"x-claude-code-session-id": UUID}
 
 

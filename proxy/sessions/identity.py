@@ -317,7 +317,8 @@ def agent_kind(headers: Mapping[str, str], source: str) -> str:
     """The kind of agent a request comes from: the product name its ``User-Agent`` starts with
     (RFC 9110 §10.1.5: ``product = token ["/" product-version]``), lower case, when that is a
     token of at most ``MAX_AGENT_CHARS`` characters (Claude Code: ``claude-cli``; Codex:
-    ``codex_cli_rs``; the openai Python client: ``openai``; docs/sources.md §9); else
+    ``codex_cli_rs``, ``codex_exec`` headless; Qwen Code: ``qwencode``; the openai Python
+    client: ``openai``; docs/sources.md §9); else
     ``source``, where its session id came from ("implicit" when nothing named it)."""
     product = headers.get("user-agent", "").strip().split("/", 1)[0].split(None, 1)
     name = product[0].lower() if product else ""

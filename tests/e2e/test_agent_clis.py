@@ -158,7 +158,7 @@ def test_codex(agent_bin: Path, served: Served) -> None:
     assert "[simulated]" in done.stdout
     _all_2xx(served, "/v1/responses")
     [detail] = served.roots()
-    _check_session(detail, "codex", "codex_cli_rs")
+    _check_session(detail, "codex", "codex_exec")  # `codex exec`'s originator
     assert all(c["api"] == "responses" for c in detail["calls"])
 
 

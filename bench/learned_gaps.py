@@ -1,9 +1,10 @@
 """Tool gaps learned on the server (issue 41, item 3): ``talaria`` (mean gap, hold
-max(2·gap, gap + 1 s)) against ``talaria-learned`` (log-normal gap, hold to its 0.9-quantile,
-core/gaps.py) on three workloads, over several workload seeds.
+max(2·gap, gap + 1 s)) against ``talaria-learned`` (log-normal gap per (tenant, model, agent
+kind), the KV held to its q-quantile, core/gaps.py) on four workloads, over several workload
+seeds.
 
     .venv/bin/python bench/learned_gaps.py [--seeds 3] [--first-seed 0]
-        [--workloads paper,skewed,interactive] [--quantiles 0.9[,0.95...]]
+        [--workloads paper,skewed,interactive,two-agents] [--quantiles 0.95[,0.9...]]
         [--json out/learned-gaps.json]
 
 Workloads (all the paper preset's node, models and 960 calls over 30 sessions; only the tool
@@ -12,7 +13,14 @@ gaps change, docs/sources.md §2):
 - ``paper``: the preset as it is: 96 % lognormal(0.4 s, σ 1.3) + 4 % lognormal(35 s, σ 1.0);
 - ``skewed``: a heavier tail of long tools, ``gap_long_fraction`` 0.15 (e.g. an agent that runs
   the test suite every few steps): the case a mean-based hold gets wrong;
-- ``interactive``: quick tools only, ``gap_long_fraction`` 0, ``gap_short_median_s`` 0.2.
+- ``interactive``: quick tools only, ``gap_long_fraction`` 0, ``gap_short_median_s`` 0.2;
+- ``two-agents``: one tenant running two kinds of agent, half the sessions (15, 480 calls)
+  ``skewed``'s (agent ``tester``), half ``interactive``'s (agent ``chat``), each half arriving
+  at half the rate, so the mix arrives as the paper preset does (sim/tenants.py, drawn with
+  seeds ``seed`` and ``seed + 1,000,003``). Besides the two policies it replays
+  ``talaria-learned`` on the same sessions with their agent kind erased (``talaria-learned
+  one-population``): one population per (tenant, model), what the node learned before the
+  agent kind was on its wire.
 
 Prints, per workload, seed and policy: p50/p95 SCT, reservations taken (released for any
 reason), returned, expired, the expired share (expired ÷ (returned + expired)), the missed share
@@ -21,8 +29,8 @@ came back for either reason) and the memory they held (GB·s); then per workload
 mean over seeds, and per seed against ``talaria`` on the same sessions: the median and range of
 p50 ÷ talaria's p50, the seeds where it is not worse, and the seeds where the expired share
 fell. ``--quantiles``: the hold's
-quantile q of ``talaria-learned`` (``SchedulerConfig.gap_quantile``; default 0.9); each further
-q replays ``talaria-learned`` once more; a q other than 0.9 is shown as
+quantile q of ``talaria-learned`` (``SchedulerConfig.gap_quantile``; default 0.95); each further
+q replays ``talaria-learned`` once more; a q other than 0.95 is shown as
 ``talaria-learned q=…``.
 """
 
@@ -37,9 +45,11 @@ from typing import Any
 
 from talaria.core.catalog import load_catalog
 from talaria.core.gaps import DEFAULT_QUANTILE
+from talaria.core.trace import SessionTrace
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.presets import get_preset
+from talaria.sim.tenants import TenantLoad, mixed_sessions
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 
 POLICIES = ("talaria", "talaria-learned")
@@ -47,7 +57,11 @@ WORKLOADS: dict[str, dict[str, float]] = {
     "paper": {},
     "skewed": {"gap_long_fraction": 0.15},
     "interactive": {"gap_long_fraction": 0.0, "gap_short_median_s": 0.2},
+    "two-agents": {},
 }
+AGENTS = (("tester", "skewed"), ("chat", "interactive"))
+"""``two-agents``: each agent kind and the workload its half of the sessions is drawn from."""
+POOLED = "talaria-learned one-population"
 COLUMNS = ("p50 SCT", "p95 SCT", "taken", "returned", "expired", "exp share", "missed", "GB·s")
 
 
@@ -90,6 +104,41 @@ def paired(base: list[tuple[float, ...]], other: list[tuple[float, ...]]) -> str
     )
 
 
+def draw(
+    name: str,
+    base: WorkloadSpec,
+    windows: dict[str, int],
+    reasoning: dict[str, bool],
+    seed: int,
+) -> list[SessionTrace]:
+    """The sessions of workload ``name`` (module docstring) for ``seed``."""
+    if name != "two-agents":
+        spec: WorkloadSpec = replace(base, **WORKLOADS[name])  # type: ignore[arg-type]
+        return generate_sessions(spec, windows, reasoning, seed)
+    halves = [
+        TenantLoad(
+            "default",
+            replace(
+                base,
+                sessions=base.sessions // 2,
+                total_calls=None if base.total_calls is None else base.total_calls // 2,
+                mean_interarrival_s=2 * base.mean_interarrival_s,
+                **WORKLOADS[kind],  # type: ignore[arg-type]
+            ),
+            agent=agent,
+        )
+        for agent, kind in AGENTS
+    ]
+    return mixed_sessions(halves, windows, reasoning, seed)
+
+
+def pooled(sessions: list[SessionTrace]) -> list[SessionTrace]:
+    """``sessions`` with their agent kind erased (one population per (tenant, model))."""
+    return [
+        replace(s, agent="", calls=tuple(replace(c, agent="") for c in s.calls)) for s in sessions
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -100,7 +149,9 @@ def main() -> None:
         "--workloads", default=",".join(WORKLOADS), help=f"of {', '.join(WORKLOADS)}"
     )
     parser.add_argument(
-        "--quantiles", default="0.9", help="hold quantiles of talaria-learned (default 0.9)"
+        "--quantiles",
+        default=str(DEFAULT_QUANTILE),
+        help=f"hold quantiles of talaria-learned (default {DEFAULT_QUANTILE})",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every summary here")
     args = parser.parse_args()
@@ -125,9 +176,8 @@ def main() -> None:
     print("| workload | seed | policy | " + " | ".join(COLUMNS) + " |")
     print("|---|---|---|" + "---|" * len(COLUMNS), flush=True)
     for name in names:
-        spec: WorkloadSpec = replace(preset.workload, **WORKLOADS[name])  # type: ignore[arg-type]
         for seed in seeds:
-            sessions = generate_sessions(spec, windows, reasoning, seed)
+            sessions = draw(name, preset.workload, windows, reasoning, seed)
             for i, q in enumerate(quantiles):
                 config = SchedulerConfig(quantum_s=setup.quantum_s, gap_quantile=q)
                 policies = POLICIES if i == 0 else POLICIES[1:]
@@ -135,10 +185,16 @@ def main() -> None:
                     sessions, catalog, setup, policies, include_dedicated=False,
                     include_oracle=False, config=config,
                 )  # fmt: skip
-                for policy in policies:
+                summaries = [(p, doc["policies"][p]) for p in policies]
+                if name == "two-agents":
+                    one = run_experiment(
+                        pooled(sessions), catalog, setup, ("talaria-learned",),
+                        include_dedicated=False, include_oracle=False, config=config,
+                    )  # fmt: skip
+                    summaries.append((POOLED, one["policies"]["talaria-learned"]))
+                for policy, summary in summaries:
                     plain = policy == "talaria" or q == DEFAULT_QUANTILE
                     label = policy if plain else f"{policy} q={q:g}"
-                    summary = doc["policies"][policy]
                     values = row(summary)
                     rows.setdefault((name, label), []).append(values)
                     print(f"| {name} | {seed} | {label} " + fmt(values), flush=True)

@@ -35,12 +35,13 @@ FIELDS = (
     "parent_prefix_tokens",
     "tenant",
     "priority",
+    "agent",
 )
 """Every key a line may hold, in the order ``dumps_call`` writes them."""
 
 _OPTIONAL = frozenset(
     {"tool_gap_s", "cached_tokens", "latency_s", "ttft_s", "parent_session_id",
-     "parent_call_index", "parent_prefix_tokens", "tenant", "priority"}
+     "parent_call_index", "parent_prefix_tokens", "tenant", "priority", "agent"}
 )  # fmt: skip
 # Characters that str.splitlines treats as line ends but json.dumps leaves raw in strings.
 _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
@@ -81,12 +82,16 @@ class TraceCall:
     """Whose session it is (absent: ``default``); the same on every call of a session."""
     priority: Priority = Priority.STANDARD
     """Its class (absent: ``standard``); the same on every call of a session."""
+    agent: str = ""
+    """The kind of agent that ran it (the proxy's ``agent``, e.g. ``claude-cli``; absent: "",
+    unknown); the same on every call of a session. The node learns tool gaps per (tenant,
+    model, agent) (core/gaps.py)."""
 
 
 @dataclass(frozen=True)
 class SessionTrace:
     """One session: its calls sorted by ``call_index``; ``start_s`` is call 0's offset; its
-    tenant and class are its calls'."""
+    tenant, class and agent kind are its calls'."""
 
     session_id: str
     model: str
@@ -94,6 +99,7 @@ class SessionTrace:
     calls: tuple[TraceCall, ...]
     tenant: str = DEFAULT_TENANT
     priority: Priority = Priority.STANDARD
+    agent: str = ""
 
     @property
     def parent_session_id(self) -> str | None:
@@ -144,6 +150,8 @@ def dumps_call(call: TraceCall) -> str:
         row["tenant"] = call.tenant
     if call.priority is not Priority.STANDARD:
         row["priority"] = call.priority.value
+    if call.agent:
+        row["agent"] = call.agent
     text = json.dumps(row, ensure_ascii=False, allow_nan=False)
     return text.translate(_LINE_BREAKS)
 
@@ -227,6 +235,7 @@ def parse_call(line: str, where: str) -> TraceCall:
     if shared is not None and shared > prompt:
         raise _fail(where, "parent_prefix_tokens", f"{shared} exceeds prompt_tokens {prompt}")
     tenant = DEFAULT_TENANT if row.get("tenant") is None else _str(row, "tenant", where)
+    agent = "" if row.get("agent") is None else _str(row, "agent", where)
     try:
         priority = Priority(row.get("priority") or Priority.STANDARD)
     except ValueError:
@@ -249,6 +258,7 @@ def parse_call(line: str, where: str) -> TraceCall:
         parent_prefix_tokens=shared,
         tenant=tenant,
         priority=priority,
+        agent=agent,
     )
 
 
@@ -266,7 +276,7 @@ def _build_session(located: list[tuple[str, TraceCall]]) -> SessionTrace:
             what = f"duplicate call {call.call_index}" if dup else f"missing call {expected}"
             raise _fail(where, "call_index", f"session {call.session_id!r}: {what} (need 0..n-1)")
     for expected, (where, call) in enumerate(located):
-        for name in ("model", "tenant", "priority"):
+        for name in ("model", "tenant", "priority", "agent"):
             if getattr(call, name) != getattr(first, name):
                 raise _fail(
                     where, name,
@@ -287,6 +297,7 @@ def _build_session(located: list[tuple[str, TraceCall]]) -> SessionTrace:
         calls=tuple(call for _, call in located),
         tenant=first.tenant,
         priority=first.priority,
+        agent=first.agent,
     )
 
 
@@ -314,16 +325,17 @@ def dumps_trace(sessions: Sequence[SessionTrace]) -> str:
             if call.session_id != session.session_id:
                 raise _fail(where, "session_id", f"{call.session_id!r} in the wrong session")
         built = _build_session(located)
-        if (built.model, built.start_s, built.tenant, built.priority) != (
+        if (built.model, built.start_s, built.tenant, built.priority, built.agent) != (
             session.model,
             session.start_s,
             session.tenant,
             session.priority,
+            session.agent,
         ):
             raise TraceError(
-                f"session {session.session_id!r}: model/start_s/tenant/priority disagree with "
-                f"call 0's ({built.model!r}, {built.start_s}, {built.tenant!r}, "
-                f"{built.priority.value!r})"
+                f"session {session.session_id!r}: model/start_s/tenant/priority/agent disagree "
+                f"with call 0's ({built.model!r}, {built.start_s}, {built.tenant!r}, "
+                f"{built.priority.value!r}, {built.agent!r})"
             )
         lines.extend(dumps_call(call) for call in built.calls)
     return "".join(line + "\n" for line in lines)

@@ -123,6 +123,7 @@ def _request(session: SessionTrace, index: int, weights: Mapping[str, float]) ->
         tenant=session.tenant,
         tenant_weight=weights.get(session.tenant, 1.0),
         priority=session.priority,
+        agent=session.agent,
         request_id=f"{session.session_id}/{index}",
         session_key=session.session_id,
         model=session.model,

@@ -123,8 +123,13 @@ def add_subagents(
                 parent_prefix_tokens=shared if c.call_index == 0 else None,
                 tenant=parent.tenant,
                 priority=parent.priority,
+                agent=parent.agent,
             )
             for c in calls
         )
-        out.append(SessionTrace(cid, model, parent.start_s, calls, parent.tenant, parent.priority))
+        out.append(
+            SessionTrace(
+                cid, model, parent.start_s, calls, parent.tenant, parent.priority, parent.agent
+            )
+        )
     return out

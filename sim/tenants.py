@@ -1,9 +1,12 @@
-"""Workloads of several tenants: each tenant's sessions drawn from a workload of its own (sim/
-workload.py), shifted to its start, tagged with its tenant and class, and merged.
+"""Workloads of several tenants (or agents): each load's sessions drawn from a workload of its
+own (sim/workload.py), shifted to its start, tagged with its tenant, class and agent kind, and
+merged.
 
-Tenant ``k`` (in the order given) draws with seed ``seed + k · TENANT_SEED_STRIDE``, so adding
-a tenant leaves the others' sessions as they were; its sessions are named ``<tenant>/s0000``,
-``<tenant>/s0001``, ... and start ``start_s`` later than its workload alone would start them.
+Load ``k`` (in the order given) draws with seed ``seed + k · TENANT_SEED_STRIDE``, so adding
+a load leaves the others' sessions as they were; its sessions are named ``<tenant>/s0000``,
+``<tenant>/s0001``, ... (``<tenant>/<agent>/s0000`` for a load with an agent kind, so one
+tenant may run several agents) and start ``start_s`` later than its workload alone would start
+them.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ TENANT_SEED_STRIDE = 1_000_003
 
 @dataclass(frozen=True)
 class TenantLoad:
-    """One tenant of a mixed workload: its sessions' workload, when they begin (seconds), their
-    class, and the tenant's share weight."""
+    """One tenant's load in a mixed workload: its sessions' workload, when they begin (seconds),
+    their class, the tenant's share weight, and the kind of agent that runs them ("": none
+    named)."""
 
     tenant: str
     workload: WorkloadSpec
     priority: Priority = Priority.STANDARD
     start_s: float = 0.0
     weight: float = 1.0
+    agent: str = ""
 
 
 def mixed_sessions(
@@ -44,7 +49,8 @@ def mixed_sessions(
             load.workload, context_windows, reasoning, seed + k * TENANT_SEED_STRIDE
         )
         for session in drawn:
-            sid = f"{load.tenant}/{session.session_id}"
+            owner = f"{load.tenant}/{load.agent}" if load.agent else load.tenant
+            sid = f"{owner}/{session.session_id}"
             start = round(session.start_s + load.start_s, 6)
             calls = tuple(
                 replace(
@@ -53,11 +59,14 @@ def mixed_sessions(
                     arrival_offset_s=start,
                     tenant=load.tenant,
                     priority=load.priority,
+                    agent=load.agent,
                 )
                 for c in session.calls
             )
             merged.append(
-                SessionTrace(sid, session.model, start, calls, load.tenant, load.priority)
+                SessionTrace(
+                    sid, session.model, start, calls, load.tenant, load.priority, load.agent
+                )
             )
     return sorted(merged, key=lambda s: (s.start_s, s.session_id))
 

@@ -27,8 +27,8 @@ Rules, for the calls of one stored session:
 - ``cached_tokens`` as stored; ``latency_s = max(0, finished_at − arrived_at)`` (clamped
   against a wall-clock step); ``ttft_s = queue_s + prefill_s`` when both are stored, else null;
   the trace's ``session_id`` is the stored session's key (``session_key``, not the client's
-  id: two tenants' sessions stay two trace sessions), and ``parent_session_id`` its row's
-  ``parent_session_key``.
+  id: two tenants' sessions stay two trace sessions), ``parent_session_id`` its row's
+  ``parent_session_key``, and ``agent`` its row's ``agent`` (absent when null).
 - A trace session has one model: a stored session whose exported calls name several models is
   an :class:`ExportError`, as is an exported call with no prompt or no output tokens.
 
@@ -99,6 +99,7 @@ def _session(
     calls: Sequence[tuple[CallRecord, datetime]],
     t0: datetime,
     parent: str | None,
+    agent: str,
 ) -> SessionTrace:
     """One session from its successful calls (each with its ``finished_at``), in order."""
     models = sorted({call.model for call, _ in calls})
@@ -135,17 +136,23 @@ def _session(
                 latency_s=max(0.0, _seconds(finished, call.arrived_at)),
                 ttft_s=ttft,
                 parent_session_id=parent,
+                agent=agent,
             )
         )
-    return SessionTrace(session_key, models[0], traced[0].arrival_offset_s, tuple(traced))
+    start = traced[0].arrival_offset_s
+    return SessionTrace(session_key, models[0], start, tuple(traced), agent=agent)
 
 
 def calls_to_sessions(
-    calls: Iterable[CallRecord], parents: Mapping[str, str | None]
+    calls: Iterable[CallRecord],
+    parents: Mapping[str, str | None],
+    agents: Mapping[str, str | None] | None = None,
 ) -> list[SessionTrace]:
     """The trace of ``calls`` (any order, any sessions) by the rules of the module docstring;
-    ``parents`` maps a session's key to its parent's (missing: none). Datetimes must all be aware
-    (as the store returns them) or all naive."""
+    ``parents`` maps a session's key to its parent's (missing: none), ``agents`` to its agent
+    kind (missing or None: unknown). Datetimes must all be aware (as the store returns them) or
+    all naive."""
+    agents = agents or {}
     done = [(c, c.finished_at) for c in calls if c.status == "ok" and c.finished_at is not None]
     if not done:
         return []
@@ -159,6 +166,7 @@ def calls_to_sessions(
             sorted(group, key=lambda cf: (cf[0].arrived_at, cf[0].call_index, cf[0].request_id)),
             t0,
             parents.get(sid),
+            agents.get(sid) or "",
         )
         for sid, group in by_session.items()
     ]
@@ -185,14 +193,15 @@ async def export_trace(
     if until is not None:
         chosen = chosen.having(first_at < as_utc(until))
     query = (
-        select(CallRow, SessionRow.parent_session_key)
+        select(CallRow, SessionRow.parent_session_key, SessionRow.agent)
         .join(SessionRow, SessionRow.session_key == CallRow.session_key)
         .where(ok, CallRow.session_key.in_(chosen))
     )
     async with sessionmaker() as db:
         rows = (await db.execute(query)).all()
-    parents = {row.session_key: parent for row, parent in rows}
-    return calls_to_sessions([from_row(CallRecord, row) for row, _ in rows], parents)
+    parents = {row.session_key: parent for row, parent, _ in rows}
+    agents = {row.session_key: agent for row, _, agent in rows}
+    return calls_to_sessions([from_row(CallRecord, row) for row, _, _ in rows], parents, agents)
 
 
 async def export_from_url(

@@ -71,6 +71,7 @@ def test_live_run_exports_a_replayable_trace(tmp_path: Path) -> None:
     assert sorted(s.session_id for s in sessions) == sorted(keys)
     for session in sessions:
         assert session.model == MODEL and session.num_calls == 3
+        assert session.agent == "openai"  # the openai client's User-Agent, as the proxy saw it
         first, *later = session.calls
         assert first.new_tokens == first.prompt_tokens
         for prev, call in zip(session.calls, later, strict=False):

@@ -215,14 +215,20 @@ def test_parse_time_rejects(text: str) -> None:
 # -- the query, on SQLite and PostgreSQL --------------------------------------------------
 
 
-def stored(calls: Sequence[CallRecord], parents: dict[str, str] | None = None) -> list[Record]:
-    """Session records (with parents) followed by the calls, as the gateway writes them."""
+def stored(
+    calls: Sequence[CallRecord],
+    parents: dict[str, str] | None = None,
+    agents: dict[str, str] | None = None,
+) -> list[Record]:
+    """Session records (with parents and agent kinds) followed by the calls, as the gateway
+    writes them."""
     records: list[Record] = []
     for sid in dict.fromkeys(c.session_key for c in calls):
         first = min(c.arrived_at for c in calls if c.session_key == sid)
         model = next(c.model for c in calls if c.session_key == sid)
         parent = (parents or {}).get(sid)
-        records.append(SessionRecord(sid, "acme", model, first, first, parent))
+        agent = (agents or {}).get(sid)
+        records.append(SessionRecord(sid, "acme", model, first, first, parent, agent=agent))
     return [*records, *calls]
 
 
@@ -236,6 +242,7 @@ STORED = [
     call("late", 1, 31.0, 32.0, 80, 4),
 ]
 PARENTS = {"b": "a", "c": "a"}
+AGENTS = {"a": "claude-cli", "b": "claude-cli", "late": "qwencode"}
 
 
 def ids(sessions: Sequence[SessionTrace]) -> list[str]:
@@ -246,10 +253,12 @@ def ids(sessions: Sequence[SessionTrace]) -> list[str]:
 async def test_export_matches_the_conversion_and_reads_back(
     store: SqlStore, engine: AsyncEngine, tmp_path: Path
 ) -> None:
-    await store.write_batch(stored(STORED, PARENTS))
+    await store.write_batch(stored(STORED, PARENTS, AGENTS))
     sessions = await export_trace(make_sessionmaker(engine))
-    assert sessions == calls_to_sessions(STORED, PARENTS)
+    assert sessions == calls_to_sessions(STORED, PARENTS, AGENTS)
     assert ids(sessions) == ["a", "b", "c", "late"]
+    assert [s.agent for s in sessions] == ["claude-cli", "claude-cli", "", "qwencode"]
+    assert column(sessions, "agent")["late"] == ["qwencode"]
     assert column(sessions, "new_tokens")["a"] == EXPECTED["new_tokens"]["a"]
     assert column(sessions, "parent_session_id")["c"] == ["a", "a"]
     assert sessions[3].start_s == 31.0

@@ -13,6 +13,7 @@ import pytest
 from talaria.core.catalog import load_catalog
 from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict_session
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -22,6 +23,7 @@ from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import replay
+from talaria.sim.tenants import TenantLoad, mixed_sessions
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 from tests.unit.test_scheduler_scenarios import (
     COST_A,
@@ -231,3 +233,28 @@ def test_talaria_is_unchanged_and_the_document_gains_the_new_keys() -> None:
         expired, returned = summary["reservations"]["expired"], summary["reservations"]["returned"]
         assert share == (expired / (expired + returned) if expired + returned else None)
     assert math.isfinite(learned["p50_sct_s"])
+
+
+def _byte_s(sessions: list[SessionTrace], policy: str) -> float:
+    flags = resolve_policy(policy).flags
+    setups = [("node0", NodeSetup("h200x8", "default", MODELS))]
+    outcome = replay(sessions, CATALOG, setups, flags, SchedulerConfig(quantum_s=20.0))
+    return outcome.nodes[0].reservation_byte_s
+
+
+def test_the_replay_sends_each_sessions_agent_kind_to_the_node() -> None:
+    """One tenant, two agents (a tester's long tools, a chat client's quick ones): with
+    ``learned_gaps`` the node learns each kind apart, so erasing the kinds (one population)
+    changes what it holds; without the flag the kinds change nothing."""
+    loads = [
+        TenantLoad("default", replace(SPEC, gap_long_fraction=0.3), agent="tester"),
+        TenantLoad("default", replace(SPEC, gap_long_fraction=0.0), agent="chat"),
+    ]
+    sessions = mixed_sessions(loads, WINDOWS, REASONING, 0)
+    assert {s.agent for s in sessions} == {"tester", "chat"}
+    assert len({s.session_id for s in sessions}) == len(sessions)  # one tenant, two agents
+    erased = [
+        replace(s, agent="", calls=tuple(replace(c, agent="") for c in s.calls)) for s in sessions
+    ]
+    assert _byte_s(sessions, "talaria-learned") != _byte_s(erased, "talaria-learned")
+    assert _byte_s(sessions, "talaria") == _byte_s(erased, "talaria")

@@ -89,7 +89,8 @@ def test_write_is_deterministic_and_order_free(tmp_path: Path) -> None:
 
 def test_measured_fields_are_written_in_order_and_read_back() -> None:
     call = TraceCall(
-        *("s", 1, "m", 2.0, 120, 15, 5, None, 100, 3.25, 0.5, "p", 3, 60, "acme", Priority.BATCH)
+        *("s", 1, "m", 2.0, 120, 15, 5, None, 100, 3.25, 0.5, "p", 3, 60, "acme", Priority.BATCH),
+        agent="claude-cli",
     )
     line = dumps_call(call)
     assert list(json.loads(line)) == list(FIELDS)
@@ -102,6 +103,7 @@ def test_measured_fields_are_written_in_order_and_read_back() -> None:
         "parent_prefix_tokens",
         "tenant",
         "priority",
+        "agent",
     ]
     assert parse_call(line, "x:1") == call
     # omitted when None; integers are accepted as floats, as for the other float fields
@@ -110,11 +112,11 @@ def test_measured_fields_are_written_in_order_and_read_back() -> None:
     assert (parsed.latency_s, parsed.ttft_s) == (2.0, 0.0)
     assert isinstance(parsed.latency_s, float) and isinstance(parsed.ttft_s, float)
     assert parse_call(_j(latency_s=None), "x:1").latency_s is None
-    # tenant and priority: omitted at their defaults, read back as them when absent
+    # tenant, priority and agent: omitted at their defaults, read back as them when absent
     plain = dumps_call(TraceCall("s", 0, "m", 0.0, 10, 10, 1, None))
-    assert "tenant" not in plain and "priority" not in plain
+    assert "tenant" not in plain and "priority" not in plain and "agent" not in plain
     read = parse_call(plain, "x:1")
-    assert (read.tenant, read.priority) == (DEFAULT_TENANT, Priority.STANDARD)
+    assert (read.tenant, read.priority, read.agent) == (DEFAULT_TENANT, Priority.STANDARD, "")
 
 
 def test_shuffled_lines_blanks_and_comments(tmp_path: Path) -> None:
@@ -218,6 +220,8 @@ BAD: dict[str, tuple[list[str], int, str | None]] = {
     "priority changes": ([_C0, _c1(priority="batch")], 2, "priority"),
     "unknown priority": ([_j(priority="urgent")], 1, "priority"),
     "int tenant": ([_j(tenant=3)], 1, "tenant"),
+    "agent changes": ([_j(tool_gap_s=1.0, agent="a"), _c1(agent="b")], 2, "agent"),
+    "empty agent": ([_j(agent="")], 1, "agent"),
     "gap on last call": (["# c", _C0], 2, "tool_gap_s"),
     "null gap mid-session": ([_j(), _c1()], 1, "tool_gap_s"),
     "absent gap mid-session": ([_j(tool_gap_s=_DROP), _c1()], 1, "tool_gap_s"),

@@ -25,13 +25,13 @@ gaps change, docs/sources.md §2):
 Prints, per workload, seed and policy: p50/p95 SCT, reservations taken (released for any
 reason), returned, expired, the expired share (expired ÷ (returned + expired)), the missed share
 ((expired + slot closed) ÷ (returned + expired + slot closed): released before their session
-came back for either reason) and the memory they held (GB·s); then per workload and policy the
-mean over seeds, and per seed against ``talaria`` on the same sessions: the median and range of
-p50 ÷ talaria's p50, the seeds where it is not worse, and the seeds where the expired share
-fell. ``--quantiles``: the hold's
-quantile q of ``talaria-learned`` (``SchedulerConfig.gap_quantile``; default 0.95); each further
-q replays ``talaria-learned`` once more; a q other than 0.95 is shown as
-``talaria-learned q=…``.
+came back for either reason) and the memory they held, GB·s: the admission budget held for the
+sessions' next calls, and the sessions' KV kept pinned (core/reservations.py); then per
+workload and policy the mean over seeds, and per seed against ``talaria`` on the same
+sessions: the median and range of p50 ÷ talaria's p50, the seeds where it is not worse, and
+the seeds where the expired share fell. ``--quantiles``: the hold's quantile q of
+``talaria-learned`` (``SchedulerConfig.gap_quantile``; default 0.95); each further q replays
+``talaria-learned`` once more; a q other than 0.95 is shown as ``talaria-learned q=…``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,10 @@ WORKLOADS: dict[str, dict[str, float]] = {
 AGENTS = (("tester", "skewed"), ("chat", "interactive"))
 """``two-agents``: each agent kind and the workload its half of the sessions is drawn from."""
 POOLED = "talaria-learned one-population"
-COLUMNS = ("p50 SCT", "p95 SCT", "taken", "returned", "expired", "exp share", "missed", "GB·s")
+COLUMNS = (
+    "p50 SCT", "p95 SCT", "taken", "returned", "expired", "exp share", "missed", "budget GB·s",
+    "pinned GB·s",
+)  # fmt: skip
 
 
 def row(summary: dict[str, Any]) -> tuple[float, ...]:
@@ -80,15 +83,16 @@ def row(summary: dict[str, Any]) -> tuple[float, ...]:
         float("nan") if share is None else share,
         missed / settled if settled else float("nan"),
         summary["reservation_gb_s"],
+        summary["reservation_pinned_gb_s"],
     )
 
 
 def fmt(values: tuple[float, ...]) -> str:
     """One table row's figures."""
-    p50, p95, taken, returned, expired, share, missed, gbs = values
+    p50, p95, taken, returned, expired, share, missed, budget, pinned = values
     return (
         f"| {p50:.1f} | {p95:.1f} | {taken:.0f} | {returned:.0f} | {expired:.0f} "
-        f"| {share:.3f} | {missed:.3f} | {gbs:,.0f} |"
+        f"| {share:.3f} | {missed:.3f} | {budget:,.0f} | {pinned:,.0f} |"
     )
 
 

@@ -14,9 +14,15 @@ miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)`` (the
 With the ``learned_gaps`` scheduler flag the node passes, for a session without a hint, the
 q-quantile of its learned log-normal gap as ``hold_gap_s`` (core/gaps.py): the reservation then
 holds the session's KV until ``now + max(hold_gap_s, slack rule)``, but keeps its model's slot
-open (``Reservation.slot_until_s``) only for the slack rule. A live reservation stops the
-slot's idle close (runtime/scheduling/slots.py), so holding the slot longer would keep other
-models waiting (docs/results.md §12 measured it); holding the KV longer costs only its bytes.
+open, and the admission budget for the session's next call (``held_bytes``), only for the slack
+rule (``Reservation.slot_until_s``). A live reservation stops the slot's idle close
+(runtime/scheduling/slots.py), so holding the slot longer would keep other models waiting, and
+a budget held longer turns other calls away (docs/results.md §12 measured both); the extension
+keeps only the session's KV pinned, bytes that are resident already.
+
+Memory held, per release with a time: the budget, ``held_bytes`` × (min(release,
+``slot_until_s``) − created) (``ReservationTable.held_byte_s``), and the pinned KV,
+``pinned_bytes`` × (release − created) (``pinned_byte_s``).
 """
 
 from __future__ import annotations
@@ -73,7 +79,10 @@ class Reservation:
     expires_s: float
     slot_until_s: float | None = None
     """Until when it keeps its model's contended slot from closing idle (runtime/scheduling/
-    slots.py ``close_reason``); None: for as long as it lives."""
+    slots.py ``close_reason``) and holds ``held_bytes`` of admission budget; None: for as long as
+    it lives."""
+    pinned_bytes: float = 0.0
+    """The session's KV it keeps pinned in HBM (resident already, not held for what follows)."""
 
     def keeps_slot(self, now_s: float) -> bool:
         """Whether it still keeps its model's slot open at ``now_s``."""
@@ -91,16 +100,20 @@ def plan_reservation(
     slack_factor: float = 2.0,
     min_slack_s: float = 1.0,
     hold_gap_s: float | None = None,
+    pinned_bytes: float = 0.0,
 ) -> Reservation | None:
     """The reservation to take after a call that ends in a tool gap, or None (rules above);
     ``hold_gap_s``, when given, extends how long it is held to at least that, and the slack
-    rule then bounds how long it keeps the slot open."""
+    rule then bounds how long it keeps the slot open and its budget."""
     expected_return = now_s + expected_gap_s
     if deadline_s is not None and expected_return > deadline_s:
         return None
     slack = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
     if hold_gap_s is None:
-        return Reservation(session_key, model, held_bytes, now_s, expected_return, now_s + slack)
+        return Reservation(
+            session_key, model, held_bytes, now_s, expected_return, now_s + slack,
+            pinned_bytes=pinned_bytes,
+        )  # fmt: skip
     return Reservation(
         session_key,
         model,
@@ -109,20 +122,23 @@ def plan_reservation(
         expected_return,
         now_s + max(hold_gap_s, slack),
         now_s + slack,
+        pinned_bytes,
     )
 
 
 @dataclass
 class ReservationTable:
     """A node's live reservations by session, how many were released for each reason, and the
-    memory they held: Σ held_bytes × (release − creation), byte-seconds, over the releases
-    that gave their time."""
+    memory they held, byte-seconds over the releases that gave their time (module docstring):
+    the budget, Σ held_bytes × (min(release, slot_until_s) − creation), and the pinned KV,
+    Σ pinned_bytes × (release − creation)."""
 
     live: dict[str, Reservation] = field(default_factory=dict)
     released: dict[ReleaseReason, int] = field(
         default_factory=lambda: dict.fromkeys(ReleaseReason, 0)
     )
     held_byte_s: float = 0.0
+    pinned_byte_s: float = 0.0
 
     def add(self, reservation: Reservation) -> None:
         """Hold ``reservation`` (replacing the session's previous one, uncounted)."""
@@ -137,7 +153,9 @@ class ReservationTable:
         if found is not None:
             self.released[reason] += 1
             if now_s is not None:
-                self.held_byte_s += found.held_bytes * max(0.0, now_s - found.created_s)
+                budget_end = now_s if found.slot_until_s is None else min(now_s, found.slot_until_s)
+                self.held_byte_s += found.held_bytes * max(0.0, budget_end - found.created_s)
+                self.pinned_byte_s += found.pinned_bytes * max(0.0, now_s - found.created_s)
         return found
 
     def expired(self, now_s: float) -> list[Reservation]:
@@ -153,14 +171,21 @@ class ReservationTable:
         return sum(1 for r in self.live.values() if r.model == model and r.keeps_slot(now_s))
 
     def held_bytes(
-        self, exclude_session: str | None = None, counts: Callable[[str], bool] | None = None
+        self,
+        exclude_session: str | None = None,
+        counts: Callable[[str], bool] | None = None,
+        now_s: float | None = None,
     ) -> float:
-        """Bytes held by live reservations, leaving out ``exclude_session``'s own and, given
-        ``counts`` (a session key → whether its hold counts), those it refuses."""
+        """Bytes held by live reservations, leaving out ``exclude_session``'s own, given
+        ``counts`` (a session key → whether its hold counts) those it refuses, and, given
+        ``now_s``, those past keeping their slot (a learned hold's extension keeps the session's
+        KV, not a budget for its next call)."""
         return sum(
             r.held_bytes
             for r in self.live.values()
-            if r.session_key != exclude_session and (counts is None or counts(r.session_key))
+            if r.session_key != exclude_session
+            and (counts is None or counts(r.session_key))
+            and (now_s is None or r.keeps_slot(now_s))
         )
 
     def next_change_s(self, now_s: float) -> float | None:

@@ -119,6 +119,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         peak_hbm_fraction=max(n.peak_hbm_bytes / n.hbm_capacity_bytes for n in outcome.nodes),
         reservations=reservations,
         reservation_gb_s=sum(n.reservation_byte_s for n in outcome.nodes) / 1e9,
+        reservation_pinned_gb_s=sum(n.pinned_byte_s for n in outcome.nodes) / 1e9,
         reservations_expired_share=_expired_share(reservations),
         **_subagents(outcome.sessions),
         sct_s={s.session_id: s.sct_s for s in outcome.sessions},

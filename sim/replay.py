@@ -73,7 +73,10 @@ class NodeOutcome:
     host_kv_capacity_bytes: float
     reservations: dict[str, int]
     reservation_byte_s: float = 0.0
-    """Σ held bytes × seconds held over its released reservations (``ReservationTable``)."""
+    """The admission budget its released reservations held, byte-seconds
+    (``ReservationTable.held_byte_s``)."""
+    pinned_byte_s: float = 0.0
+    """The KV its released reservations kept pinned, byte-seconds (``pinned_byte_s``)."""
 
 
 @dataclass(frozen=True)
@@ -287,4 +290,5 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
         host_kv_capacity_bytes=node.memory.host_kv_capacity_bytes,
         reservations={str(k): v for k, v in node.reservations.released.items()},
         reservation_byte_s=node.reservations.held_byte_s,
+        pinned_byte_s=node.reservations.pinned_byte_s,
     )

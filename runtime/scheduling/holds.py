@@ -8,8 +8,10 @@ returns, moves, ends, its slot closes, or the reservation expires at
 learned log-normal gap (core/gaps.py), while the reservation keeps the slot open only for the
 mean rule's hold (``Reservation.slot_until_s``).
 
-Each release with the node's clock adds held bytes × seconds held to the table's
-``held_byte_s`` (the replay's memory-seconds held).
+Each release with the node's clock adds the budget's byte-seconds to the table's
+``held_byte_s`` and the pinned KV's to ``pinned_byte_s`` (core/reservations.py; the replay's
+memory-seconds held). A learned hold's extension, past ``slot_until_s``, keeps the pin but not
+the budget: admission leaves it out (loop.py's admission view passes the node's time).
 
 The slot loop (loop.py) owns the node's ``KvHolds``: the node's session events reach it through
 ``SlotLoop.reserve`` / ``release_hold``.
@@ -84,6 +86,7 @@ class KvHolds:
             held_bytes=held,
             deadline_s=deadline_s,
             hold_gap_s=hold_gap_s,
+            pinned_bytes=0.0 if entry is None else entry.nbytes,
         )
         if plan is not None:
             replaced = result.session_key in self.table.live

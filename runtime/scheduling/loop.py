@@ -185,7 +185,7 @@ class SlotLoop:
             slot.deadline_s() - self._clock.now(),
             slot.start_s,
             slot.serving_since,
-            self._holds.table.held_bytes,
+            lambda key, counts: self._holds.table.held_bytes(key, counts, self._clock.now()),
         )
 
     def _admit(self, leaving: frozenset[str]) -> None:

@@ -98,7 +98,10 @@ class StatusReader:
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={r.session_key: r.held_bytes for r in self.loop.reservations.live.values()},
+            reserved={  # a learned hold's extension holds no budget (core/reservations.py)
+                r.session_key: r.held_bytes if r.keeps_slot(now) else 0.0
+                for r in self.loop.reservations.live.values()
+            },
             waiting_calls=sum(waiting.values()),
             waiting_prompt_tokens=sum(
                 w.request.prompt_tokens for q in self.intake.waiting.values() for w in q

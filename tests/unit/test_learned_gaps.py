@@ -233,3 +233,22 @@ def test_table_counts_memory_seconds_of_the_releases_with_a_time() -> None:
     table.release("s3", ReleaseReason.ENDED)  # no time given: not counted
     assert table.held_byte_s == pytest.approx(7e9)
     assert table.released[ReleaseReason.RETURNED] == table.released[ReleaseReason.EXPIRED] == 1
+
+
+def test_a_learned_extension_keeps_the_pin_and_drops_the_budget() -> None:
+    """A learned hold (20 s) past the slack rule's (max(2 × 1 s, 1 s + 1 s) = 2 s): its budget
+    counts for admission, and in the byte-seconds, only until slot_until_s; its pinned KV for
+    as long as it lives."""
+    table = ReservationTable()
+    plan = plan_reservation(
+        session_key="s", model="m", now_s=10.0, expected_gap_s=1.0, held_bytes=1e9,
+        deadline_s=None, hold_gap_s=20.0, pinned_bytes=4e9,
+    )  # fmt: skip
+    assert plan is not None and (plan.slot_until_s, plan.expires_s) == (12.0, 30.0)
+    table.add(plan)
+    assert table.held_bytes() == table.held_bytes(now_s=11.9) == 1e9
+    assert table.held_bytes(now_s=12.0) == 0.0
+    assert table.held_bytes("s", now_s=11.0) == 0.0  # its own call's
+    table.release("s", ReleaseReason.RETURNED, now_s=15.0)
+    assert table.held_byte_s == pytest.approx(1e9 * 2.0)  # budget until 12 s
+    assert table.pinned_byte_s == pytest.approx(4e9 * 5.0)  # pin until 15 s

@@ -1,5 +1,4 @@
-"""The live sessions: one place for a session's identity, its threads, its family and its
-end.
+"""The live sessions: one place for a session's identity, its threads, its family, its end.
 
 A session is keyed internally by ``key`` (``ses_<24 hex>``, ``session_key`` in the records,
 the store and the runtime protocol); the store, the runtime and the routing only ever see that

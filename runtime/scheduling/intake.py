@@ -61,7 +61,8 @@ class AdmissionView:
     """Per resident model: when its activation ended (``SlotState.serving_since``)."""
     held_bytes: Callable[[str, Callable[[str], bool] | None], float]
     """Bytes held by the soft reservations of sessions other than the given one (those a
-    predicate of their session key accepts, if one is given)."""
+    predicate of their session key accepts, if one is given), at the pass's time: a learned
+    hold past keeping its slot holds none (core/reservations.py)."""
 
 
 class Intake:

@@ -1,5 +1,4 @@
-"""The slot loop of one node: the plan (the next resident set), closing and renewing slots, and
-the transitions between resident sets.
+"""The slot loop of one node: the plan (next resident set), slots, transitions between sets.
 
 Each pass computes the *plan* from the calls waiting for models that are not resident (none:
 uncontended, nothing closes):
@@ -10,14 +9,14 @@ uncontended, nothing closes):
 - models in the plan that are not resident (*incoming*) are activated once the leaving ones
   have drained (at once when none leaves: they fit beside the residents).
 
-A transition (deactivate, make room, activate) runs as a task of its own: staying models keep
-serving through it. ``d2d_staging`` stages the first incoming model's weights during the slot.
+A transition (deactivate, make room, activate) is a task of its own (staying models serve on);
+``d2d_staging`` stages the first incoming model's weights during the slot.
 
 ``SlotLoop`` alone changes the slot (``SlotState``), the transition under way and the soft
 reservations (``KvHolds``); others read ``slot`` (a ``SlotStateView``) and ``reservations``;
-the intake gets both in each pass's ``AdmissionView`` and hands back what it admitted. The node
-asks through ``retire`` (a model leaves once its calls are gone and no transition runs),
-``reserve`` and ``release_hold`` (its session events).
+the intake gets both in each pass's ``AdmissionView`` and hands back what it admitted; the
+node asks through ``retire`` (a model leaves once its calls are gone and no transition runs),
+``reserve`` and ``release_hold``.
 """
 
 from __future__ import annotations
@@ -179,14 +178,11 @@ class SlotLoop:
         resident model is closing."""
         slot = self._slot
         closing = frozenset(slot.resident) if slot.hold else frozenset(slot.leaving)
+        now, table = self._clock.now(), self._holds.table
         return AdmissionView(
-            leaving,
-            closing,
-            slot.deadline_s() - self._clock.now(),
-            slot.start_s,
-            slot.serving_since,
-            lambda key, counts: self._holds.table.held_bytes(key, counts, self._clock.now()),
-        )
+            leaving, closing, slot.deadline_s() - now, slot.start_s, slot.serving_since,
+            lambda key, counts: table.held_bytes(key, counts, now),
+        )  # fmt: skip
 
     def _admit(self, leaving: frozenset[str]) -> None:
         """One admission pass over the resident models' queues (none before a slot), its

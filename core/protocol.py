@@ -18,7 +18,8 @@ Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
   last_token_s}`` or null (``EngineTimes``; a peer that predates it sends none, and one that
   does not know it ignores it);
 - **status** (``GET /v1/runtime/status``): ``InstanceStatus``'s fields plus the node's
-  ``model_names``, recent ``slots`` and per-model ``engines`` info.
+  ``model_names``, recent ``slots`` and per-model ``engines`` info;
+- **session control** (hints, ends, moves; the ends document): core/protocol_sessions.py.
 
 A peer speaking another version is refused with a clear error (``ProtocolError``) rather than
 misread.
@@ -109,7 +110,8 @@ class ErrorEvent:
     param: str | None = None
 
 
-def _check_version(data: Mapping[str, Any], what: str) -> None:
+def check_version(data: Mapping[str, Any], what: str) -> None:
+    """``ProtocolError`` unless ``data`` (from ``what``) speaks ``PROTOCOL_VERSION``."""
     version = data.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -181,7 +183,7 @@ def request_from_dict(data: Any) -> CallRequest:
     speaks another version)."""
     if not isinstance(data, dict):
         raise ProtocolError("a call request must be a JSON object")
-    _check_version(data, "the call")
+    check_version(data, "the call")
     body = {k: v for k, v in data.items() if k != "v"}
     unknown = set(body) - _REQUEST_FIELDS
     if unknown:
@@ -368,5 +370,5 @@ def status_to_dict(status: InstanceStatus, **extra: Any) -> dict[str, Any]:
 
 
 def status_from_dict(data: Mapping[str, Any]) -> InstanceStatus:
-    _check_version(data, "the runtime")
+    check_version(data, "the runtime")
     return InstanceStatus.from_dict({k: v for k, v in data.items() if k not in STATUS_EXTRA_KEYS})

@@ -38,7 +38,7 @@ class InstantRuntime:
     generated instantly.
 
     Sessions it has served are remembered (least recently used forgotten beyond
-    ``max_sessions``) so continuations report cached tokens; ``end_session`` and a call with
+    ``max_sessions``) so continuations report cached tokens; ``end_sessions`` and a call with
     ``session_final`` forget them.
     """
 
@@ -147,8 +147,12 @@ class InstantRuntime:
     async def hint(self, session_key: str, expected_gap_s: float) -> None:
         return None
 
-    async def end_session(self, session_key: str) -> None:
-        self._sessions.pop(session_key, None)
+    async def end_sessions(self, session_keys: Sequence[str]) -> None:
+        for session_key in session_keys:
+            self._sessions.pop(session_key, None)
+
+    async def resend_ends(self) -> None:
+        return None
 
     async def session_moved(self, session_key: str) -> None:
         return None

@@ -9,8 +9,9 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   close reason, admissions), per-model ``engines`` info, and for a placement controller
   ``draining_models``, ``weight_budget_bytes`` (runtime/factory.py
   ``pinned_weight_budget_bytes``) and ``quantum_s``;
-- ``POST /v1/runtime/sessions/{id}/hint`` (``{"expected_gap_s": float}``), ``.../end``,
-  ``.../moved``;
+- ``POST /v1/runtime/sessions/<key>/hint`` (``{"expected_gap_s": float}``), ``.../end``,
+  ``.../moved`` (the key may hold ``/``: a thread's), and ``POST /v1/runtime/ends`` (several
+  sessions ended at once): core/protocol_sessions.py;
 - ``POST /v1/runtime/models``, ``POST /v1/runtime/models/{name}/drain``,
   ``DELETE /v1/runtime/models/{name}``, ``GET /v1/runtime/demand``: placement
   (runtime/placement_routes.py);
@@ -66,6 +67,13 @@ from talaria.core.protocol import (
     event_to_dict,
     request_from_dict,
     status_to_dict,
+)
+from talaria.core.protocol_sessions import (
+    ENDS_ROUTE,
+    SESSION_ACTIONS,
+    SESSION_ROUTE,
+    ends_from_dict,
+    session_key_ok,
 )
 from talaria.core.types import (
     CallRejected,
@@ -240,23 +248,34 @@ def create_runtime_app(
         events = _events(runtime.node, call, runtime.demand)
         return StreamingResponse(events, media_type="application/x-ndjson")
 
-    @app.post("/v1/runtime/sessions/{session_key}/hint")
-    async def hint(session_key: str, request: Request) -> Response:
-        gap_s = _gap_s(await request.body())
-        if gap_s is None:
-            return _json({"error": "expected_gap_s must be a finite, non-negative number"}, 400)
-        state_of(request).node.hint(session_key, gap_s)
+    @app.post(SESSION_ROUTE)
+    async def session_control(session_key: str, action: str, request: Request) -> Response:
+        node = state_of(request).node
+        if action not in SESSION_ACTIONS:
+            return _json({"error": f"unknown session action {action!r}"}, 404)
+        if not session_key_ok(session_key):
+            return _json({"error": "a session key is 1 to 256 characters"}, 400)
+        if action == "hint":
+            gap_s = _gap_s(await request.body())
+            if gap_s is None:
+                return _json({"error": "expected_gap_s must be a finite, non-negative number"}, 400)
+            node.hint(session_key, gap_s)
+        elif action == "end":
+            node.end_session(session_key)
+        else:
+            node.session_moved(session_key)
         return _json({"ok": True})
 
-    @app.post("/v1/runtime/sessions/{session_key}/end")
-    async def end(session_key: str, request: Request) -> Response:
-        state_of(request).node.end_session(session_key)
-        return _json({"ok": True})
-
-    @app.post("/v1/runtime/sessions/{session_key}/moved")
-    async def moved(session_key: str, request: Request) -> Response:
-        state_of(request).node.session_moved(session_key)
-        return _json({"ok": True})
+    @app.post(ENDS_ROUTE)
+    async def ends(request: Request) -> Response:
+        try:
+            keys = ends_from_dict(msgspec.json.decode(await request.body()))
+        except (ProtocolError, msgspec.DecodeError, RecursionError) as exc:
+            return _json({"error": str(exc)}, 400)
+        node = state_of(request).node
+        for key in keys:
+            node.end_session(key)
+        return _json({"ok": True, "ended": len(keys)})
 
     return app
 

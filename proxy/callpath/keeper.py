@@ -75,6 +75,8 @@ class SessionKeeper:
             self._release(state, thread, reason, now_at)
         held = state.threads.get(thread)
         left = held.last_instance if held is not None else None
+        if held is not None:
+            held.instances.add(instance)
         if left is not None and left != instance:
             await self._pool[left].session_moved(state.runtime_key(thread))
 
@@ -112,10 +114,10 @@ class SessionKeeper:
             asks_tools=bool(output.tool_calls) or output.finish_reason == "tool_calls",
             hint_s=self._time.clock(call.identity.tool_gap_hint_s),
         )
-        if final:  # this call's thread ends on the runtime with the call; the others here
-            others = [t for t in state.threads.values() if t.number != thread and t.last_instance]
-            if others:
-                self._spawn(self._end_threads_on_runtime(state, others))
+        if final:  # this call's thread ends on ``instance`` with the call; the rest here
+            ends = self._ends(state, list(state.threads.values()), skip=(thread, instance))
+            if ends:
+                self._spawn(self._send_ends(ends))
             self.end(state, "final", finished_at)
             return
         if taken is not None:
@@ -138,8 +140,9 @@ class SessionKeeper:
             thread.reservation = None
             self._metrics.reservations.labels("ended").inc()
         self._reservations.end(state.runtime_key(thread.number))
-        if thread.last_instance is not None:
-            self._spawn(self._end_threads_on_runtime(state, [thread]))
+        ends = self._ends(state, [thread])
+        if ends:
+            self._spawn(self._send_ends(ends))
 
     # -- reservations -------------------------------------------------------------------------
     def _taken(
@@ -171,7 +174,8 @@ class SessionKeeper:
         return True
 
     async def sweep(self) -> None:
-        """Release expired reservations; end sessions idle beyond the timeout."""
+        """Release expired reservations; end sessions idle beyond the timeout; send again the
+        ends a runtime did not take (proxy/runtimes/notices.py)."""
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         for held in self._reservations.sweep(now_s):
             key, thread = split_runtime_key(held.session)
@@ -184,6 +188,7 @@ class SessionKeeper:
                 continue
             await self._end_on_runtime(state)
             self.end(state, "idle", now_at)
+        await self._pool.resend_ends()
 
     async def _asked(self, state: SessionState) -> bool:
         """``served_elsewhere(state)``; False when the store cannot say (the session ends)."""
@@ -248,14 +253,30 @@ class SessionKeeper:
         return state
 
     async def _end_on_runtime(self, state: SessionState) -> None:
-        """Tell the last instance of each of the session's threads that it ended (its KV
-        may go)."""
-        await self._end_threads_on_runtime(state, list(state.threads.values()))
+        """Tell every instance that served a thread of the session that the thread ended (its
+        entry, KV and accounts there go)."""
+        await self._send_ends(self._ends(state, list(state.threads.values())))
 
-    async def _end_threads_on_runtime(self, state: SessionState, threads: list[Thread]) -> None:
+    @staticmethod
+    def _ends(
+        state: SessionState, threads: list[Thread], skip: tuple[int, str] | None = None
+    ) -> dict[str, list[str]]:
+        """Instance → the runtime keys of ``threads`` it served (``skip``: a thread and the
+        instance that ended it already)."""
+        ends: dict[str, list[str]] = {}
         for thread in threads:
-            if thread.last_instance is not None:
-                await self._pool[thread.last_instance].end_session(state.runtime_key(thread.number))
+            served = set(thread.instances)
+            if thread.last_instance is not None:  # a session taken over: its KV's instance
+                served.add(thread.last_instance)
+            for instance in served:
+                if skip != (thread.number, instance):
+                    ends.setdefault(instance, []).append(state.runtime_key(thread.number))
+        return ends
+
+    async def _send_ends(self, ends: dict[str, list[str]]) -> None:
+        """One request per instance (``RuntimeClient.end_sessions``), all at once."""
+        runtimes = [(self._pool.get(name), keys) for name, keys in ends.items()]
+        await asyncio.gather(*(r.end_sessions(keys) for r, keys in runtimes if r is not None))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in a task of its own (kept until done; a failure is logged)."""

@@ -8,7 +8,7 @@ the proxy, only ``embedded.py`` imports ``talaria.runtime``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Protocol
 
 from talaria.core.status import InstanceStatus
@@ -70,8 +70,14 @@ class RuntimeClient(Protocol):
         """The session's next call is expected in ``expected_gap_s`` seconds (best effort)."""
         ...
 
-    async def end_session(self, session_key: str) -> None:
-        """The session ended: release what it holds on the instance (best effort)."""
+    async def end_sessions(self, session_keys: Sequence[str]) -> None:
+        """These sessions (or threads: their runtime keys) ended: forget everything the
+        instance keeps of them. Never raises; an end the instance does not take is kept and
+        sent again at ``resend_ends``."""
+        ...
+
+    async def resend_ends(self) -> None:
+        """Send again the ends the instance has not taken (the keeper's sweep calls it)."""
         ...
 
     async def session_moved(self, session_key: str) -> None:

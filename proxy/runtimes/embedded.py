@@ -6,7 +6,7 @@ The only module of the proxy that imports ``talaria.runtime``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
@@ -77,9 +77,13 @@ class InProcessRuntime:
         """Pass the tool-gap hint to the node."""
         self._node.hint(session_key, expected_gap_s)
 
-    async def end_session(self, session_key: str) -> None:
-        """End the session on the node (its KV and reservation are released)."""
-        self._node.end_session(session_key)
+    async def end_sessions(self, session_keys: Sequence[str]) -> None:
+        """End the sessions on the node (it forgets them: NodeScheduler.end_session)."""
+        for session_key in session_keys:
+            self._node.end_session(session_key)
+
+    async def resend_ends(self) -> None:
+        """Nothing: an end in this process always arrives."""
 
     async def session_moved(self, session_key: str) -> None:
         """Release what the session holds on the node (its next call went elsewhere)."""

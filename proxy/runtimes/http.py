@@ -3,8 +3,8 @@
 
 Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` comes from a ``StatusCache``
 (status_cache.py: ``status_ttl_s`` fresh, then served while one refresh runs in the
-background). Hints, ends and moves are best effort: a failure is logged, never raised (the call
-path must not fail because a hint got lost). A runtime that fails a call raises
+background). Hints, ends and moves never fail the call path (a failure is logged); an end the
+server does not take is kept and sent again (notices.py). A runtime that fails a call raises
 ``RuntimeUnavailable`` (the gateway answers 503); one that takes no connection raises
 ``RuntimeUnreachable`` (nothing was sent: the call is routed again) and is left out of routing
 at once (``StatusCache.failed``), not only after its status next fails.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -51,12 +51,12 @@ from talaria.core.types import (
     GenerationEvent,
 )
 from talaria.proxy.runtimes.base import RuntimeUnavailable, RuntimeUnreachable
+from talaria.proxy.runtimes.notices import SessionNotices
 from talaria.proxy.runtimes.status_cache import StatusCache
 
 log = logging.getLogger("talaria.proxy.runtimes.http")
 
 CONNECT_TIMEOUT_S = 5.0
-HINT_TIMEOUT_S = 2.0
 STATUS_TIMEOUT_S = 5.0
 """How long a status read may take (``TALARIA_STATUS_TIMEOUT_S``) before the runtime counts
 as down and is left out of routing until it answers again (status_cache.py): a runtime answers
@@ -161,6 +161,8 @@ class HttpRuntime:
         self.status_cache = StatusCache(
             self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s, name=self.name
         )
+        self._notices = SessionNotices(lambda: self._http, lambda: self.name)
+        """Hints, moves and ends, and the ends the server has not taken (notices.py)."""
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -359,31 +361,22 @@ class HttpRuntime:
         except RuntimeUnavailable as exc:
             log.warning("runtime %s: status after %s %s failed: %r", self.name, method, path, exc)
 
-    async def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
-        try:
-            async with self._http.post(
-                path,
-                data=msgspec.json.encode(body or {}),
-                headers=JSON,
-                timeout=aiohttp.ClientTimeout(total=HINT_TIMEOUT_S),
-            ) as answer:
-                answer.raise_for_status()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("runtime %s: %s failed: %s", self.name, path, described(exc))
-
     async def hint(self, session_key: str, expected_gap_s: float) -> None:
-        """Pass the tool-gap hint on (best effort)."""
-        await self._post(
-            f"/v1/runtime/sessions/{session_key}/hint", {"expected_gap_s": expected_gap_s}
-        )
+        """Pass the tool-gap hint on (best effort: notices.py)."""
+        await self._notices.hint(session_key, expected_gap_s)
 
-    async def end_session(self, session_key: str) -> None:
-        """Tell the server the session ended (best effort)."""
-        await self._post(f"/v1/runtime/sessions/{session_key}/end")
+    async def end_sessions(self, session_keys: Sequence[str]) -> None:
+        """Tell the server these sessions ended (what it does not take is sent again by
+        ``resend_ends``: notices.py)."""
+        await self._notices.end(session_keys)
+
+    async def resend_ends(self) -> None:
+        """Send the ends the server did not take again (notices.py)."""
+        await self._notices.resend()
 
     async def session_moved(self, session_key: str) -> None:
         """Tell the server the session moved to another instance (best effort)."""
-        await self._post(f"/v1/runtime/sessions/{session_key}/moved")
+        await self._notices.moved(session_key)
 
     async def close(self) -> None:
         """Stop the status refresh and close the HTTP connections."""

@@ -66,6 +66,14 @@ class RuntimePool:
                 )
         return out
 
+    def get(self, name: str) -> RuntimeClient | None:
+        """The runtime instance called ``name``, if the pool has it."""
+        return self._by_name.get(name)
+
+    async def resend_ends(self) -> None:
+        """Every instance sends again the session ends it has not delivered (all at once)."""
+        await asyncio.gather(*(runtime.resend_ends() for runtime in self.runtimes))
+
     # -- statuses and drains ------------------------------------------------------------------
     async def reachable(self) -> list[str]:
         """The instances whose status answers now."""

@@ -35,6 +35,8 @@ class Thread:
     first: bytes | None
     indexed: dict[Kind, IndexKey] = field(default_factory=dict)
     last_instance: str | None = None
+    instances: set[str] = field(default_factory=set)
+    """Every instance a call of it was routed to: its end goes to each (its KV, its entry)."""
     last_used_s: float = 0.0
     inflight: int = 0
     """Its calls running now (a thread with none may be retired: book.py)."""

@@ -29,3 +29,9 @@ class SchedulerConfig:
     of the session's learned log-normal gap (core/gaps.py ``predict``). 0.95: a hold that a
     calibrated fit's gaps outlast 5 % of the time, below the 4–14 % the mean rule's holds
     expire at on the §12 workloads of docs/results.md (an operator's target, not a fit)."""
+    forget_idle_s: float = 3600.0
+    """A session with no call here for this long (clock seconds), none queued or running and
+    no reservation, is forgotten as if it had ended (its entry, KV and fair-queue account:
+    ``NodeScheduler.end_session``): the backstop for ends that never arrive (a proxy restarted
+    or unreachable meanwhile, a session its book evicted). An hour: six times the proxy's
+    default idle timeout (600 s) and the learned hold's cap (core/gaps.py)."""

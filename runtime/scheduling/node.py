@@ -202,10 +202,11 @@ class NodeScheduler:
         if request.model not in self.engines:
             raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
         now = self._clock.now()
+        self._forget_idle(now)
         self._sessions.arrived(request, now)
         self._loop.release_hold(request.session_key, ReleaseReason.RETURNED)
         fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _: self._sessions.settled(request.session_key))
+        fut.add_done_callback(lambda _: self._settled(request.session_key))
         waiting = WaitingCall(request, now, fut, events)
         self._intake.enqueue(waiting)
         self._signals.poke()
@@ -234,7 +235,7 @@ class NodeScheduler:
             self.memory.drop(key)
         for key in [k for k, s in self._sessions.sessions.items() if s.model == model]:
             self._loop.release_hold(key, ReleaseReason.MOVED)
-            self._sessions.forget(key)
+            self._forget(key)
         del self._engines[model]
         self._intake.close_queue(model)
         self.memory.resize_host_kv(host_weight_bytes)
@@ -243,7 +244,7 @@ class NodeScheduler:
     def hint(self, session_key: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s``."""
         session = self._sessions.get(session_key)
-        if session is not None:
+        if session is not None and not session.ended:
             session.hint_gap_s = expected_gap_s
 
     def session_moved(self, session_key: str) -> None:
@@ -253,14 +254,47 @@ class NodeScheduler:
         self._signals.poke()
 
     def end_session(self, session_key: str) -> None:
-        """The session ended: release its reservation, drop its KV unless a call runs on it,
-        and forget it."""
+        """The session ended: release its reservation and forget it (``_forget``), at once,
+        or when its last call here settles if some are queued or running."""
         self._loop.release_hold(session_key, ReleaseReason.ENDED)
+        session = self._sessions.get(session_key)
+        if session is not None and session.pending:
+            session.ended = True
+        else:
+            self._forget(session_key)
+        self._signals.poke()
+
+    def _forget(self, session_key: str) -> None:
+        """Drop everything the node keeps of the session: its entry (gaps, hints, counts), its
+        fair-queue account, and its KV unless a call still holds it."""
+        self._sessions.forget(session_key)
+        self._intake.accounts.forget_session(session_key)
         entry = self.memory.kv.get(session_key)
         if entry is not None and not entry.pinned:
             self.memory.drop(session_key)
-        self._sessions.forget(session_key)
-        self._signals.poke()
+
+    def _settled(self, session_key: str) -> None:
+        """A call of the session left the node; the last of a session that ended goes."""
+        if self._sessions.settled(session_key) is not None:
+            self._forget(session_key)
+
+    def _forget_idle(self, now_s: float) -> None:
+        """Forget the sessions idle for ``forget_idle_s`` that hold no reservation (the
+        backstop for ends that never came: SchedulerConfig); one that holds one counts as
+        seen now."""
+        live = self._loop.reservations.live
+        for key in self._sessions.expired(now_s, self.config.forget_idle_s):
+            if key in live:
+                self._sessions.touch(key, now_s)
+            else:
+                self._forget(key)
+
+    def session_keys(self) -> set[str]:
+        """Every session key the node keeps something of: a session entry, KV, a reservation
+        or a fair-queue account (a walk of them all: for tests and diagnostics, not the call
+        path)."""
+        kept = set(self._sessions.sessions) | set(self.memory.kv)
+        return kept | set(self.reservations.live) | set(self._intake.accounts.attained)
 
     def waiting_counts(self) -> dict[str, int]:
         """Per model: calls queued."""
@@ -268,6 +302,7 @@ class NodeScheduler:
 
     def status(self) -> InstanceStatus:
         """The snapshot routing reads (core/status.py)."""
+        self._forget_idle(self._clock.now())
         return self._status.status()
 
     def _finished(self, request: CallRequest, result: CallResult) -> None:

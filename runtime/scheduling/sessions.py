@@ -5,10 +5,20 @@ expected gap and KV growth) and of demand (who is in a tool gap and due back).
 
 ``node.NodeScheduler`` owns it and alone changes it; the slot loop and the status reader read
 it through ``SessionsView``.
+
+Nothing here is a scan of every session the node knows (issue 46: the status and the slot
+policy walked them all, so a call's cost grew with the live sessions): the sessions are kept
+in order of their last call here (``expired`` walks only the idle ones), the sessions with a
+call queued or running are counted per model as they come and go, and those in a tool gap
+are an index by the time their last call finished (``GapIndex``: ``in_gap`` visits the
+sessions in a gap within the window, ``live_counts`` reads counters).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,6 +53,10 @@ class NodeSession:
     """Its tenant (``CallRequest.tenant``) and the tenant's weight, as its latest call said."""
     agent: str = ""
     """The kind of agent it is (``CallRequest.agent``), as its latest call said."""
+    last_seen_s: float = 0.0
+    """When its latest call here arrived or finished (clock seconds)."""
+    ended: bool = False
+    """Ended while a call of it was here: forgotten when the last one settles."""
 
     @property
     def population(self) -> tuple[str, str, str]:
@@ -85,19 +99,67 @@ class SessionsView(Protocol):
         ...
 
 
+class GapIndex:
+    """The sessions in a tool gap (nothing queued or running, a call finished), by the time
+    their last call finished: a heap of (finish, entry number, key) whose stale entries are
+    skipped (an entry is live while the key's member entry has its number), and per model
+    how many are members. ``prune(stale_s)`` drops the members that finished before it."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, str]] = []
+        self.members: dict[str, tuple[int, str]] = {}
+        """Key → (its entry number, its model)."""
+        self.counts: dict[str, int] = {}
+        """Model → members."""
+        self._numbers = itertools.count()
+
+    def enter(self, session_key: str, model: str, finished_s: float) -> None:
+        """The session is in a gap since its call finished at ``finished_s``."""
+        self.leave(session_key)
+        number = next(self._numbers)
+        self.members[session_key] = (number, model)
+        self.counts[model] = self.counts.get(model, 0) + 1
+        heapq.heappush(self._heap, (finished_s, number, session_key))
+        if len(self._heap) > 2 * len(self.members) + 1024:  # mostly left entries: compact
+            self._heap = [e for e in self._heap if self.members.get(e[2], (-1,))[0] == e[1]]
+            heapq.heapify(self._heap)
+
+    def leave(self, session_key: str) -> None:
+        """The session is no longer in a gap (a call came, or it ended)."""
+        member = self.members.pop(session_key, None)
+        if member is not None:
+            self.counts[member[1]] -= 1
+
+    def prune(self, stale_s: float) -> None:
+        """Drop the members whose last call finished before ``stale_s``."""
+        heap = self._heap
+        while heap and heap[0][0] < stale_s:
+            _, number, key = heapq.heappop(heap)
+            member = self.members.get(key)
+            if member is not None and member[0] == number:
+                self.leave(key)
+
+
 class NodeSessions:
-    """The sessions of one node by key (``CallRequest.session_key``), in first-seen order."""
+    """The sessions of one node by key (``CallRequest.session_key``), in order of their latest
+    call's arrival or finish here (module docstring)."""
 
     def __init__(self, population: PopulationGaps | None = None) -> None:
-        self.sessions: dict[str, NodeSession] = {}
+        self.sessions: OrderedDict[str, NodeSession] = OrderedDict()
         self.ranks: dict[int, int] = {}
         """Calls that arrived here per class."""
         self.population = population
         """``learned_gaps``: the node's log-normal gap fits by (tenant, model, agent); None:
         off."""
+        self._busy: dict[str, int] = {}
+        """Model → sessions with a call queued or running here."""
+        self._gap = GapIndex()
 
     def __contains__(self, session_key: str) -> bool:
         return session_key in self.sessions
+
+    def __len__(self) -> int:
+        return len(self.sessions)
 
     def get(self, session_key: str) -> NodeSession | None:
         """The session, or None if this node does not know it."""
@@ -109,7 +171,31 @@ class NodeSessions:
 
     def forget(self, session_key: str) -> None:
         """The session ended: drop what the node knew of it."""
-        self.sessions.pop(session_key, None)
+        session = self.sessions.pop(session_key, None)
+        if session is not None and session.pending:
+            self._busy[session.model] -= 1
+        self._gap.leave(session_key)
+
+    def touch(self, session_key: str, now_s: float) -> None:
+        """The session counts as seen at ``now_s`` (it moves to the end of the order)."""
+        session = self.sessions.get(session_key)
+        if session is not None:
+            session.last_seen_s = now_s
+            self.sessions.move_to_end(session_key)
+
+    def expired(self, now_s: float, idle_s: float) -> list[str]:
+        """The sessions with nothing queued or running here and no call for ``idle_s``
+        (``SchedulerConfig.forget_idle_s``), oldest first: a walk of the idle ones only. One
+        with a call here since before is counted as seen now."""
+        idle: list[str] = []
+        busy: list[str] = []
+        for key, session in self.sessions.items():
+            if now_s - session.last_seen_s <= idle_s:
+                break
+            (busy if session.pending else idle).append(key)
+        for key in busy:
+            self.touch(key, now_s)
+        return idle
 
     def arrived(self, request: CallRequest, now_s: float) -> None:
         """A call of the session arrived: observe the gap since its last call ended and the
@@ -123,11 +209,16 @@ class NodeSessions:
                 self.population.observe((request.tenant, request.model, request.agent), gap)
         if session.context_tokens:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
+        if not session.pending:
+            self._busy[session.model] = self._busy.get(session.model, 0) + 1
+            self._gap.leave(request.session_key)
         session.pending += 1
+        session.ended = False
         session.rank = request.priority.rank
         session.tenant, session.tenant_weight = request.tenant, request.tenant_weight
         session.agent = request.agent
         self.ranks[session.rank] = self.ranks.get(session.rank, 0) + 1
+        self.touch(request.session_key, now_s)
 
     def predicted_gap(self, session: NodeSession, quantile: float) -> GapPrediction:
         """``learned_gaps``: the session's learned median gap and hold to ``quantile``
@@ -137,21 +228,33 @@ class NodeSessions:
         fit = population.fit(session.population)
         return predict_session(session.log_gaps, fit, quantile=quantile)
 
-    def settled(self, session_key: str) -> None:
-        """A call of the session left the node (finished, failed or withdrawn)."""
+    def settled(self, session_key: str) -> NodeSession | None:
+        """A call of the session left the node (finished, failed or withdrawn); the session
+        if that was its last call here and it has ended (the caller forgets it)."""
         session = self.sessions.get(session_key)
-        if session is not None and session.pending > 0:
-            session.pending -= 1
+        if session is None or session.pending <= 0:
+            return None
+        session.pending -= 1
+        if session.pending:
+            return None
+        self._busy[session.model] -= 1
+        if session.ended:
+            return session
+        if session.last_finish_s is not None:
+            self._gap.enter(session_key, session.model, session.last_finish_s)
+        return None
 
     def finished(self, result: CallResult) -> NodeSession | None:
-        """Count a finished call (its output and context); None if the session is gone."""
+        """Count a finished call (its output and context); None if the session is gone or
+        has ended."""
         session = self.sessions.get(result.session_key)
-        if session is None:
+        if session is None or session.ended:
             return None
         session.calls += 1
         session.output_tokens += result.output_tokens
         session.context_tokens = result.prompt_tokens + result.output_tokens
         session.last_finish_s = result.finished_s
+        self.touch(result.session_key, result.finished_s)
         return session
 
     def classes_seen(self) -> int:
@@ -160,18 +263,18 @@ class NodeSessions:
 
     def in_gap(self, now_s: float, stale_window_s: float) -> list[NodeSession]:
         """Sessions in a tool gap: nothing queued or running here, their last call ended within
-        ``stale_window_s`` of ``now_s``."""
-        stale = now_s - stale_window_s
-        return [
-            s
-            for s in self.sessions.values()
-            if not s.pending and s.last_finish_s is not None and s.last_finish_s >= stale
-        ]
+        ``stale_window_s`` of ``now_s`` (the node's one window: ``NodeContext.stale_window_s``;
+        those before it leave the index)."""
+        self._gap.prune(now_s - stale_window_s)
+        return [self.sessions[key] for key in self._gap.members]
 
     def live_counts(self, now_s: float, stale_window_s: float) -> dict[str, int]:
-        """Per model: sessions with a call here now, or in a tool gap (``in_gap``)."""
+        """Per model: sessions with a call here now, or in a tool gap (``in_gap``); from
+        counters, not a walk."""
+        self._gap.prune(now_s - stale_window_s)
         live: dict[str, int] = {}
-        pending = [s for s in self.sessions.values() if s.pending]
-        for session in pending + self.in_gap(now_s, stale_window_s):
-            live[session.model] = live.get(session.model, 0) + 1
+        for counts in (self._busy, self._gap.counts):
+            for model, n in counts.items():
+                if n:
+                    live[model] = live.get(model, 0) + n
         return live

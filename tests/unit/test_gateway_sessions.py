@@ -4,7 +4,7 @@ children, and tenants that never share a session or its cached prefix."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -178,13 +178,13 @@ def test_a_final_call_ends_every_thread_of_the_session_on_the_runtime() -> None:
 
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
         runtime = gateway.pool["n0"]
-        real = runtime.end_session
+        real = runtime.end_sessions
 
-        async def spy(key: str) -> None:
-            ended.append(key)
-            await real(key)
+        async def spy(keys: Sequence[str]) -> None:
+            ended.extend(keys)
+            await real(keys)
 
-        runtime.end_session = spy  # type: ignore[method-assign]
+        runtime.end_sessions = spy  # type: ignore[method-assign]
         await (await gateway.open_call(_call(0))).outcome()  # thread 0
         state = gateway.sessions.named("t", "s1")
         assert state is not None

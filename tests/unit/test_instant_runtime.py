@@ -92,7 +92,7 @@ def test_default_output_cap_and_session_forgetting() -> None:
             assert isinstance(head, FirstToken) and isinstance(done, Finished)
             assert done.result.output_tokens == 16
             sources.append(head.kv_source)
-        await runtime.end_session("s1")
+        await runtime.end_sessions(["s1"])
         events = await _events(runtime, _request(9, stream=False))
         assert isinstance(events[0], FirstToken)
         sources.append(events[0].kv_source)

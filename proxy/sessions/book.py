@@ -387,12 +387,15 @@ class SessionBook:
                 self._on_forget(state.runtime_key(number))
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
-        """Sessions with no call in flight and none for ``timeout_s``."""
-        return [
-            s
-            for s in self._sessions.values()
-            if s.inflight == 0 and now_s - s.last_activity_s > timeout_s
-        ]
+        """Sessions with no call in flight and none for ``timeout_s``: the book is in order of
+        last activity (``_touch``), so the walk stops at the first recent one (issue 46)."""
+        found: list[SessionState] = []
+        for state in self._sessions.values():
+            if now_s - state.last_activity_s <= timeout_s:
+                break
+            if state.inflight == 0:
+                found.append(state)
+        return found
 
     def _evict(self) -> None:
         while len(self._sessions) > self._capacity:

@@ -63,6 +63,20 @@ class NodeMemory:
         self._host_kv_bytes = 0.0
         self.peak_hbm_bytes = 0.0
         self.peak_host_kv_bytes = 0.0
+        self._changes: set[str] | None = None
+
+    def watch(self) -> set[str]:
+        """A set that collects, from now on, the key of every session whose KV entry is put,
+        resized, moved or dropped (every key held now to begin with); its reader empties it
+        (node_status.py keeps the status's KV map up to date from it). Without a reader
+        nothing is collected."""
+        if self._changes is None:
+            self._changes = set(self.kv)
+        return self._changes
+
+    def _changed(self, session_key: str) -> None:
+        if self._changes is not None:
+            self._changes.add(session_key)
 
     # -- totals ----------------------------------------------------------------------------
     @property
@@ -142,6 +156,7 @@ class NodeMemory:
             self._add(old, -1)
         self.kv[entry.session_key] = entry
         self._add(entry, +1)
+        self._changed(entry.session_key)
         self._check()
 
     def resize(self, session_key: str, tokens: int, nbytes: float) -> None:
@@ -150,6 +165,7 @@ class NodeMemory:
         self._add(entry, -1)
         entry.tokens, entry.nbytes = tokens, nbytes
         self._add(entry, +1)
+        self._changed(session_key)
         self._check()
 
     def move(self, session_key: str, location: KvLocation) -> None:
@@ -158,6 +174,7 @@ class NodeMemory:
         self._add(entry, -1)
         entry.location = location
         self._add(entry, +1)
+        self._changed(session_key)
         self._check()
 
     def drop(self, session_key: str) -> SessionKv | None:
@@ -165,6 +182,7 @@ class NodeMemory:
         entry = self.kv.pop(session_key, None)
         if entry is not None:
             self._add(entry, -1)
+            self._changed(session_key)
         return entry
 
     def evictable(self, location: KvLocation, model: str | None = None) -> list[SessionKv]:

@@ -27,6 +27,8 @@ Memory held, per release with a time: the budget, ``held_bytes`` × (min(release
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -267,6 +269,10 @@ class SessionReservations:
 
     def __init__(self) -> None:
         self._sessions: dict[str, _Tracked] = {}
+        self._expiries: list[tuple[float, str, int, SoftReservation]] = []
+        """(expiry, session, number, reservation) of each reservation taken: ``sweep`` pops the
+        expired ones (a released or replaced one is skipped then), so it walks no live ones."""
+        self._taken = itertools.count()
 
     def __contains__(self, session: object) -> bool:
         """Whether the book holds anything of ``session`` (learned gaps, a reservation)."""
@@ -372,18 +378,27 @@ class SessionReservations:
         )
         assert plan is not None  # no deadline: always planned
         tracked.held = SoftReservation(session, instance, now_s, gap, plan.expires_s)
+        heapq.heappush(self._expiries, (plan.expires_s, session, next(self._taken), tracked.held))
+        if len(self._expiries) > 2 * len(self._sessions) + 1024:  # mostly released: compact
+            self._expiries = [e for e in self._expiries if self._holds(e[3])]
+            heapq.heapify(self._expiries)
         return tracked.held
+
+    def _holds(self, held: SoftReservation) -> bool:
+        tracked = self._sessions.get(held.session)
+        return tracked is not None and tracked.held is held
 
     # -- expiry and ends --------------------------------------------------------------------
     def sweep(self, now_s: float) -> list[SoftReservation]:
         """Release the reservations past their expiry at ``now_s``; returns them (by expiry,
-        then session)."""
-        expired = [
-            t.held for t in self._sessions.values() if t.held is not None and not t.held.live(now_s)
-        ]
-        for held in expired:
-            self._sessions[held.session].held = None
-        return sorted(expired, key=lambda h: (h.expires_s, h.session))
+        then session). A walk of the expired ones only (issue 46)."""
+        expired = []
+        while self._expiries and not self._expiries[0][3].live(now_s):
+            held = heapq.heappop(self._expiries)[3]
+            if self._holds(held):
+                self._sessions[held.session].held = None
+                expired.append(held)
+        return expired
 
     def end(self, session: str) -> SoftReservation | None:
         """The session ended (or this process no longer serves it): forget it; returns the

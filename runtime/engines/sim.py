@@ -116,8 +116,8 @@ class SimEngine:
         """The weights fit in HBM once idle KV is evicted (staged weights are already in)."""
         if self._active or self.staging:
             return True
-        idle = self._kv.idle_hbm_bytes()
-        return self._memory.hbm_free_bytes() + idle >= self._spec.weight_bytes
+        short = self._spec.weight_bytes - self._memory.hbm_free_bytes()
+        return self._kv.idle_hbm_bytes(short) >= short
 
     # -- admission -------------------------------------------------------------------------
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:

@@ -38,9 +38,10 @@ class SimKv:
         self._host_kv = host_kv
         self._block = cost.profile.block_tokens
 
-    def idle_hbm_bytes(self) -> float:
-        """HBM that evicting every idle session's KV would free (of every model on the node)."""
-        return sum(e.nbytes for e in self._memory.evictable(KvLocation.HBM))
+    def idle_hbm_bytes(self, enough_bytes: float = float("inf")) -> float:
+        """HBM that evicting idle sessions' KV (of every model on the node) would free: all of
+        it, or as soon as it reaches ``enough_bytes`` (a walk of those only)."""
+        return sum(e.nbytes for e in self._memory.take_evictable(KvLocation.HBM, enough_bytes))
 
     def reuse(self, request: CallRequest) -> tuple[KvSource, int, SessionKv | None]:
         """Where the call's prefix comes from, how many tokens of it are reused, and the
@@ -88,8 +89,9 @@ class SimKv:
         (never that of the sessions in ``keep``: the call's own and a child's parent's);
         returns the bytes offloaded to host (a PCIe transfer the caller waits for), or None if
         it cannot fit."""
-        victims = [e for e in self._memory.evictable(KvLocation.HBM) if e.session_key not in keep]
-        if self._memory.hbm_free_bytes() + sum(v.nbytes for v in victims) < need:
+        short = need - self._memory.hbm_free_bytes()
+        victims = self._memory.take_evictable(KvLocation.HBM, short, keep)
+        if sum(v.nbytes for v in victims) < short:
             return None
         offloaded = 0.0
         for victim in victims:
@@ -107,7 +109,8 @@ class SimKv:
         never)."""
         if nbytes > self._memory.host_kv_capacity_bytes:
             return False
-        for old in self._memory.evictable(KvLocation.HOST):
+        short = nbytes - self._memory.host_free_bytes()
+        for old in self._memory.take_evictable(KvLocation.HOST, short):
             if self._memory.host_free_bytes() >= nbytes:
                 break
             self._memory.drop(old.session_key)

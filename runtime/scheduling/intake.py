@@ -187,16 +187,16 @@ class Intake:
         holds = None
         if self.context.flags.fair_queue:
             holds = self._holds_at_least(rank)
-        evictable = sum(
-            e.nbytes
-            for e in memory.evictable(KvLocation.HBM)
-            if e.session_key != request.session_key
-        )
+        needed = engine.needed_bytes(request)
+        free = memory.hbm_free_bytes() + sum(memory.staged.values())
+        reserved = view.held_bytes(request.session_key, holds)
+        short = needed - free + reserved  # the idle KV it needs: a walk of that much only
+        victims = memory.take_evictable(KvLocation.HBM, short, (request.session_key,))
         return fits_memory(
-            needed_bytes=engine.needed_bytes(request),
-            free_bytes=memory.hbm_free_bytes() + sum(memory.staged.values()),
-            evictable_bytes=evictable,
-            reserved_bytes=view.held_bytes(request.session_key, holds),
+            needed_bytes=needed,
+            free_bytes=free,
+            evictable_bytes=sum(e.nbytes for e in victims),
+            reserved_bytes=reserved,
         )
 
     def _holds_at_least(self, rank: int) -> Callable[[str], bool]:

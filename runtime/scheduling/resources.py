@@ -12,10 +12,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from asyncio import CancelledError, Event, Future, get_running_loop
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 
 from talaria.core.clock import Clock
+from talaria.runtime.scheduling.eviction import EvictionOrder
 
 
 class CapacityError(RuntimeError):
@@ -64,6 +66,7 @@ class NodeMemory:
         self.peak_hbm_bytes = 0.0
         self.peak_host_kv_bytes = 0.0
         self._changes: set[str] | None = None
+        self._order = EvictionOrder()
 
     def watch(self) -> set[str]:
         """A set that collects, from now on, the key of every session whose KV entry is put,
@@ -116,7 +119,8 @@ class NodeMemory:
         weight copy arrives); shrinking drops the least recently used unpinned host KV until
         the tier fits (``CapacityError`` if pinned KV alone exceeds it)."""
         self.host_kv_capacity_bytes = max(0.0, self.host_kv_capacity_bytes + delta_bytes)
-        for entry in self.evictable(KvLocation.HOST):
+        over = self._host_kv_bytes - self.host_kv_capacity_bytes
+        for entry in self.take_evictable(KvLocation.HOST, over):
             if self._host_kv_bytes <= self.host_kv_capacity_bytes:
                 break
             self.drop(entry.session_key)
@@ -157,6 +161,7 @@ class NodeMemory:
         self.kv[entry.session_key] = entry
         self._add(entry, +1)
         self._changed(entry.session_key)
+        self._order.queue(entry)
         self._check()
 
     def resize(self, session_key: str, tokens: int, nbytes: float) -> None:
@@ -175,6 +180,7 @@ class NodeMemory:
         entry.location = location
         self._add(entry, +1)
         self._changed(session_key)
+        self._order.queue(entry)
         self._check()
 
     def drop(self, session_key: str) -> SessionKv | None:
@@ -185,9 +191,19 @@ class NodeMemory:
             self._changed(session_key)
         return entry
 
+    def take_evictable(
+        self, location: KvLocation, enough_bytes: float, keep: Collection[str | None] = ()
+    ) -> list[SessionKv]:
+        """The first entries of ``evictable(location)`` (but those of ``keep``) whose bytes
+        reach ``enough_bytes``, or all of them if they never do; none for ``enough_bytes``
+        ≤ 0. It walks only those and the pinned ones before them (eviction.py), where
+        ``evictable`` sorts every entry: what admission and eviction ask."""
+        return self._order.take(location, self.kv, enough_bytes, keep)
+
     def evictable(self, location: KvLocation, model: str | None = None) -> list[SessionKv]:
         """Unpinned entries in ``location`` (of ``model`` if given) in eviction order: the
-        lowest class first (the highest ``rank``), then least recently used first."""
+        lowest class first (the highest ``rank``), then least recently used first (a sort of
+        every entry: ``take_evictable`` walks only the first)."""
         found = [
             e
             for e in self.kv.values()

@@ -23,7 +23,7 @@ from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import KvLocation
+from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.sessions import NodeSessions
 
 GLM = "glm-4.5-fp8"
@@ -189,3 +189,55 @@ def test_live_counts_and_the_gap_index_match_a_walk(ops: list[tuple[str, int, in
             for k, (_, pending, finished) in walked.sessions.items()
             if not pending and finished is not None and finished >= now - window  # type: ignore[operator]
         }
+
+
+# -- the eviction order against a sort of every entry -------------------------------------------
+MEMORY_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "move", "drop", "pin", "unpin", "use", "take"]),
+        st.integers(0, 7),
+        st.integers(0, 2),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(MEMORY_OPS)
+def test_take_evictable_is_the_head_of_the_full_eviction_order(
+    ops: list[tuple[str, int, int]],
+) -> None:
+    """For any puts, moves, drops, pins and uses (the engines and holds change ``pins`` and
+    ``last_used_s`` in place), ``take_evictable`` returns the first entries of
+    ``evictable``'s sorted order whose bytes reach the amount asked, or all of them."""
+    memory = NodeMemory(1e12, 1e12)
+    now = 0.0
+    for op, i, k in ops:
+        key = f"s{i}"
+        now += 1.0
+        entry = memory.kv.get(key)
+        if op == "put":
+            where = KvLocation.HBM if k else KvLocation.HOST
+            memory.put(SessionKv(key, GLM, 10, 1.0 + i, where, now, rank=k))
+        elif entry is not None and op == "move":
+            other = KvLocation.HOST if entry.location is KvLocation.HBM else KvLocation.HBM
+            memory.move(key, other)
+        elif entry is not None and op == "drop":
+            memory.drop(key)
+        elif entry is not None and op == "pin":
+            entry.pins += 1
+        elif entry is not None and op == "unpin" and entry.pins:
+            entry.pins -= 1
+        elif entry is not None and op == "use":
+            entry.last_used_s = now
+        for where in KvLocation:
+            order = memory.evictable(where)
+            enough = float(k * 4 + i)
+            taken = memory.take_evictable(where, enough, keep=("s0",))
+            whole = [e for e in order if e.session_key != "s0"]
+            prefix: list[SessionKv] = []
+            for e in whole:
+                if sum(p.nbytes for p in prefix) >= enough:
+                    break
+                prefix.append(e)
+            assert taken == prefix

@@ -250,7 +250,7 @@ def time_sweep(live: int) -> dict[str, float]:
     reservations = SessionReservations()
     for state in book:
         reservations.finished(state.key, "n0", 0.0, final=False, asks_tools=True, hint_s=1e9)
-    idle_s = _median_s(lambda: book.idle(float(live), 600.0), 21)
+    idle_s = _median_s(lambda: book.idle(float(live), float(live) + 600.0), 21)  # none idle
     sweep_s = _median_s(lambda: reservations.sweep(float(live)), 21)
     return {"idle_ms": round(idle_s * 1e3, 3), "reservations_sweep_ms": round(sweep_s * 1e3, 3)}
 

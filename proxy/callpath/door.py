@@ -111,11 +111,12 @@ def _identify(request: Request, ctx: ProxyContext, body: Any) -> Identified:
 
 
 def _share(request: Request, tenant: str, identity: Identity) -> Share:
-    """The call's terms in the node's fair queue: its key's (``read_body``'s caller), its
-    headers' class over the key's, its headers' deadline."""
+    """The call's terms in the node's fair queue: its key's weight (``read_body``'s caller),
+    the class its headers ask within the key's ceiling (``Caller.served``: lower than the
+    key's, never higher than ``--max-priority``), its headers' deadline."""
     caller: Caller | None = getattr(request.state, "caller", None)
-    key = caller.share if caller is not None and caller.tenant_id == tenant else Share()
-    return Share(identity.priority or key.priority, key.weight, identity.deadline_s)
+    key = caller if caller is not None and caller.tenant_id == tenant else Caller(tenant)
+    return Share(key.served(identity.priority), key.share.weight, identity.deadline_s)
 
 
 def _limits(request: Request, tenant: str) -> RateLimits | None:

@@ -103,11 +103,16 @@ def _sources(ctx: ProxyContext) -> tuple[Source, ...]:
 
 
 def _identify(request: Request, ctx: ProxyContext, body: Any) -> Identified:
+    """The request's identity; its tool-gap hint counted as at most ``max_hint_gap_s``
+    (``TALARIA_MAX_HINT_GAP_S``: a longer claim holds no longer, here or on the node)."""
     try:
         found = identify(request.headers, body if isinstance(body, dict) else {}, _sources(ctx))
-        return Identified(found)
     except IdentityError as exc:
         return Identified(None, ApiError(400, str(exc), param=exc.field, code=exc.code))
+    cap_s = ctx.settings.max_hint_gap_s
+    if found.tool_gap_hint_s is not None and found.tool_gap_hint_s > cap_s:
+        found = replace(found, tool_gap_hint_s=cap_s)
+    return Identified(found)
 
 
 def _share(request: Request, tenant: str, identity: Identity) -> Share:

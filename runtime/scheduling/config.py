@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
+from talaria.runtime.scheduling.hold_caps import STALE_HOLD_GAPS
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -29,3 +32,9 @@ class SchedulerConfig:
     of the session's learned log-normal gap (core/gaps.py ``predict``). 0.95: a hold that a
     calibrated fit's gaps outlast 5 % of the time, below the 4–14 % the mean rule's holds
     expire at on the §12 workloads of docs/results.md (an operator's target, not a fit)."""
+    max_hint_gap_s: float = DEFAULT_MAX_HINT_GAP_S
+    """The longest tool gap a client's hint may claim, clock seconds (a longer one counts as
+    this): 240 s, core/reservations.py ``DEFAULT_MAX_HINT_GAP_S`` says why."""
+    stale_hold_gaps: float = STALE_HOLD_GAPS
+    """A soft reservation held past this many mean gaps of its session yields its memory to
+    another tenant's call that needs it (hold_caps.py says why 4)."""

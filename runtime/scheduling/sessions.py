@@ -84,6 +84,10 @@ class SessionsView(Protocol):
         """Per model: live sessions (``NodeSessions.live_counts``)."""
         ...
 
+    def tenant_weights(self, now_s: float, stale_window_s: float) -> dict[str, float]:
+        """Per tenant with a live session: its weight (``NodeSessions.tenant_weights``)."""
+        ...
+
 
 class NodeSessions:
     """The sessions of one node by key (``CallRequest.session_key``), in first-seen order."""
@@ -175,3 +179,12 @@ class NodeSessions:
         for session in pending + self.in_gap(now_s, stale_window_s):
             live[session.model] = live.get(session.model, 0) + 1
         return live
+
+    def tenant_weights(self, now_s: float, stale_window_s: float) -> dict[str, float]:
+        """Per tenant with a session that has a call here now or is in a tool gap
+        (``in_gap``): its weight, as its latest session's call said."""
+        weights: dict[str, float] = {}
+        pending = [s for s in self.sessions.values() if s.pending]
+        for session in pending + self.in_gap(now_s, stale_window_s):
+            weights[session.tenant] = session.tenant_weight
+        return weights

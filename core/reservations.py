@@ -35,6 +35,11 @@ from enum import StrEnum
 
 DEFAULT_GAP_PRIOR_S = 3.2
 """docs/sources.md §2: the fitted tool-gap mixture has mean ≈ 3.2 s."""
+DEFAULT_MAX_HINT_GAP_S = 240.0
+"""The longest tool gap a client's hint may claim (a longer one counts as this): above the p99
+of real coding-agent tool calls, 3.6 min (TraceLab, docs/sources.md §2), in whole minutes. A
+hinted hold then expires within 2 × 240 s = 8 min, before the 600 s idle timeout ends the
+session."""
 
 
 class ReleaseReason(StrEnum):
@@ -45,6 +50,8 @@ class ReleaseReason(StrEnum):
     EXPIRED = "expired"
     SLOT_CLOSED = "slot-closed"
     MOVED = "moved"  # the session's next call went to another instance
+    OVER_SHARE = "over-share"  # another tenant's call needed the memory past its tenant's share
+    STALE = "stale"  # another tenant's call needed the memory; held past a few mean gaps
 
 
 @dataclass

@@ -44,13 +44,17 @@ class HintRequest(BaseModel):
     openapi_extra=request_body(HintRequest),
 )
 async def session_hint(session_id: str, request: Request) -> Response:
-    """The session is running a tool now, for about ``expected_s``: its reservation and
-    routing take the hint (404 when no live session has that id)."""
+    """The session is running a tool now, for about ``expected_s`` (counted as at most
+    ``TALARIA_MAX_HINT_GAP_S``): its reservation and routing take the hint (404 when no live
+    session has that id)."""
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
     raw = await read_json(request, ctx.settings.max_request_bytes)
     hint = parse(HintRequest, raw)
-    known = await ctx.gateway.keeper.hint(session_id, tenant, hint.seconds(), hint.tool)
+    expected_s = hint.seconds()
+    if expected_s is not None:
+        expected_s = min(expected_s, ctx.settings.max_hint_gap_s)
+    known = await ctx.gateway.keeper.hint(session_id, tenant, expected_s, hint.tool)
     if not known:
         await ask_peers(request, ctx, raw, lambda status, _: status == 200)
         raise ApiError(404, f"No live session {session_id!r}.", code="session_not_found")

@@ -103,19 +103,25 @@ def _sources(ctx: ProxyContext) -> tuple[Source, ...]:
 
 
 def _identify(request: Request, ctx: ProxyContext, body: Any) -> Identified:
+    """The request's identity; its tool-gap hint counted as at most ``max_hint_gap_s``
+    (``TALARIA_MAX_HINT_GAP_S``: a longer claim holds no longer, here or on the node)."""
     try:
         found = identify(request.headers, body if isinstance(body, dict) else {}, _sources(ctx))
-        return Identified(found)
     except IdentityError as exc:
         return Identified(None, ApiError(400, str(exc), param=exc.field, code=exc.code))
+    cap_s = ctx.settings.max_hint_gap_s
+    if found.tool_gap_hint_s is not None and found.tool_gap_hint_s > cap_s:
+        found = replace(found, tool_gap_hint_s=cap_s)
+    return Identified(found)
 
 
 def _share(request: Request, tenant: str, identity: Identity) -> Share:
-    """The call's terms in the node's fair queue: its key's (``read_body``'s caller), its
-    headers' class over the key's, its headers' deadline."""
+    """The call's terms in the node's fair queue: its key's weight (``read_body``'s caller),
+    the class its headers ask within the key's ceiling (``Caller.served``: lower than the
+    key's, never higher than ``--max-priority``), its headers' deadline."""
     caller: Caller | None = getattr(request.state, "caller", None)
-    key = caller.share if caller is not None and caller.tenant_id == tenant else Share()
-    return Share(identity.priority or key.priority, key.weight, identity.deadline_s)
+    key = caller if caller is not None and caller.tenant_id == tenant else Caller(tenant)
+    return Share(key.served(identity.priority), key.share.weight, identity.deadline_s)
 
 
 def _limits(request: Request, tenant: str) -> RateLimits | None:

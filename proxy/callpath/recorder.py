@@ -256,5 +256,7 @@ def _call_record(
         thread=found.thread,
         drift_at=found.drift_at,
         normalised=list(call.normalised.parts) if call.normalised is not None else None,
+        priority_asked=asked.value if (asked := call.identity.priority) is not None else None,
+        priority_served=call.share.priority.value,
         **outcome,
     )

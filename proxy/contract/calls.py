@@ -53,8 +53,8 @@ class Share:
     ``tenant_weight`` and ``deadline_s``): its class, its tenant's share weight (in (0,
     ``core.protocol.MAX_TENANT_WEIGHT``]) and the wall seconds after its arrival by which its
     caller wants it done (None: no deadline). An API key's defaults are a ``Share`` without a
-    deadline; a call's headers override its class and name its deadline
-    (proxy/sessions/identity.py)."""
+    deadline; a call's headers may lower its class (never past the key's ceiling:
+    ``Caller.served``) and name its deadline (proxy/sessions/identity.py)."""
 
     priority: Priority = Priority.STANDARD
     weight: float = 1.0
@@ -75,16 +75,32 @@ class RateLimits:
 @dataclass(frozen=True)
 class Caller:
     """Who sends a call, as its API key says (proxy/callpath/auth.py): its tenant, the share
-    its calls get unless their headers say otherwise (``talaria keys create --priority
+    its calls get unless their headers ask a lower class (``talaria keys create --priority
     --weight``; ``TALARIA_API_KEYS`` and open mode: ``standard``, weight 1), its key's rate
-    limits (None: a key without any, ``TALARIA_API_KEYS`` and open mode), and whether the
+    limits (None: a key without any, ``TALARIA_API_KEYS`` and open mode), whether the
     engine gets its calls' prompts normalised (``--normalise-prompts`` /
-    ``--no-normalise-prompts``; None: as ``TALARIA_NORMALISE_PROMPTS`` says)."""
+    ``--no-normalise-prompts``; None: as ``TALARIA_NORMALISE_PROMPTS`` says), and the highest
+    class its calls may ask for (``--max-priority``; None: the key's own priority)."""
 
     tenant_id: str
     share: Share = Share()
     limits: RateLimits | None = None
     normalise_prompts: bool | None = None
+    max_priority: Priority | None = None
+
+    @property
+    def ceiling(self) -> Priority:
+        """The highest class its calls are served in: ``max_priority``, else its key's."""
+        return self.max_priority if self.max_priority is not None else self.share.priority
+
+    def served(self, asked: Priority | None) -> Priority:
+        """The class a call of this caller is served in: the class its ``X-Talaria-Priority``
+        header asked (None: none), never above :attr:`ceiling` (a header may lower the key's
+        class, never raise it past what the operator granted); without a header, the key's
+        own class."""
+        if asked is None:
+            return self.share.priority
+        return asked if asked.rank >= self.ceiling.rank else self.ceiling
 
 
 @dataclass(frozen=True)
@@ -120,7 +136,8 @@ class PreparedCall:
     format_param: str = "response_format"
     """Where the dialect carries a response format (``ApiCall.format_param``)."""
     share: Share = Share()
-    """Its terms in the node's fair queue: its key's, its headers' over them."""
+    """Its terms in the node's fair queue: its key's, its headers' within them (the class:
+    ``Caller.served``)."""
     on_finished: Callable[[CallOutcome], None] | None = None
     """Told the call's outcome when it finishes (its key's rate limits count its tokens:
     proxy/callpath/limiter.py); not when it fails or is cancelled."""

@@ -84,6 +84,11 @@ class CallRecord:
     (unless the switch was off for it) before the engine got it: the names of
     proxy/sessions/normalise.py's rows (``claude-code-attribution``, ``operator-<n>``); None:
     none."""
+    priority_asked: str | None = None
+    """The class its ``X-Talaria-Priority`` header asked (None: it sent none)."""
+    priority_served: str | None = None
+    """The class it was sent to the node in: the asked one within its key's ceiling, else
+    the key's own (``Caller.served``); None for a call recorded before migration 0015."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from talaria.core.body_deadline import BODY_TIMEOUT_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
 from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS
+from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
 
 MIN_SECRET_CHARS = 32
 """The shortest ``TALARIA_CLUSTER_SECRET`` accepted (the replicas sign their forwards with it:
@@ -163,6 +164,14 @@ class ProxySettings(BaseSettings):
     # sessions and stored responses
     session_idle_timeout_s: float = Field(
         600.0, gt=0, description="A session with no call for this long ends (wall seconds)"
+    )
+    max_hint_gap_s: float = Field(
+        DEFAULT_MAX_HINT_GAP_S,
+        gt=0,
+        description="The longest tool gap a client's hint may claim (X-Talaria-Tool-Gap-Ms, "
+        "the hint route): a longer one counts as this, for the proxy's reservation and the "
+        "node's (wall seconds; 240: above the p99 real coding-agent tool call, 3.6 min, "
+        "docs/sources.md §2)",
     )
     sim_tool_calls: int = Field(
         3, ge=0, description="Simulated engines answer after this many tool calls of a conversation"

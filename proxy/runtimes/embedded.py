@@ -100,7 +100,8 @@ def build_embedded(
     """``settings.nodes`` simulated nodes (``node0``, ``node1``, ...) of the configured server,
     profile, models and policy, each behind an ``InProcessRuntime``."""
     flags = policy_flags(settings.policy)
-    config = SchedulerConfig(quantum_s=settings.quantum_s)
+    hint_cap_s = settings.max_hint_gap_s * settings.time_scale  # wall → the clock's seconds
+    config = SchedulerConfig(quantum_s=settings.quantum_s, max_hint_gap_s=hint_cap_s)
     setup = NodeSetup(settings.server, settings.profile, tuple(settings.models))
     replies = ReplyPolicy(tool_calls_before_answer=settings.sim_tool_calls)
     return [

@@ -35,11 +35,12 @@ of its ``User-Agent`` (``claude-cli``, ``codex_cli_rs``, ...), else where its se
 from.
 
 Hints: ``X-Talaria-Tool-Gap-Ms`` (tool time expected after this call; finite, 0 to
-``MAX_TOOL_GAP_S``), ``X-Talaria-Session-Final: true`` (or ``X-Dynamo-Session-Final``): the
-session ends with this call. The call's terms in the node's fair queue:
-``X-Talaria-Priority`` (``interactive``, ``standard`` or ``batch``, any case; over the API
-key's default) and ``X-Talaria-Deadline-S`` (seconds after its arrival by which it should be
-done; finite, above 0, at most ``MAX_DEADLINE_S``).
+``MAX_TOOL_GAP_S``; the door counts a hint as at most ``TALARIA_MAX_HINT_GAP_S``, 240 s),
+``X-Talaria-Session-Final: true`` (or ``X-Dynamo-Session-Final``): the session ends with this
+call. The call's terms in the node's fair queue: ``X-Talaria-Priority`` (``interactive``,
+``standard`` or ``batch``, any case; within the API key's ceiling: proxy/contract/calls.py
+``Caller.served``) and ``X-Talaria-Deadline-S`` (seconds after its arrival by which it should
+be done; finite, above 0, at most ``MAX_DEADLINE_S``).
 """
 
 from __future__ import annotations

@@ -87,9 +87,10 @@ class Tenant(Base):
 
 class ApiKey(Base):
     """An API key: only the SHA-256 hex of the plaintext is kept, plus its first 8 characters;
-    with the priority its calls get unless a header says otherwise and its tenant's share
-    weight in the node's fair queue (``talaria keys create --priority --weight``), its rate
-    limits (``--rpm --tpm``) and its prompt normalisation switch."""
+    with the priority its calls get unless a header asks a lower one, the highest a header may
+    ask (``max_priority``) and its tenant's share weight in the node's fair queue (``talaria
+    keys create --priority --max-priority --weight``), its rate limits (``--rpm --tpm``) and
+    its prompt normalisation switch."""
 
     __tablename__ = "api_keys"
 
@@ -103,11 +104,14 @@ class ApiKey(Base):
     weight: Mapped[float] = mapped_column(Float, server_default=text("1.0"))
     rpm: Mapped[int | None] = mapped_column(Integer)
     """Calls per minute (``--rpm``); None: no limit."""
-    tpm: Mapped[int | None] = mapped_column(Integer)
+    tpm: Mapped[int | None] = mapped_column(BigInteger)
     """Prompt + output tokens per minute (``--tpm``); None: no limit."""
     normalise_prompts: Mapped[bool | None] = mapped_column(Boolean)
     """Whether the engine gets its calls' prompts normalised (``--normalise-prompts`` /
     ``--no-normalise-prompts``); None: as ``TALARIA_NORMALISE_PROMPTS`` says."""
+    max_priority: Mapped[str | None] = mapped_column(String)
+    """The highest class its calls' ``X-Talaria-Priority`` may ask (``--max-priority``);
+    None: its own ``priority``."""
 
 
 class KeyUsage(Base):
@@ -147,9 +151,9 @@ class SessionRow(Base):
     ended_at: Mapped[datetime | None]
     end_reason: Mapped[str | None] = mapped_column(String)
     calls: Mapped[int] = mapped_column(Integer)
-    prompt_tokens: Mapped[int] = mapped_column(Integer)
-    cached_tokens: Mapped[int] = mapped_column(Integer)
-    output_tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
 
 
 class CallRow(Base):
@@ -179,9 +183,9 @@ class CallRow(Base):
     engine_queue_s: Mapped[float | None] = mapped_column(Float)
     engine_prefill_s: Mapped[float | None] = mapped_column(Float)
     engine_decode_s: Mapped[float | None] = mapped_column(Float)
-    prompt_tokens: Mapped[int] = mapped_column(Integer)
-    cached_tokens: Mapped[int] = mapped_column(Integer)
-    output_tokens: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger)
+    cached_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
     finish_reason: Mapped[str | None] = mapped_column(String)
     kv_source: Mapped[str | None] = mapped_column(String)
     stream: Mapped[bool] = mapped_column(Boolean)
@@ -192,6 +196,8 @@ class CallRow(Base):
     thread: Mapped[int | None] = mapped_column(Integer)
     drift_at: Mapped[int | None] = mapped_column(Integer)
     normalised: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True))
+    priority_asked: Mapped[str | None] = mapped_column(String)
+    priority_served: Mapped[str | None] = mapped_column(String)
 
 
 class DecisionRow(Base):

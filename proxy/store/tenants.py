@@ -1,9 +1,9 @@
 """``TenantTables``: tenants and their API keys (``tenants``, ``api_keys``). Only a key's
 SHA-256 and its first 8 characters are stored; the plaintext is returned once, at creation.
-A key also holds its calls' default priority, its tenant's share weight, its rate limits
-(calls and tokens per minute) and whether the engine gets its calls' prompts normalised (None:
-as the server says). proxy/callpath/auth.py checks keys against them, ``talaria
-keys`` (talaria/cli/keys.py) manages them."""
+A key also holds its calls' default priority and the highest they may ask for, its tenant's
+share weight, its rate limits (calls and tokens per minute) and whether the engine gets its
+calls' prompts normalised (None: as the server says). proxy/callpath/auth.py checks keys
+against them, ``talaria keys`` (talaria/cli/keys.py) manages them."""
 
 from __future__ import annotations
 
@@ -46,8 +46,25 @@ def key_share(priority: str = Priority.STANDARD, weight: float = 1.0) -> Share:
     return Share(known, float(weight))
 
 
+def key_ceiling(priority: str, max_priority: str | None) -> Priority | None:
+    """A key's ``--max-priority`` as given (any case): None (the key's own ``priority`` is
+    its ceiling) or a class at least as high as ``priority``; ``ValueError`` naming the fault
+    for an unknown class or one below the key's own (its default would pass its ceiling)."""
+    if max_priority is None:
+        return None
+    ceiling = key_share(max_priority).priority
+    own = key_share(priority).priority
+    if ceiling.rank > own.rank:
+        raise ValueError(
+            f"max priority {ceiling.value!r} is below the key's own priority {own.value!r}: "
+            "give a class at least as high, or leave it out"
+        )
+    return ceiling
+
+
 MAX_RATE_LIMIT = 2**31 - 1
-"""The largest ``--rpm`` or ``--tpm`` (the columns are 32-bit integers)."""
+"""The largest ``--rpm`` or ``--tpm`` (``rpm``'s column is a 32-bit integer; ``tpm``'s is
+64-bit since migration 0015, and keeps the same bound)."""
 
 
 def key_limit(name: str, value: int | None) -> int | None:
@@ -61,6 +78,14 @@ def key_limit(name: str, value: int | None) -> int | None:
             "leave it out for no limit"
         )
     return value
+
+
+def _stored_priority(value: str | None) -> Priority | None:
+    """A class as the store holds it; None for none, or one this version does not know."""
+    try:
+        return None if value is None else Priority(value)
+    except ValueError:
+        return None
 
 
 class TenantTables(TableGroup):
@@ -93,15 +118,18 @@ class TenantTables(TableGroup):
         rpm: int | None = None,
         tpm: int | None = None,
         normalise_prompts: bool | None = None,
+        max_priority: str | None = None,
     ) -> str:
-        """A new key for ``tenant_id`` whose calls are ``priority`` unless a header says
-        otherwise, its tenant weighing ``weight`` in the node's fair queue, limited to ``rpm``
-        calls and ``tpm`` tokens a minute (None: not limited), its calls' prompts normalised
-        for the engine or not (``normalise_prompts``; None: as the server says): the plaintext
-        is returned here, once; only its hash is stored. ``ValueError`` if the tenant does not
-        exist, or the priority, weight or a limit is not one (:func:`key_share`,
-        :func:`key_limit`)."""
+        """A new key for ``tenant_id`` whose calls are ``priority`` unless a header asks
+        another class no higher than ``max_priority`` (None: ``priority`` itself), its tenant
+        weighing ``weight`` in the node's fair queue, limited to ``rpm`` calls and ``tpm``
+        tokens a minute (None: not limited), its calls' prompts normalised for the engine or
+        not (``normalise_prompts``; None: as the server says): the plaintext is returned here,
+        once; only its hash is stored. ``ValueError`` if the tenant does not exist, or the
+        priority, ceiling, weight or a limit is not one (:func:`key_share`,
+        :func:`key_ceiling`, :func:`key_limit`)."""
         share = key_share(priority, weight)
+        ceiling = key_ceiling(priority, max_priority)
         rpm, tpm = key_limit("rpm", rpm), key_limit("tpm", tpm)
         plaintext = API_KEY_PREFIX + secrets.token_urlsafe(32)
         async with self._sessionmaker() as db, db.begin():
@@ -120,6 +148,7 @@ class TenantTables(TableGroup):
                     rpm=rpm,
                     tpm=tpm,
                     normalise_prompts=normalise_prompts,
+                    max_priority=None if ceiling is None else ceiling.value,
                 )
             )
         return plaintext
@@ -132,23 +161,25 @@ class TenantTables(TableGroup):
     async def caller_for_key(self, plaintext: str) -> Caller | None:
         """The caller of an unrevoked key: its tenant, with the key's priority and weight
         (a priority the store holds but this version does not know reads as ``standard``),
-        its rate limits (None when it has neither) and its prompt normalisation switch; None
-        if there is no such key."""
-        columns = (ApiKey.id, ApiKey.tenant_id, ApiKey.priority, ApiKey.weight)
-        query = select(*columns, ApiKey.rpm, ApiKey.tpm, ApiKey.normalise_prompts).where(
-            ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None)
-        )
+        its rate limits (None when it has neither), its prompt normalisation switch and its
+        ceiling (None: its own priority; one this version does not know, or below its own
+        priority, reads as None too: never a higher class than the key's); None if there is
+        no such key."""
+        columns = (ApiKey.id, ApiKey.tenant_id, ApiKey.priority, ApiKey.weight, ApiKey.rpm)
+        query = select(*columns, ApiKey.tpm, ApiKey.normalise_prompts, ApiKey.max_priority)
+        query = query.where(ApiKey.key_hash == hash_key(plaintext), ApiKey.revoked_at.is_(None))
         async with self._sessionmaker() as db:
             row = (await db.execute(query)).first()
         if row is None:
             return None
-        key_id, tenant_id, priority, weight, rpm, tpm, normalise_prompts = row
-        try:
-            known = Priority(priority)
-        except ValueError:
-            known = Priority.STANDARD
+        key_id, tenant_id, priority, weight, rpm, tpm, normalise_prompts, max_priority = row
+        known = _stored_priority(priority) or Priority.STANDARD
+        ceiling = _stored_priority(max_priority)
+        if ceiling is not None and ceiling.rank > known.rank:
+            ceiling = None
         limits = None if rpm is None and tpm is None else RateLimits(key_id, rpm, tpm)
-        return Caller(tenant_id, Share(known, float(weight)), limits, normalise_prompts)
+        share = Share(known, float(weight))
+        return Caller(tenant_id, share, limits, normalise_prompts, ceiling)
 
     async def tenant_names(self) -> dict[str, str]:
         """Every tenant's name by its id."""

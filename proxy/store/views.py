@@ -101,8 +101,8 @@ class ApiKeyInfo:
     created_at: datetime
     revoked_at: datetime | None
     priority: str = "standard"
-    """Its calls' class unless a header says otherwise (``interactive``, ``standard``,
-    ``batch``)."""
+    """Its calls' class unless a header asks another within ``max_priority``
+    (``interactive``, ``standard``, ``batch``)."""
     weight: float = 1.0
     """Its tenant's share weight in the node's fair queue, in (0, 100]."""
     rpm: int | None = None
@@ -111,6 +111,8 @@ class ApiKeyInfo:
     """Prompt + output tokens per minute; None: no limit."""
     normalise_prompts: bool | None = None
     """Whether the engine gets its calls' prompts normalised; None: as the server says."""
+    max_priority: str | None = None
+    """The highest class its calls may ask for; None: its own ``priority``."""
     tenant_name: str = ""
     deleted: bool = False
     """Deleted keys are tombstones: their row stays (so "a key existed" is never forgotten),

@@ -13,27 +13,49 @@ Each release with the node's clock adds the budget's byte-seconds to the table's
 memory-seconds held). A learned hold's extension, past ``slot_until_s``, keeps the pin but not
 the budget: admission leaves it out (loop.py's admission view passes the node's time).
 
+Holds are claims on memory: when another tenant's call does not fit, the holds past their
+tenant's share of the node, then those held past a few mean gaps of their session, are released
+for it (``make_room``; the rules are hold_caps.py's).
+
 The slot loop (loop.py) owns the node's ``KvHolds``: the node's session events reach it through
-``SlotLoop.reserve`` / ``release_hold``.
+``SlotLoop.reserve`` / ``release_hold``, the intake's need of room through its admission view.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from talaria.core.clock import Clock
-from talaria.core.reservations import ReleaseReason, ReservationTable, plan_reservation
-from talaria.core.types import CallResult
+from talaria.core.reservations import (
+    DEFAULT_GAP_PRIOR_S,
+    ReleaseReason,
+    ReservationTable,
+    plan_reservation,
+)
+from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.engine import Engine
+from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.hold_caps import HeldKv, yielding
 from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
-from talaria.runtime.scheduling.sessions import NodeSession
+from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 
 
 class KvHolds:
-    """The node's reservation table, kept in step with the pins on the sessions' KV."""
+    """The node's reservation table, kept in step with the pins on the sessions' KV; with
+    ``sessions`` (the node's), its holds yield to other tenants' calls (``make_room``)."""
 
-    def __init__(self, memory: NodeMemory, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        memory: NodeMemory,
+        clock: Clock | None = None,
+        sessions: SessionsView | None = None,
+        config: SchedulerConfig | None = None,
+    ) -> None:
         self.memory = memory
         self.table = ReservationTable()
         self._clock = clock
+        self._sessions = sessions
+        self._config = config or SchedulerConfig()
 
     def release(self, session_key: str, reason: ReleaseReason) -> None:
         """Release the session's reservation, if it has one, and unpin its KV."""
@@ -93,3 +115,47 @@ class KvHolds:
             self.table.add(plan)
             if entry is not None and not replaced:
                 entry.pins += 1
+
+    # -- what other tenants may take (hold_caps.py) ------------------------------------------
+    def held_kv(self, now_s: float) -> list[HeldKv]:
+        """The live reservations as the caps read them: each one's tenant, the HBM it keeps
+        (its session's KV in HBM, plus its budget while it keeps its slot) and its session's
+        mean gap (the prior for a session the node no longer knows)."""
+        found = []
+        for res in self.table.live.values():
+            session = self._sessions.get(res.session_key) if self._sessions else None
+            entry = self.memory.kv.get(res.session_key)
+            pinned = entry.nbytes if entry and entry.location is KvLocation.HBM else 0.0
+            budget = res.held_bytes if res.keeps_slot(now_s) else 0.0
+            found.append(
+                HeldKv(
+                    res.session_key,
+                    session.tenant if session is not None else DEFAULT_TENANT,
+                    pinned + budget,
+                    res.created_s,
+                    res.expected_return_s,
+                    session.gaps.expected_s() if session is not None else DEFAULT_GAP_PRIOR_S,
+                )
+            )
+        return found
+
+    def make_room(self, request: CallRequest, fits: Callable[[], bool], now_s: float) -> bool:
+        """``request`` does not fit: release the other tenants' holds that yield to it
+        (``hold_caps.yielding``: past their share, then stale), one at a time, until
+        ``fits()``; whether it fits then. Nothing is released for a call whose tenant is
+        alone in holding, or on a node that does not know its sessions."""
+        if self._sessions is None:
+            return False
+        holds = self.held_kv(now_s)
+        if all(h.tenant == request.tenant for h in holds):
+            return False
+        config = self._config
+        weights = self._sessions.tenant_weights(now_s, config.stale_after_quanta * config.quantum_s)
+        weights.setdefault(request.tenant, request.tenant_weight)
+        room = self.memory.hbm_capacity_bytes - sum(self.memory.weights.values())
+        order = yielding(holds, request.tenant, weights, room, now_s, config.stale_hold_gaps)
+        for session_key, reason in order:
+            self.release(session_key, reason)
+            if fits():
+                return True
+        return bool(order) and fits()

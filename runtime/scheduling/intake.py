@@ -13,9 +13,10 @@ service; the intake keeps the service accounts, charging each call's estimate wh
 admitted and its measured service when it ends). Each call gets the verdict of
 ``admission.decide_admission`` (slot batch, uncontended, SP budget, or wait); an admissible call
 must then fit in memory (``admission.fits_memory``: needed ≤ free HBM + staged weights + evictable
-idle KV − other sessions' reserved bytes) and be taken by its engine (``Engine.try_admit``, which
-commits its memory and evicts). A call that waits for memory stops its model's pass: later calls (in
-that order) never overtake it.
+idle KV − other sessions' reserved bytes; if it does not, other tenants' soft reservations past
+their share or stale are released for it, holds.py) and be taken by its engine
+(``Engine.try_admit``, which commits its memory and evicts). A call that waits for memory stops
+its model's pass: later calls (in that order) never overtake it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
@@ -63,6 +65,9 @@ class AdmissionView:
     """Bytes held by the soft reservations of sessions other than the given one (those a
     predicate of their session key accepts, if one is given), at the pass's time: a learned
     hold past keeping its slot holds none (core/reservations.py)."""
+    make_room: Callable[[CallRequest, Callable[[], bool]], bool] = lambda _call, fits: False
+    """A call that does not fit: release the other tenants' holds that yield to it, until the
+    predicate says it fits; whether it does (holds.py ``KvHolds.make_room``)."""
 
 
 class Intake:
@@ -240,7 +245,11 @@ class Intake:
             rank = self._rank(waiting)
             if not self._beside_higher_classes(engine, waiting, rank):
                 continue  # a lower class than what runs: it waits for that to finish
-            if not self._fits(engine, waiting.request, view, rank):
+            fits = self._fits(engine, waiting.request, view, rank)
+            if not fits:  # other tenants' holds past their share or stale yield (holds.py)
+                again = partial(self._fits, engine, waiting.request, view, rank)
+                fits = view.make_room(waiting.request, again)
+            if not fits:
                 break  # FIFO: later calls do not overtake one that waits for memory
             try:
                 admission = engine.try_admit(waiting.request, waiting.arrival_s, verdict is None)

@@ -178,10 +178,11 @@ class SlotLoop:
         resident model is closing."""
         slot = self._slot
         closing = frozenset(slot.resident) if slot.hold else frozenset(slot.leaving)
-        now, table = self._clock.now(), self._holds.table
+        now, table, holds = self._clock.now(), self._holds.table, self._holds
         return AdmissionView(
             leaving, closing, slot.deadline_s() - now, slot.start_s, slot.serving_since,
             lambda key, counts: table.held_bytes(key, counts, now),
+            lambda request, fits: holds.make_room(request, fits, now),
         )  # fmt: skip
 
     def _admit(self, leaving: frozenset[str]) -> None:

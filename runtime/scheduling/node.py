@@ -118,7 +118,8 @@ class NodeScheduler:
         )
         self._signals = self._context.signals
         self._intake = Intake(self._context, self._session_of, self._finished, self._sessions)
-        self._loop = SlotLoop(self._context, self._intake, self._sessions, KvHolds(memory, clock))
+        holds = KvHolds(memory, clock, self._sessions, self.config)
+        self._loop = SlotLoop(self._context, self._intake, self._sessions, holds)
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
 
@@ -242,10 +243,11 @@ class NodeScheduler:
         self._signals.poke()
 
     def hint(self, session_key: str, expected_gap_s: float) -> None:
-        """A tool started: the session expects to be back in ``expected_gap_s``."""
+        """A tool started: the session expects to be back in ``expected_gap_s`` (at most
+        ``max_hint_gap_s``)."""
         session = self._sessions.get(session_key)
         if session is not None and not session.ended:
-            session.hint_gap_s = expected_gap_s
+            session.hint_gap_s = min(expected_gap_s, self.config.max_hint_gap_s)
 
     def session_moved(self, session_key: str) -> None:
         """The session's next call went elsewhere: release its reservation here (its KV stays,
@@ -316,7 +318,7 @@ class NodeScheduler:
             self.end_session(request.session_key)
             return
         if request.expected_tool_gap_s is not None:
-            session.hint_gap_s = request.expected_tool_gap_s
+            session.hint_gap_s = min(request.expected_tool_gap_s, self.config.max_hint_gap_s)
         if not self.flags.soft_reservations:
             return
         if self.flags.learned_gaps and session.hint_gap_s is None:

@@ -98,6 +98,10 @@ class SessionsView(Protocol):
         """Per model: live sessions (``NodeSessions.live_counts``)."""
         ...
 
+    def tenant_weights(self, now_s: float, stale_window_s: float) -> dict[str, float]:
+        """Per tenant with a live session: its weight (``NodeSessions.tenant_weights``)."""
+        ...
+
 
 class GapIndex:
     """The sessions in a tool gap (nothing queued or running, a call finished), by the time
@@ -278,3 +282,12 @@ class NodeSessions:
                 if n:
                     live[model] = live.get(model, 0) + n
         return live
+
+    def tenant_weights(self, now_s: float, stale_window_s: float) -> dict[str, float]:
+        """Per tenant with a session that has a call here now or is in a tool gap
+        (``in_gap``): its weight, as its latest session's call said."""
+        weights: dict[str, float] = {}
+        pending = [s for s in self.sessions.values() if s.pending]
+        for session in pending + self.in_gap(now_s, stale_window_s):
+            weights[session.tenant] = session.tenant_weight
+        return weights

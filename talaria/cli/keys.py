@@ -13,7 +13,13 @@ from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
-from talaria.proxy.store.tenants import MAX_RATE_LIMIT, TenantTables, key_limit, key_share
+from talaria.proxy.store.tenants import (
+    MAX_RATE_LIMIT,
+    TenantTables,
+    key_ceiling,
+    key_limit,
+    key_share,
+)
 
 T = TypeVar("T")
 
@@ -65,6 +71,16 @@ def _checked_priority(value: str) -> str:
         raise typer.BadParameter(str(exc)) from exc
 
 
+def _checked_ceiling(priority: str, value: str | None) -> str | None:
+    """``--max-priority`` checked against ``--priority`` (once both are parsed, whichever
+    order they came in): a usage error (exit 2) naming the fault."""
+    try:
+        ceiling = key_ceiling(priority, value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--max-priority'") from exc
+    return None if ceiling is None else ceiling.value
+
+
 def _checked_weight(value: float) -> float:
     try:
         return key_share(weight=value).weight
@@ -85,11 +101,20 @@ def create(
     priority: Annotated[
         str,
         typer.Option(
-            help=f"The class of the key's calls unless their X-Talaria-Priority header says "
-            f"otherwise: {PRIORITIES}.",
+            help=f"The class of the key's calls unless their X-Talaria-Priority header asks "
+            f"another (within --max-priority): {PRIORITIES}.",
             callback=_checked_priority,
         ),
     ] = Priority.STANDARD.value,
+    max_priority: Annotated[
+        str | None,
+        typer.Option(
+            help="The highest class the key's calls may ask with X-Talaria-Priority; a header "
+            "asking a higher one is served in this one. Default: the key's --priority (a "
+            f"header may lower the class, never raise it). One of {PRIORITIES}, at least as "
+            "high as --priority.",
+        ),
+    ] = None,
     weight: Annotated[
         float,
         typer.Option(
@@ -129,8 +154,9 @@ def create(
     url: UrlOpt = None,
 ) -> None:
     """Create a key for TENANT and print it once (only its hash is stored). A bad --priority,
-    --weight, --rpm or --tpm is refused (exit 2) before the store is touched: nothing is
-    created."""
+    --max-priority, --weight, --rpm or --tpm is refused (exit 2) before the store is touched:
+    nothing is created."""
+    max_priority = _checked_ceiling(priority, max_priority)
 
     async def action(store: TenantTables) -> str:
         tenant_id = await store.create_tenant(tenant)
@@ -141,6 +167,7 @@ def create(
             rpm=rpm,
             tpm=tpm,
             normalise_prompts=normalise_prompts,
+            max_priority=max_priority,
         )
 
     key = _with_store(url, action)
@@ -155,8 +182,8 @@ def list_keys(
     ] = False,
 ) -> None:
     """List keys: id, tenant name, prefix, priority, weight, rpm, tpm ('-': no limit),
-    normalise (on, off, '-': as the server says), created, revoked (deleted keys only with
-    --all)."""
+    normalise (on, off, '-': as the server says), max priority (the highest class its calls may
+    ask), created, revoked (deleted keys only with --all)."""
     infos = _with_store(url, lambda store: store.list_api_keys(include_deleted=all_keys))
     for info in infos:
         revoked = info.revoked_at.isoformat() if info.revoked_at else "-"
@@ -165,6 +192,7 @@ def list_keys(
             f"{info.id}  tenant={info.tenant_name}  {info.prefix}…  priority={info.priority}  "
             f"weight={info.weight:g}  rpm={_limit(info.rpm)}  tpm={_limit(info.tpm)}  "
             f"normalise={_switch(info.normalise_prompts)}  "
+            f"max_priority={info.max_priority or info.priority}  "
             f"created={info.created_at.isoformat()}  "
             f"revoked={revoked}{deleted}"
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
 from talaria.cli.keys import keys_app
@@ -174,6 +175,9 @@ def test_keys_create_refuses_a_bad_priority_or_weight_and_creates_nothing(db_url
         (["--weight", "inf"], "--weight"),
         (["--priority", "urgent"], "--priority"),
         (["--priority", "batch", "--weight", "100.5"], "--weight"),
+        (["--max-priority", "urgent"], "--max-priority"),
+        (["--max-priority", "batch"], "--max-priority"),  # below the key's own (standard)
+        (["--max-priority", "standard", "--priority", "interactive"], "--max-priority"),
     ):
         refused = runner.invoke(keys_app, ["create", "--tenant", "acme", *bad, "--url", db_url])
         assert refused.exit_code == 2, (bad, refused.output)
@@ -197,6 +201,58 @@ def test_keys_create_stores_and_lists_a_priority_and_weight(db_url: str) -> None
         ("tenant=bulk", "priority=batch", "weight=2"),
         ("tenant=ide", "priority=standard", "weight=1"),
     ]
+
+
+def test_keys_create_stores_and_lists_a_ceiling(db_url: str) -> None:
+    """``--max-priority``: the highest class the key's calls may ask (any case); without it
+    the key's own priority is its ceiling, listed as such."""
+    made = {}
+    for options in (
+        ("--priority", "batch", "--max-priority", "Interactive"),
+        ("--priority", "batch"),
+        ("--max-priority", "standard"),
+    ):
+        created = runner.invoke(keys_app, ["create", *options, "--url", db_url])
+        assert created.exit_code == 0, created.output
+        made[options] = _caller(db_url, created.output.strip())
+    granted = made[("--priority", "batch", "--max-priority", "Interactive")]
+    assert (granted.share.priority, granted.max_priority) == (Priority.BATCH, Priority.INTERACTIVE)
+    assert granted.ceiling is Priority.INTERACTIVE
+    plain = made[("--priority", "batch")]
+    assert (plain.max_priority, plain.ceiling) == (None, Priority.BATCH)
+    same = made[("--max-priority", "standard")]
+    assert (same.max_priority, same.ceiling) == (Priority.STANDARD, Priority.STANDARD)
+    listed = _lines(runner.invoke(keys_app, ["list", "--url", db_url]).output)
+    assert [(line.split()[3], line.split()[8]) for line in listed] == [
+        ("priority=batch", "max_priority=interactive"),
+        ("priority=batch", "max_priority=batch"),
+        ("priority=standard", "max_priority=standard"),
+    ]
+
+
+@pytest.mark.asyncio
+async def test_a_keys_ceiling_reaches_its_caller_and_a_bad_one_is_refused(
+    store: SqlStore, engine: AsyncEngine
+) -> None:
+    """The store keeps the ceiling; a class it does not know, or one below the key's own
+    (written by hand, or by a later version), reads as none: never a higher class."""
+    acme = await store.tenants.create_tenant("acme")
+    key = await store.tenants.create_api_key(acme, priority="batch", max_priority="standard")
+    caller = await store.tenants.caller_for_key(key)
+    assert caller == Caller(acme, Share(Priority.BATCH), max_priority=Priority.STANDARD)
+    for priority, ceiling in (("standard", "batch"), ("interactive", "standard"), ("batch", "x")):
+        with pytest.raises(ValueError):
+            await store.tenants.create_api_key(acme, priority=priority, max_priority=ceiling)
+    [info] = await store.tenants.list_api_keys()
+    assert (info.priority, info.max_priority) == ("batch", "standard")
+    async with engine.begin() as conn:
+        await conn.execute(text("UPDATE api_keys SET max_priority = 'urgent'"))
+    assert await store.tenants.caller_for_key(key) == Caller(acme, Share(Priority.BATCH))
+    async with engine.begin() as conn:
+        await conn.execute(
+            text("UPDATE api_keys SET priority = 'interactive', max_priority = 'batch'")
+        )
+    assert await store.tenants.caller_for_key(key) == Caller(acme, Share(Priority.INTERACTIVE))
 
 
 def test_keys_create_stores_and_lists_a_prompt_normalisation_switch(db_url: str) -> None:

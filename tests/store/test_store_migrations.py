@@ -13,14 +13,14 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from typer.testing import CliRunner
 
 from bench.harness.processes import talaria_command
 from talaria.core.types import Priority
 from talaria.proxy.contract.calls import Caller, RateLimits, Share
-from talaria.proxy.contract.records import SessionRecord
+from talaria.proxy.contract.records import CallRecord, SessionRecord
 from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.store import db as store_db
 from talaria.proxy.store import migrate
@@ -67,7 +67,7 @@ def _diff(conn: Connection) -> list[Any]:
 async def test_upgrade_downgrade_upgrade(db_url: str) -> None:
     assert await migrate.current_async(db_url) is None
     await migrate.upgrade_async(db_url)
-    assert await migrate.current_async(db_url) == migrate.head() == "0014"
+    assert await migrate.current_async(db_url) == migrate.head() == "0015"
     assert await _tables(db_url) == TABLES
     await asyncio.to_thread(migrate.downgrade, db_url, "base")
     assert await migrate.current_async(db_url) is None
@@ -541,6 +541,123 @@ async def test_0014_leaves_existing_sessions_without_an_agent(db_url: str) -> No
         await engine.dispose()
 
 
+WIDE_TOKENS = {
+    "sessions": ("prompt_tokens", "cached_tokens", "output_tokens"),
+    "calls": ("prompt_tokens", "cached_tokens", "output_tokens"),
+    "api_keys": ("tpm",),
+}
+"""The token counts 0015 widens to BIGINT."""
+PAST_INT4 = 3_000_000_000
+"""A token count past PostgreSQL's int4 (2,147,483,647)."""
+
+
+async def _column_types(engine: AsyncEngine) -> dict[tuple[str, str], str]:
+    """The declared type of each of ``WIDE_TOKENS``' columns, upper case."""
+
+    def read(conn: Connection) -> dict[tuple[str, str], str]:
+        found = {}
+        for table, names in WIDE_TOKENS.items():
+            for column in inspect(conn).get_columns(table):
+                if column["name"] in names:
+                    found[(table, column["name"])] = str(column["type"]).upper()
+        return found
+
+    async with engine.connect() as conn:
+        return await conn.run_sync(read)
+
+
+@pytest.mark.asyncio
+async def test_0015_widens_token_counts_and_adds_the_keys_ceiling_and_the_calls_classes(
+    db_url: str,
+) -> None:
+    """0015: every token count is BIGINT (a call of 3e9 prompt tokens and its session's sum
+    are stored, where int4 refused them on PostgreSQL); a key created before has no ceiling of
+    its own (its priority is its ceiling) and a call recorded before no classes; a new call
+    keeps the class asked and the class served. The downgrade narrows the counts back and drops
+    the new columns, keeping the rows."""
+    await migrate.upgrade_async(db_url, "0014")
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        async with engine.begin() as conn:
+            await _old_key(conn, at)
+            await conn.execute(
+                text(
+                    "INSERT INTO sessions (session_key, tenant_id, session_id, model, state,"
+                    " started_at, last_call_at, calls, prompt_tokens, cached_tokens,"
+                    " output_tokens) VALUES ('s1', 't1', 's1', 'm', 'active', :at, :at, 1, 7, 0, 3)"
+                ),
+                {"at": at},
+            )
+            await conn.execute(
+                text(
+                    "INSERT INTO calls (request_id, session_key, call_index, model, arrived_at,"
+                    " status, prompt_tokens, cached_tokens, output_tokens, stream)"
+                    " VALUES ('r1', 's1', 0, 'm', :at, 'ok', 7, 0, 3, false)"
+                ),
+                {"at": at},
+            )
+        assert set((await _column_types(engine)).values()) == {"INTEGER"}
+        await migrate.upgrade_async(db_url)
+        assert set((await _column_types(engine)).values()) == {"BIGINT"}
+        store = SqlStore(make_sessionmaker(engine))
+        assert await store.tenants.caller_for_key("tk-old") == Caller("t1", Share())
+        big = CallRecord(
+            "r2", "s2", 0, "m", "node0", at, at, "ok", prompt_tokens=PAST_INT4,
+            cached_tokens=PAST_INT4 - 1, output_tokens=PAST_INT4 + 1,
+            priority_asked="interactive", priority_served="batch",
+        )  # fmt: skip
+        await store.write_batch([SessionRecord("s2", "t1", "m", at, at), big])
+        detail = await store.sessions.get_session("s2")
+        assert detail is not None and detail.calls == (big,)
+        summary = detail.session
+        assert (summary.prompt_tokens, summary.cached_tokens, summary.output_tokens) == (
+            PAST_INT4, PAST_INT4 - 1, PAST_INT4 + 1,
+        )  # fmt: skip
+        old = await store.sessions.get_session("s1")
+        assert old is not None and old.session.prompt_tokens == 7
+        assert [(c.priority_asked, c.priority_served) for c in old.calls] == [(None, None)]
+        async with engine.begin() as conn:  # int4 cannot take them back: the downgrade would fail
+            await conn.execute(text("DELETE FROM calls WHERE request_id = 'r2'"))
+            await conn.execute(text("DELETE FROM sessions WHERE session_key = 's2'"))
+        await asyncio.to_thread(migrate.downgrade, db_url, "0014")
+        assert set((await _column_types(engine)).values()) == {"INTEGER"}
+        assert "max_priority" not in await _columns(engine, "api_keys")
+        assert not {"priority_asked", "priority_served"} & set(await _columns(engine, "calls"))
+        async with engine.connect() as conn:
+            kept = await conn.execute(text("SELECT prompt_tokens, output_tokens FROM calls"))
+            assert tuple(kept.one()) == (7, 3)
+            assert (await conn.execute(text("SELECT count(*) FROM api_keys"))).scalar() == 1
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.asyncio
+async def test_0015_refuses_what_int4_cannot_hold_on_the_way_down(db_url: str) -> None:
+    """A token count past int4 fails the downgrade on PostgreSQL (nothing is cut, the schema
+    stays at 0015); SQLite's integers are 64-bit whatever their declared type, so there it
+    goes down with the value intact."""
+    await migrate.upgrade_async(db_url)
+    engine = make_engine(db_url)
+    at = datetime(2026, 11, 1, tzinfo=UTC)
+    try:
+        store = SqlStore(make_sessionmaker(engine))
+        big = CallRecord("r", "s", 0, "m", None, at, at, "ok", prompt_tokens=PAST_INT4)
+        await store.write_batch([SessionRecord("s", "t", "m", at, at), big])
+        if engine.dialect.name == "postgresql":
+            with pytest.raises(DBAPIError):
+                await asyncio.to_thread(migrate.downgrade, db_url, "0014")
+            assert await migrate.current_async(db_url) == "0015"
+        else:
+            await asyncio.to_thread(migrate.downgrade, db_url, "0014")
+            assert await migrate.current_async(db_url) == "0014"
+        async with engine.connect() as conn:
+            value = (await conn.execute(text("SELECT prompt_tokens FROM calls"))).scalar()
+        assert value == PAST_INT4
+    finally:
+        await engine.dispose()
+
+
 @pytest.mark.asyncio
 async def test_migrated_schema_matches_models(db_url: str) -> None:
     await migrate.upgrade_async(db_url)
@@ -564,9 +681,9 @@ async def test_cli_upgrade_current_downgrade(db_url: str) -> None:
 
     # The commands run their own event loop, so they run in a thread here, as from a shell.
     assert "current: none" in await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "revision 0014" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
+    assert "revision 0015" in await asyncio.to_thread(invoke, "upgrade", "--url", db_url)
     out = await asyncio.to_thread(invoke, "current", "--url", db_url)
-    assert "current: 0014" in out and "head: 0014" in out
+    assert "current: 0015" in out and "head: 0015" in out
     down = await asyncio.to_thread(invoke, "downgrade", "--revision", "base", "--url", db_url)
     assert "revision base" in down
 
@@ -576,7 +693,7 @@ def test_cli_defaults_to_env_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(store_db.DATABASE_URL_ENV, url)
     result = CliRunner().invoke(db_app, ["upgrade"])
     assert result.exit_code == 0, result.output
-    assert migrate.current(url) == "0014"
+    assert migrate.current(url) == "0015"
     assert CliRunner().invoke(db_app, ["downgrade"]).exit_code != 0  # --revision is required
 
 
@@ -587,7 +704,7 @@ def test_migrations_do_not_depend_on_cwd(tmp_path: Path, monkeypatch: pytest.Mon
     assert (location / "script.py.mako").is_file()
     url = f"sqlite+aiosqlite:///{tmp_path / 'cwd.db'}"
     migrate.upgrade(url)
-    assert migrate.current(url) == "0014"
+    assert migrate.current(url) == "0015"
 
 
 def test_default_sqlite_url_honours_data_dir(

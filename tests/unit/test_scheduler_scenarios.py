@@ -30,7 +30,7 @@ import pytest
 
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
-from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, DEFAULT_MAX_HINT_GAP_S, ReleaseReason
 from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantShare
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
@@ -476,8 +476,21 @@ def test_reservation_of_a_session_that_never_returns_expires(
         ReleaseReason.EXPIRED: 1,
         ReleaseReason.SLOT_CLOSED: 0,
         ReleaseReason.MOVED: 0,
+        ReleaseReason.OVER_SHARE: 0,
+        ReleaseReason.STALE: 0,
     }
     assert not node.reservations.live
+
+
+def test_a_days_hint_holds_for_the_hint_cap_at_most() -> None:
+    """A hint counts as ``max_hint_gap_s`` (240 s) at most (issue 46): a session hinting a
+    day's tool gap is expected back in 240 s and held 2 × 240 s, not two days."""
+    gone = Agent("s1", "a", 0.0, (Call(P0, OUT, hint_s=86_400.0),), ends=False)
+    node, out = run_scenario(SP_SOFT, (gone,))
+    finished_s = ok(out["s1"], 0).finished_s
+    held = node.reservations.live["s1"]
+    assert held.expected_return_s == approx(finished_s + DEFAULT_MAX_HINT_GAP_S)
+    assert held.expires_s == approx(finished_s + 2 * DEFAULT_MAX_HINT_GAP_S)
 
 
 # -- uncontended continuous batching ---------------------------------------------------------

@@ -336,6 +336,8 @@ def test_reservation_table_release_counts_only_live_reservations() -> None:
         ReleaseReason.EXPIRED: 1,
         ReleaseReason.SLOT_CLOSED: 1,
         ReleaseReason.MOVED: 1,
+        ReleaseReason.OVER_SHARE: 0,
+        ReleaseReason.STALE: 0,
     }
     assert not table.live
 

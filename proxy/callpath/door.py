@@ -164,6 +164,18 @@ def _placement_key(
     )
 
 
+def reservation_tokens(call: Call, max_tokens: int) -> int:
+    """The tokens a rate-limited call reserves against its key's minute as it is admitted:
+    its prompt as the proxy counts it (``Call.prompt_tokens``, the estimate the gateway routes
+    and fits the context window by) plus its output limit, the most it may produce: the
+    client's own, or for a call that sets none the server's cap (``TALARIA_MAX_OUTPUT_TOKENS``,
+    4,096 by default) that the engine holds it to. Not a typical reply's length (agents'
+    replies are ~110–230 tokens, docs/sources.md): a guess below the limit would let a burst
+    of calls pass ``tpm`` by their difference; what a call did not use is given back when it
+    ends (proxy/callpath/limits.py, "Reservations")."""
+    return call.prompt_tokens() + max_tokens
+
+
 async def check_model(ctx: ProxyContext, model: str) -> bool:
     """Whether some instance hosts ``model`` now (True), or the placement library has it
     (False: it can be started); else 404 (``unknown_model``). A model no instance listed may
@@ -223,9 +235,10 @@ async def open_call(
 ) -> CallHandle:
     """Start the call its dialect parsed (after ``read_body``): its session's identity (400 if
     malformed), its system text normalised (``_normalised``), its place (with replicas,
-    forwarded to the owner of a session its body identifies), its key's rate limits (429;
-    counted here, given back if it is refused before it runs: proxy/callpath/limiter.py), its
-    model, then the gateway. Returns its handle (its ``headers()`` are the reply's)."""
+    forwarded to the owner of a session its body identifies), its key's rate limits (429; the
+    call and its tokens reserved here, given back if it is refused before it runs, settled when
+    it ends: proxy/callpath/limiter.py), its model, then the gateway. Returns its handle (its
+    ``headers()`` are the reply's)."""
     known: Identified = request.state.identified  # read_body's
     identity = known.get()
     call, normalised = _normalised(request, ctx, tenant, parsed.content)
@@ -233,8 +246,11 @@ async def open_call(
     key = _placement_key(request, ctx, tenant, identity, found_by)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
-    limiter = ctx.limits
-    ticket = limiter.admit(_limits(request, tenant)) if limiter is not None else None  # or 429
+    max_tokens = call.max_output_tokens or ctx.settings.max_output_tokens
+    limiter, limits = ctx.limits, _limits(request, tenant)
+    ticket = None
+    if limiter is not None and limits is not None:  # or 429
+        ticket = limiter.admit(limits, reservation_tokens(call, max_tokens))
     try:
         await ensure_model(ctx, call.model)
         prepared = PreparedCall(
@@ -243,12 +259,12 @@ async def open_call(
             identity=identity,
             api=parsed.api,
             content=call,
-            max_tokens=call.max_output_tokens or ctx.settings.max_output_tokens,
+            max_tokens=max_tokens,
             extra_records=parsed.extra_records,
             route_key=key if ctx.cluster is not None else None,
             format_param=parsed.format_param,
             share=_share(request, tenant, identity),
-            on_finished=limiter.on_finished(ticket) if limiter is not None else None,
+            on_settled=limiter.settlement(ticket) if limiter is not None else None,
             normalised=normalised,
         )
         handle = await ctx.gateway.open_call(prepared)

@@ -3,11 +3,15 @@
 call. The proxy's ``limits`` service (proxy/edge/services.py).
 
 - **Before a call** (proxy/callpath/door.py ``open_call``, on the replica that runs it, after
-  the body is read and the model checked): a key past a limit gets 429 ``rate_limit_exceeded``
-  with ``Retry-After`` until its minute ends, in the API's own envelope; otherwise the call is
-  counted (and given back if it is refused further on, before it runs).
-- **When a call ends:** its prompt + output tokens are counted (a call that fails or is
-  cancelled counts none).
+  the body is read): a key past its calls, or whose tokens left do not hold the call's
+  reservation (its prompt as the proxy counts it + its output limit), gets 429
+  ``rate_limit_exceeded`` with ``Retry-After`` until its minute ends, in the API's own
+  envelope; otherwise the call and its reservation are counted (and given back if it is
+  refused further on, before it runs).
+- **When a call ends**, however it ends (finished, failed, cancelled by its client or by the
+  shutdown: proxy/callpath/runner.py), its reservation settles to what it is charged: the
+  engine's count of its tokens, or for a call that did not finish what the proxy saw the
+  engine process (proxy/callpath/limits.py ``charge``).
 - **Every** ``TALARIA_RATE_SYNC_S`` (1 s): this replica's counts since the last sync are added
   to the store's (``key_usage``: proxy/store/usage.py, one atomic upsert) and the minute's
   totals of every key read back; once a minute the rows of older minutes are deleted. At start
@@ -32,7 +36,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from talaria.proxy.callpath.limits import KEPT_WINDOWS, WINDOW_S, RateBook, Ticket, window_of
-from talaria.proxy.contract.calls import CallOutcome, RateLimits
+from talaria.proxy.contract.calls import RateLimits
 from talaria.proxy.contract.errors import rate_limited
 
 log = logging.getLogger("talaria.proxy.callpath.limiter")
@@ -85,32 +89,39 @@ class RateLimiter:
         self._task: asyncio.Task[None] | None = None
 
     # -- the call path ------------------------------------------------------------------------
-    def admit(self, limits: RateLimits | None) -> Ticket | None:
-        """Count a call of a key with ``limits`` (None: not limited, nothing counted), or raise
-        its 429 when the key is past one of them."""
+    def admit(self, limits: RateLimits | None, tokens: int = 0) -> Ticket | None:
+        """Count a call of a key with ``limits`` that may use ``tokens`` (its reservation;
+        None: not limited, nothing counted), or raise its 429 when the key is past its calls
+        or the reservation does not fit its tokens left."""
         if limits is None:
             return None
-        admitted = self._book.admit(limits, self._clock())
+        admitted = self._book.admit(limits, self._clock(), tokens)
         if isinstance(admitted, Ticket):
             return admitted
-        raise rate_limited(admitted.limit, admitted.value, admitted.retry_after_s)
+        reservation = None
+        if admitted.reserved_tokens is not None and admitted.left_tokens is not None:
+            reservation = (admitted.reserved_tokens, admitted.left_tokens)
+        raise rate_limited(admitted.limit, admitted.value, admitted.retry_after_s, reservation)
 
     def release(self, ticket: Ticket | None) -> None:
         """An admitted call did not run (refused further on): not counted after all."""
         if ticket is not None:
             self._book.release(ticket)
 
-    def on_finished(self, ticket: Ticket | None) -> Callable[[CallOutcome], None] | None:
-        """What counts the tokens of the admitted call when it finishes (None: not limited)."""
+    def settlement(self, ticket: Ticket | None) -> Callable[[int], None] | None:
+        """What settles the admitted call's reservation to the tokens it is charged when it
+        ends (once: a second settlement is ignored); None when it is not limited."""
         if ticket is None:
             return None
-        key_id = ticket.key_id
+        settled = False
 
-        def finished(outcome: CallOutcome) -> None:
-            used = outcome.result.prompt_tokens + outcome.result.output_tokens
-            self._book.spend(key_id, used, self._clock())
+        def settle(tokens: int) -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                self._book.settle(ticket, tokens)
 
-        return finished
+        return settle
 
     # -- syncing with the store ---------------------------------------------------------------
     async def sync_once(self) -> bool:

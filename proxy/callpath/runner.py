@@ -7,7 +7,9 @@ sent) is no fault of the call: it is routed again among the others (``Reroute``,
 gateway's), each instance tried at most once, and fails only when none is left.
 
 The runner passes on what the engine produced (``OutputDelta``s, then a ``ModelOutput``) and
-never writes output of its own.
+never writes output of its own. It notes what the engine produced as it passes (``Progress``),
+and when the call ends, however it ends, tells its ``on_settled`` the tokens it is charged
+(proxy/callpath/limits.py ``charge``: a stream cancelled near its end is charged nearly all).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.proxy.callpath.keeper import SessionKeeper
+from talaria.proxy.callpath.limits import Progress, charge
 from talaria.proxy.callpath.recorder import Recorder
 from talaria.proxy.contract.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
 from talaria.proxy.contract.errors import ApiError, bad_request, unavailable
@@ -104,7 +107,8 @@ def runtime_request(
 class RunningCall:
     """One call as it runs: the call, the session (and thread) it resolved to, the
     conversation it carries, what the runtime was asked, the runtime, when it arrived, the
-    events its client reads, and the clock of its time in the runtime."""
+    events its client reads, the clock of its time in the runtime, and what the engine has
+    produced of it so far."""
 
     call: PreparedCall
     found: Resolution
@@ -114,6 +118,11 @@ class RunningCall:
     arrived_at: datetime
     events: Events = field(default_factory=asyncio.Queue)
     clock: RuntimeClock = field(default_factory=RuntimeClock)
+    progress: Progress = field(init=False)
+
+    def __post_init__(self) -> None:
+        request = self.request
+        self.progress = Progress(request.prompt_tokens, request.max_output_tokens, request.stream)
 
 
 Reroute = Callable[["RunningCall", frozenset[str]], Awaitable[RuntimeClient | None]]
@@ -187,14 +196,17 @@ class CallRunner:
             result = await self._generate_where_reachable(run)
         except asyncio.CancelledError:
             gone = asyncio.current_task() in self._abandoned
+            _settle(run, charge(run.progress, finished_tokens=None, cancelled=True))
             self._fail(run, CLIENT_GONE if gone else SHUTDOWN)
             raise
         except Exception as exc:  # a runtime fault fails this call only
+            _settle(run, charge(run.progress, finished_tokens=None, cancelled=False))
             self._fail(run, exc)
             return None
         finally:
             self._keeper.call_ended(run.found.state, run.found.thread)
             self._inflight[call.tenant_id] -= 1
+        _settle(run, result.prompt_tokens + result.output_tokens)
         output = result.output or ModelOutput(finish_reason="stop")
         outcome = CallOutcome(result, run.runtime.name, output)
         seq: int | None = None
@@ -220,7 +232,7 @@ class CallRunner:
         tried: set[str] = set()
         while True:
             try:
-                return await _generate(run.runtime, run.request, run.events, run.clock)
+                return await _generate(run, run.runtime)
             except RuntimeUnreachable as exc:
                 tried.add(run.runtime.name)
                 elsewhere = await self._reroute(run, frozenset(tried))
@@ -232,8 +244,7 @@ class CallRunner:
 
     def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the
-        session's reservation or end, then its ``on_finished``. Returns the sequence number of
-        its last record."""
+        session's reservation or end. Returns the sequence number of its last record."""
         finished_at = datetime.now(UTC)
         call, found = run.call, run.found
         self._keeper.replied(
@@ -243,8 +254,6 @@ class CallRunner:
         self._keeper.after_call(
             call, found.state, outcome.instance, outcome.output, finished_at, found.thread
         )
-        if call.on_finished is not None:
-            call.on_finished(outcome)
         return self._recorder.last_seq
 
     def _fail(self, run: RunningCall, error: BaseException | str) -> None:
@@ -269,6 +278,16 @@ class CallRunner:
             run.events.put_nowait(("error", api_error))
 
 
+def _settle(run: RunningCall, tokens: int) -> None:
+    """Tell the call's ``on_settled`` the tokens it is charged (its key's rate limits)."""
+    if run.call.on_settled is None:
+        return
+    try:
+        run.call.on_settled(tokens)
+    except Exception:  # bookkeeping must never cost the client its answer
+        log.exception("call %s: settling its rate limit reservation failed", run.call.request_id)
+
+
 def _cancel_once_started(task: asyncio.Task[Any]) -> None:
     """Cancel a call's task one callback from now, after its first step: a task cancelled
     before that step never runs its body, so the call would get no record, and its session
@@ -278,20 +297,21 @@ def _cancel_once_started(task: asyncio.Task[Any]) -> None:
     asyncio.get_running_loop().call_soon(task.cancel)
 
 
-async def _generate(
-    runtime: RuntimeClient, request: CallRequest, events: Events, clock: RuntimeClock
-) -> CallResult:
-    """Pass the runtime's events on; the call's result (``RuntimeError`` if the runtime ended
-    without one). The runtime's stream is read to its end, and closed when the call is
-    cancelled; ``clock`` times it."""
+async def _generate(run: RunningCall, runtime: RuntimeClient) -> CallResult:
+    """Pass the runtime's events on (and note them in ``run.progress``); the call's result
+    (``RuntimeError`` if the runtime ended without one). The runtime's stream is read to its
+    end, and closed when the call is cancelled; ``run.clock`` times it."""
+    events, clock, progress = run.events, run.clock, run.progress
     result: CallResult | None = None
     clock.started = time.perf_counter()
     try:
-        async with contextlib.aclosing(runtime.generate(request)) as stream:
+        async with contextlib.aclosing(runtime.generate(run.request)) as stream:
             async for event in stream:
                 if isinstance(event, FirstToken):
+                    progress.produced(1)
                     events.put_nowait(("first", event.delta))
                 elif isinstance(event, TokenDelta):
+                    progress.produced(event.tokens)
                     events.put_nowait(("delta", event.delta))
                 elif isinstance(event, Finished):
                     result = event.result

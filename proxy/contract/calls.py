@@ -138,9 +138,9 @@ class PreparedCall:
     share: Share = Share()
     """Its terms in the node's fair queue: its key's, its headers' within them (the class:
     ``Caller.served``)."""
-    on_finished: Callable[[CallOutcome], None] | None = None
-    """Told the call's outcome when it finishes (its key's rate limits count its tokens:
-    proxy/callpath/limiter.py); not when it fails or is cancelled."""
+    on_settled: Callable[[int], None] | None = None
+    """Told the tokens the call is charged when it ends, however it ends (its key's rate
+    limits settle its reservation: proxy/callpath/limiter.py, limits.py ``charge``)."""
     normalised: NormalisedPrompt | None = None
     """The volatile parts taken out of its system text (None: none were): its session is
     found by ``normalised.messages``; ``content`` is what the engine gets."""

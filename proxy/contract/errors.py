@@ -82,13 +82,23 @@ def too_many_requests(limit: int) -> ApiError:
     )
 
 
-def rate_limited(limit: str, value: int, retry_after_s: float) -> ApiError:
+def rate_limited(
+    limit: str, value: int, retry_after_s: float, reservation: tuple[int, int] | None = None
+) -> ApiError:
     """A 429 for a key past one of its per-minute limits (``limit``: ``requests`` or
-    ``tokens``), ``Retry-After`` when its minute ends (proxy/callpath/limiter.py)."""
+    ``tokens``), ``Retry-After`` when its minute ends (proxy/callpath/limiter.py);
+    ``reservation``: the tokens the call would reserve and those left of the limit."""
+    detail = ""
+    if reservation is not None:
+        reserved, left = reservation
+        detail = (
+            f" This call reserves {reserved} tokens (its prompt and its output limit); "
+            f"{left} are left this minute (a lower max_tokens reserves fewer)."
+        )
     return ApiError(
         429,
-        f"Rate limit reached for this key: {value} {limit} per minute. Retry when the "
-        "minute ends (Retry-After).",
+        f"Rate limit reached for this key: {value} {limit} per minute.{detail} Retry when "
+        "the minute ends (Retry-After).",
         type="rate_limit_error",
         code="rate_limit_exceeded",
         retry_after_s=retry_after_s,

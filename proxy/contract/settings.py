@@ -124,13 +124,19 @@ class ProxySettings(BaseSettings):
     max_inflight_per_tenant: int = Field(
         512, gt=0, description="Calls one tenant may have running; more get 429"
     )
-    max_output_tokens: int = Field(4096, gt=0, description="Cap when a request sets none")
+    max_output_tokens: int = Field(
+        4096,
+        gt=0,
+        description="Cap when a request sets none (and what such a call reserves for its "
+        "output against its key's --tpm)",
+    )
     rate_sync_s: float = Field(
         1.0,
         gt=0,
         description="How often a replica adds its API keys' rate limit counts to the store's "
         "and reads the totals back (s); several replicas may together pass a key's limit by "
-        "one of these intervals of its calls through each other replica",
+        "one of these intervals of its calls (and their reserved tokens) through each other "
+        "replica",
     )
     max_sessions_per_tenant: int = Field(
         10_000,

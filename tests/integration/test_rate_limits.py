@@ -45,7 +45,7 @@ KEYS = {  # name → (tenant, rpm, tpm)
     "bursty": ("bursty", 2, None),
     "bursty-free": ("bursty", None, None),  # the same tenant, a key without limits
     "calm": ("calm", 10, None),  # another tenant, its own limit
-    "tokens": ("tokens", None, 5),  # a call's prompt + 4 output tokens pass 5 at once
+    "tokens": ("tokens", None, 5),  # a call reserves more than 5: the whole minute's, alone
     "free": ("free", None, None),
     "later": ("later", 1, None),
 }
@@ -134,7 +134,7 @@ def test_a_key_past_its_tokens_per_minute_gets_429_in_each_apis_envelope(proxy: 
     key = proxy.keys["tokens"]
     served = _post(proxy, "/v1/chat/completions", key)
     assert served.status_code == 200
-    assert served.json()["usage"]["total_tokens"] > 5  # the call that crosses it is not cut
+    assert served.json()["usage"]["total_tokens"] > 5  # charged what it used, not cut
     for path in sorted(ROUTES):
         _refused(_post(proxy, path, key), path, "5 tokens per minute", 45)
 

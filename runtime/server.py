@@ -67,6 +67,7 @@ from talaria.core.protocol import (
     request_from_dict,
     status_to_dict,
 )
+from talaria.core.status import status_json
 from talaria.core.types import (
     CallRejected,
     CallRequest,
@@ -114,6 +115,9 @@ class RuntimeState:
     demand: DemandMeter = field(default_factory=lambda: DemandMeter(DEMAND_HORIZON_S))
     """Every call's session as it comes and its engine time as it ends, for a placement
     controller (``GET /v1/runtime/demand``: runtime/placement_routes.py)."""
+    unlisted: tuple[str, ...] = ()
+    """The status entries the last status read left out (a NaN or an infinity: logged when
+    the set changes)."""
 
     @property
     def node(self) -> NodeScheduler:
@@ -209,7 +213,8 @@ def create_runtime_app(
             for s in node.slots[-STATUS_SLOTS:]
         ]
         engines = {name: asdict(e.info()) for name, e in node.engines.items()}
-        return _json(
+        return _status_response(
+            runtime,
             status_to_dict(
                 node.status(),
                 model_names=[m for m in node.engines if m not in runtime.leaving],
@@ -222,7 +227,7 @@ def create_runtime_app(
                 quantum_s=runtime.config.quantum_s,
                 server=runtime.config.server,
                 gpus=runtime.config.server_spec(runtime.catalog).gpus,
-            )
+            ),
         )
 
     @app.post("/v1/runtime/generate")
@@ -259,6 +264,18 @@ def create_runtime_app(
         return _json({"ok": True})
 
     return app
+
+
+def _status_response(runtime: RuntimeState, document: dict[str, Any]) -> Response:
+    """The status document as strict JSON: an entry holding a NaN or an infinity is left out
+    (core/status.py ``status_json``; logged when the set changes), so that one bad model's
+    estimate never makes a proxy refuse the whole document and drop the runtime."""
+    body, unlisted = status_json(document)
+    if tuple(unlisted) != runtime.unlisted:
+        runtime.unlisted = tuple(unlisted)
+        if unlisted:
+            log.error("status: %s left out: a number that is not finite", unlisted)
+    return Response(body, media_type="application/json")
 
 
 def _gap_s(raw: bytes) -> float | None:

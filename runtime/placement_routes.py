@@ -3,7 +3,8 @@ running node (issue 28).
 
 - ``POST /v1/runtime/models``: a ``[[model]]`` entry as JSON (``name``, ``engine``, ``path``,
   the engine's options, as in a node config) → 201 once its engine has started and the
-  scheduler serves it; 400 for a bad entry (or an unknown catalog model), or one the
+  scheduler serves it; 400 for a bad entry (a name outside the catalog's grammar, a field its
+  table refuses: runtime/config_fields.py; or an unknown catalog model), or one the
   operator's rules refuse (runtime/placement_rules.py: an option its engine does not list, a
   path outside ``--models-dir``, ``trust_remote_code`` not allowed), 409 if the node hosts it
   already, 503 while the runtime drains, 500 if its engine fails to start (what it started
@@ -67,7 +68,7 @@ async def add_model(request: Request) -> Response:
         return _json({"error": "draining"}, 503)
     try:
         entry = json.loads(await request.body())
-        model = model_config(entry, "POST /v1/runtime/models", tuple(ENGINES))
+        model = model_config(entry, "POST /v1/runtime/models", ENGINES)
         model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
     except (ValueError, NodeConfigError) as exc:
         return _json({"error": str(exc)}, 400)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from itertools import pairwise
 from pathlib import Path
@@ -24,6 +25,26 @@ from typing import Any
 BYTES_PER_PARAM = {"fp8": 1.0, "bf16": 2.0, "mxfp4": 0.53125, "int4": 0.5625}
 """Bytes per weight by dtype. MXFP4 packs 4-bit values plus one 8-bit scale per 32: 4.25/8;
 INT4 (weight-only, group 32, one 16-bit scale per group, as Kimi-K2-Thinking's experts): 4.5/8."""
+
+
+MODEL_NAME = re.compile(r"[a-z0-9][a-z0-9._-]*(@[a-z0-9][a-z0-9._-]*)?")
+"""The grammar of a model's name: what the catalog's names use (lower-case letters, digits,
+``.``, ``-``, and ``_`` as in a GGUF file's served name, runtime/gguf.py), starting with a letter
+or a digit, with at most one ``@`` for a variant (``base@name``). No ``/``, so that a name is
+one segment of a URL path (``DELETE /v1/runtime/models/{name}``), no blank, no upper case."""
+MODEL_NAME_MAX_CHARS = 128
+
+
+def model_name_fault(name: str) -> str | None:
+    """Why ``name`` is not a model name (``MODEL_NAME``, at most ``MODEL_NAME_MAX_CHARS``
+    characters), or None."""
+    if len(name) <= MODEL_NAME_MAX_CHARS and MODEL_NAME.fullmatch(name):
+        return None
+    return (
+        f"model name {name[:MODEL_NAME_MAX_CHARS]!r} is not a model name: lower-case letters, "
+        f"digits, '.', '-' and '_' (one '@' for a variant), starting with a letter or a digit, "
+        f"at most {MODEL_NAME_MAX_CHARS} characters"
+    )
 
 
 class CatalogError(ValueError):
@@ -278,7 +299,30 @@ class Catalog:
             raise CatalogError(f"unknown efficiency profile {name!r}; known: {known}") from exc
 
 
+def _number_fault(kind: object, value: Any) -> str | None:
+    """Why ``value`` cannot be a catalog field of annotation ``kind`` (``"float"``, ``"int"``;
+    anything else: only its numbers are checked): a quoted number, a bool, a fraction for an
+    integer, or NaN / ±infinity (TOML's ``nan`` and ``inf``), or None."""
+    if kind in ("float", "int"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, not {value!r}"
+        if kind == "int" and not isinstance(value, int):
+            return f"must be an integer, not {value!r}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be finite, not {value!r}"
+    if isinstance(value, dict | list | tuple):
+        items = value.values() if isinstance(value, dict) else value
+        return next((f for v in items if (f := _number_fault(None, v)) is not None), None)
+    return None
+
+
 def _build(cls: type[Any], table: dict[str, Any], source: str) -> Any:
+    """``cls`` of a catalog ``table``; each of its numbers typed as ``cls`` declares the field
+    and finite (else the cost model's estimates, and the node's status, carry NaN)."""
+    for spec in fields(cls):
+        fault = _number_fault(spec.type, table.get(spec.name, 0))
+        if fault is not None:
+            raise CatalogError(f"{source}: {spec.name} {fault}")
     try:
         return cls(**table)
     except (TypeError, ValueError) as exc:
@@ -293,6 +337,9 @@ def _load_file(path: Path, catalog: Catalog) -> None:
             raise CatalogError(f"{path}: {exc}") from exc
     if "model" in doc:
         model: ModelSpec = _build(ModelSpec, doc["model"], str(path))
+        fault = model_name_fault(model.name) if isinstance(model.name, str) else "needs a name"
+        if fault is not None:
+            raise CatalogError(f"{path}: {fault}")
         catalog.models[model.name] = model
     if "server" in doc:
         server: ServerSpec = _build(ServerSpec, doc["server"], str(path))

@@ -18,7 +18,9 @@ Documents (every top-level document carries ``"v": PROTOCOL_VERSION``):
   last_token_s}`` or null (``EngineTimes``; a peer that predates it sends none, and one that
   does not know it ignores it);
 - **status** (``GET /v1/runtime/status``): ``InstanceStatus``'s fields plus the node's
-  ``model_names``, recent ``slots`` and per-model ``engines`` info;
+  ``model_names``, recent ``slots`` and per-model ``engines`` info; never NaN nor Infinity
+  (an entry holding one is left out, core/status.py ``status_json``; a reader leaves out only
+  such an entry, ``lenient_status``, and one that does not decode, ``status_from_dict``).
 - **session control** (hints, ends, moves; the ends document): core/protocol_sessions.py.
 
 A peer speaking another version is refused with a clear error (``ProtocolError``) rather than
@@ -369,6 +371,12 @@ def status_to_dict(status: InstanceStatus, **extra: Any) -> dict[str, Any]:
     return {**status.to_dict(), **extra, "v": PROTOCOL_VERSION}
 
 
-def status_from_dict(data: Mapping[str, Any]) -> InstanceStatus:
+def status_from_dict(data: Mapping[str, Any], dropped: list[str] | None = None) -> InstanceStatus:
+    """The ``InstanceStatus`` of a status document; an entry that does not decode is left out,
+    named in ``dropped`` (core/status.py); ``ProtocolError`` for another version or worse."""
     check_version(data, "the runtime")
-    return InstanceStatus.from_dict({k: v for k, v in data.items() if k not in STATUS_EXTRA_KEYS})
+    body = {k: v for k, v in data.items() if k not in STATUS_EXTRA_KEYS}
+    try:
+        return InstanceStatus.from_dict(body, dropped)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ProtocolError(f"bad status document: {exc!r}") from exc

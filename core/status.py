@@ -2,13 +2,28 @@
 
 It is plain data (no methods that do I/O), the same whether it comes from an in-process node or,
 later, over HTTP as JSON (``to_dict`` / ``from_dict``).
+
+One bad entry never costs the whole snapshot (issue 46): ``from_dict`` leaves out, and names,
+an entry of its keyed tables (``STATUS_TABLES``) that does not decode (a missing or unknown
+field, a model's number that is not a finite number), and ``without_nonfinite`` takes out of a
+document each entry holding NaN or ±infinity, which JSON cannot carry: the runtime's
+``status_json`` writes no such entry, and the proxy's ``lenient_status`` reads a document with
+one (a strict parser refuses the whole document) without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
+
+STATUS_TABLES = ("models", "sessions", "reserved", "tenants")
+"""The keyed tables of a status document: one entry per model, session or tenant."""
+DOCUMENT_TABLES = (*STATUS_TABLES, "engines")
+"""With the node's per-model ``engines`` info (an extra of core/protocol.py's document)."""
 
 
 class ModelState(StrEnum):
@@ -117,15 +132,118 @@ class InstanceStatus:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InstanceStatus:
-        """The snapshot ``to_dict`` wrote (nested dataclasses and enums rebuilt)."""
-        models = {
-            name: ModelResidency(**{**m, "state": ModelState(m["state"])})
-            for name, m in data["models"].items()
-        }
-        sessions = {sid: SessionKvStatus(**s) for sid, s in data.get("sessions", {}).items()}
+    def from_dict(cls, data: dict[str, Any], dropped: list[str] | None = None) -> InstanceStatus:
+        """The snapshot ``to_dict`` wrote (nested dataclasses and enums rebuilt). An entry of
+        a keyed table that does not decode is left out and named in ``dropped``
+        (``models.<name>``); a malformed document otherwise raises ``TypeError``,
+        ``ValueError`` or ``KeyError``."""
+        out: list[str] = [] if dropped is None else dropped
+        models = _entries(data["models"], _residency, "models", out)
+        sessions = _entries(data.get("sessions", {}), _kv, "sessions", out)
+        reserved = _entries(data.get("reserved", {}), _bytes, "reserved", out)
+        tenants = _entries(data.get("tenants", {}), _share, "tenants", out)
         slots = [SlotView(**s) for s in data.get("recent_slots", ())]
-        tenants = {t: TenantShare(**v) for t, v in data.get("tenants", {}).items()}
-        nested = ("models", "sessions", "recent_slots", "tenants")
-        rest = {k: v for k, v in data.items() if k not in nested}
-        return cls(models=models, sessions=sessions, recent_slots=slots, tenants=tenants, **rest)
+        rest = {k: v for k, v in data.items() if k not in (*STATUS_TABLES, "recent_slots")}
+        return cls(
+            models=models, sessions=sessions, reserved=reserved, recent_slots=slots,
+            tenants=tenants, **rest,
+        )  # fmt: skip
+
+
+T = TypeVar("T")
+
+
+def _entries(table: Any, build: Callable[[Any], T], name: str, dropped: list[str]) -> dict[str, T]:
+    """``table``'s entries built by ``build``; one that fails is left out, named."""
+    if not isinstance(table, Mapping):
+        raise TypeError(f"{name} must be an object")
+    out: dict[str, T] = {}
+    for key, value in table.items():
+        try:
+            out[key] = build(value)
+        except (TypeError, ValueError, KeyError):
+            dropped.append(f"{name}.{key}")
+    return out
+
+
+def _residency(data: Any) -> ModelResidency:
+    """A model's entry: its numbers real and finite (routing scores them), else ``ValueError``."""
+    entry = ModelResidency(**{**data, "state": ModelState(data["state"])})
+    for spec in fields(entry):
+        value = getattr(entry, spec.name)
+        if spec.type in ("float", "int") and not _real(value):
+            raise ValueError(f"{spec.name} is not a finite number: {value!r}")
+    return entry
+
+
+def _kv(data: Any) -> SessionKvStatus:
+    return SessionKvStatus(**data)
+
+
+def _share(data: Any) -> TenantShare:
+    return TenantShare(**data)
+
+
+def _bytes(value: Any) -> float:
+    if not _real(value):
+        raise ValueError(f"not a finite number: {value!r}")
+    return float(value)
+
+
+def _real(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and is_finite(value)
+
+
+def is_finite(value: Any) -> bool:
+    """Whether every number in ``value`` (its lists and objects too) is finite."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(is_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(is_finite(v) for v in value)
+    return True
+
+
+def without_nonfinite(
+    document: Mapping[str, Any], tables: Iterable[str] = STATUS_TABLES
+) -> tuple[dict[str, Any], list[str]]:
+    """``document`` less each entry of its keyed ``tables`` that holds a NaN or an infinity,
+    and those entries' names (``models.<name>``); ``ValueError`` naming the member if such a
+    number is anywhere else (the snapshot as a whole is wrong: nothing to leave out)."""
+    out, dropped = dict(document), []
+    for name in tables:
+        table = out.get(name)
+        if isinstance(table, dict) and not is_finite(table):
+            out[name] = {k: v for k, v in table.items() if is_finite(v)}
+            dropped += [f"{name}.{k}" for k in table if k not in out[name]]
+    bad = [k for k, v in out.items() if not is_finite(v)]
+    if bad:
+        raise ValueError(f"status members {bad} hold a number that is not finite")
+    return out, dropped
+
+
+def status_json(document: Mapping[str, Any]) -> tuple[bytes, list[str]]:
+    """A status document as JSON text without NaN or Infinity: each entry of a keyed table
+    (``DOCUMENT_TABLES``) holding one is left out, named in the list (``ValueError`` if one
+    is elsewhere). Only a document that strict encoding refuses is searched."""
+    try:
+        return json.dumps(document, allow_nan=False).encode(), []
+    except ValueError:
+        clean, dropped = without_nonfinite(document, DOCUMENT_TABLES)
+    return json.dumps(clean, allow_nan=False).encode(), dropped
+
+
+def lenient_status(raw: bytes) -> tuple[dict[str, Any], list[str]]:
+    """A status document strict JSON refused (``NaN``, ``Infinity``, ``1e400``), read by
+    Python's parser, each entry of a keyed table holding such a number left out, named in the
+    list: one bad model's entry does not cost the others. ``ValueError`` if it is not a JSON
+    object, or such a number is elsewhere."""
+    try:
+        data = json.loads(raw)
+    except RecursionError as exc:
+        raise ValueError("status document nested too deep") from exc
+    if not isinstance(data, dict):
+        raise ValueError("status document is not a JSON object")
+    return without_nonfinite(data, DOCUMENT_TABLES)

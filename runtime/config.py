@@ -26,12 +26,17 @@ max_model_len = 2048
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from talaria.core.catalog import model_name_fault
+from talaria.runtime.config_fields import NODE_FIELDS, FieldError, check_fields
+
 if TYPE_CHECKING:
     from talaria.core.catalog import Catalog, ServerSpec
+    from talaria.runtime.factory import EngineKind
 
 
 class NodeConfigError(ValueError):
@@ -106,24 +111,33 @@ class NodeConfig:
         raise NodeConfigError(f"model {model.name}: no directory {model.path!r}")
 
 
-def model_config(entry: Any, where: str, engines: tuple[str, ...]) -> ModelConfig:
+def model_config(entry: Any, where: str, engines: Mapping[str, EngineKind]) -> ModelConfig:
     """One ``[[model]]`` entry (a TOML table, or the JSON body of the runtime's
-    ``POST /v1/runtime/models``, which then holds it to runtime/placement_rules.py): ``name``,
-    ``engine`` (one of ``engines``; default ``sim``), ``path``, and the engine's options;
+    ``POST /v1/runtime/models``, which then holds it to runtime/placement_rules.py): ``name``
+    (the catalog's grammar, core/catalog.py ``MODEL_NAME``), ``engine`` (one of ``engines``;
+    default ``sim``), ``path``, and the engine's options, checked against its table
+    (``EngineKind.fields``, runtime/config_fields.py: typed, finite, in range);
     ``NodeConfigError`` names what is wrong."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise NodeConfigError(f"{where}: every [[model]] needs a name")
+    name = entry["name"]
+    fault = model_name_fault(name)
+    if fault is not None:
+        raise NodeConfigError(f"{where}: {fault}")
     engine = entry.get("engine", "sim")
-    if engine not in engines:
+    if not isinstance(engine, str) or engine not in engines:
         raise NodeConfigError(
-            f"{where}: model {entry['name']}: unknown engine {engine!r}; "
-            f"known engines: {', '.join(engines)}"
+            f"{where}: model {name}: unknown engine {engine!r}; known engines: {', '.join(engines)}"
         )
     path = entry.get("path")
     if path is not None and not isinstance(path, str):
-        raise NodeConfigError(f"{where}: model {entry['name']}: path must be a string")
+        raise NodeConfigError(f"{where}: model {name}: path must be a string")
     options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
-    return ModelConfig(entry["name"], engine, path, options)
+    try:
+        check_fields(engines[engine].fields, options)
+    except FieldError as exc:
+        raise NodeConfigError(f"{where}: model {name}: {exc}") from None
+    return ModelConfig(name, engine, path, options)
 
 
 def parse_gpus(value: Any, where: str) -> tuple[int, ...]:
@@ -150,8 +164,9 @@ def parse_gpus(value: Any, where: str) -> tuple[int, ...]:
 
 
 def load_node_config(path: str | Path) -> NodeConfig:
-    """The node config of a TOML file (the module docstring shows one); a missing field or an
-    unknown name is a ``NodeConfigError``."""
+    """The node config of a TOML file (the module docstring shows one); a missing field, an
+    unknown name or a value its table refuses (runtime/config_fields.py) is a
+    ``NodeConfigError`` naming the file, the model and the field."""
     from talaria.runtime.factory import ENGINES  # here: the factory imports this module
 
     file = Path(path)
@@ -161,13 +176,22 @@ def load_node_config(path: str | Path) -> NodeConfig:
         raise NodeConfigError(f"{file}: {exc}") from exc
     node = doc.get("node", {})
     entries = doc.get("model", [])
+    if not isinstance(node, dict):
+        raise NodeConfigError(f"{file}: [node] must be a table")
     if not isinstance(entries, list) or not entries:
         raise NodeConfigError(f"{file}: needs at least one [[model]]")
-    models = [model_config(entry, str(file), tuple(ENGINES)) for entry in entries]
-    known = {"name", "policy", "quantum_s", "time_scale", "server", "profile", "gpus"}
-    unknown = set(node) - known
+    unknown = set(node) - set(NODE_FIELDS)
     if unknown:
         raise NodeConfigError(f"{file}: unknown [node] keys {sorted(unknown)}")
+    try:
+        check_fields(NODE_FIELDS, node)
+    except FieldError as exc:
+        raise NodeConfigError(f"{file}: [node]: {exc}") from None
+    models = [model_config(entry, str(file), ENGINES) for entry in entries]
+    names = [m.name for m in models]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise NodeConfigError(f"{file}: model {', '.join(twice)} listed twice")
     return NodeConfig(
         name=node.get("name", "node0"),
         models=tuple(models),

@@ -17,6 +17,7 @@ from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
 from talaria.core.groups import GroupError, check_fits, group_server
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
+from talaria.runtime.config_fields import UPSTREAM_FIELDS, VLLM_FIELDS, Field
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
@@ -215,6 +216,9 @@ class EngineKind:
     """The ``[[model]]`` options (besides name, engine, path) a model placed over HTTP may
     set, each with how it is checked (runtime/placement_rules.py); a node's own TOML may set
     any."""
+    fields: Mapping[str, Field] = field(default_factory=dict)
+    """What its ``[[model]]`` options may hold (runtime/config_fields.py), checked when a node
+    TOML or a placement is parsed."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -300,9 +304,11 @@ must not choose which of the runtime's environment variables is sent to its URL)
 
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
-    "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE),
-    "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE),
-}
+    "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE,
+                       fields=VLLM_FIELDS),
+    "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE,
+                         fields=UPSTREAM_FIELDS),
+}  # fmt: skip
 """The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
 
 

@@ -3,11 +3,12 @@ running node (issue 28).
 
 - ``POST /v1/runtime/models``: a ``[[model]]`` entry as JSON (``name``, ``engine``, ``path``,
   the engine's options, as in a node config) → 201 once its engine has started and the
-  scheduler serves it; 400 for a bad entry (or an unknown catalog model), or one the
+  scheduler serves it; 400 for a bad entry (a name outside the catalog's grammar, a field its
+  table refuses: runtime/config_fields.py; or an unknown catalog model), or one the
   operator's rules refuse (runtime/placement_rules.py: an option its engine does not list, a
   path outside ``--models-dir``, ``trust_remote_code`` not allowed), 409 if the node hosts it
-  already, 503 while the runtime drains, 500 if its engine fails to start (what it started
-  is shut down; the node is unchanged);
+  already, 503 while the runtime drains or once its node's loop has ended, 500 if its engine
+  fails to start (what it started is shut down; the node is unchanged);
 - ``POST /v1/runtime/models/{name}/drain`` → 200: the model is marked *draining* (the status
   document lists it in ``draining_models``): every proxy routes no new session to it here
   while another node serves it, and its sessions here stay until they end (the controller
@@ -15,7 +16,8 @@ running node (issue 28).
   does not host it;
 - ``DELETE /v1/runtime/models/{name}`` → 200 once the scheduler has retired it (its calls
   finished, runtime/scheduling/node.py ``retire``) and its engine has shut down (its drain
-  mark goes with it); 404 if the node does not host it, 409 for the node's last model. The
+  mark goes with it); 404 if the node does not host it, 409 for the node's last model, 503
+  at once if the node's loop has ended (nothing would retire it). The
   status stops listing it in ``model_names`` ``LEAVE_GRACE_S`` before the retirement begins,
   so that every proxy has read a status without it (and routes its calls elsewhere) before
   a call of it would be refused; a call that comes meanwhile is still served.
@@ -63,11 +65,11 @@ def _json(data: Any, status: int = 200) -> Response:
 async def add_model(request: Request) -> Response:
     """Host one more model (module docstring)."""
     runtime = request.app.state.runtime
-    if not runtime.ready:
-        return _json({"error": "draining"}, 503)
+    if not runtime.ready or runtime.node.failure is not None:
+        return _json({"error": runtime.node.failure or "draining"}, 503)
     try:
         entry = json.loads(await request.body())
-        model = model_config(entry, "POST /v1/runtime/models", tuple(ENGINES))
+        model = model_config(entry, "POST /v1/runtime/models", ENGINES)
         model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
     except (ValueError, NodeConfigError) as exc:
         return _json({"error": str(exc)}, 400)
@@ -115,6 +117,8 @@ async def drain_model(name: str, request: Request) -> Response:
 async def remove_model(name: str, request: Request) -> Response:
     """Stop hosting a model once its calls are done (module docstring)."""
     runtime = request.app.state.runtime
+    if runtime.node.failure is not None:  # no loop to retire it: restart the runtime
+        return _json({"error": runtime.node.failure}, 503)
     async with runtime.changes:
         if name not in runtime.node.engines:
             return _json({"error": f"model {name!r} is not on this node"}, 404)

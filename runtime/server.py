@@ -16,7 +16,10 @@ Endpoints (the proxy's ``HttpRuntime`` speaks them):
   ``DELETE /v1/runtime/models/{name}``, ``GET /v1/runtime/demand``: placement
   (runtime/placement_routes.py);
 - ``GET /healthz`` (liveness: 503 while the event loop is blocked and for a minute after,
-  core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining).
+  core/loop_watchdog.py), ``GET /readyz`` (engines started, not draining). Both answer 503
+  with the reason once the node's scheduling loop has ended (``NodeScheduler.failure``: it
+  raised); so do ``status`` (every proxy leaves the runtime out), ``generate`` and placement,
+  and the calls that were waiting fail with it: a supervisor restarts the process.
 
 Who may call: with a ``token`` (``talaria runtime`` reads ``TALARIA_RUNTIME_TOKEN``) every
 route but the two probes answers 401 without ``Authorization: Bearer <token>``
@@ -75,6 +78,7 @@ from talaria.core.protocol_sessions import (
     ends_from_dict,
     session_key_ok,
 )
+from talaria.core.status import status_json
 from talaria.core.types import (
     CallRejected,
     CallRequest,
@@ -88,7 +92,7 @@ from talaria.runtime.factory import BuiltNode, build_node_from_config, pinned_we
 from talaria.runtime.placement_routes import DEMAND_HORIZON_S
 from talaria.runtime.placement_routes import router as placement_router
 from talaria.runtime.placement_rules import PlacementRules
-from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
+from talaria.runtime.scheduling.node import NodeScheduler, NodeStopped, UnknownModelError
 
 log = logging.getLogger("talaria.runtime")
 
@@ -122,6 +126,9 @@ class RuntimeState:
     demand: DemandMeter = field(default_factory=lambda: DemandMeter(DEMAND_HORIZON_S))
     """Every call's session as it comes and its engine time as it ends, for a placement
     controller (``GET /v1/runtime/demand``: runtime/placement_routes.py)."""
+    unlisted: tuple[str, ...] = ()
+    """The status entries the last status read left out (a NaN or an infinity: logged when
+    the set changes)."""
 
     @property
     def node(self) -> NodeScheduler:
@@ -192,18 +199,28 @@ def create_runtime_app(
 
     @app.get("/healthz")
     async def healthz(request: Request) -> Response:
-        loop = state_of(request).watchdog.health()
-        return _json({"ok": loop["ok"], "loop": loop}, 200 if loop["ok"] else 503)
+        runtime = state_of(request)
+        loop, failure = runtime.watchdog.health(), runtime.node.failure
+        body: dict[str, Any] = {"ok": loop["ok"] and failure is None, "loop": loop}
+        if failure is not None:
+            body["node"] = failure
+        return _json(body, 200 if body["ok"] else 503)
 
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
-        ready = state_of(request).ready
-        return _json({"ready": ready}, 200 if ready else 503)
+        runtime = state_of(request)
+        failure = runtime.node.failure
+        body: dict[str, Any] = {"ready": runtime.ready and failure is None}
+        if failure is not None:
+            body["error"] = failure
+        return _json(body, 200 if body["ready"] else 503)
 
     @app.get("/v1/runtime/status")
     async def status(request: Request) -> Response:
         runtime = state_of(request)
         node = runtime.node
+        if node.failure is not None:  # every proxy leaves this runtime out of routing
+            return _json({"error": node.failure}, 503)
         slots = [
             {
                 "model": s.model,
@@ -217,7 +234,8 @@ def create_runtime_app(
             for s in node.slots[-STATUS_SLOTS:]
         ]
         engines = {name: asdict(e.info()) for name, e in node.engines.items()}
-        return _json(
+        return _status_response(
+            runtime,
             status_to_dict(
                 node.status(),
                 model_names=[m for m in node.engines if m not in runtime.leaving],
@@ -230,14 +248,14 @@ def create_runtime_app(
                 quantum_s=runtime.config.quantum_s,
                 server=runtime.config.server,
                 gpus=runtime.config.server_spec(runtime.catalog).gpus,
-            )
+            ),
         )
 
     @app.post("/v1/runtime/generate")
     async def generate(request: Request) -> Response:
         runtime = state_of(request)
-        if not runtime.ready:
-            return _json({"error": "draining"}, 503)
+        if not runtime.ready or runtime.node.failure is not None:
+            return _json({"error": runtime.node.failure or "draining"}, 503)
         try:
             call = request_from_dict(msgspec.json.decode(await request.body()))
         except (ProtocolError, msgspec.DecodeError, RecursionError) as exc:
@@ -278,6 +296,18 @@ def create_runtime_app(
         return _json({"ok": True, "ended": len(keys)})
 
     return app
+
+
+def _status_response(runtime: RuntimeState, document: dict[str, Any]) -> Response:
+    """The status document as strict JSON: an entry holding a NaN or an infinity is left out
+    (core/status.py ``status_json``; logged when the set changes), so that one bad model's
+    estimate never makes a proxy refuse the whole document and drop the runtime."""
+    body, unlisted = status_json(document)
+    if tuple(unlisted) != runtime.unlisted:
+        runtime.unlisted = tuple(unlisted)
+        if unlisted:
+            log.error("status: %s left out: a number that is not finite", unlisted)
+    return Response(body, media_type="application/json")
 
 
 def _gap_s(raw: bytes) -> float | None:
@@ -348,7 +378,7 @@ async def _events(
                     seconds = result.finished_s - result.admitted_s
                     demand.finished(node.clock.now(), call.model, seconds)
                     return
-    except UnknownModelError as exc:
+    except (UnknownModelError, NodeStopped) as exc:
         yield line(ErrorEvent(str(exc)))
     except CallRejected as exc:  # the caller's fault: the proxy answers 400 with the code
         yield line(ErrorEvent(str(exc), exc.code, exc.param))

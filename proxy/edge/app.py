@@ -129,13 +129,16 @@ def create_app(
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
         """Readiness: not shutting down, the store takes writes (its SQLite file is still
-        the one opened), and some runtime instance answers. 503 with the failing checks."""
+        the one opened), and some runtime instance answers (``failed``: why the others do
+        not, e.g. a node whose scheduling loop ended). 503 with the failing checks."""
         ctx = context(request)
-        reachable = await ctx.gateway.pool.reachable()
+        pool = ctx.gateway.pool
+        reachable = await pool.reachable()
+        runtimes = {"ok": bool(reachable), "reachable": reachable, "failed": pool.failures}
         checks: dict[str, Any] = {
             "shutdown": {"ok": not ctx.shutdown.draining},
             "store": await ctx.stored.readiness(),
-            "runtimes": {"ok": bool(reachable), "reachable": reachable},
+            "runtimes": runtimes,
         }
         if ctx.cluster is not None:  # informative: a replica serves alone too
             checks["replicas"] = {"ok": True, "peers": sorted(ctx.cluster.membership.peers)}

@@ -13,6 +13,7 @@ from talaria.core.clock import Clock
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, GenerationEvent
 from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.runtimes.base import RuntimeUnavailable
 from talaria.runtime.engines.sim_reply import ReplyPolicy
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -63,11 +64,17 @@ class InProcessRuntime:
         self._node.start()
 
     def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
-        """The node's event stream for the call."""
+        """The node's event stream for the call (``NodeStopped`` once its loop has ended: the
+        call is a 503)."""
         return self._node.stream(request)
 
     async def status(self) -> InstanceStatus:
-        """The node's status, at most ``status_ttl_s`` clock seconds old."""
+        """The node's status, at most ``status_ttl_s`` clock seconds old; once the node's
+        scheduling loop has ended (``NodeScheduler.failure``), ``RuntimeUnavailable`` with
+        the reason, so that routing leaves it out (its models' calls are 503s) and ``/readyz``
+        says so."""
+        if self._node.failure is not None:
+            raise RuntimeUnavailable(self._node.failure)
         now = self._clock.now()
         if self._status is None or now - self._status.at_s > self._ttl_s:
             self._status = self._node.status()

@@ -44,7 +44,7 @@ from talaria.core.protocol import (
     request_to_dict,
     status_from_dict,
 )
-from talaria.core.status import InstanceStatus
+from talaria.core.status import InstanceStatus, lenient_status
 from talaria.core.types import (
     CallRejected,
     CallRequest,
@@ -163,6 +163,7 @@ class HttpRuntime:
         )
         self._notices = SessionNotices(lambda: self._http, lambda: self.name)
         """Hints, moves and ends, and the ends the server has not taken (notices.py)."""
+        self._left_out: frozenset[str] = frozenset()
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -199,7 +200,7 @@ class HttpRuntime:
         a 401 fails at once (``RuntimeTokenRefused``)."""
         for attempt in range(attempts):
             try:
-                data = await self._get_status()
+                data, dropped = await self._get_status()
                 break
             except RuntimeTokenRefused:
                 raise
@@ -209,10 +210,7 @@ class HttpRuntime:
                 await asyncio.sleep(0.2 * 2**attempt)
         self.name = data["instance"]
         self._learn_models(data)
-        try:
-            self.status_cache.put(status_from_dict(data))
-        except ProtocolError as exc:
-            raise RuntimeUnavailable(f"runtime {self.url}: {exc}") from exc
+        self.status_cache.put(self._decoded(data, dropped))
 
     async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         """POST the call and yield its events as the server streams them; no connection to
@@ -265,14 +263,24 @@ class HttpRuntime:
             }
 
     async def _fetch_status(self) -> InstanceStatus:
-        data = await self._get_status()
+        data, dropped = await self._get_status()
         self._learn_models(data)
+        return self._decoded(data, dropped)
+
+    def _decoded(self, data: dict[str, Any], dropped: list[str]) -> InstanceStatus:
+        """The status less the entries that do not decode (a bad model's costs only that model,
+        never the runtime); what is left out is logged when it changes."""
         try:
-            return status_from_dict(data)
+            status = status_from_dict(data, dropped)
         except ProtocolError as exc:
             raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
+        if frozenset(dropped) != self._left_out:
+            self._left_out = frozenset(dropped)
+            if dropped:
+                log.error("runtime %s: status %s left out: bad entries", self.name, dropped)
+        return status
 
-    async def _get_status(self) -> dict[str, Any]:
+    async def _get_status(self) -> tuple[dict[str, Any], list[str]]:
         try:
             async with self._http.get("/v1/runtime/status", timeout=self._status_timeout) as answer:
                 if answer.status == 401:
@@ -283,13 +291,17 @@ class HttpRuntime:
             raise RuntimeUnavailable(
                 f"runtime {self.name} status failed: {described(exc)}"
             ) from exc
+        dropped: list[str] = []
         try:
             data = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
-            raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
+        except msgspec.DecodeError as exc:  # NaN or Infinity in an entry: only that entry goes
+            try:
+                data, dropped = lenient_status(raw)
+            except ValueError:
+                raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
         if not isinstance(data, dict):
             raise RuntimeUnavailable(f"runtime {self.name} status: not a JSON object")
-        return data
+        return data, dropped
 
     def _refused(self) -> str:
         """What a 401 means, for the operator (the token itself is never shown)."""
@@ -302,7 +314,7 @@ class HttpRuntime:
     async def status_document(self) -> dict[str, Any]:
         """The runtime's whole status document, uncached: InstanceStatus's fields plus
         ``model_names``, recent ``slots`` and per-model ``engines`` info."""
-        return await self._get_status()
+        return (await self._get_status())[0]
 
     async def demand(self, window_s: float) -> dict[str, Any]:
         """The runtime's demand document over the last ``window_s`` (``GET

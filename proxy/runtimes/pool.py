@@ -31,6 +31,7 @@ class RuntimePool:
         self._time = time
         self._catalog_windows = catalog_windows or {}
         self._drained: frozenset[str] = frozenset()
+        self._failures: dict[str, str] = {}
 
     def __getitem__(self, name: str) -> RuntimeClient:
         """The runtime instance called ``name``."""
@@ -80,6 +81,12 @@ class RuntimePool:
         return [status.instance for status in await self.statuses(None)]
 
     @property
+    def failures(self) -> dict[str, str]:
+        """Instance → why its last status read failed (those that answered since are not
+        listed): for ``/readyz``."""
+        return dict(self._failures)
+
+    @property
     def drained(self) -> frozenset[str]:
         """Runtime instances being drained: no new call is routed to them."""
         return self._drained
@@ -121,8 +128,10 @@ class RuntimePool:
         for runtime, answer in zip(asked, answers, strict=True):
             if isinstance(answer, InstanceStatus):
                 statuses.append(answer)
+                self._failures.pop(runtime.name, None)
             elif isinstance(answer, Exception):
                 log.warning("runtime %s: status failed: %r", runtime.name, answer)
+                self._failures[runtime.name] = str(answer)
             else:
                 raise answer  # cancellation and the like are not a runtime's failure
         return statuses

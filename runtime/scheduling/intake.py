@@ -144,6 +144,14 @@ class Intake:
         queue.remove(waiting)
         return True
 
+    def fail_waiting(self, error: Exception) -> None:
+        """Fail every waiting call with ``error``: the node's loop ended, none will be admitted."""
+        for queue in self._waiting.values():
+            while queue:
+                waiting = queue.popleft()
+                if not waiting.result.done():
+                    waiting.result.set_exception(error)
+
     # -- the admission pass ----------------------------------------------------------------
     def decide(self, waiting: WaitingCall, view: AdmissionView) -> bool | None:
         """True: admit; False: keep waiting; None: admit as SP."""

@@ -21,6 +21,7 @@ owner's methods or a read-only view (state.py says how each change is asked for)
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -61,8 +62,16 @@ async def _next_event(
             return getter.result()
 
 
+log = logging.getLogger("talaria.runtime")
+
+
 class UnknownModelError(LookupError):
     """The node does not host the requested model."""
+
+
+class NodeStopped(RuntimeError):
+    """The node's scheduling loop has ended (it raised, or returned): the node serves no call
+    (``NodeScheduler.failure`` says why)."""
 
 
 class NodeScheduler:
@@ -122,6 +131,8 @@ class NodeScheduler:
         self._loop = SlotLoop(self._context, self._intake, self._sessions, holds)
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
+        self._failure: str | None = None
+        self._stopping = False
 
     # -- public ----------------------------------------------------------------------------
     @property
@@ -155,13 +166,35 @@ class NodeScheduler:
         """The models resident and admitting calls: the slot's model and its co-residents."""
         return list(self._loop.slot.resident)
 
+    @property
+    def failure(self) -> str | None:
+        """Why the scheduling loop ended while the node ran (None while it runs, and after
+        ``stop``): the node then serves nothing (its health checks say so, runtime/server.py)."""
+        return self._failure
+
     def start(self) -> None:
         """Start the scheduling loop on the running event loop (once)."""
         if self._task is None:
+            self._stopping = False
             self._task = asyncio.get_running_loop().create_task(self._loop.run())
+            self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """The loop task ended without ``stop``: log why, once; fail every waiting call (and
+        every later one) with ``NodeStopped`` rather than leave it waiting for a loop that
+        will never admit it. Calls already running finish on their own tasks."""
+        if self._stopping:
+            return
+        error = None if task.cancelled() else task.exception()
+        reason = "cancelled" if task.cancelled() else "returned" if error is None else repr(error)
+        self._failure = f"node {self.name}: its scheduling loop ended ({reason})"
+        log.error("%s; the node serves no call until it restarts", self._failure, exc_info=error)
+        self._intake.fail_waiting(NodeStopped(self._failure))
+        self._signals.call_ended()  # a retire waiting for the queues looks again
 
     async def stop(self) -> None:
         """Cancel the loop and any transition under way (running calls are left to finish)."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -202,6 +235,8 @@ class NodeScheduler:
     ) -> WaitingCall:
         if request.model not in self.engines:
             raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
+        if self._failure is not None:
+            raise NodeStopped(self._failure)
         now = self._clock.now()
         self._forget_idle(now)
         self._sessions.arrived(request, now)

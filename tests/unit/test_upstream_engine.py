@@ -310,6 +310,9 @@ def test_start_names_an_url_that_does_not_answer_and_a_model_it_does_not_serve()
         ({"id": "m", "meta": "n_ctx"}, None),
         ({"id": "m", "max_model_len": True}, None),
         ({"id": "m", "max_model_len": 0, "meta": {"n_ctx": -1}}, None),
+        # a window no model has would lift the reply's byte bound (it follows the limit)
+        ({"id": "m", "max_model_len": 10**12, "meta": {"n_ctx": 8192}}, 8192),
+        ({"id": "m", "max_model_len": 10**12}, None),
     ],
 )
 def test_the_window_a_server_reports(entry: dict[str, Any], window: int | None) -> None:

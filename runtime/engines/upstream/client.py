@@ -71,15 +71,23 @@ LOGGED_CHARS = 300
 """Characters of a server's error message written to the runtime's log."""
 
 
+MAX_WINDOW_TOKENS = 1 << 24
+"""The largest context window taken from a server's model list (16.8M tokens, above any
+model's today: Llama 4 Scout's is 10M). A call's output limit, and so its reply's byte bound,
+follow the window; a larger figure is not a window (give ``context_window``)."""
+
+
 def served_window(entry: Mapping[str, Any]) -> int | None:
     """The context window a server reports for one model of its ``GET /v1/models``: vLLM's
     and SGLang's ``max_model_len``, else llama.cpp's ``meta.n_ctx`` (what one of its slots
     holds: ``-c`` over ``-np``; ``n_ctx_train`` is the model's, not the server's); None when
-    it reports neither (docs/sources.md §13)."""
+    it reports neither, or nothing in (0, ``MAX_WINDOW_TOKENS``] (docs/sources.md §13)."""
     meta = entry.get("meta")
     llama_cpp = meta.get("n_ctx") if isinstance(meta, dict) else None
     for window in (entry.get("max_model_len"), llama_cpp):
-        if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        if not isinstance(window, int) or isinstance(window, bool):
+            continue
+        if 0 < window <= MAX_WINDOW_TOKENS:
             return window
     return None
 

@@ -207,6 +207,12 @@ UPSTREAM_FIELDS: Mapping[str, Field] = {
     "staging": Field("bool"),
     "rates": RATES,
     "timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
+    "cache_isolation": Field("str"),
+    "models_timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
+    "call_timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
+    "models_max_bytes": Field("int", 1, BYTES_MAX, unit="bytes"),
+    "line_max_bytes": Field("int", 1, BYTES_MAX, unit="bytes"),
+    "reply_bytes_per_token": Field("int", 1, BYTES_MAX, unit="bytes"),
 }
 """An upstream (``engine = "openai"``) model's options (docs/upstream.md); its own parser,
 runtime/engines/upstream/options.py, refuses the keys it does not know."""

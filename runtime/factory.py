@@ -294,13 +294,22 @@ def _build_upstream(site: EngineSite) -> Engine:
     return build_upstream_engine(site.model.name, site.model.options, site.clock, site.config.name)
 
 
-UPSTREAM_PLACEABLE: dict[str, OptionKind] = dict.fromkeys(
-    ("url", "served_model", "sleep", "context_window", "weight_bytes", "device_bytes",
-     "staging", "rates", "timeout_s"),
-    "value",
-)  # fmt: skip
-"""The options of an upstream model placed over HTTP: all but ``api_key_env`` (a placed model
-must not choose which of the runtime's environment variables is sent to its URL)."""
+UPSTREAM_PLACEABLE: dict[str, OptionKind] = {
+    **dict.fromkeys(
+        ("sleep", "context_window", "weight_bytes", "device_bytes", "staging", "rates",
+         "timeout_s"),
+        "value",
+    ),
+    "url": "url",
+    "served_model": "served",
+}  # fmt: skip
+"""The options of an upstream model placed over HTTP: its ``url`` only under a prefix the
+operator allows, its ``served_model`` the catalog's model when it takes a catalog name
+(runtime/placement_rules.py). Not ``api_key_env`` (a placed model must not choose which of
+the runtime's environment variables is sent to its URL), nor ``cache_isolation`` (how
+tenants' prefixes are kept apart is the operator's choice) nor the read bounds beyond
+``timeout_s`` (options.py ``BOUNDS``: what protects the node's memory and time is the
+operator's too); a placed model gets their defaults."""
 
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),

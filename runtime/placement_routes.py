@@ -6,9 +6,12 @@ running node (issue 28).
   scheduler serves it; 400 for a bad entry (a name outside the catalog's grammar, a field its
   table refuses: runtime/config_fields.py; or an unknown catalog model), or one the
   operator's rules refuse (runtime/placement_rules.py: an option its engine does not list, a
-  path outside ``--models-dir``, ``trust_remote_code`` not allowed), 409 if the node hosts it
-  already, 503 while the runtime drains or once its node's loop has ended, 500 if its engine
-  fails to start (what it started is shut down; the node is unchanged);
+  path outside ``--models-dir``, ``trust_remote_code`` not allowed, an upstream URL outside
+  ``--allow-upstream-url``, a catalog model's name for another model), 409 if the node hosts
+  it already, 503 while the runtime drains or once its node's loop has ended, 500 if its
+  engine fails to start (what it started is shut down; the node is unchanged; the error names
+  the fault or the bound an upstream passed, never what it sent:
+  runtime/engines/upstream/client.py);
 - ``POST /v1/runtime/models/{name}/drain`` → 200: the model is marked *draining* (the status
   document lists it in ``draining_models``): every proxy routes no new session to it here
   while another node serves it, and its sessions here stay until they end (the controller
@@ -46,7 +49,7 @@ from fastapi.responses import Response
 from talaria.core.catalog import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
 from talaria.runtime.factory import ENGINES, EngineStartError, place_model, unplace_model
-from talaria.runtime.placement_rules import placed_model
+from talaria.runtime.placement_rules import check_served, placed_model
 
 router = APIRouter()
 DEMAND_HORIZON_S = 3600.0
@@ -71,6 +74,7 @@ async def add_model(request: Request) -> Response:
         entry = json.loads(await request.body())
         model = model_config(entry, "POST /v1/runtime/models", ENGINES)
         model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
+        check_served(model, ENGINES[model.engine].options, runtime.catalog)
     except (ValueError, NodeConfigError) as exc:
         return _json({"error": str(exc)}, 400)
     async with runtime.changes:

@@ -14,20 +14,37 @@ is held to these rules (``placed_model``):
 - **Code**: an option of kind ``code`` (vLLM's ``trust_remote_code``, which runs Python from
   the model's directory) is refused unless the runtime was started with
   ``--allow-trust-remote-code``; ``false`` is always accepted.
+- **Servers**: an option of kind ``url`` (an ``openai`` model's server, which receives every
+  call's prompt and whose answers the node reads) must start with one of the URL prefixes
+  the operator allows (``--allow-upstream-url PREFIX``, ``TALARIA_RUNTIME_UPSTREAM_URLS``);
+  none by default, so no upstream is placed over HTTP unless the operator says where.
+  A prefix matches by parts (``url_allowed``): the same scheme, host and port, and the
+  URL's path segments starting with the prefix's, so ``http://gpu1:8000`` allows
+  ``http://gpu1:8000/v1`` but not ``http://gpu1:80001`` nor ``http://gpu1:8000.evil.net``.
+  A URL with user info, a query, a fragment, ``.``/``..`` segments, an empty segment or a
+  ``%`` or ``\\`` in its path is refused whatever the prefixes.
+- **Names** (``check_served``): a placed model named as a catalog model must serve that
+  model: its option of kind ``served`` (an upstream's ``served_model``, by default the
+  name) must be the catalog model's name or its ``hf_id``. Else a placer could make a name
+  every tenant calls reach another model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
+from talaria.core.catalog import Catalog
 from talaria.runtime.config import ModelConfig, NodeConfigError
 
-OptionKind = Literal["value", "path", "code"]
+OptionKind = Literal["value", "path", "code", "url", "served"]
 """How a placeable option is checked: ``value`` as it is, ``path`` inside the models
-directory, ``code`` only when the operator allows code from the model's files."""
+directory, ``code`` only when the operator allows code from the model's files, ``url`` only
+under a URL prefix the operator allows, ``served`` (the model a server serves under the
+name) as a value that ``check_served`` holds to the catalog."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +55,8 @@ class PlacementRules:
     """Where placed models' files must be; None: no placed entry may name a path."""
     allow_trust_remote_code: bool = False
     """Accept options of kind ``code`` (``trust_remote_code = true``)."""
+    upstream_urls: tuple[str, ...] = ()
+    """URL prefixes an option of kind ``url`` may start with (``url_allowed``); empty: none."""
 
 
 def placed_model(
@@ -60,6 +79,8 @@ def placed_model(
             "the runtime is started with --allow-trust-remote-code"
         )
     path = None if model.path is None else _inside(model.path, "path", where, rules)
+    for key in sorted(k for k in model.options if options[k] == "url"):
+        _allowed(model.options[key], key, where, rules)
     resolved = {
         k: _inside(v, k, where, rules) if options[k] == "path" else v
         for k, v in model.options.items()
@@ -88,3 +109,82 @@ def _inside(value: Any, key: str, where: str, rules: PlacementRules) -> str:
     if not exists:
         raise NodeConfigError(f"{where}: {key} {value!r}: nothing there in {root}")
     return str(target)
+
+
+def _allowed(value: Any, key: str, where: str, rules: PlacementRules) -> None:
+    """``value`` under one of the operator's URL prefixes, or a ``NodeConfigError``."""
+    if not rules.upstream_urls:
+        raise NodeConfigError(
+            f"{where}: {key} refused: this runtime places no upstream server over HTTP; "
+            "start it with --allow-upstream-url PREFIX (or TALARIA_RUNTIME_UPSTREAM_URLS) to "
+            "allow servers under PREFIX"
+        )
+    if not isinstance(value, str) or not url_allowed(value, rules.upstream_urls):
+        shown = repr(value)[:200]
+        raise NodeConfigError(
+            f"{where}: {key} {shown} is not under an allowed upstream URL prefix "
+            f"({', '.join(rules.upstream_urls)})"
+        )
+
+
+UrlParts = tuple[str, str, int, tuple[str, ...]]
+"""A URL as ``url_allowed`` compares it: scheme, host, port, path segments."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def url_parts(url: str) -> UrlParts | None:
+    """``url``'s scheme, host (lower case), port (the scheme's default if none) and path
+    segments (a trailing ``/`` dropped); None for a URL that is not plain ``http[s]`` to a
+    host (user info, query, fragment, a ``.``/``..`` or empty segment, ``%`` or ``\\`` in
+    the path, whitespace or control characters anywhere)."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in DEFAULT_PORTS or not parts.hostname or parts.username is not None:
+        return None
+    if parts.password is not None or parts.query or parts.fragment or "?" in url or "#" in url:
+        return None
+    path = parts.path.removesuffix("/")
+    if "%" in path or "\\" in path or "@" in parts.netloc:
+        return None
+    segments = tuple(path.split("/")[1:]) if path else ()
+    if any(s in ("", ".", "..") for s in segments):
+        return None
+    return scheme, parts.hostname.lower(), port or DEFAULT_PORTS[scheme], segments
+
+
+def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
+    """Whether ``url`` is under one of ``prefixes``: the same scheme, host and port, and its
+    path segments begin with the prefix's (``url_parts``; a malformed URL never is)."""
+    target = url_parts(url)
+    if target is None:
+        return False
+    for prefix in prefixes:
+        allowed = url_parts(prefix)
+        if allowed is None:
+            continue
+        scheme, host, port, segments = allowed
+        if target[:3] == (scheme, host, port) and target[3][: len(segments)] == segments:
+            return True
+    return False
+
+
+def check_served(model: ModelConfig, options: Mapping[str, OptionKind], catalog: Catalog) -> None:
+    """A placed ``model`` named as a catalog model serves that model (module docstring:
+    "Names"), else a ``NodeConfigError`` naming both."""
+    spec = catalog.models.get(model.name)
+    if spec is None:
+        return
+    for key in sorted(k for k, kind in options.items() if kind == "served"):
+        served = model.options.get(key, model.name)
+        if served not in (spec.name, spec.hf_id):
+            raise NodeConfigError(
+                f"model {model.name!r}: {key} {str(served)[:200]!r} would serve another model "
+                f"under the catalog's name {model.name!r}; a placed model of that name must "
+                f"serve it ({spec.name!r} or {spec.hf_id!r}), or take a name of its own"
+            )

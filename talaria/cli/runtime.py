@@ -99,6 +99,18 @@ def runtime_server(
             "Python from the model's directory); the node config may set it regardless.",
         ),
     ] = False,
+    allow_upstream_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-upstream-url",
+            envvar="TALARIA_RUNTIME_UPSTREAM_URLS",
+            help="URL prefix under which models placed over HTTP may name an upstream server "
+            "(engine 'openai': it receives every call's prompt), repeatable; the environment "
+            "variable holds several, separated by spaces. Matched by scheme, host, port and "
+            "whole path segments. Default: none (no upstream is placed over HTTP); the node "
+            "config may name any server regardless.",
+        ),
+    ] = None,
     gpus: Annotated[
         str | None,
         typer.Option(
@@ -129,9 +141,27 @@ def runtime_server(
         + ", ".join(f"{m.name} ({m.engine})" for m in node.models)
         + ("" if token else f"; open to any caller (no {RUNTIME_TOKEN_ENV})")
     )
-    rules = PlacementRules(models_dir, allow_trust_remote_code)
+    rules = PlacementRules(
+        models_dir, allow_trust_remote_code, upstream_prefixes(allow_upstream_url)
+    )
     app_ = create_runtime_app(node, [str(p) for p in catalog_dirs or []], token=token, rules=rules)
     serve_runtime(app_, host, port, log_level, drain_timeout_s)
+
+
+def upstream_prefixes(given: list[str] | None) -> tuple[str, ...]:
+    """The ``--allow-upstream-url`` prefixes, each checked (runtime/placement_rules.py
+    ``url_parts``): one that is not a plain ``http[s]`` URL is refused in one line."""
+    from talaria.runtime.placement_rules import url_parts
+
+    prefixes = tuple(p.strip() for p in given or () if p.strip())
+    for prefix in prefixes:
+        if url_parts(prefix) is None:
+            raise typer.BadParameter(
+                f"{prefix!r} is not an http(s) URL prefix (scheme, host, optional port and "
+                "path; no user info, query or fragment)",
+                param_hint="'--allow-upstream-url'",
+            )
+    return prefixes
 
 
 def runtime_token(host: str) -> str | None:

@@ -7,6 +7,7 @@ stops, as it does for ``--model``."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -15,7 +16,11 @@ import httpx
 from talaria.runtime.engines.upstream import normalise_url
 
 DISCOVERY_TIMEOUT_S = 10.0
-"""How long one server's ``/v1/models`` may take to answer at start."""
+"""How long one server's ``/v1/models`` may take to answer at start (each read, and the whole
+list)."""
+DISCOVERY_MAX_BYTES = 1 << 20
+"""The most bytes of one server's model list read at start (the engine's default
+``models_max_bytes``, runtime/engines/upstream/options.py)."""
 SLEEP_KINDS = ("none", "vllm", "sglang")
 
 
@@ -40,11 +45,11 @@ def discover(urls: Sequence[str], timeout_s: float = DISCOVERY_TIMEOUT_S) -> lis
         for given in urls:
             url = normalise_url(given)
             try:
-                answer = http.get(url + "/models")
-                answer.raise_for_status()
-                models = tuple(str(m["id"]) for m in answer.json()["data"])
+                doc = json.loads(_model_list(http, url + "/models", timeout_s))
+                models = tuple(str(m["id"]) for m in doc["data"])
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
-                raise UpstreamError(f"upstream {url} did not list its models: {exc}") from exc
+                why = f"{type(exc).__name__}: {exc}"[:300]
+                raise UpstreamError(f"upstream {url} did not list its models: {why}") from exc
             if not models:
                 raise UpstreamError(f"upstream {url} serves no model")
             for model in models:
@@ -53,6 +58,22 @@ def discover(urls: Sequence[str], timeout_s: float = DISCOVERY_TIMEOUT_S) -> lis
                 seen[model] = url
             found.append(Upstream(url, models))
     return found
+
+
+def _model_list(http: httpx.Client, url: str, timeout_s: float) -> bytes:
+    """``GET url``'s body, at most ``DISCOVERY_MAX_BYTES`` and ``timeout_s`` in all (a
+    ``ValueError`` past either: a server that never ends its list does not hold ``serve``)."""
+    deadline = time.monotonic() + timeout_s
+    body = bytearray()
+    with http.stream("GET", url, headers={"Accept-Encoding": "identity"}) as answer:
+        answer.raise_for_status()
+        for chunk in answer.iter_raw():
+            body += chunk
+            if len(body) > DISCOVERY_MAX_BYTES:
+                raise ValueError(f"the list passed {DISCOVERY_MAX_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise ValueError(f"the list took longer than {timeout_s:g} s")
+    return bytes(body)
 
 
 def node_toml(upstreams: Sequence[Upstream], sleep: str, policy: str | None) -> str:

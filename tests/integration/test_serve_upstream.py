@@ -13,6 +13,7 @@ import pytest
 
 from bench.harness.processes import free_port, talaria_command, talaria_serve
 from talaria.cli.upstream import Upstream, UpstreamError, discover, node_toml
+from tests.integration.hostile_upstream import HostileUpstream
 from tests.unit.fake_upstream import fake_upstream_thread
 
 
@@ -63,3 +64,14 @@ def test_the_node_config_has_one_upstream_model_per_served_model() -> None:
     ]
     with pytest.raises(UpstreamError, match="sleep must be one of"):
         node_toml(upstreams, "deep", None)
+
+
+def test_discovery_reads_a_bounded_model_list() -> None:
+    """An endless ``/v1/models`` stops ``serve`` with one error at 1 MiB, not a hang or its
+    memory (tests/integration/hostile_upstream.py)."""
+    with fake_upstream_thread(HostileUpstream) as hostile:
+        with pytest.raises(UpstreamError, match="passed 1048576 bytes"):
+            discover([hostile.url + "/endless"])
+        with pytest.raises(UpstreamError) as leak:
+            discover([hostile.url + "/leak"])
+    assert "SECRET" not in str(leak.value)

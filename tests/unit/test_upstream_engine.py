@@ -52,11 +52,14 @@ def engine_for(url: str, **options: Any) -> UpstreamEngine:
 
 def request(
     text: str, *, session: str = "s1", stream: bool = True, history: tuple[Any, ...] = (),
-    rid: str = "r1", **call: Any,
+    rid: str = "r1", cache_salt: str | None = None, **call: Any,
 ) -> CallRequest:  # fmt: skip
     messages = (*history, {"role": "user", "content": text})
     c = Call("fake-model", messages=messages, stream=stream, **call)
-    return CallRequest(rid, session, "fake-model", c.prompt_tokens(), 64, stream=stream, call=c)
+    return CallRequest(
+        rid, session, "fake-model", c.prompt_tokens(), 64, stream=stream, call=c,
+        cache_salt=cache_salt,
+    )  # fmt: skip
 
 
 async def serve(engine: UpstreamEngine, req: CallRequest) -> list[GenerationEvent]:
@@ -131,22 +134,40 @@ def test_a_call_without_a_limit_leaves_it_to_the_server_and_unstreamed_folds() -
     assert out is not None and out.text == "Hello from fake-model."
 
 
-def test_a_continuation_reports_the_servers_cached_tokens_as_hbm() -> None:
-    async def main() -> tuple[CallResult, CallResult, dict[str, Any]]:
+@pytest.mark.parametrize(
+    ("isolation", "salted", "shown"),
+    [("salt", True, True), ("share", False, True), ("hide", False, False)],
+)
+def test_a_continuation_reports_cached_tokens_as_its_isolation_says(
+    isolation: str, salted: bool, shown: bool
+) -> None:
+    async def main() -> tuple[CallResult, CallResult, dict[str, Any], list[dict[str, Any]]]:
         async with fake_upstream() as fake:
-            engine = await started(fake)
-            first = result_of(await serve(engine, request("hi")))
+            engine = await started(fake, cache_isolation=isolation)
+            first = result_of(await serve(engine, request("hi", cache_salt="t1")))
             assert first.output is not None
             history = (USER, first.output.as_message())
-            second = result_of(await serve(engine, request("more", history=history, rid="r2")))
+            more = request("more", history=history, rid="r2", cache_salt="t1")
+            second = result_of(await serve(engine, more))
             kv = engine.session_kv()
             await engine.shutdown()
-            return first, second, kv
+            return first, second, kv, fake.bodies
 
-    first, second, kv = run(main)
+    first, second, kv, bodies = run(main)
     assert first.cached_tokens == 0 and first.kv_source is KvSource.NEW
-    assert second.cached_tokens > 0 and second.kv_source is KvSource.HBM
+    # the server reused the prefix whatever the mode: the KV source says so (operator-only)
+    assert second.kv_source is KvSource.HBM
+    assert (second.cached_tokens > 0) is shown  # what the caller sees
+    assert [b.get("cache_salt") for b in bodies] == (["t1", "t1"] if salted else [None, None])
     assert kv["s1"] == (second.prompt_tokens + second.output_tokens, KvSource.HBM)
+
+
+def test_the_default_isolation_salts_only_a_vllm_server() -> None:
+    assert upstream_options("m", {"url": "http://h"}).cache_isolation == "hide"
+    assert upstream_options("m", {"url": "http://h", "sleep": "sglang"}).cache_isolation == "hide"
+    assert upstream_options("m", {"url": "http://h", "sleep": "vllm"}).cache_isolation == "salt"
+    with pytest.raises(NodeConfigError, match="cache_isolation"):
+        upstream_options("m", {"url": "http://h", "cache_isolation": "maybe"})
 
 
 def test_tool_call_fragments_map_to_the_vllm_engines_deltas() -> None:
@@ -272,7 +293,9 @@ def test_start_names_an_url_that_does_not_answer_and_a_model_it_does_not_serve()
 
     down, missing, window = run(main)
     assert f"{url}/v1/models" in down
-    assert "does not serve 'fake-model' (it lists: other)" in missing and "/v1" in missing
+    # what the server lists goes to the log, not into the error (a placer could read it)
+    assert "does not serve 'fake-model' (it lists 1 models" in missing and "/v1" in missing
+    assert "other" not in missing
     assert window == 777
 
 
@@ -287,6 +310,9 @@ def test_start_names_an_url_that_does_not_answer_and_a_model_it_does_not_serve()
         ({"id": "m", "meta": "n_ctx"}, None),
         ({"id": "m", "max_model_len": True}, None),
         ({"id": "m", "max_model_len": 0, "meta": {"n_ctx": -1}}, None),
+        # a window no model has would lift the reply's byte bound (it follows the limit)
+        ({"id": "m", "max_model_len": 10**12, "meta": {"n_ctx": 8192}}, 8192),
+        ({"id": "m", "max_model_len": 10**12}, None),
     ],
 )
 def test_the_window_a_server_reports(entry: dict[str, Any], window: int | None) -> None:

@@ -15,7 +15,7 @@ import pytest
 from talaria.core.calls import Call
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock
-from talaria.core.types import CallRequest, CallResult
+from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.config import ModelConfig, NodeConfig
 from talaria.runtime.engines.upstream import UpstreamEngine
 from talaria.runtime.factory import build_node_from_config
@@ -117,7 +117,9 @@ def test_slot_switches_sleep_and_wake_the_servers_in_slot_order(
     sleeps = [m for m, _, p in shared if p.startswith(SLEEPS)]
     assert sleeps[:2] in (["a", "b"], ["b", "a"]) or sleep == "vllm"  # started asleep
     assert any(r.sp_admitted for r in results), "a continuation was admitted mid-slot (SP)"
-    assert any(r.cached_tokens > 0 for r in results), "continuations hit the server's cache"
+    assert any(r.kv_source is KvSource.HBM for r in results), "continuations hit its cache"
+    # a vLLM server is salted per tenant and shows its cached tokens; SGLang's are hidden
+    assert any(r.cached_tokens > 0 for r in results) is (sleep == "vllm")
 
 
 def test_servers_whose_memory_fits_together_stay_awake_together() -> None:

@@ -8,9 +8,12 @@ What it cannot know, and so reports as such:
   preempts or queues when full; the node never refuses a call for memory on its behalf), and
   ``kv_bytes`` is 0. ``session_kv`` lists the sessions it served since the server last slept
   (their last prompt + output tokens, ``HBM``), best effort: the server's own evictions are
-  not seen. A call's cached tokens and KV source come from the server's usage
+  not seen. A call's KV source comes from the server's usage
   (``prompt_tokens_details.cached_tokens``): ``HBM`` when > 0, else ``RECOMPUTE`` for a
-  session it served before, ``NEW`` for a first call.
+  session it served before, ``NEW`` for a first call; the cached tokens the caller sees
+  depend on ``cache_isolation`` (generation.py, which runs each call).
+- Nothing the server sends is trusted to be small, quick or honest: every read is bounded
+  (reading.py), the output is cut at the call's limit and the usage checked (usage.py).
 - Timing is a linear rate model (options.py ``UPSTREAM_RATES``, est.); the switch-in estimate
   is the last wake it measured. Host KV (``keep_kv_on_host``) is the server's own connector's
   (e.g. LMCache); a level-1 sleep drops the device's KV.
@@ -23,28 +26,20 @@ import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator
 
-from talaria.core.calls import FinishReason, OutputAccumulator, OutputDelta
 from talaria.core.clock import Clock
 from talaria.core.types import (
     CallRejected,
     CallRequest,
-    CallResult,
     Finished,
-    FirstToken,
     GenerationEvent,
     KvSource,
-    TokenDelta,
 )
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot, call_result
-from talaria.runtime.engines.upstream.client import (
-    UpstreamClient,
-    UpstreamUnavailable,
-    chat_body,
-    served_window,
-)
+from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engines.upstream.client import LOGGED_CHARS, UpstreamClient, served_window
+from talaria.runtime.engines.upstream.generation import CallSite, generate
 from talaria.runtime.engines.upstream.options import UpstreamOptions
+from talaria.runtime.engines.upstream.reading import UpstreamUnavailable
 from talaria.runtime.engines.upstream.sleep import SleepControl
-from talaria.runtime.engines.vllm.chat import ChatTotals, parse_chunk
 from talaria.runtime.engines.vllm.generate import BusyMeter
 
 log = logging.getLogger(__name__)
@@ -54,12 +49,6 @@ SESSIONS_KEPT = 4096
 BLOCK_TOKENS = 16
 """Reported in ``info`` only: the server's block size is not visible over HTTP (vLLM's GPU
 default)."""
-
-
-def _finish(reason: str) -> FinishReason:
-    if reason == "tool_calls":
-        return "tool_calls"
-    return "length" if reason == "length" else "stop"
 
 
 class UpstreamEngine:
@@ -80,6 +69,7 @@ class UpstreamEngine:
         self._running = 0
         self._staging = False
         self._busy = BusyMeter(clock)
+        self._site = CallSite(name, self._client, options, clock, node, self._busy)
         self._sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._wake_s: float | None = None
         self._fault: str | None = None
@@ -102,11 +92,12 @@ class UpstreamEngine:
         served = self._opt.served_model
         models = await self._client.models()
         entry = next((m for m in models if m.get("id") == served), None)
-        if entry is None:
-            listed = ", ".join(str(m.get("id")) for m in models) or "none"
+        if entry is None:  # the ids it lists go to the log, not to whoever placed the model
+            listed = ", ".join(str(m.get("id"))[:100] for m in models[:20])
+            log.warning("upstream %s lists %s", self._client.url, listed[:LOGGED_CHARS] or "none")
             raise UpstreamUnavailable(
-                f"upstream {self._client.url} does not serve {served!r} (it lists: {listed}); "
-                "set served_model to one of them"
+                f"upstream {self._client.url} does not serve {served!r} (it lists "
+                f"{len(models)} models: see the runtime's log); set served_model to one of them"
             )
         if self._window is None:
             self._window = served_window(entry)
@@ -266,83 +257,17 @@ class UpstreamEngine:
             except UpstreamUnavailable as exc:
                 raise UpstreamUnavailable(f"{self.model}: not awake: {exc}") from exc
             self._fault = None
-        limited = call.max_output_tokens is not None or request.output_tokens is not None
-        limit = request.output_tokens or request.max_output_tokens
-        body = chat_body(call, self._opt.served_model, limit if limited else None)
-        totals = ChatTotals()
-        output = OutputAccumulator()
-        first_s: float | None = None
-        chunks = 0
-        finish: FinishReason = "stop"
-        self._busy.begin()
-        try:
-            async with contextlib.aclosing(self._client.stream_chat(body)) as stream:
-                async for data in stream:
-                    try:
-                        chunk = parse_chunk(data, totals)
-                    except CallRejected:
-                        raise
-                    except RuntimeError as exc:  # an error chunk that is not the caller's
-                        raise UpstreamUnavailable(f"upstream {self._client.url}: {exc}") from exc
-                    if chunk is None:
-                        continue
-                    if chunk.finish_reason is not None:
-                        finish = _finish(chunk.finish_reason)
-                    if chunk.delta.empty:
-                        continue
-                    now = self._clock.now()
-                    output.add(chunk.delta)
-                    chunks += 1
-                    if first_s is None:
-                        first_s = now
-                        yield FirstToken(
-                            now, admission.cached_tokens, admission.kv_source, chunk.delta
-                        )
-                    elif request.stream:
-                        yield TokenDelta(now, max(1, len(chunk.token_ids)), chunk.delta)
-        finally:
-            self._busy.end()
-        if first_s is None:  # an empty reply: its first (and last) token is the end
-            first_s = self._clock.now()
-            yield FirstToken(first_s, admission.cached_tokens, admission.kv_source, OutputDelta())
-        yield Finished(self._result(admission, totals, first_s, output, finish, chunks))
-
-    def _result(
-        self,
-        admission: Admission,
-        totals: ChatTotals,
-        first_s: float,
-        output: OutputAccumulator,
-        finish: FinishReason,
-        chunks: int,
-    ) -> CallResult:
-        """The call's result from the server's usage (chunks counted where it sent none); the
-        session's prompt + output tokens are remembered at the current sleep epoch."""
-        request = admission.request
-        cached = totals.cached_tokens
-        prompt = totals.prompt_tokens or request.prompt_tokens
-        out_tokens = totals.completion_tokens or chunks
         held = self._sessions.pop(request.session_key, None)
-        if cached > 0:
-            source = KvSource.HBM
-        else:
-            source = KvSource.NEW if held is None else KvSource.RECOMPUTE
-        recomputed = min(held[0], prompt) if held is not None and cached == 0 else 0
-        self._sessions[request.session_key] = (prompt + out_tokens, self._sleep.epoch)
-        while len(self._sessions) > SESSIONS_KEPT:
-            self._sessions.popitem(last=False)
-        return call_result(
-            admission,
-            self._node,
-            prompt_tokens=prompt,
-            cached_tokens=cached,
-            output_tokens=out_tokens,
-            first_token_s=first_s,
-            finished_s=self._clock.now(),
-            kv_source=source,
-            recomputed_tokens=recomputed,
-            output=output.output(finish),
-        )
+        events = generate(self._site, admission, held)
+        async with contextlib.aclosing(events):
+            async for event in events:
+                if isinstance(event, Finished):  # remembered at the current sleep epoch
+                    done = event.result
+                    tokens = done.prompt_tokens + done.output_tokens
+                    self._sessions[request.session_key] = (tokens, self._sleep.epoch)
+                    while len(self._sessions) > SESSIONS_KEPT:
+                        self._sessions.popitem(last=False)
+                yield event
 
     # -- switching -------------------------------------------------------------------------
     async def activate(self) -> float:

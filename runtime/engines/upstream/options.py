@@ -3,6 +3,7 @@ when the node is built: a bad value is a ``NodeConfigError`` naming the model an
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,6 +14,9 @@ from talaria.runtime.engines.vllm.options import RateModel
 
 SleepKind = Literal["vllm", "sglang", "none"]
 SLEEP_KINDS: tuple[SleepKind, ...] = ("vllm", "sglang", "none")
+CacheIsolation = Literal["salt", "hide", "share"]
+CACHE_ISOLATIONS: tuple[CacheIsolation, ...] = ("salt", "hide", "share")
+"""How tenants' prefixes are kept apart on one server (``UpstreamOptions.cache_isolation``)."""
 
 UPSTREAM_RATES = RateModel(
     prefill_s_per_token=2e-5,
@@ -55,7 +59,47 @@ class UpstreamOptions:
     device's free memory, so only the operator knows that both fit."""
     rates: RateModel = field(default_factory=lambda: UPSTREAM_RATES)
     timeout_s: float = 600.0
-    """The longest wait for any one upstream read (a chunk of a stream, a sleep or a wake)."""
+    """The longest wait for one read of a stream, and for the whole of a sleep or a wake (a
+    wake of vLLM's level-1 sleep moves the weights back at ~10 GB/s per GPU,
+    docs/sources.md §4: 70 GB in ~7 s; 600 s leaves room for a loaded host)."""
+    cache_isolation: CacheIsolation = "hide"
+    """How one tenant is kept from reading another's prefix cache on this server:
+
+    - ``salt``: each call carries its tenant's ``cache_salt`` (vLLM's OpenAI server, 0.9 and
+      later: blocks of different salts never match), and the server's ``cached_tokens`` are
+      reported as it sends them (checked against the prompt). The default with
+      ``sleep = "vllm"``.
+    - ``hide``: no salt (SGLang and llama.cpp's server take none); every call reports 0
+      cached tokens, whatever the server says. The default otherwise. Why none rather than
+      "as many as the session's own earlier calls left": any number read from a shared
+      cache, even capped by the session's own history, changes when another tenant sends
+      the same tokens after an eviction the caller can force, so it stays an oracle; the
+      server's figure still sets the call's KV source (operator-only, in the call record).
+    - ``share``: no salt, ``cached_tokens`` as sent: the operator's word that the server's
+      tenants may learn each other's prefixes (one tenant, or tenants that trust each other).
+
+    Whatever the mode, timing (a cached prefix answers sooner) is visible without a salt."""
+    models_timeout_s: float = 30.0
+    """The whole of ``GET /v1/models`` (at start and at placement): a list of a few models is
+    a few kilobytes served from memory; 30 s is generous on any network and bounds how long
+    a placement may hold the node's placement lock."""
+    call_timeout_s: float = 1800.0
+    """The whole of one call, from its request to its stream's end, whatever arrives meanwhile
+    (a stream of comments or keep-alives included): 32,768 output tokens (a common output
+    limit) at a 50 ms decode step (a heavily batched server) take 27 minutes."""
+    models_max_bytes: int = 1 << 20
+    """Bytes of ``GET /v1/models`` (and of any other plain answer: the sleep endpoints):
+    vLLM's entry for one model is ~500 bytes, so 1 MiB lists about 2,000 models."""
+    line_max_bytes: int = 1 << 20
+    """Bytes of one line of a call's stream: a chunk carries one step's tokens (vLLM: one
+    token, its logprobs, ~0.3-2 KB) or, from some tool parsers, a whole tool call's
+    arguments at once; 1 MiB is over 4,000 tokens at the most generous 256 bytes a token
+    (usage.py ``MAX_TOKEN_BYTES``)."""
+    reply_bytes_per_token: int = 4096
+    """Bytes a call's stream may carry per output token it may generate: the stream is cut at
+    ``REPLY_BASE_BYTES`` (64 KiB: the role, usage and ``[DONE]`` lines) + ``max_tokens`` ×
+    this. A vLLM chunk of one token is ~300 bytes, ~2 KB with 20 top logprobs (each
+    alternative ~80 bytes of JSON); 4 KiB is twice that."""
 
     @property
     def base(self) -> str:
@@ -70,7 +114,12 @@ def normalise_url(url: str) -> str:
 
 
 def _number(name: str, model: str, value: Any, *, integer: bool = False) -> float:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+    ok = (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
     if not ok or (integer and not isinstance(value, int)):
         kind = "a positive integer" if integer else "a positive number"
         raise NodeConfigError(f"model {model}: {name} must be {kind}, not {value!r}")
@@ -81,9 +130,12 @@ def _window(model: str, value: Any) -> int:
     return int(_number("context_window", model, value, integer=True))
 
 
+BOUNDS = ("timeout_s", "models_timeout_s", "call_timeout_s", "models_max_bytes",
+          "line_max_bytes", "reply_bytes_per_token")  # fmt: skip
+"""The options that bound what is read from the server (all positive; the byte ones whole)."""
 KNOWN = frozenset(
     {"url", "served_model", "api_key_env", "sleep", "context_window", "weight_bytes",
-     "device_bytes", "staging", "rates", "timeout_s"}
+     "device_bytes", "staging", "rates", "cache_isolation", *BOUNDS}
 )  # fmt: skip
 
 
@@ -117,6 +169,17 @@ def upstream_options(model: str, options: Mapping[str, Any]) -> UpstreamOptions:
         raise NodeConfigError(f"model {model}: rates: {exc}") from exc
     device = options.get("device_bytes")
     weights = options.get("weight_bytes")
+    isolation = options.get("cache_isolation", "salt" if sleep == "vllm" else "hide")
+    if isolation not in CACHE_ISOLATIONS:
+        raise NodeConfigError(
+            f"model {model}: cache_isolation must be one of {CACHE_ISOLATIONS}, not {isolation!r}"
+        )
+    defaults = UpstreamOptions("", "")
+    bounds = {
+        name: _number(name, model, options.get(name, getattr(defaults, name)),
+                      integer=name.endswith("_bytes") or name.endswith("_token"))
+        for name in BOUNDS
+    }  # fmt: skip
     return UpstreamOptions(
         url=normalise_url(url),
         served_model=str(options.get("served_model") or model),
@@ -127,5 +190,11 @@ def upstream_options(model: str, options: Mapping[str, Any]) -> UpstreamOptions:
         device_bytes=None if device is None else _number("device_bytes", model, device),
         staging=bool(options.get("staging", False)) and sleep == "vllm",
         rates=rate_model,
-        timeout_s=_number("timeout_s", model, options.get("timeout_s", 600.0)),
+        cache_isolation=isolation,
+        timeout_s=bounds["timeout_s"],
+        models_timeout_s=bounds["models_timeout_s"],
+        call_timeout_s=bounds["call_timeout_s"],
+        models_max_bytes=int(bounds["models_max_bytes"]),
+        line_max_bytes=int(bounds["line_max_bytes"]),
+        reply_bytes_per_token=int(bounds["reply_bytes_per_token"]),
     )  # fmt: skip

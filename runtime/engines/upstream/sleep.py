@@ -19,8 +19,9 @@ import contextlib
 from collections.abc import Coroutine
 from typing import Any
 
-from talaria.runtime.engines.upstream.client import UpstreamClient, UpstreamUnavailable
+from talaria.runtime.engines.upstream.client import UpstreamClient
 from talaria.runtime.engines.upstream.options import SleepKind
+from talaria.runtime.engines.upstream.reading import UpstreamUnavailable
 
 
 class SleepControl:

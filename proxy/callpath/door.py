@@ -46,8 +46,11 @@ async def tenant_of(ctx: ProxyContext, request: Request) -> str:
 
 async def caller_of(ctx: ProxyContext, request: Request) -> Caller:
     """The caller (its tenant, its key's priority and weight): the key comes as
-    ``Authorization: Bearer`` or ``x-api-key`` (Anthropic's clients send the latter)."""
-    client = request.client.host if request.client else None
+    ``Authorization: Bearer`` or ``x-api-key`` (Anthropic's clients send the latter). A
+    request an untrusted peer relayed has no known client (proxy/contract/peer.py): open mode
+    does not take its loopback peer for a local caller."""
+    relayed = getattr(request.state, "relayed", False)
+    client = request.client.host if request.client and not relayed else None
     authorization = request.headers.get("authorization")
     if not authorization and request.headers.get("x-api-key"):
         authorization = f"Bearer {request.headers['x-api-key']}"

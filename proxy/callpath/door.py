@@ -66,7 +66,7 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     ctx = context(request)
     caller = request.state.caller = await caller_of(ctx, request)
     tenant = caller.tenant_id
-    raw = await read_bytes(request, ctx.settings.max_request_bytes)
+    raw = await read_bytes(request, ctx.settings.max_request_bytes, ctx.cluster is not None)
     if named_by_header(request.headers, _sources(ctx)):  # the body cannot change the identity
         known = _identify(request, ctx, {})
         if known.identity is not None:
@@ -230,6 +230,7 @@ async def open_call(
     key = _placement_key(request, ctx, tenant, identity, found_by)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
+    request.state.body = None  # served here: its bytes were kept only to forward them
     limiter = ctx.limits
     ticket = limiter.admit(_limits(request, tenant)) if limiter is not None else None  # or 429
     try:

@@ -30,6 +30,16 @@ replayed trace). Bounded memory: ``PopulationGaps`` keeps at most ``max_keys`` (
 fits, least recently used evicted first (an evicted key starts again from the prior); each is
 three floats.
 
+**Per tenant** (issue 46): the agent's kind is what a client's ``User-Agent`` says, so a tenant
+that wrote a new one on every call would add a population per call and push every other
+tenant's fits out of the ``max_keys``. So each tenant has fits of their own for at most
+``max_agents`` (default 8; est.: Claude Code, Codex, Qwen Code, an SDK, ... a tenant runs a
+handful) kinds, the first it is seen with while their fits are held; any other kind of that
+tenant is learned as the tenant's ``POOLED_AGENT`` for the model. A tenant thus holds at most
+(``max_agents`` + 1) fits per model, whatever it sends: rotating its ``User-Agent`` past that
+only feeds its own pooled fit, and evicts nobody's. (A kind frees its place when its last fit
+is evicted.)
+
 **Session** (``SessionGaps``): the count n_s and sum S_s of its own ln(gap)s, blended with its
 population's mean with a pseudo-count k_s (``session_weight``, default 3; est.):
 μ_s = (k_s μ_pop + S_s) / (k_s + n_s); its σ is the population's (a session sees too few gaps
@@ -51,7 +61,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -66,6 +76,13 @@ DEFAULT_CAP_S = 600.0
 DEFAULT_PRIOR_WEIGHT = 20.0
 DEFAULT_SESSION_WEIGHT = 3.0
 DEFAULT_MAX_KEYS = 1024
+DEFAULT_MAX_AGENTS = 8
+POOLED_AGENT = "(pooled)"
+"""The kind a tenant's kinds past ``max_agents`` are learned as (not an HTTP token, so no
+``User-Agent`` names it: proxy/sessions/identity.py ``agent_kind``)."""
+
+PopulationKey = tuple[str, str, str]
+"""(tenant, model, agent): a population (module docstring)."""
 
 
 def mixture_log_moments(parts: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
@@ -120,7 +137,9 @@ class LogNormalFit:
 
 class PopulationGaps:
     """The node's log-normal fits by population key, at most ``max_keys`` of them (least
-    recently used evicted first; an evicted key starts again from the prior)."""
+    recently used evicted first; an evicted key starts again from the prior), and at most
+    ``max_agents`` agent kinds of its own per tenant (past them, ``POOLED_AGENT``: module
+    docstring)."""
 
     def __init__(
         self,
@@ -128,14 +147,20 @@ class PopulationGaps:
         prior_weight: float = DEFAULT_PRIOR_WEIGHT,
         log_mean: float = PRIOR_LOG_MEAN,
         log_sd: float = PRIOR_LOG_SD,
+        max_agents: int = DEFAULT_MAX_AGENTS,
     ) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        if max_agents < 1:
+            raise ValueError(f"max_agents must be >= 1, got {max_agents}")
         self.max_keys = max_keys
+        self.max_agents = max_agents
         self.prior_weight = prior_weight
         self.log_mean = log_mean
         self.log_sd = log_sd
-        self._fits: OrderedDict[Hashable, LogNormalFit] = OrderedDict()
+        self._fits: OrderedDict[PopulationKey, LogNormalFit] = OrderedDict()
+        self._kinds: dict[str, dict[str, int]] = {}
+        """Tenant → each agent kind of its own (not pooled) → how many of its fits are held."""
 
     def __len__(self) -> int:
         return len(self._fits)
@@ -143,26 +168,58 @@ class PopulationGaps:
     def __contains__(self, key: object) -> bool:
         return key in self._fits
 
-    def fit(self, key: Hashable) -> LogNormalFit:
-        """The key's fit (a fresh prior for a key not held, not stored); marks it used."""
-        found = self._fits.get(key)
+    def held_keys(self) -> list[PopulationKey]:
+        """The keys held, least recently used first."""
+        return list(self._fits)
+
+    def key_of(self, key: PopulationKey) -> PopulationKey:
+        """The key ``key``'s gaps are learned under: itself, or its tenant's pooled kind for
+        the model when the tenant already has ``max_agents`` other kinds of its own."""
+        tenant, model, agent = key
+        kinds = self._kinds.get(tenant, {})
+        if agent in kinds or agent == POOLED_AGENT or len(kinds) < self.max_agents:
+            return key
+        return (tenant, model, POOLED_AGENT)
+
+    def fit(self, key: PopulationKey) -> LogNormalFit:
+        """The fit ``key`` is learned under (``key_of``; a fresh prior for a key not held, not
+        stored); marks it used."""
+        held = self.key_of(key)
+        found = self._fits.get(held)
         if found is None:
             return LogNormalFit.prior(self.log_mean, self.log_sd, self.prior_weight)
-        self._fits.move_to_end(key)
+        self._fits.move_to_end(held)
         return found
 
-    def observe(self, key: Hashable, gap_s: float) -> None:
-        """Add one gap of the key's population (adding the key, evicting the least recently
-        used one past ``max_keys``)."""
-        found = self._fits.get(key)
+    def observe(self, key: PopulationKey, gap_s: float) -> None:
+        """Add one gap of the population ``key`` is learned under (``key_of``), adding it and
+        evicting the least recently used key past ``max_keys``."""
+        held = self.key_of(key)
+        found = self._fits.get(held)
         if found is None:
             found = LogNormalFit.prior(self.log_mean, self.log_sd, self.prior_weight)
-            self._fits[key] = found
+            self._fits[held] = found
+            self._count(held, 1)
             while len(self._fits) > self.max_keys:
-                self._fits.popitem(last=False)
+                evicted, _ = self._fits.popitem(last=False)
+                self._count(evicted, -1)
         else:
-            self._fits.move_to_end(key)
+            self._fits.move_to_end(held)
         found.observe(gap_s)
+
+    def _count(self, key: PopulationKey, delta: int) -> None:
+        """A fit of ``key`` added (+1) or evicted (−1): its tenant's kinds follow."""
+        tenant, _, agent = key
+        if agent == POOLED_AGENT:
+            return
+        kinds = self._kinds.setdefault(tenant, {})
+        held = kinds.get(agent, 0) + delta
+        if held > 0:
+            kinds[agent] = held
+        else:
+            kinds.pop(agent, None)
+            if not kinds:
+                del self._kinds[tenant]
 
 
 @dataclass

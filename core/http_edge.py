@@ -74,7 +74,11 @@ class EdgeBounds:
 class BoundedConfig(uvicorn.Config):
     """uvicorn's Config with :class:`EdgeBounds`, the bounded HTTP protocol (httptools when
     it is installed, as uvicorn's ``auto`` picks, else h11), the :class:`Gate` of its
-    connection bound, and the listen backlog that bound leaves room for."""
+    connection bound, and the listen backlog that bound leaves room for. uvicorn's
+    ``proxy_headers`` is off: on by default, it took a loopback peer's ``X-Forwarded-For`` as
+    the client's address, which any client on the host (or behind a local proxy) writes as it
+    likes; the proxy resolves forwarded addresses itself, from the proxies its operator trusts
+    (proxy/contract/peer.py), and the runtime reads none."""
 
     def __init__(self, app: Any, bounds: EdgeBounds, **kwargs: Any) -> None:
         limit = bounds.max_connections or default_max_connections()
@@ -83,6 +87,7 @@ class BoundedConfig(uvicorn.Config):
             http=protocol_class(),
             backlog=accept_backlog(limit),
             timeout_keep_alive=int(KEEP_ALIVE_S),
+            proxy_headers=False,
             **kwargs,
         )
         self.header_timeout_s = bounds.header_timeout_s

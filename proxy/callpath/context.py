@@ -70,10 +70,12 @@ async def read_json(request: Request, max_bytes: int) -> Any:
     return parse_json(await read_bytes(request, max_bytes))
 
 
-async def read_bytes(request: Request, max_bytes: int) -> bytes:
-    """The body's bytes (413 past ``max_bytes``, as :func:`read_json`), also kept in
-    ``request.state.body`` (a replica forwards them as they came). A peer's forward must
-    come with the body it signed (proxy/cluster/trust.py): 400 otherwise."""
+async def read_bytes(request: Request, max_bytes: int, keep: bool = False) -> bytes:
+    """The body's bytes (413 past ``max_bytes``, as :func:`read_json`); with ``keep`` also
+    kept in ``request.state.body`` (a replica forwards them as they came; else they are freed
+    once parsed: a body's bytes, its JSON's objects and its dialect's model held together
+    for a whole call were ~11× its size, docs/proxy-overhead.md). A peer's forward must come
+    with the body it signed (proxy/cluster/trust.py): 400 otherwise."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -92,7 +94,8 @@ async def read_bytes(request: Request, max_bytes: int) -> bytes:
             "x-talaria-* headers are internal to Talaria's replicas.",
             code="internal_header",
         )
-    request.state.body = body
+    if keep:
+        request.state.body = body
     return body
 
 

@@ -46,8 +46,11 @@ async def tenant_of(ctx: ProxyContext, request: Request) -> str:
 
 async def caller_of(ctx: ProxyContext, request: Request) -> Caller:
     """The caller (its tenant, its key's priority and weight): the key comes as
-    ``Authorization: Bearer`` or ``x-api-key`` (Anthropic's clients send the latter)."""
-    client = request.client.host if request.client else None
+    ``Authorization: Bearer`` or ``x-api-key`` (Anthropic's clients send the latter). A
+    request an untrusted peer relayed has no known client (proxy/contract/peer.py): open mode
+    does not take its loopback peer for a local caller."""
+    relayed = getattr(request.state, "relayed", False)
+    client = request.client.host if request.client and not relayed else None
     authorization = request.headers.get("authorization")
     if not authorization and request.headers.get("x-api-key"):
         authorization = f"Bearer {request.headers['x-api-key']}"
@@ -63,7 +66,7 @@ async def read_body(request: Request) -> tuple[ProxyContext, str, Any]:
     ctx = context(request)
     caller = request.state.caller = await caller_of(ctx, request)
     tenant = caller.tenant_id
-    raw = await read_bytes(request, ctx.settings.max_request_bytes)
+    raw = await read_bytes(request, ctx.settings.max_request_bytes, ctx.cluster is not None)
     if named_by_header(request.headers, _sources(ctx)):  # the body cannot change the identity
         known = _identify(request, ctx, {})
         if known.identity is not None:
@@ -246,6 +249,7 @@ async def open_call(
     key = _placement_key(request, ctx, tenant, identity, found_by)
     if not known.placed:
         await forward_to_owner(request, ctx, key, parsed.body)
+    request.state.body = None  # served here: its bytes were kept only to forward them
     max_tokens = call.max_output_tokens or ctx.settings.max_output_tokens
     limiter, limits = ctx.limits, _limits(request, tenant)
     ticket = None

@@ -9,6 +9,13 @@
 
 An implicit session (no client id) is not taken over: its next call starts a new session.
 
+*First calls*: a call that names a root session no replica has opened yet *claims* the name
+in the store before this replica opens it (proxy/store/claims.py): the store inserts the new
+session's row, or, when another replica's claim came first, answers with that session, which
+is then taken over here like any other. So concurrent first calls of one session on two
+replicas make one session (issue 46), not two. A tenant at its cap of live sessions claims
+nothing (the book refuses its new session: 429).
+
 With ingress affinity (owner.py), the balancer, not this replica, decides where a session's
 calls go, and it moves sessions when the replicas change. So:
 
@@ -25,13 +32,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from talaria.core.clock import TimeScale
 from talaria.core.reservations import SessionReservations
 from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.sessions.book import SessionBook
-from talaria.proxy.sessions.state import SessionState
+from talaria.proxy.sessions.state import SessionState, new_key
 
 
 @dataclass(frozen=True)
@@ -47,8 +56,18 @@ class AdoptableSession:
 
 Owned = Callable[[str], bool]
 """``owned(route_key)``: whether this replica owns that session now."""
-Adopt = Callable[[str, str], Awaitable[AdoptableSession | None]]
-"""``adopt(tenant, client id)``: the open session another replica held, if any."""
+
+
+class Adopt(Protocol):
+    """``adopt(tenant, client id)``: the open session another replica held, if any; with
+    ``claim`` (a new session's record), that session, else ``claim``'s own, now in the store
+    (proxy/store/claims.py)."""
+
+    def __call__(
+        self, tenant_id: str, session_id: str, claim: SessionRecord | None = None, /
+    ) -> Awaitable[AdoptableSession | None]: ...
+
+
 Generation = Callable[[], int]
 """How many times the live set of replicas has changed (membership.py)."""
 
@@ -81,8 +100,8 @@ class Handoff:
         sid = call.identity.session_id
         if sid is None or self._sessions.named(call.tenant_id, sid):
             return
-        stored = await self._adopt(call.tenant_id, sid)
-        if stored is None:
+        stored = await self._adopt(call.tenant_id, sid, self._claim(call, sid))
+        if stored is None or self._sessions.named(call.tenant_id, sid):  # or a call of it did
             return
         age_s = (datetime.now(UTC) - stored.started_at).total_seconds()
         self._sessions.adopt(
@@ -104,6 +123,25 @@ class Handoff:
             )
         )
         self._reservations.adopt(stored.key, stored.last_instance)
+
+    def _claim(self, call: PreparedCall, sid: str) -> SessionRecord | None:
+        """The record of the root session ``call`` would open under its name (module
+        docstring); None for a child, or a tenant that may open no more sessions."""
+        if call.identity.parent_session_id is not None:
+            return None
+        if not self._sessions.has_room(call.tenant_id):
+            return None
+        now = datetime.now(UTC)
+        return SessionRecord(
+            session_key=new_key(),
+            tenant_id=call.tenant_id,
+            model=call.model,
+            started_at=now,
+            last_call_at=now,
+            session_id=sid,
+            identity_source=call.identity.source,
+            agent=call.identity.agent,
+        )
 
     def hand_off(self) -> None:
         """Forget, without ending them, the idle sessions another replica owns now, and, once

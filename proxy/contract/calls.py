@@ -34,15 +34,18 @@ SHUTDOWN = "The server is shutting down; retry the call."
 @dataclass(frozen=True)
 class ApiCall:
     """A call as its dialect parsed it, for the door to open (proxy/callpath/door.py
-    ``open_call``): the route it came through, what it asks (``content``), the body as the
-    client sent it (a replica forwards it to the session's owner as it came), where the
+    ``open_call``): the route it came through, what it asks (``content``), the body as JSON
+    if a replica must forward it so (``body``), where the
     dialect carries a response format (named when its schema is too large), and the records
     the dialect adds to the call's own when it succeeds (the Responses API's stored
     response)."""
 
     api: Api
     content: Call
-    body: Any
+    body: Any = None
+    """The body as JSON, for a replica to forward when its bytes were not kept; None: the
+    bytes as they came (``request.state.body``: proxy/callpath/context.py ``read_bytes``).
+    The dialects pass None, so that the JSON's objects do not live as long as the call."""
     format_param: str = "response_format"
     extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None
 

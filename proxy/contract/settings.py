@@ -1,7 +1,7 @@
 """Proxy settings: environment variables with the ``TALARIA_`` prefix, or arguments.
 
-Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``, ``TALARIA_RUNTIMES``)
-are comma-separated.
+Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``, ``TALARIA_RUNTIMES``,
+``TALARIA_TRUSTED_PROXIES``) are comma-separated.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from talaria.core.body_deadline import BODY_TIMEOUT_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
 from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS
 from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
+from talaria.proxy.contract.peer import trusted_networks
 
 MIN_SECRET_CHARS = 32
 """The shortest ``TALARIA_CLUSTER_SECRET`` accepted (the replicas sign their forwards with it:
@@ -59,6 +60,13 @@ class ProxySettings(BaseSettings):
         False,
         description="With no usable API key, serve every caller (remote ones too) without a "
         "key; otherwise only loopback callers are served until a key exists",
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Reverse proxies whose X-Forwarded-For is believed (addresses or "
+        "networks, comma-separated): from such a peer the client is the right-most address "
+        "that is not one of them (proxy/contract/peer.py); empty: the connection's peer is "
+        "the client, whatever the headers say",
     )
     metrics_token: str | None = Field(
         None,
@@ -335,6 +343,14 @@ class ProxySettings(BaseSettings):
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         return _split(value)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _networks(cls, value: object) -> object:
+        value = _split(value)
+        if isinstance(value, list):
+            trusted_networks(str(v) for v in value)  # ValueError naming a bad one
+        return value
 
     @model_validator(mode="after")
     def _replicas_share_a_secret(self) -> ProxySettings:

@@ -22,6 +22,7 @@ from talaria.proxy.api import models as models_api
 from talaria.proxy.callpath.context import context, json_response
 from talaria.proxy.console import routes as console
 from talaria.proxy.console.auth import ConsoleAuth
+from talaria.proxy.contract.peer import trusted_networks
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect
 from talaria.proxy.dialects.registry import DIALECTS
@@ -32,6 +33,7 @@ from talaria.proxy.edge.http import (
 )
 from talaria.proxy.edge.lanes import ASGIApp, ProxyApp
 from talaria.proxy.edge.lifecycle import Lifecycle
+from talaria.proxy.edge.peer import PeerAddress
 from talaria.proxy.edge.services import context_of, declare
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.identity import session_sources
@@ -93,12 +95,16 @@ def create_app(
         redoc_url=None,
     )
 
+    proxies = trusted_networks(cfg.trusted_proxies)
+
     def edge(inner: ASGIApp) -> ASGIApp:
         """What every request meets around its route (outermost first)."""
-        return BodyDeadline(RequestIdMiddleware(inner), timeout_s=cfg.body_timeout_s)
+        deadline = BodyDeadline(RequestIdMiddleware(inner), timeout_s=cfg.body_timeout_s)
+        return PeerAddress(deadline, proxies)
 
     app.add_middleware(RequestIdMiddleware)  # FastAPI's stack: the same edge, in this order
     app.add_middleware(BodyDeadline, timeout_s=cfg.body_timeout_s)
+    app.add_middleware(PeerAddress, networks=proxies)
     app.state.dialects = tuple(dialects)
     for dialect in dialects:
         app.include_router(dialect.router)

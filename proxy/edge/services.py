@@ -47,7 +47,7 @@ from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.contract.metrics import ProxyMetrics
-from talaria.proxy.contract.records import InstanceRecord
+from talaria.proxy.contract.records import InstanceRecord, SessionRecord
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect, DialectService, DialectSite
 from talaria.proxy.edge.lifecycle import Lifecycle, Parts
@@ -323,8 +323,10 @@ async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) 
     )
     await membership.start()
 
-    async def adopt(tenant_id: str, session_id: str) -> AdoptableSession | None:
-        found = await store.sessions.open_root_session(tenant_id, session_id)
+    async def adopt(
+        tenant_id: str, session_id: str, claim: SessionRecord | None = None, /
+    ) -> AdoptableSession | None:
+        found = await store.sessions.open_root_session(tenant_id, session_id, claim)
         if found is None:
             return None
         summary, instance = found

@@ -140,9 +140,11 @@ class SessionBook:
             named = self.named(tenant_id, identity.session_id)
         if named is not None:
             self._touch(named, now_s)
-            if named.adopted:  # its first call here continues it
+            if named.adopted:  # its first call here continues it; no call yet: it is new
                 named.adopted = False
-                return Resolution(named, "adopted", 0, self._thread_for(named, model, None))
+                fresh = named.calls == 0 and match
+                thread = self._thread_for(named, model, conversation if fresh else None)
+                return Resolution(named, "new" if fresh else "adopted", 0, thread)
             return self._within(named, model, conversation if match else None)
         if match and identity.session_id is None:
             found = self._index.find(tenant_id, model, conversation, self._implicit)
@@ -359,9 +361,14 @@ class SessionBook:
         self._sessions[state.key] = state
         self._tenants.hold(state.tenant_id, state.key)
 
+    def has_room(self, tenant_id: str) -> bool:
+        """Whether the tenant may open one more session (below its cap of live threads)."""
+        return not self._tenants.full(tenant_id)
+
     def adopt(self, state: SessionState) -> None:
-        """Hold ``state``, a root session another replica held before (it keeps its key; past
-        the tenant's cap too: it continues a session)."""
+        """Hold ``state``, a root session another replica held before, or one this replica
+        claimed in the store (it keeps its key; past the tenant's cap too: it continues a
+        session, and a claim is made only with room: :meth:`has_room`)."""
         self._hold(state)
         self._named[(state.tenant_id, state.session_id)] = state.key
         self._evict()

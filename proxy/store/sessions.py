@@ -13,7 +13,14 @@ from sqlalchemy import ColumnElement, and_, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from talaria.proxy.contract.records import CallRecord, DecisionRecord, HintRecord, ReservationRecord
+from talaria.proxy.contract.records import (
+    CallRecord,
+    DecisionRecord,
+    HintRecord,
+    ReservationRecord,
+    SessionRecord,
+)
+from talaria.proxy.store.claims import claimed_row, lock_name
 from talaria.proxy.store.db import TableGroup
 from talaria.proxy.store.mapping import from_row
 from talaria.proxy.store.models import (
@@ -288,10 +295,12 @@ class SessionTables(TableGroup):
         }
 
     async def open_root_session(
-        self, tenant_id: str, session_id: str
+        self, tenant_id: str, session_id: str, claim: SessionRecord | None = None
     ) -> tuple[SessionSummary, str | None] | None:
         """The tenant's latest open root session that the client calls ``session_id``, and
-        the instance of its latest call; None if there is none."""
+        the instance of its latest call; None if there is none. With ``claim`` (the record of
+        a new session under that name), none open means ``claim``'s row is inserted now and
+        returned: the store decides which replica's session the name is (claims.py)."""
         query = (
             select(SessionRow)
             .where(
@@ -303,11 +312,19 @@ class SessionTables(TableGroup):
             .order_by(SessionRow.last_call_at.desc())
             .limit(1)
         )
-        async with self._sessionmaker() as db:
+        async with self._sessionmaker() as db, db.begin():
+            if claim is not None:
+                await lock_name(db, tenant_id, session_id)
             row = await db.scalar(query)
+            if row is None and claim is not None:
+                row = claimed_row(claim)
+                db.add(row)
+                await db.flush()
             if row is None:
                 return None
             summary = from_row(SessionSummary, row)
+        if claim is not None and summary.session_key == claim.session_key:
+            return summary, None  # this claim's own: no call yet
         instances = await self.last_instances([summary.session_key])
         return summary, instances.get(summary.session_key)
 

@@ -7,14 +7,20 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
+from talaria.core.calls import Call
 from talaria.core.clock import TimeScale
 from talaria.core.reservations import SessionReservations
 from talaria.proxy.cluster.handoff import AdoptableSession, Handoff
 from talaria.proxy.cluster.owner import placement_key, route_key
+from talaria.proxy.contract.calls import PreparedCall
+from talaria.proxy.contract.identity import Identity
+from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.sessions.book import SessionBook
+from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.state import SessionState
 
 STARTED = datetime(2026, 12, 3, tzinfo=UTC)
@@ -42,6 +48,7 @@ class World:
     def __init__(self, owned_here: set[str] | None = None) -> None:
         self.generation = 0
         self.stored: dict[str, AdoptableSession] = {}
+        self.claims: list[SessionRecord | None] = []
         self.sessions = SessionBook()
         owned = owned_here or set()
         self.handoff = Handoff(
@@ -53,7 +60,10 @@ class World:
             generation=lambda: self.generation,
         )
 
-    async def _adopt(self, tenant: str, sid: str) -> AdoptableSession | None:
+    async def _adopt(
+        self, tenant: str, sid: str, claim: SessionRecord | None = None
+    ) -> AdoptableSession | None:
+        self.claims.append(claim)
         return self.stored.get(sid)
 
     def hold(self, *states: SessionState) -> None:
@@ -110,3 +120,70 @@ def test_a_rendezvous_session_is_never_asked_about() -> None:
     world = World()
     world.stored["s"] = AdoptableSession(state.key, "m", STARTED, 9, "node-a")
     assert asyncio.run(world.handoff.served_elsewhere(state)) is False
+
+
+# -- first calls: the store decides who opens a name (proxy/store/claims.py) ---------------
+def _first_call(sid: str, parent: str | None = None) -> PreparedCall:
+    return PreparedCall(
+        request_id=f"r-{sid}",
+        tenant_id="t",
+        identity=Identity(sid, "claude-code", parent, agent="claude-cli"),
+        api="chat",
+        content=Call(model="m", messages=({"role": "user", "content": "go"},)),
+        max_tokens=8,
+    )
+
+
+def _resolve(world: World, call: PreparedCall) -> str:
+    conversation = Conversation.of(call.content.messages or ())
+    found = world.sessions.resolve(
+        tenant_id="t",
+        identity=call.identity,
+        model="m",
+        conversation=conversation,
+        now_s=1.0,
+        now_at=STARTED,
+    )
+    return f"{found.state.key} {found.how}"
+
+
+@pytest.mark.parametrize("winner", [None, "ses_theirs"], ids=["won", "lost"])
+def test_a_first_call_claims_its_name_and_opens_the_session_the_store_answers(
+    winner: str | None,
+) -> None:
+    """Won: the store answers with the claim's own session (no call yet), opened here under
+    the claimed key as a new session. Lost: another replica's claim came first; its session
+    is taken over, and the call is that session's first here (still new: no call recorded)."""
+    world = World()
+    call = _first_call("s")
+
+    async def claimed(tenant: str, sid: str, claim: SessionRecord | None = None) -> Any:
+        assert claim is not None and claim.session_id == "s" and claim.tenant_id == "t"
+        assert claim.agent == "claude-cli" and claim.identity_source == "claude-code"
+        return AdoptableSession(winner or claim.session_key, "m", STARTED, 0, None)
+
+    world.handoff._adopt = claimed
+    asyncio.run(world.handoff.take_over(call, 1.0))
+    (state,) = world.sessions
+    assert state.key.startswith("ses_") and state.calls == 0
+    assert winner is None or state.key == winner
+    assert _resolve(world, call) == f"{state.key} new"
+
+
+def test_a_child_or_a_tenant_at_its_cap_claims_nothing() -> None:
+    world = World()
+    asyncio.run(world.handoff.take_over(_first_call("kid", parent="s"), 1.0))
+    world.sessions = full = SessionBook(max_per_tenant=1)
+    world.handoff._sessions = full
+    _resolve(world, _first_call("other"))  # its one thread fills the tenant's cap
+    asyncio.run(world.handoff.take_over(_first_call("s"), 1.0))
+    assert world.claims == [None, None]
+    assert world.held() == {"other"}  # nothing stored: the book opens (or refuses) it
+
+
+def test_a_session_taken_over_with_calls_continues_as_adopted() -> None:
+    world = World()
+    world.stored["s"] = AdoptableSession("ses_s", "m", STARTED, 4, "node-a")
+    asyncio.run(world.handoff.take_over(_first_call("s"), 1.0))
+    assert world.claims[0] is not None  # asked with a claim; the store had one open
+    assert _resolve(world, _first_call("s")) == "ses_s adopted"

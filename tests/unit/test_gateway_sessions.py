@@ -404,9 +404,11 @@ def test_an_idle_ingress_session_another_replica_served_is_forgotten_not_ended(
     forgotten; one it agrees on ends as usual."""
 
     async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        async def adopt(tenant: str, sid: str) -> AdoptableSession | None:
+        async def adopt(
+            tenant: str, sid: str, claim: SessionRecord | None = None
+        ) -> AdoptableSession | None:
             state = gateway.sessions.named(tenant, sid)
-            if state is None:  # its first call: nothing open in the store yet
+            if state is None:  # its first call: nothing open in the store, nothing claimed
                 return None
             return AdoptableSession(state.key, MODEL, datetime.now(UTC), stored_calls, "n0")
 

@@ -18,6 +18,7 @@ from talaria.core.gaps import (
     DEFAULT_QUANTILE,
     GAP_MIXTURE,
     MIN_GAP_S,
+    POOLED_AGENT,
     PRIOR_LOG_MEAN,
     PRIOR_LOG_SD,
     LogNormalFit,
@@ -172,21 +173,71 @@ def test_hold_is_capped_at_the_idle_timeout() -> None:
 
 
 # -- the population bound --------------------------------------------------------------------
+def _key(name: str | int, tenant: str = "t") -> tuple[str, str, str]:
+    return (tenant, "m", str(name))
+
+
 def test_population_keeps_at_most_max_keys_least_recently_used_out() -> None:
     pop = PopulationGaps(max_keys=3)
-    for key in ("a", "b", "c"):
+    a, b, c, d = (_key(n, tenant=n) for n in "abcd")  # a tenant each: no kind is pooled
+    for key in (a, b, c):
         pop.observe(key, 0.1)
-    pop.fit("a")  # "a" used: "b" is now the least recently used
-    pop.observe("d", 0.1)
+    pop.fit(a)  # a used: b is now the least recently used
+    pop.observe(d, 0.1)
     assert len(pop) == 3
-    assert "b" not in pop and {"a", "c", "d"} <= {k for k in ("a", "b", "c", "d") if k in pop}
-    assert pop.fit("b") == LogNormalFit.prior()  # an evicted key starts again from the prior
-    assert "b" not in pop  # reading does not store
+    assert b not in pop and pop.held_keys() == [c, a, d]
+    assert pop.fit(b) == LogNormalFit.prior()  # an evicted key starts again from the prior
+    assert b not in pop  # reading does not store
     for i in range(100):
-        pop.observe(i, 1.0)
+        pop.observe(_key(i, tenant=str(i)), 1.0)
     assert len(pop) == 3
     with pytest.raises(ValueError, match="max_keys"):
         PopulationGaps(max_keys=0)
+    with pytest.raises(ValueError, match="max_agents"):
+        PopulationGaps(max_agents=0)
+
+
+@pytest.mark.parametrize(
+    ("max_agents", "seen", "asked", "learned_as"),
+    [
+        (2, ["x", "y"], "x", "x"),  # a kind of its own
+        (2, ["x", "y"], "z", POOLED_AGENT),  # past the cap: pooled
+        (2, ["x"], "z", "z"),  # room left: its own
+        (1, ["x", "y", "z"], "y", POOLED_AGENT),
+        (2, ["x", "y"], POOLED_AGENT, POOLED_AGENT),
+    ],
+)
+def test_a_tenant_has_at_most_max_agents_kinds_of_its_own(
+    max_agents: int, seen: list[str], asked: str, learned_as: str
+) -> None:
+    pop = PopulationGaps(max_agents=max_agents)
+    for kind in seen:
+        pop.observe(_key(kind), 1.0)
+    assert pop.key_of(_key(asked)) == _key(learned_as)
+    assert pop.key_of(_key(asked, tenant="other")) == _key(asked, tenant="other")
+
+
+def test_rotating_agent_kinds_evicts_no_other_tenants_fit() -> None:
+    """One tenant writing a new ``User-Agent`` on every call (issue 46): past its
+    ``max_agents`` kinds they all feed its pooled fit, and the other tenants' fits stay."""
+    pop = PopulationGaps(max_keys=16, max_agents=4)
+    others = [_key("claude-cli", tenant=f"t{i}") for i in range(6)]
+    for key in others:
+        pop.observe(key, 30.0)
+    for i in range(1000):
+        pop.observe(_key(f"bot{i}", tenant="rotator"), 0.01)
+    assert all(key in pop for key in others)
+    rotator = [k for k in pop.held_keys() if k[0] == "rotator"]
+    assert len(rotator) == 4 + 1
+    assert pop.fit(_key("bot999", tenant="rotator")).n == DEFAULT_PRIOR_WEIGHT + 1000 - 4
+
+
+def test_a_kind_frees_its_place_when_its_last_fit_is_evicted() -> None:
+    pop = PopulationGaps(max_keys=2, max_agents=1)
+    pop.observe(_key("x"), 1.0)
+    pop.observe(_key("x", tenant="u"), 1.0)
+    pop.observe(_key("y", tenant="v"), 1.0)  # evicts t's only fit of kind x
+    assert pop.key_of(_key("y")) == _key("y")
 
 
 # -- the reservation plan and its accounting -------------------------------------------------

@@ -94,7 +94,9 @@ def test_an_ended_session_frees_its_place_and_a_take_over_is_never_refused() -> 
     adopted = SessionState(
         key="ses_adopted", tenant_id="A", session_id="x", identity_source="talaria",
         model="m", started_at=NOW, started_s=0.0, root_key="ses_adopted", adopted=True,
+        calls=2,
     )  # fmt: skip
+    assert not book.has_room("A")  # no claim of a new name (proxy/cluster/handoff.py)
     book.adopt(adopted)  # another replica's session, continued here
     assert book.count("A") == 2 and book.get(second.key) is second
     assert _call(book, "x", identity=Identity("x", "talaria")).how == "adopted"

@@ -25,8 +25,10 @@ async def messages(request: Request) -> Response:
     ctx, tenant, raw = await read_body(request)
     beta = request.headers.get("anthropic-beta", "")
     body = parse(MessagesRequest, raw, status=400)
+    del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
     call = messages_call(body, interleaved_thinking="interleaved-thinking" in beta)
-    handle = await open_call(request, ctx, tenant, ApiCall("messages", call, raw))
+    del body
+    handle = await open_call(request, ctx, tenant, ApiCall("messages", call))
     request_id = request.state.request_id
     if call.stream:
         return StreamingResponse(

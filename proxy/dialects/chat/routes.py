@@ -24,13 +24,15 @@ async def chat_completions(request: Request) -> Response:
     """A chat completion (OpenAI's chat API), streamed with ``stream: true``."""
     ctx, tenant, raw = await read_body(request)
     body = parse(ChatCompletionRequest, raw)
-    call = chat_call(body)
-    handle = await open_call(request, ctx, tenant, ApiCall("chat", call, raw))
+    del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
+    call, include_usage = chat_call(body), body.include_usage
+    del body
+    handle = await open_call(request, ctx, tenant, ApiCall("chat", call))
     request_id = request.state.request_id
     created = int(time.time())
     if call.stream:
         return StreamingResponse(
-            chat_stream(handle, request_id, call.model, created, body.include_usage),
+            chat_stream(handle, request_id, call.model, created, include_usage),
             media_type="text/event-stream",
             headers={**handle.headers(), **SSE_HEADERS},
         )

@@ -24,8 +24,10 @@ async def completions(request: Request) -> Response:
     """A text completion (OpenAI's legacy completions API), streamed with ``stream: true``."""
     ctx, tenant, raw = await read_body(request)
     body = parse(CompletionRequest, raw)
-    call = completion_call(body)
-    handle = await open_call(request, ctx, tenant, ApiCall("completions", call, raw))
+    del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
+    call, include_usage = completion_call(body), body.include_usage
+    del body
+    handle = await open_call(request, ctx, tenant, ApiCall("completions", call))
     base: dict[str, object] = {
         "id": f"cmpl-{request.state.request_id}",
         "created": int(time.time()),
@@ -33,7 +35,7 @@ async def completions(request: Request) -> Response:
     }
     if call.stream:
         return StreamingResponse(
-            completion_stream(handle, base, body.include_usage),
+            completion_stream(handle, base, include_usage),
             media_type="text/event-stream",
             headers={**handle.headers(), **SSE_HEADERS},
         )

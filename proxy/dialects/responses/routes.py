@@ -56,6 +56,7 @@ async def create(request: Request) -> Response:
     responses = _responses(request)
     request_id = request.state.request_id
     parsed = parse_request(raw, request_id)
+    del raw  # the JSON's objects: parsed keeps what the call needs (chat/routes.py)
     history: list[Any] = []
     previous_id = parsed.body.previous_response_id
     if previous_id is not None:
@@ -81,7 +82,7 @@ async def create(request: Request) -> Response:
         return [responses.prepare(pending, session_key=handle.session_key, response=response)]
 
     try:
-        parsed_call = ApiCall(NAME, call, raw, FORMAT_PARAM, keep if pending else None)
+        parsed_call = ApiCall(NAME, call, None, FORMAT_PARAM, keep if pending else None)
         handle = await open_call(request, ctx, tenant, parsed_call)
     except BaseException:
         if pending is not None:

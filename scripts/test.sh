@@ -67,7 +67,10 @@ provide TALARIA_CHROMIUM "chromium" scripts/browser.sh
 # Debian's nginx, in front of proxy replicas in tests/e2e/test_ingress_affinity.py
 provide TALARIA_NGINX "nginx" scripts/apt-provide.sh nginx-light nginx
 
-.venv/bin/python -m pytest --durations=15 "$@"
+# The main stage on TALARIA_TEST_WORKERS processes (default: one per core; pytest-xdist), each
+# test file on one worker (--dist loadfile: a file's shared servers start once); each worker
+# has its own PostgreSQL database (tests/conftest.py).
+.venv/bin/python -m pytest -n "${TALARIA_TEST_WORKERS:-auto}" --dist loadfile --durations=15 "$@"
 
 if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
     echo "test.sh: vLLM stage skipped (TALARIA_SKIP_VLLM=1)" >&2

@@ -29,6 +29,7 @@ from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
+from talaria.runtime.placement_rules import PlacementRules
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import running_app, running_proxy
 from tests.unit.fake_upstream import fake_upstream_thread
@@ -46,10 +47,13 @@ engine = "sim"
 
 
 @contextmanager
-def _runtime(tmp_path: Path) -> Iterator[str]:
+def _runtime(tmp_path: Path, upstream_url: str | None = None) -> Iterator[str]:
+    """A runtime with the node TOML's model that places upstreams under ``upstream_url``
+    (None: none)."""
     path = tmp_path / "node.toml"
     path.write_text(NODE_TOML)
-    with running_app(create_runtime_app(load_node_config(path))) as url:
+    rules = PlacementRules(upstream_urls=(upstream_url,) if upstream_url else ())
+    with running_app(create_runtime_app(load_node_config(path), rules=rules)) as url:
         yield url
 
 
@@ -72,7 +76,7 @@ def _answered(client: openai.OpenAI, model: str) -> None:
 def test_a_bad_rate_in_a_placement_is_a_400_naming_it_and_the_node_serves_on(
     tmp_path: Path,
 ) -> None:
-    with fake_upstream_thread() as fake, _runtime(tmp_path) as runtime:
+    with fake_upstream_thread() as fake, _runtime(tmp_path, fake.url) as runtime:
         models = runtime + "/v1/runtime/models"
         entry = f'{{"name": "up", "engine": "openai", "url": "{fake.url}", "served_model": '
         entry += '"fake-model", "rates": {"prefill_s_per_token": %s}}'
@@ -101,7 +105,7 @@ def test_a_bad_rate_in_a_placement_is_a_400_naming_it_and_the_node_serves_on(
 def test_a_name_outside_the_grammar_is_refused_and_a_variant_is_placed_and_removed(
     tmp_path: Path,
 ) -> None:
-    with fake_upstream_thread() as fake, _runtime(tmp_path) as runtime:
+    with fake_upstream_thread() as fake, _runtime(tmp_path, fake.url) as runtime:
         models = runtime + "/v1/runtime/models"
         upstream = {"engine": "openai", "url": fake.url, "served_model": "fake-model"}
         for name in ("org/up", "Up", "../up", "up@a@b"):

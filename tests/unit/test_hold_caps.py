@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from talaria.core.reservations import ReleaseReason, Reservation
-from talaria.core.types import CallRequest
+from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.scheduling.hold_caps import (
     HeldKv,
     is_stale,
@@ -132,6 +132,26 @@ def test_what_yields_to_another_tenants_call_and_in_which_order(
 GB = 1e9
 
 
+def _ended_at_zero(key: str) -> CallResult:
+    return CallResult(
+        "r",
+        key,
+        "m",
+        "n0",
+        1000,
+        0,
+        10,
+        arrival_s=0.0,
+        admitted_s=0.0,
+        first_token_s=0.0,
+        finished_s=0.0,
+        kv_source=KvSource.NEW,
+        restored_bytes=0.0,
+        recomputed_tokens=0,
+        sp_admitted=False,
+    )
+
+
 def _holds_of(tenants: dict[str, str]) -> tuple[KvHolds, NodeMemory]:
     """A node of 100 GB of KV room, each session of ``tenants`` holding 20 GB of KV pinned by
     a reservation taken at 0 s (expected back in order of their names)."""
@@ -141,10 +161,8 @@ def _holds_of(tenants: dict[str, str]) -> tuple[KvHolds, NodeMemory]:
     for n, (key, tenant) in enumerate(sorted(tenants.items())):
         request = CallRequest(key, key, "m", 1000, 10, tenant=tenant)
         sessions.arrived(request, 0.0)
+        sessions.finished(_ended_at_zero(key))  # its call ended at 0 s: in a tool gap since
         sessions.settled(key)
-        session = sessions.get(key)
-        assert session is not None
-        session.last_finish_s = 0.0  # its call ended at 0 s: in a tool gap since
         memory.put(SessionKv(key, "m", 1000, 20 * GB, KvLocation.HBM, 0.0, pins=1))
         holds.table.add(Reservation(key, "m", 0.0, 0.0, 1.0 + n, 1e6, pinned_bytes=20 * GB))
     return holds, memory

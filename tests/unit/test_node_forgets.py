@@ -64,11 +64,12 @@ def test_an_end_while_a_call_runs_forgets_the_session_when_the_call_ends() -> No
 
 def test_a_session_whose_end_never_came_is_forgotten_after_idling_an_hour() -> None:
     """The backstop for lost ends: idle past ``forget_idle_s``, a session goes at the next
-    arrival or status read, unless a reservation still holds it (a hinted day-long tool)."""
+    arrival or status read, unless a reservation still holds it (a hinted day-long tool, on a
+    node whose operator allows hints that long: ``max_hint_gap_s``)."""
 
     async def main() -> tuple[set[str], set[str]]:
         clock = LoopClock()
-        node = _node(SchedulerConfig(forget_idle_s=3600.0))
+        node = _node(SchedulerConfig(forget_idle_s=3600.0, max_hint_gap_s=86400.0))
         await node.submit(CallRequest("r0", "lost", GLM, 800, 10))
         await node.submit(CallRequest("r1", "held", GLM, 800, 10, expected_tool_gap_s=5000.0))
         await clock.sleep(1800.0)

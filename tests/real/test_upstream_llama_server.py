@@ -268,7 +268,8 @@ def test_messages_and_responses_answer_with_the_real_model(stack: Stack) -> None
 
 def test_an_agent_run_is_one_session(stack: Stack) -> None:
     """Three turns of one conversation without any session header: one session, as for the
-    proxy's own engines, and the server's KV read on the last turn."""
+    proxy's own engines, and the server's KV read on the last turn (in the call's KV source:
+    the caller is shown 0 cached tokens, ``cache_isolation = "hide"``)."""
     before = {s["session_key"] for s in stack.admin("/admin/sessions?limit=200")["data"]}
     claude = stack.claude()
     messages: list[Any] = [{"role": "user", "content": "Tell me one fact about the sea."}]
@@ -284,10 +285,12 @@ def test_an_agent_run_is_one_session(stack: Stack) -> None:
     last = claude.messages.create(
         model=SERVED, max_tokens=24, system=SYSTEM, messages=messages, extra_body=GREEDY
     )
-    assert last.usage.cache_read_input_tokens and last.usage.cache_read_input_tokens > 0
+    assert last.usage.cache_read_input_tokens == 0
     sessions = stack.admin("/admin/sessions?limit=200")["data"]
     new = [s for s in sessions if s["session_key"] not in before]
     assert [s["calls"] for s in new] == [3], new
+    calls = stack.admin(f"/admin/sessions/{new[0]['session_key']}")["calls"]
+    assert calls[-1]["kv_source"] == "hbm"
 
 
 def test_a_prompt_past_the_servers_window_is_the_callers_400(stack: Stack) -> None:

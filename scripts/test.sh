@@ -24,12 +24,16 @@ bash scripts/setup.sh
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 
+# Steps run on exit, whatever happened: each may fail (a process already gone) without ending
+# the others, and the script keeps the status it exits with.
 CLEANUP=()
 cleanup() {
-    local step
+    local status=$? step
+    set +e
     for step in "${CLEANUP[@]}"; do
         eval "$step"
     done
+    return "$status"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM # so that the EXIT trap runs on a signal too

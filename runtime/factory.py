@@ -26,6 +26,7 @@ from talaria.runtime.placement_rules import OptionKind
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.scheduling.policies.compose import PolicyChoice
 from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 
 HOST_RESERVE_FRACTION = 0.1
@@ -74,13 +75,15 @@ def build_sim_node(
     name: str,
     setup: NodeSetup,
     catalog: Catalog,
-    flags: SchedulerFlags,
+    policy: PolicyChoice | SchedulerFlags,
     config: SchedulerConfig,
     clock: Clock,
     replies: ReplyPolicy = DEFAULT_REPLIES,
 ) -> NodeScheduler:
     """A node of ``SimEngine``s sharing one ``NodeMemory`` and one ``PcieLink``; ``replies``:
-    what the engines answer live calls (runtime/engines/sim_reply.py)."""
+    what the engines answer live calls (runtime/engines/sim_reply.py); ``policy``: the node's
+    choice of policies or a named policy's flags."""
+    choice = policy if isinstance(policy, PolicyChoice) else PolicyChoice.of(policy)
     server = setup.server_spec(catalog)
     profile = catalog.profile(setup.profile)
     specs = [catalog.model(m) for m in setup.models]
@@ -95,14 +98,14 @@ def build_sim_node(
             pcie,
             clock,
             name,
-            flags.host_kv,
+            choice.kv_on_host,
             replies,
             device,
-            class_eviction=flags.fair_queue,
+            class_eviction=choice.evicts_by_class,
         )
         for spec in specs
     }
-    return NodeScheduler(name, engines, memory, clock, flags, config, pcie, device)
+    return NodeScheduler(name, engines, memory, clock, choice, config, pcie, device)
 
 
 def add_sim_model(
@@ -118,8 +121,8 @@ def add_sim_model(
     spec = catalog.model(model)
     cost = CostModel(spec, setup.server_spec(catalog), catalog.profile(setup.profile))
     engine = SimEngine(
-        spec, cost, node.memory, node.pcie, node.clock, node.name, node.flags.host_kv, replies,
-        node.device, class_eviction=node.flags.fair_queue,
+        spec, cost, node.memory, node.pcie, node.clock, node.name, node.policy.kv_on_host,
+        replies, node.device, class_eviction=node.policy.evicts_by_class,
     )  # fmt: skip
     node.add_model(model, engine, spec.weight_bytes)
 
@@ -189,7 +192,8 @@ class EngineSite:
     model: ModelConfig
     catalog: Catalog
     clock: Clock
-    flags: SchedulerFlags
+    policy: PolicyChoice
+    """The node's choice of policies (what a switch keeps; the KV eviction order)."""
     memory: NodeMemory
     pcie: PcieLink
     device: DeviceShare
@@ -241,9 +245,9 @@ def _build_sim(site: EngineSite) -> Engine:
         site.pcie,
         site.clock,
         config.name,
-        site.flags.host_kv,
+        site.policy.kv_on_host,
         device=site.device,
-        class_eviction=site.flags.fair_queue,
+        class_eviction=site.policy.evicts_by_class,
     )
 
 
@@ -336,7 +340,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     The node's byte accounting (``NodeMemory``) binds only engines that keep their memory there
     (the simulated ones, sized from their catalog specs); a node of only self-managing engines
     (vLLM, whose ``needed_bytes`` is 0) gets its device's memory (``_device_memory``)."""
-    flags = policy_flags(config.policy)
+    policy = PolicyChoice.of(policy_flags(config.policy))
     kinds = [(m, engine_kind(m.engine)) for m in config.models]
     bound = [m for m, kind in kinds if kind.uses_node_memory]
     memory = NodeMemory(float("inf"), 0.0)
@@ -347,12 +351,12 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     device = DeviceShare()
     engines: dict[str, Engine] = {}
     for model, kind in kinds:
-        site = EngineSite(config, model, catalog, clock, flags, memory, pcie, device)
+        site = EngineSite(config, model, catalog, clock, policy, memory, pcie, device)
         engines[model.name] = kind.build(site)
     if not bound:
         memory = _device_memory(engines.values())
     scheduler = NodeScheduler(
-        config.name, engines, memory, clock, flags, SchedulerConfig(quantum_s=config.quantum_s),
+        config.name, engines, memory, clock, policy, SchedulerConfig(quantum_s=config.quantum_s),
         pcie, device,
     )  # fmt: skip
     host = {m.name: catalog.model(m.name).weight_bytes for m in bound}
@@ -381,7 +385,7 @@ async def place_model(
         load_s = config.server_spec(catalog).placement_s(weight_bytes, from_peer=False)
     assert node.pcie is not None and node.device is not None, "a built node"
     site = EngineSite(
-        config, model, catalog, node.clock, node.flags, node.memory, node.pcie, node.device
+        config, model, catalog, node.clock, node.policy, node.memory, node.pcie, node.device
     )
     try:
         engine = kind.build(site)

@@ -1,5 +1,6 @@
-"""Which waiting call of a model goes next under ``fair_queue`` (flags.py): a pure policy over the
-waiting calls, the clock and the node's service accounts. Without the flag: arrival order.
+"""Which waiting call of a model goes next in the fair queue order (policies/queue.py
+``FairOrder``): a pure policy over the waiting calls, the clock and the node's service accounts.
+The other order is arrival order (``ArrivalOrder``).
 
 The order, outermost rule first:
 
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from talaria.core.types import CallRequest
+from talaria.runtime.scheduling.policies.events import SessionEvents
 
 DEFAULT_STARVATION_S = 120.0
 """How long a call waits before it is promoted a class: two 60 s quanta (the paper preset's
@@ -65,10 +67,12 @@ class Queued(Protocol):
 
 
 @dataclass
-class ServiceAccounts:
+class ServiceAccounts(SessionEvents):
     """What the node has served each tenant (``vtime``: virtual seconds; ``served``: measured
     service seconds) and each session (``attained``: service seconds), and which tenants are
-    active (a call waiting or running, ``running``: their admitted calls not yet finished)."""
+    active (a call waiting or running, ``running``: their admitted calls not yet finished).
+    It hears the node's session events (policies/events.py): a session's ``attained`` goes
+    with the session."""
 
     vtime: dict[str, float] = field(default_factory=dict)
     served: dict[str, float] = field(default_factory=dict)
@@ -86,13 +90,13 @@ class ServiceAccounts:
                 self.vtime[tenant] = max(self.vtime.get(tenant, 0.0), floor)
         self.active |= tenants
 
-    def admitted(self, request: CallRequest, estimate_s: float) -> None:
+    def call_admitted(self, request: CallRequest, estimate_s: float) -> None:
         """A call was admitted with an estimated service of ``estimate_s``."""
         tenant = request.tenant
         self.vtime[tenant] = self.vtime.get(tenant, 0.0) + estimate_s / request.tenant_weight
         self.running[tenant] = self.running.get(tenant, 0) + 1
 
-    def finished(self, request: CallRequest, estimate_s: float, measured_s: float) -> None:
+    def call_ended(self, request: CallRequest, estimate_s: float, measured_s: float) -> None:
         """An admitted call ended after ``measured_s`` of service: the difference from its
         estimate is charged, and its session's attained service grows."""
         tenant = request.tenant
@@ -112,8 +116,8 @@ class ServiceAccounts:
         """After a pass: the active tenants are those with a call waiting or running."""
         self.active = waiting_tenants | set(self.running)
 
-    def forget_session(self, session_key: str) -> None:
-        """The session ended here."""
+    def session_ended(self, session_key: str) -> None:
+        """The node forgets the session."""
         self.attained.pop(session_key, None)
 
 

@@ -7,11 +7,12 @@ leave them through ``withdraw`` or the admission pass, and the other parts read 
 ``AdmissionView`` the slot loop hands each pass, and returns what it admitted for the loop to
 record in the slot.
 
-One pass per scheduler wake-up: for each resident model, its waiting calls in arrival order,
-or with ``fair_queue`` in the fair order (fairness.py: class, tenant shares, least attained
-service; the intake keeps the service accounts, charging each call's estimate when it is
-admitted and its measured service when it ends). Each call gets the verdict of
-``admission.decide_admission`` (slot batch, uncontended, SP budget, or wait); an admissible call
+One pass per scheduler wake-up: for each resident model, its waiting calls in the node's
+queue order (policies/queue.py: arrival, or fair: class, tenant shares, least attained service;
+the node's events charge each call's estimate to the service accounts when it is admitted and
+its measured service when it ends). Each call gets the verdict of the node's admission rule
+(policies/switching.py over ``admission.decide_admission``: slot batch, uncontended, SP
+budget, or wait); an admissible call
 must then fit in memory (``admission.fits_memory``: needed ≤ free HBM + staged weights + evictable
 idle KV − other sessions' reserved bytes; if it does not, other tenants' soft reservations past
 their share or stale are released for it, holds.py) and be taken by its engine
@@ -23,20 +24,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
 from talaria.runtime.engine import Admission, Engine
-from talaria.runtime.scheduling.admission import decide_admission, fits_memory
-from talaria.runtime.scheduling.fairness import (
-    ServiceAccounts,
-    effective_rank,
-    fair_order,
-    lower_class_fits,
-)
+from talaria.runtime.scheduling.admission import fits_memory
+from talaria.runtime.scheduling.fairness import ServiceAccounts, effective_rank
+from talaria.runtime.scheduling.policies.compose import NodePolicies
+from talaria.runtime.scheduling.policies.events import SessionEvents
 from talaria.runtime.scheduling.resources import KvLocation
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.state import NodeContext, WaitingCall
@@ -81,8 +79,13 @@ class Intake:
         session_of: Callable[[CallRequest], NodeSession],
         on_finished: Callable[[CallRequest, CallResult], None],
         sessions: SessionsView,
+        policies: NodePolicies,
+        accounts: ServiceAccounts,
+        events: SessionEvents,
     ) -> None:
         self.context = context
+        self.policies = policies
+        self._events = events
         self._session_of = session_of
         self._sessions = sessions
         self._on_finished = on_finished
@@ -90,9 +93,9 @@ class Intake:
         self.waiting: Mapping[str, Sequence[WaitingCall]] = MappingProxyType(self._waiting)
         """One FIFO of waiting calls per hosted model, read-only."""
         self._calls: set[asyncio.Task[None]] = set()
-        self.accounts = ServiceAccounts()
-        """What each tenant and session has been served here (kept under every policy; read
-        for the order with ``fair_queue``, and by the status)."""
+        self.accounts = accounts
+        """What each tenant and session has been served here (kept under every policy, through
+        the node's events; read by the fair order and by the status)."""
         self._running: dict[str, dict[WaitingCall, int]] = {m: {} for m in context.engines}
         """Per model: its admitted calls not yet ended, with each one's own class."""
 
@@ -159,8 +162,7 @@ class Intake:
         engine = self.context.engines[request.model]
         session = self._session_of(request)
         default_out = self.context.config.default_output_tokens
-        decision = decide_admission(
-            sp_admission=self.context.flags.sp_admission,
+        decision = self.policies.admission.decide(
             closing=request.model in view.closing,
             in_slot_batch=waiting.arrival_s <= view.slot_start_s,
             contended=request.model in view.leaving,
@@ -184,22 +186,12 @@ class Intake:
         self.accounts.settle({w.request.tenant for q in self._waiting.values() for w in q})
         return admitted, sp_admitted
 
-    def _order(self, queue: Sequence[WaitingCall]) -> Iterator[WaitingCall]:
-        """The queue in the order its calls are considered: arrival, or the fair order."""
-        context = self.context
-        if not context.flags.fair_queue:
-            return iter(list(queue))
-        starvation_s = context.config.starvation_quanta * context.config.quantum_s
-        return fair_order(list(queue), self.accounts, context.clock.now(), starvation_s)
-
     def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView, rank: int) -> bool:
-        """The call fits in memory (``admission.fits_memory``); with ``fair_queue`` the soft
-        reservations of lower classes than ``rank`` (the call's class now) do not count: a
-        batch session's hold never blocks an interactive call."""
+        """The call fits in memory (``admission.fits_memory``), counting the soft reservations
+        the queue order counts against a call of class ``rank`` (the call's class now; the fair
+        order: a batch session's hold never blocks an interactive call)."""
         memory = self.context.memory
-        holds = None
-        if self.context.flags.fair_queue:
-            holds = self._holds_at_least(rank)
+        holds = self.policies.queue.counted_holds(rank, self._sessions)
         needed = engine.needed_bytes(request)
         free = memory.hbm_free_bytes() + sum(memory.staged.values())
         reserved = view.held_bytes(request.session_key, holds)
@@ -211,16 +203,6 @@ class Intake:
             evictable_bytes=sum(e.nbytes for e in victims),
             reserved_bytes=reserved,
         )
-
-    def _holds_at_least(self, rank: int) -> Callable[[str], bool]:
-        """Whether a session's soft reservation counts against a call of class ``rank``: its
-        session's class is the same or higher."""
-
-        def counts(session_key: str) -> bool:
-            session = self._sessions.get(session_key)
-            return session is None or session.rank <= rank
-
-        return counts
 
     def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
         """The call needs more KV than the HBM left beside its model's weights."""
@@ -237,7 +219,7 @@ class Intake:
         engine = self.context.engines[model]
         queue = self._waiting[model]
         admitted = sp_admitted = 0
-        for waiting in self._order(queue):
+        for waiting in self.policies.queue.order(queue, self.context.clock.now()):
             verdict = self.decide(waiting, view)
             if verdict is False:
                 continue
@@ -276,7 +258,7 @@ class Intake:
             admitted += 1
             sp_admitted += admission.sp_admitted
             waiting.estimate_s = self._estimate_s(engine, waiting.request)
-            self.accounts.admitted(waiting.request, waiting.estimate_s)
+            self._events.call_admitted(waiting.request, waiting.estimate_s)
             self._running[model][waiting] = waiting.request.priority.rank
             # its model has served without a break since its activation's end
             since = view.serving_since.get(model, waiting.arrival_s)
@@ -297,28 +279,26 @@ class Intake:
         return effective_rank(waiting.request, waited, starvation_s)
 
     def _beside_higher_classes(self, engine: Engine, waiting: WaitingCall, rank: int) -> bool:
-        """Fairness rule 4 (``fair_queue`` only): the call may join the running batch without
-        slowing past ``class_slowdown`` the higher classes' calls: those running, and those of
-        their sessions in a tool gap that are expected back while it would run."""
-        context = self.context
-        if not context.flags.fair_queue or self._sessions.classes_seen() < 2:
-            return True
+        """Whether the queue order lets the call join its model's running batch (the fair
+        order's rule 4: not slowing the higher classes' calls past ``class_slowdown``)."""
         model = waiting.request.model
-        running = self._running[model]
-        higher = [w.request.prompt_tokens for w, own in running.items() if own < rank]
-        now = context.clock.now()
-        horizon = now + self._estimate_s(engine, waiting.request)
-        for session in self._sessions.in_gap(now, context.stale_window_s()):
-            back_s = (session.last_finish_s or 0.0) + session.expected_gap_s()
-            if session.model == model and session.rank < rank and back_s <= horizon:
-                higher.append(session.context_tokens)
-        if not higher:
-            return True
-        lower = [w.request.prompt_tokens for w, own in running.items() if own >= rank]
-        batch = [*higher, *lower, waiting.request.prompt_tokens]
-        higher_step = engine.decode_step_s(len(higher), sum(higher))
-        with_it = engine.decode_step_s(len(batch), sum(batch))
-        return lower_class_fits(with_it, higher_step, context.config.class_slowdown)
+
+        def expected_back() -> list[int]:
+            """The context tokens of the model's higher-class sessions in a tool gap that are
+            expected back while the call would run."""
+            now = self.context.clock.now()
+            horizon = now + self._estimate_s(engine, waiting.request)
+            return [
+                session.context_tokens
+                for session in self._sessions.in_gap(now, self.context.stale_window_s())
+                if session.model == model
+                and session.rank < rank
+                and (session.last_finish_s or 0.0) + session.expected_gap_s() <= horizon
+            ]
+
+        return self.policies.queue.may_join(
+            engine, waiting, rank, self._running[model], self._sessions, expected_back
+        )
 
     def _estimate_s(self, engine: Engine, request: CallRequest) -> float:
         """The call's service as the engine estimates it (its prefill, its expected decode)."""
@@ -333,7 +313,7 @@ class Intake:
         measured = waiting.estimate_s
         if result is not None:
             measured = max(0.0, result.finished_s - result.admitted_s)
-        self.accounts.finished(waiting.request, waiting.estimate_s, measured)
+        self._events.call_ended(waiting.request, waiting.estimate_s, measured)
 
     @staticmethod
     def abandon(serving: asyncio.Task[None]) -> None:

@@ -9,8 +9,10 @@ uncontended, nothing closes):
 - models in the plan that are not resident (*incoming*) are activated once the leaving ones
   have drained (at once when none leaves: they fit beside the residents).
 
-A transition (deactivate, make room, activate) is a task of its own (staying models serve on);
-``d2d_staging`` stages the first incoming model's weights during the slot.
+The plan and the slot's length are the node's slot planner's (policies/planner.py), what a
+switch keeps and whether the next model's weights are staged during the slot its switch
+policy's (policies/switching.py). A transition (deactivate, make room, activate) is a task of
+its own (staying models serve on).
 
 ``SlotLoop`` alone changes the slot (``SlotState``), the transition under way and the soft
 reservations (``KvHolds``); others read ``slot`` (a ``SlotStateView``) and ``reservations``;
@@ -28,19 +30,15 @@ from talaria.core.types import CallResult
 from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import AdmissionView, Intake
+from talaria.runtime.scheduling.policies.compose import NodePolicies
+from talaria.runtime.scheduling.policies.planner import PlanView
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.slots import (
     CloseReason,
     Demand,
-    DemandPolicy,
     best_class,
     close_reason,
     next_model,
-    next_model_by_demand,
-    outranked,
-    resident_set,
-    shared_work,
-    slot_length_s,
 )
 from talaria.runtime.scheduling.state import NodeContext, SlotState, SlotStateView
 
@@ -51,17 +49,21 @@ class SlotLoop:
     transition under way and the soft reservations (the module docstring)."""
 
     def __init__(
-        self, context: NodeContext, intake: Intake, sessions: SessionsView, holds: KvHolds
+        self,
+        context: NodeContext,
+        intake: Intake,
+        sessions: SessionsView,
+        holds: KvHolds,
+        policies: NodePolicies,
     ) -> None:
         self.context = context
         self.intake = intake
         self.sessions = sessions
-        self.flags = context.flags
+        self.policies = policies
         self.config = context.config
         self._slot = SlotState(length_s=context.config.quantum_s)
         self._holds = holds
         self._clock = context.clock
-        self._demand_policy = DemandPolicy(context.config.quantum_s)
         self._transition: asyncio.Task[None] | None = None
 
     @property
@@ -89,14 +91,7 @@ class SlotLoop:
                 per_model = work.setdefault(session.tenant, {})
                 per_model[session.model] = per_model.get(session.model, 0) + 1
                 weights[session.tenant] = session.tenant_weight
-        shared: dict[str, float] | None = None
-        if self.flags.fair_queue:
-            for model, queue in self.intake.waiting.items():
-                for waiting in queue:
-                    per_model = work.setdefault(waiting.request.tenant, {})
-                    per_model[model] = per_model.get(model, 0) + 1
-                    weights[waiting.request.tenant] = waiting.request.tenant_weight
-            shared = shared_work(work, weights)
+        shared = self.policies.queue.weighed_work(work, weights, self.intake.waiting)
         return {
             m: Demand(
                 len(q),
@@ -115,31 +110,18 @@ class SlotLoop:
         outside = {m: n for m, n in waiting.items() if n > 0 and m not in resident}
         if not outside:
             return None
-        demands: dict[str, Demand] = {}
-        if self.flags.demand_slots or self.flags.co_residency:
-            demands = self.demands(self._clock.now())
-        if self.flags.demand_slots:
-            eligible = {m: d for m, d in demands.items() if d.waiting > 0}
-            if self.flags.fair_queue:  # the best class waiting first (fairness.py rule 1)
-                classes = self.intake.best_waiting_class()
-                best = best_class([classes[m] for m in eligible if m in classes])
-                eligible = {m: d for m, d in eligible.items() if classes.get(m) == best}
-            first = next_model_by_demand(
-                self.context.order, self._slot.active, eligible, self._demand_policy
+        now = self._clock.now()
+        return self.policies.planner.plan(
+            PlanView(
+                order=self.context.order,
+                active=self._slot.active,
+                resident=resident,
+                outside=outside,
+                demand_of=lambda: self.demands(now),
+                best_waiting=self.intake.best_waiting_class,
+                engines=self.context.engines,
+                capacity_bytes=self.context.memory.hbm_capacity_bytes,
             )
-        else:
-            first = next_model(self.context.order, self._slot.active, outside)
-        assert first is not None
-        if not self.flags.co_residency:
-            return [first]
-        return resident_set(
-            first,
-            resident,
-            demands,
-            {m: e.weight_bytes for m, e in self.context.engines.items()},
-            {m: e.kv_floor_bytes() for m, e in self.context.engines.items()},
-            self.context.memory.hbm_capacity_bytes,
-            self.config.quantum_s,
         )
 
     def leaving_in(self, plan: list[str] | None) -> frozenset[str]:
@@ -236,7 +218,8 @@ class SlotLoop:
     def _close_reason(self, leaving: frozenset[str]) -> CloseReason | None:
         view = self._admission_view(leaving)
         waiting = self.intake.waiting
-        if self.flags.fair_queue and self._outranked():
+        elapsed = self._clock.now() - self._slot.start_s
+        if self.policies.queue.closes_slot(self._classes, elapsed):
             return CloseReason.OUTRANKED
         now = self._clock.now()
         return close_reason(
@@ -250,9 +233,9 @@ class SlotLoop:
             live_reservations=sum(self._holds.table.keeping_slot(m, now) for m in leaving),
         )
 
-    def _outranked(self) -> bool:
-        """Whether a higher class waits outside the resident set than any the slot serves
-        (slots.py ``outranked``), after half a quantum."""
+    def _classes(self) -> tuple[int | None, int | None]:
+        """The best class waiting outside the resident set, and the best the slot serves
+        (running or waiting on its models)."""
         slot = self._slot
         classes = self.intake.best_waiting_class()
         outside = best_class([r for m, r in classes.items() if m not in slot.resident])
@@ -260,10 +243,7 @@ class SlotLoop:
             [r for m, r in classes.items() if m in slot.resident]
             + [r for m in slot.resident for r in self.intake.running_classes(m)]
         )
-        elapsed = self._clock.now() - slot.start_s
-        return outranked(
-            outside, serving, elapsed, self._demand_policy.min_factor * self.config.quantum_s
-        )
+        return outside, serving
 
     # -- slots and transitions -----------------------------------------------------------------
     def _renew_slot(self, plan: list[str], reason: CloseReason) -> None:
@@ -273,11 +253,9 @@ class SlotLoop:
         self._open_slot(plan, 0.0, ())
 
     def _open_slot(self, plan: list[str], switch_s: float, activated: tuple[str, ...]) -> None:
-        """A new slot for ``plan[0]``: Q long, or demand-sized with ``demand_slots``."""
+        """A new slot for ``plan[0]``, as long as the planner says (Q, or demand-sized)."""
         now = self._clock.now()
-        length = self.config.quantum_s
-        if self.flags.demand_slots:
-            length = slot_length_s(plan[0], self.demands(now), self._demand_policy)
+        length = self.policies.planner.slot_length_s(plan[0], lambda: self.demands(now))
         self._slot.open(plan, now, length, switch_s, activated)
 
     def _begin_transition(self, plan: list[str]) -> None:
@@ -297,10 +275,7 @@ class SlotLoop:
             for model in leaving:
                 self._holds.release_model(model)
                 slot.serving_since.pop(model, None)
-                await self.context.engines[model].deactivate(
-                    keep_kv_on_host=self.flags.host_kv,
-                    keep_host_weight_copy=self.flags.d2d_staging,
-                )
+                await self.policies.switch.deactivate(self.context.engines[model])
             slot.leaving.clear()
             for name, engine in self.context.engines.items():
                 if name not in incoming:
@@ -339,17 +314,11 @@ class SlotLoop:
         self._slot.hold = False
 
     def _stage_next(self, plan: list[str] | None) -> None:
-        """With ``d2d_staging``, stage the first incoming model's weights (and no other's)."""
-        if not self.flags.d2d_staging or self._slot.active is None or plan is None:
+        """During a slot, the switch policy may stage the plan's first incoming model."""
+        if self._slot.active is None or plan is None:
             return
         incoming = [m for m in plan if m not in self._slot.resident]
-        if not incoming:
-            return
-        target = incoming[0]
-        for name, engine in self.context.engines.items():
-            if name != target and not engine.active:
-                engine.cancel_staging()
-        self.context.engines[target].start_staging()
+        self.policies.switch.stage(self.context.engines, incoming)
 
     # -- what the node asks of the loop ----------------------------------------------------
     async def retire(self, model: str) -> None:
@@ -379,8 +348,8 @@ class SlotLoop:
     def reserve(
         self, result: CallResult, session: NodeSession, gap_s: float, hold_s: float | None = None
     ) -> None:
-        """``soft_reservations``: after ``result``, the session reserves for its next call
-        (``KvHolds.hold``: expected in ``gap_s``, held ``hold_s`` with ``learned_gaps``),
+        """The hold policy's reservation: after ``result``, the session reserves for its next
+        call (``KvHolds.hold``: expected in ``gap_s``, its KV held ``hold_s``: None, the slack),
         until the slot's deadline when the plan has its model leave."""
         leaving = self.leaving_in(self.plan())
         deadline = self._slot.deadline_s() if result.model in leaving else None

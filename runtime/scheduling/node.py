@@ -27,17 +27,19 @@ from types import MappingProxyType
 from typing import Any
 
 from talaria.core.clock import Clock
-from talaria.core.gaps import PopulationGaps
 from talaria.core.reservations import ReleaseReason, ReservationTable
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
 from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.fairness import ServiceAccounts
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
+from talaria.runtime.scheduling.policies.compose import NodePolicies, PolicyChoice
+from talaria.runtime.scheduling.policies.events import EventFanout
 from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
 from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord, WaitingCall
@@ -77,22 +79,23 @@ class NodeStopped(RuntimeError):
 class NodeScheduler:
     """One node's scheduler: a FIFO of waiting calls per model, served in slots.
 
-    Slots: the node serves a resident set: the slot's model, plus with ``co_residency`` the
-    models that fit beside it (Σ weights + the largest full-context KV floor ≤ HBM). The next
-    slot goes to the first model after the slot's in round-robin order with a call waiting
-    outside the resident set, or with ``demand_slots`` to the highest score = (waiting +
-    expected_back) × (1 + oldest_wait / Q), a starving model (oldest wait ≥ S = 2Q) first. A
-    slot has a deadline only while contended (a non-resident model has a waiting call): start
-    + Q, or start + Q × clamp(n × share, ½, 2) with ``demand_slots``. It closes then, or
-    earlier when idle (nothing running, nothing it may admit, no live reservation); its running
-    calls drain (never preempted) before the switch.
+    Slots (the node's slot planner, policies/planner.py): the node serves a resident set: the
+    slot's model, plus under a co-resident planner the models that fit beside it (Σ weights +
+    the largest full-context KV floor ≤ HBM). The next slot goes to the first model after the
+    slot's in round-robin order with a call waiting outside the resident set, or under the
+    demand planner to the highest score = (waiting + expected_back) × (1 + oldest_wait / Q), a
+    starving model (oldest wait ≥ S = 2Q) first. A slot has a deadline only while contended (a
+    non-resident model has a waiting call): start + Q, or start + Q × clamp(n × share, ½, 2)
+    under the demand planner. It closes then, or earlier when idle (nothing running, nothing
+    it may admit, no live reservation); its running calls drain (never preempted) before the
+    switch.
 
     Admission: a call waiting when its slot opened is admitted; a later one at once if its
-    model's slot is uncontended; in a contended slot it waits for the next slot, unless
-    ``sp_admission`` is on, it is a continuation (its session has run here) and its budget
-    fits: estimated service (prefill or KV restore + expected output × decode step) ≤ time to
-    the deadline. Every admission needs HBM: needed ≤ free + staged + evictable idle KV −
-    other sessions' reserved bytes.
+    model's slot is uncontended; in a contended slot it waits for the next slot, unless the
+    admission rule admits session-prefill (policies/switching.py), it is a continuation (its
+    session has run here) and its budget fits: estimated service (prefill or KV restore +
+    expected output × decode step) ≤ time to the deadline. Every admission needs HBM: needed
+    ≤ free + staged + evictable idle KV − other sessions' reserved bytes.
     """
 
     def __init__(
@@ -101,34 +104,44 @@ class NodeScheduler:
         engines: Mapping[str, Engine],
         memory: NodeMemory,
         clock: Clock,
-        flags: SchedulerFlags,
+        policy: PolicyChoice | SchedulerFlags,
         config: SchedulerConfig | None = None,
         pcie: PcieLink | None = None,
         device: DeviceShare | None = None,
     ) -> None:
+        """``policy``: the node's choice of policies, or a named policy's flags (flags.py),
+        composed once here (policies/compose.py)."""
         self.name = name
         self.pcie = pcie  # the engines' shared link, kept for the replay's statistics
         self.device = device
         """The engines' shared GPUs, kept for an engine added later (``add_model``)."""
         self.memory = memory
-        self.flags = flags
+        self.policy = policy if isinstance(policy, PolicyChoice) else PolicyChoice.of(policy)
+        """The node's choice of policies (engines added later are built for it)."""
         self.config = config or SchedulerConfig()
         self._clock = clock
         self._engines = dict(engines)  # the model set: changed in add_model and retire only
-        self._sessions = NodeSessions(PopulationGaps() if flags.learned_gaps else None)
+        accounts = ServiceAccounts()
+        self.policies = NodePolicies.build(self.policy, accounts, self.config)
+        self._events = EventFanout((accounts, *self.policies.listeners()))
+        """Every listener of the node's session events: what it keeps per session goes with
+        the session (``_forget``)."""
+        self._sessions = NodeSessions(self.policies.holds.population)
         self._context = NodeContext(
             name=name,
             clock=clock,
-            flags=flags,
             config=self.config,
             memory=memory,
             engines=MappingProxyType(self._engines),
             signals=Signals(clock),
         )
         self._signals = self._context.signals
-        self._intake = Intake(self._context, self._session_of, self._finished, self._sessions)
+        self._intake = Intake(
+            self._context, self._session_of, self._finished, self._sessions, self.policies,
+            accounts, self._events,
+        )  # fmt: skip
         holds = KvHolds(memory, clock, self._sessions, self.config)
-        self._loop = SlotLoop(self._context, self._intake, self._sessions, holds)
+        self._loop = SlotLoop(self._context, self._intake, self._sessions, holds, self.policies)
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
         self._failure: str | None = None
@@ -302,10 +315,11 @@ class NodeScheduler:
         self._signals.poke()
 
     def _forget(self, session_key: str) -> None:
-        """Drop everything the node keeps of the session: its entry (gaps, hints, counts), its
-        fair-queue account, and its KV unless a call still holds it."""
+        """Drop everything the node keeps of the session: its entry (gaps, hints, counts),
+        what every listener of the node's events keeps of it (its fair-queue account), and its
+        KV unless a call still holds it."""
         self._sessions.forget(session_key)
-        self._intake.accounts.forget_session(session_key)
+        self._events.session_ended(session_key)
         entry = self.memory.kv.get(session_key)
         if entry is not None and not entry.pinned:
             self.memory.drop(session_key)
@@ -344,8 +358,8 @@ class NodeScheduler:
 
     def _finished(self, request: CallRequest, result: CallResult) -> None:
         """A call finished: count it for its session, end the session on a final call, else
-        (``soft_reservations``) reserve for its next call: by the hint or the mean gap, its KV
-        held (``learned_gaps``, no hint) at least to its learned gap's q-quantile."""
+        take the call's gap hint and let the hold policy reserve for its next call
+        (policies/holding.py)."""
         session = self._sessions.finished(result)
         if session is None:
             return
@@ -354,15 +368,11 @@ class NodeScheduler:
             return
         if request.expected_tool_gap_s is not None:
             session.hint_gap_s = min(request.expected_tool_gap_s, self.config.max_hint_gap_s)
-        if not self.flags.soft_reservations:
-            return
-        if self.flags.learned_gaps and session.hint_gap_s is None:
-            learned = self._sessions.predicted_gap(session, self.config.gap_quantile)
-            self._loop.reserve(result, session, session.expected_gap_s(), learned.hold_s)
-            return
-        gap = session.expected_gap_s()
-        session.hint_gap_s = None
-        self._loop.reserve(result, session, gap)
+        self.policies.holds.after_call(
+            session,
+            self._sessions,
+            lambda gap_s, hold_s: self._loop.reserve(result, session, gap_s, hold_s),
+        )
 
     def _session_of(self, request: CallRequest) -> NodeSession:
         """The session of a call the intake decides on; a call queued before its session

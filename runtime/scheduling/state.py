@@ -26,15 +26,15 @@ transition runs); the node's session events make and release reservations throug
 ``SlotLoop.reserve`` / ``release_hold``; the intake gets a call's session through the node's
 callback.
 
-``NodeContext`` holds the rest: the name, clock, flags and config, which never change, and
+``NodeContext`` holds the rest: the name, clock and config, which never change, and
 ``NodeMemory`` (resources.py), the HBM and host KV accounting the engines share, changed only
 through its own methods.
 
 A slot belongs to one model (``active``); the *resident set* (``resident``) is that model plus,
-with ``co_residency``, the models serving beside it. Models in ``leaving`` have had their slot
-closed and drain, admitting nothing; ``hold`` stops all admission while a transition waits for
-HBM. A contended slot closes on its deadline: start + length (``SchedulerConfig.quantum_s``, or
-the demand-sized length, ``slots.slot_length_s``).
+under a co-resident planner (policies/planner.py), the models serving beside it. Models in
+``leaving`` have had their slot closed and drain, admitting nothing; ``hold`` stops all
+admission while a transition waits for HBM. A contended slot closes on its deadline: start +
+length (``SchedulerConfig.quantum_s``, or the demand-sized length, ``slots.slot_length_s``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, GenerationEvent
 from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.config import SchedulerConfig
-from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.resources import NodeMemory
 from talaria.runtime.scheduling.slots import CloseReason
 
@@ -64,7 +63,7 @@ class WaitingCall:
     serving: asyncio.Task[None] | None = None
     """The task generating it, once admitted."""
     estimate_s: float = 0.0
-    """Its service as estimated when it was admitted (``fair_queue``'s charge, fairness.py)."""
+    """Its service as estimated when it was admitted (the fair order's charge, fairness.py)."""
 
 
 @dataclass
@@ -80,7 +79,7 @@ class SlotRecord:
     admitted: int = 0
     sp_admitted: int = 0
     co_resident: tuple[str, ...] = ()
-    """The other models resident and serving during this slot (``co_residency``)."""
+    """The other models resident and serving during this slot (a co-resident planner)."""
     activated: tuple[str, ...] = ()
     """Models activated (woken) when this slot opened: its switch."""
 
@@ -198,7 +197,6 @@ class NodeContext:
 
     name: str
     clock: Clock
-    flags: SchedulerFlags
     config: SchedulerConfig
     memory: NodeMemory
     """The HBM and host KV accounting (resources.py), changed only through its own methods."""

@@ -115,8 +115,8 @@ def _serve(
     while queue:
         first = next(fair_order(queue, accounts, 0.0, STARVATION_S))
         estimate, measured = cost[first.request.request_id]
-        accounts.admitted(first.request, estimate)
-        accounts.finished(first.request, estimate, measured)
+        accounts.call_admitted(first.request, estimate)
+        accounts.call_ended(first.request, estimate, measured)
         served[first.request.tenant] += measured
         queue.remove(first)
         accounts.settle({w.request.tenant for w in queue})
@@ -199,9 +199,9 @@ def test_a_tenant_becoming_backlogged_starts_at_the_active_ones_least_virtual_ti
 def test_finishing_charges_the_measured_service_and_frees_the_tenant() -> None:
     accounts = ServiceAccounts()
     request = call(0, tenant="a", session="s", weight=2.0).request
-    accounts.admitted(request, 4.0)
+    accounts.call_admitted(request, 4.0)
     assert accounts.vtime["a"] == 2.0 and accounts.running == {"a": 1}
-    accounts.finished(request, 4.0, 10.0)
+    accounts.call_ended(request, 4.0, 10.0)
     assert accounts.vtime["a"] == 5.0 and accounts.attained["s"] == 10.0
     assert accounts.running == {}
     accounts.settle(set())

@@ -22,11 +22,11 @@ from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.placement_rules import OptionKind
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 
 HOST_RESERVE_FRACTION = 0.1
 """Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight

@@ -24,7 +24,7 @@ from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
 from talaria.runtime.engines.sim_steps import SimSeq, StepLoop
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 
 STAGING_CHUNKS = 16
 """Weight staging moves in this many chunks, so KV transfers can pass between them."""

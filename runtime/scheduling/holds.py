@@ -34,9 +34,9 @@ from talaria.core.reservations import (
 )
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.engine import Engine
+from talaria.runtime.memory.resources import KvLocation, NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.hold_caps import HeldKv, yielding
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 
 

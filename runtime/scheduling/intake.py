@@ -30,6 +30,7 @@ from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
 from talaria.runtime.engine import Admission, Engine
+from talaria.runtime.memory.resources import KvLocation
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
 from talaria.runtime.scheduling.fairness import (
     ServiceAccounts,
@@ -37,7 +38,6 @@ from talaria.runtime.scheduling.fairness import (
     fair_order,
     lower_class_fits,
 )
-from talaria.runtime.scheduling.resources import KvLocation
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.state import NodeContext, WaitingCall
 

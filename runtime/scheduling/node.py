@@ -32,13 +32,13 @@ from talaria.core.reservations import ReleaseReason, ReservationTable
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
 from talaria.runtime.engine import Engine
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
 from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord, WaitingCall
 

@@ -26,9 +26,9 @@ from talaria.core.status import (
     TenantShare,
 )
 from talaria.core.types import KvSource
+from talaria.runtime.memory.resources import KvLocation
 from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
-from talaria.runtime.scheduling.resources import KvLocation
 from talaria.runtime.scheduling.sessions import SessionsView
 from talaria.runtime.scheduling.state import NodeContext
 

@@ -41,10 +41,10 @@ from talaria.runtime.engines.vllm import (
     vllm_engine_args,
     vllm_priority,
 )
+from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import NodeMemory
 from talaria.runtime.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 
 T = TypeVar("T")

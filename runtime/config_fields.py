@@ -16,7 +16,7 @@ line at start) and never an exception inside the node's scheduling loop:
   tokens is infinity, which JSON cannot carry in the node's status).
 
 The tables: ``NODE_FIELDS`` (the ``[node]`` table), ``RATE_FIELDS`` (a model's ``rates``, the
-``RateModel`` of runtime/engines/vllm/options.py), and one per engine's ``[[model]]`` options
+``RateModel`` of runtime/engines/timing.py), and one per engine's ``[[model]]`` options
 (``VLLM_FIELDS``, ``UPSTREAM_FIELDS``), which runtime/factory.py registers with the engine
 (``EngineKind.fields``). A key a table does not list is left to its engine's own checks
 (finite still). Adding an option to an engine: one row in its table.

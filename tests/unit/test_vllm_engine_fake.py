@@ -30,6 +30,7 @@ from talaria.core.types import (
     Priority,
     TokenDelta,
 )
+from talaria.runtime.engines.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 from talaria.runtime.engines.vllm import (
     KvShape,
     RateModel,
@@ -45,7 +46,6 @@ from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 
 T = TypeVar("T")
 STEP_S = 0.01

@@ -35,12 +35,12 @@ from talaria.core.types import (
     KvSource,
 )
 from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engines.timing import BusyMeter
 from talaria.runtime.engines.upstream.client import LOGGED_CHARS, UpstreamClient, served_window
 from talaria.runtime.engines.upstream.generation import CallSite, generate
 from talaria.runtime.engines.upstream.options import UpstreamOptions
 from talaria.runtime.engines.upstream.reading import UpstreamUnavailable
 from talaria.runtime.engines.upstream.sleep import SleepControl
-from talaria.runtime.engines.vllm.generate import BusyMeter
 
 log = logging.getLogger(__name__)
 

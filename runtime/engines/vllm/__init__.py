@@ -63,6 +63,7 @@ does), else from ``RateModel``, a per-token rate model with rough defaults.
 
 from __future__ import annotations
 
+from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP, vllm_priority
 from talaria.runtime.engines.vllm.build import (
     MODELS_DIR,
@@ -75,7 +76,7 @@ from talaria.runtime.engines.vllm.build import (
 )
 from talaria.runtime.engines.vllm.engine import VLLMEngine
 from talaria.runtime.engines.vllm.kv import KvShape
-from talaria.runtime.engines.vllm.options import RateModel, VLLMEngineOptions
+from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 
 __all__ = [
     "MODELS_DIR",

@@ -16,6 +16,8 @@ from dataclasses import replace
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engines.timing import BusyMeter
+from talaria.runtime.engines.tokenizer import Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
     AsyncLLMLike,
     RealVllmApi,
@@ -24,11 +26,10 @@ from talaria.runtime.engines.vllm.adapter import (
     no_shutdown,
 )
 from talaria.runtime.engines.vllm.chat import VllmChat
-from talaria.runtime.engines.vllm.generate import BusyMeter, PromptIds, VllmGenerator
+from talaria.runtime.engines.vllm.generate import PromptIds, VllmGenerator
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
-from talaria.runtime.tokenizer import Tokenizer
 
 
 class VLLMEngine:

@@ -17,7 +17,7 @@ from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
 from talaria.core.groups import GroupError, check_fits, group_server
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
-from talaria.runtime.config_fields import UPSTREAM_FIELDS, VLLM_FIELDS, Field
+from talaria.runtime.config_fields import ENGINE_FIELDS, Field
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
@@ -217,8 +217,9 @@ class EngineKind:
     set, each with how it is checked (runtime/placement_rules.py); a node's own TOML may set
     any."""
     fields: Mapping[str, Field] = field(default_factory=dict)
-    """What its ``[[model]]`` options may hold (runtime/config_fields.py), checked when a node
-    TOML or a placement is parsed."""
+    """What its ``[[model]]`` options may hold (its table in runtime/config_fields.py's
+    ``ENGINE_FIELDS``, where a node TOML's names are checked), checked when a node TOML or a
+    placement is parsed."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -314,11 +315,19 @@ operator's too); a placed model gets their defaults."""
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
     "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE,
-                       fields=VLLM_FIELDS),
+                       fields=ENGINE_FIELDS["vllm"]),
     "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE,
-                         fields=UPSTREAM_FIELDS),
+                         fields=ENGINE_FIELDS["openai"]),
 }  # fmt: skip
-"""The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
+"""The engines a node may build (``engine = "..."`` of a ``[[model]]``): those
+runtime/config_fields.py's ``ENGINE_FIELDS`` names, each with its builder (a test may register
+one more, which only a placement can name)."""
+
+
+def engine_fields() -> dict[str, Mapping[str, Field]]:
+    """The registered engines' names with their option tables, as runtime/config.py's
+    ``model_config`` checks an entry against them (a placement: ``ENGINES`` as it is now)."""
+    return {name: kind.fields for name, kind in ENGINES.items()}
 
 
 def engine_kind(name: str) -> EngineKind:

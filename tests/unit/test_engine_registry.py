@@ -22,6 +22,7 @@ from talaria.core.types import (
 )
 from talaria.runtime import factory
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError, load_node_config
+from talaria.runtime.config_fields import ENGINE_FIELDS
 from talaria.runtime.engine import Admission, Engine, EngineInfo, EngineSnapshot, call_result
 from talaria.runtime.factory import EngineKind, EngineSite, build_node_from_config
 
@@ -174,3 +175,10 @@ def test_an_unknown_engine_names_the_known_ones(tmp_path: Path) -> None:
     file.write_text('[[model]]\nname = "m"\nengine = "nope"\n')
     with pytest.raises(NodeConfigError, match=KNOWN):
         load_node_config(file)
+
+
+def test_the_config_and_the_factory_name_the_same_engines() -> None:
+    """runtime/config.py checks a node TOML's engine names and options against
+    ``ENGINE_FIELDS`` without importing the factory; the factory builds each of them."""
+    assert factory.engine_fields() == dict(ENGINE_FIELDS)
+    assert list(factory.ENGINES) == list(ENGINE_FIELDS)

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from talaria.runtime.config import NodeConfigError
+from talaria.runtime.config_fields import NodeConfigError
 from talaria.runtime.engines.timing import RateModel
 
 SleepKind = Literal["vllm", "sglang", "none"]

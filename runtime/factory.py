@@ -23,7 +23,7 @@ from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
 from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
-from talaria.runtime.placement_rules import OptionKind
+from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE, OptionKind
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
@@ -218,8 +218,7 @@ class EngineKind:
     any."""
     fields: Mapping[str, Field] = field(default_factory=dict)
     """What its ``[[model]]`` options may hold (its table in runtime/config_fields.py's
-    ``ENGINE_FIELDS``, where a node TOML's names are checked), checked when a node TOML or a
-    placement is parsed."""
+    ``ENGINE_FIELDS``), checked when a node TOML or a placement is parsed."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -273,20 +272,6 @@ def _build_vllm(site: EngineSite) -> Engine:
     )
 
 
-VLLM_PLACEABLE: dict[str, OptionKind] = {
-    **dict.fromkeys(
-        ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "dtype",
-         "kv_offloading_size", "kv_offloading_backend", "tool_parser", "reasoning_parser",
-         "tool_strict_level", "rates"),
-        "value",
-    ),
-    "chat_template": "path",
-    "trust_remote_code": "code",
-}  # fmt: skip
-"""The options of a vLLM model placed over HTTP: those docs/models.md and docs/deploy-h200.md
-document (any other engine argument only in the node's own TOML)."""
-
-
 def _build_upstream(site: EngineSite) -> Engine:
     """An ``UpstreamEngine``: the model served by an OpenAI-compatible server at its ``url``
     (runtime/engines/upstream/, docs/upstream.md)."""
@@ -295,23 +280,6 @@ def _build_upstream(site: EngineSite) -> Engine:
     return build_upstream_engine(site.model.name, site.model.options, site.clock, site.config.name)
 
 
-UPSTREAM_PLACEABLE: dict[str, OptionKind] = {
-    **dict.fromkeys(
-        ("sleep", "context_window", "weight_bytes", "device_bytes", "staging", "rates",
-         "timeout_s"),
-        "value",
-    ),
-    "url": "url",
-    "served_model": "served",
-}  # fmt: skip
-"""The options of an upstream model placed over HTTP: its ``url`` only under a prefix the
-operator allows, its ``served_model`` the catalog's model when it takes a catalog name
-(runtime/placement_rules.py). Not ``api_key_env`` (a placed model must not choose which of
-the runtime's environment variables is sent to its URL), nor ``cache_isolation`` (how
-tenants' prefixes are kept apart is the operator's choice) nor the read bounds beyond
-``timeout_s`` (options.py ``BOUNDS``: what protects the node's memory and time is the
-operator's too); a placed model gets their defaults."""
-
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
     "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE,
@@ -319,14 +287,12 @@ ENGINES: dict[str, EngineKind] = {
     "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE,
                          fields=ENGINE_FIELDS["openai"]),
 }  # fmt: skip
-"""The engines a node may build (``engine = "..."`` of a ``[[model]]``): those
-runtime/config_fields.py's ``ENGINE_FIELDS`` names, each with its builder (a test may register
-one more, which only a placement can name)."""
+"""The engines a node may build (``engine = "..."``): those ``ENGINE_FIELDS`` names, each with
+its builder (a test may register one more, which only a placement can name)."""
 
 
 def engine_fields() -> dict[str, Mapping[str, Field]]:
-    """The registered engines' names with their option tables, as runtime/config.py's
-    ``model_config`` checks an entry against them (a placement: ``ENGINES`` as it is now)."""
+    """``ENGINES``' names and option tables, as ``config.model_config`` checks them."""
     return {name: kind.fields for name, kind in ENGINES.items()}
 
 

@@ -29,7 +29,8 @@ from talaria.runtime.config_fields import (
 )
 from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.upstream.options import KNOWN, UPSTREAM_RATES, UpstreamOptions
-from talaria.runtime.factory import ENGINES, UPSTREAM_PLACEABLE, VLLM_PLACEABLE
+from talaria.runtime.factory import ENGINES
+from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE
 
 runner = CliRunner()
 

@@ -206,8 +206,9 @@ class EngineKind:
     build: Callable[[EngineSite], Engine]
     uses_node_memory: bool
     """Its KV and weights live in the node's ``NodeMemory``, sized from the catalog specs of
-    the models of such engines (the simulated engine). An engine that manages its own memory
-    (vLLM) says False; a node of only such engines gets ``_device_memory``."""
+    the models of such engines (the simulated engine: its ``MemoryAccounting``, said here
+    before it is built). An engine that manages its own memory (vLLM) says False; a node of
+    only such engines gets ``_device_memory``."""
     loads_on_clock: bool = False
     """Its start takes no real time (the simulated engine): placed on a running node, it
     serves only after the time a real load would take on the node's clock
@@ -310,7 +311,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
 
     The node's byte accounting (``NodeMemory``) binds only engines that keep their memory there
     (the simulated ones, sized from their catalog specs); a node of only self-managing engines
-    (vLLM, whose ``needed_bytes`` is 0) gets its device's memory (``_device_memory``)."""
+    (vLLM's, without ``MemoryAccounting``) gets its device's memory (``_device_memory``)."""
     flags = policy_flags(config.policy)
     kinds = [(m, engine_kind(m.engine)) for m in config.models]
     bound = [m for m, kind in kinds if kind.uses_node_memory]

@@ -29,9 +29,10 @@ from functools import partial
 from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
-from talaria.runtime.engine import Admission, Engine
+from talaria.runtime.engine import Admission
 from talaria.runtime.memory.resources import KvLocation
 from talaria.runtime.scheduling.admission import decide_admission, fits_memory
+from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.fairness import (
     ServiceAccounts,
     effective_rank,
@@ -192,7 +193,9 @@ class Intake:
         starvation_s = context.config.starvation_quanta * context.config.quantum_s
         return fair_order(list(queue), self.accounts, context.clock.now(), starvation_s)
 
-    def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView, rank: int) -> bool:
+    def _fits(
+        self, engine: DrivenEngine, request: CallRequest, view: AdmissionView, rank: int
+    ) -> bool:
         """The call fits in memory (``admission.fits_memory``); with ``fair_queue`` the soft
         reservations of lower classes than ``rank`` (the call's class now) do not count: a
         batch session's hold never blocks an interactive call."""
@@ -222,7 +225,7 @@ class Intake:
 
         return counts
 
-    def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
+    def _is_hopeless(self, engine: DrivenEngine, request: CallRequest) -> bool:
         """The call needs more KV than the HBM left beside its model's weights."""
         capacity = self.context.memory.hbm_capacity_bytes
         return engine.needed_bytes(request) > capacity - engine.weight_bytes
@@ -296,7 +299,7 @@ class Intake:
         starvation_s = config.starvation_quanta * config.quantum_s
         return effective_rank(waiting.request, waited, starvation_s)
 
-    def _beside_higher_classes(self, engine: Engine, waiting: WaitingCall, rank: int) -> bool:
+    def _beside_higher_classes(self, engine: DrivenEngine, waiting: WaitingCall, rank: int) -> bool:
         """Fairness rule 4 (``fair_queue`` only): the call may join the running batch without
         slowing past ``class_slowdown`` the higher classes' calls: those running, and those of
         their sessions in a tool gap that are expected back while it would run."""
@@ -320,7 +323,7 @@ class Intake:
         with_it = engine.decode_step_s(len(batch), sum(batch))
         return lower_class_fits(with_it, higher_step, context.config.class_slowdown)
 
-    def _estimate_s(self, engine: Engine, request: CallRequest) -> float:
+    def _estimate_s(self, engine: DrivenEngine, request: CallRequest) -> float:
         """The call's service as the engine estimates it (its prefill, its expected decode)."""
         session = self._session_of(request)
         expected = session.expected_output_tokens(self.context.config.default_output_tokens)
@@ -351,7 +354,7 @@ class Intake:
         asyncio.get_running_loop().call_soon(serving.cancel)
 
     async def _serve(
-        self, engine: Engine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
+        self, engine: DrivenEngine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
     ) -> None:
         """Run the admitted call; its ``Finished`` result carries ``slot_wait_s`` (CallResult)."""
         served = False

@@ -34,6 +34,7 @@ from talaria.core.types import CallRequest, CallResult, Finished, GenerationEven
 from talaria.runtime.engine import Engine
 from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.driven import DrivenEngines
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import Intake
@@ -122,7 +123,7 @@ class NodeScheduler:
             flags=flags,
             config=self.config,
             memory=memory,
-            engines=MappingProxyType(self._engines),
+            engines=DrivenEngines(self._engines),
             signals=Signals(clock),
         )
         self._signals = self._context.signals
@@ -139,7 +140,7 @@ class NodeScheduler:
     def engines(self) -> Mapping[str, Engine]:
         """The hosted models' engines in configured order (read-only: ``add_model`` and
         ``retire`` change the set)."""
-        return self._context.engines
+        return MappingProxyType(self._engines)
 
     @property
     def reservations(self) -> ReservationTable:

@@ -46,9 +46,9 @@ from typing import Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, GenerationEvent
-from talaria.runtime.engine import Engine
 from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.slots import CloseReason
 
@@ -202,9 +202,10 @@ class NodeContext:
     config: SchedulerConfig
     memory: NodeMemory
     """The HBM and host KV accounting (runtime/memory/), changed only through its own methods."""
-    engines: Mapping[str, Engine]
-    """The hosted models' engines in configured order: a read-only view of the model set,
-    which ``NodeScheduler`` alone changes (``add_model``, ``retire``)."""
+    engines: Mapping[str, DrivenEngine]
+    """The hosted models' engines in configured order, each as the node drives it (driven.py):
+    a read-only view of the model set, which ``NodeScheduler`` alone changes (``add_model``,
+    ``retire``)."""
     signals: Signals
 
     @property

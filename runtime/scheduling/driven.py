@@ -255,6 +255,8 @@ class DrivenEngines(Mapping[str, DrivenEngine]):
         view = self._views.get(model)
         if view is None or view.engine is not engine:  # new, or placed again
             view = self._views[model] = DrivenEngine(engine)
+            for gone in [m for m in self._views if m not in self._engines]:
+                del self._views[gone]  # retired since
         return view
 
     def __contains__(self, model: object) -> bool:

@@ -32,15 +32,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from talaria.core.catalog import model_name_fault
-from talaria.runtime.config_fields import NODE_FIELDS, FieldError, check_fields
+from talaria.runtime.config_fields import (
+    ENGINE_FIELDS,
+    NODE_FIELDS,
+    Field,
+    FieldError,
+    check_fields,
+)
+from talaria.runtime.config_fields import NodeConfigError as NodeConfigError  # named here too
 
 if TYPE_CHECKING:
     from talaria.core.catalog import Catalog, ServerSpec
-    from talaria.runtime.factory import EngineKind
-
-
-class NodeConfigError(ValueError):
-    """The node configuration file is missing a field or names something unknown."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,8 @@ class ModelConfig:
 
     name: str
     engine: str
-    """An engine registered in runtime/factory.py's ``ENGINES`` (``sim``, ``vllm``,
-    ``openai``: docs/upstream.md)."""
+    """An engine a node config may name (``sim``, ``vllm``, ``openai``: docs/upstream.md;
+    runtime/config_fields.py ``ENGINE_FIELDS``, built by runtime/factory.py's ``ENGINES``)."""
     path: str | None = None
     """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -111,12 +113,14 @@ class NodeConfig:
         raise NodeConfigError(f"model {model.name}: no directory {model.path!r}")
 
 
-def model_config(entry: Any, where: str, engines: Mapping[str, EngineKind]) -> ModelConfig:
+def model_config(
+    entry: Any, where: str, engines: Mapping[str, Mapping[str, Field]] = ENGINE_FIELDS
+) -> ModelConfig:
     """One ``[[model]]`` entry (a TOML table, or the JSON body of the runtime's
     ``POST /v1/runtime/models``, which then holds it to runtime/placement_rules.py): ``name``
-    (the catalog's grammar, core/catalog.py ``MODEL_NAME``), ``engine`` (one of ``engines``;
-    default ``sim``), ``path``, and the engine's options, checked against its table
-    (``EngineKind.fields``, runtime/config_fields.py: typed, finite, in range);
+    (the catalog's grammar, core/catalog.py ``MODEL_NAME``), ``engine`` (one of ``engines``,
+    the engine names with their option tables; default ``sim``), ``path``, and the engine's
+    options, checked against its table (runtime/config_fields.py: typed, finite, in range);
     ``NodeConfigError`` names what is wrong."""
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
         raise NodeConfigError(f"{where}: every [[model]] needs a name")
@@ -134,7 +138,7 @@ def model_config(entry: Any, where: str, engines: Mapping[str, EngineKind]) -> M
         raise NodeConfigError(f"{where}: model {name}: path must be a string")
     options = {k: v for k, v in entry.items() if k not in ("name", "engine", "path")}
     try:
-        check_fields(engines[engine].fields, options)
+        check_fields(engines[engine], options)
     except FieldError as exc:
         raise NodeConfigError(f"{where}: model {name}: {exc}") from None
     return ModelConfig(name, engine, path, options)
@@ -167,8 +171,6 @@ def load_node_config(path: str | Path) -> NodeConfig:
     """The node config of a TOML file (the module docstring shows one); a missing field, an
     unknown name or a value its table refuses (runtime/config_fields.py) is a
     ``NodeConfigError`` naming the file, the model and the field."""
-    from talaria.runtime.factory import ENGINES  # here: the factory imports this module
-
     file = Path(path)
     try:
         doc = tomllib.loads(file.read_text())
@@ -187,7 +189,7 @@ def load_node_config(path: str | Path) -> NodeConfig:
         check_fields(NODE_FIELDS, node)
     except FieldError as exc:
         raise NodeConfigError(f"{file}: [node]: {exc}") from None
-    models = [model_config(entry, str(file), ENGINES) for entry in entries]
+    models = [model_config(entry, str(file)) for entry in entries]
     names = [m.name for m in models]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

@@ -16,10 +16,13 @@ line at start) and never an exception inside the node's scheduling loop:
   tokens is infinity, which JSON cannot carry in the node's status).
 
 The tables: ``NODE_FIELDS`` (the ``[node]`` table), ``RATE_FIELDS`` (a model's ``rates``, the
-``RateModel`` of runtime/engines/vllm/options.py), and one per engine's ``[[model]]`` options
-(``VLLM_FIELDS``, ``UPSTREAM_FIELDS``), which runtime/factory.py registers with the engine
-(``EngineKind.fields``). A key a table does not list is left to its engine's own checks
-(finite still). Adding an option to an engine: one row in its table.
+``RateModel`` of runtime/engines/timing.py), and one per engine's ``[[model]]`` options
+(``VLLM_FIELDS``, ``UPSTREAM_FIELDS``), each under its engine's name in ``ENGINE_FIELDS``: the
+engines a node config may name, which runtime/config.py reads without the factory (the factory
+registers each with its builder, ``EngineKind.fields``). A key a table does not list is left to
+its engine's own checks (finite still). Adding an option to an engine: one row in its table.
+A value that is wrong anywhere in a node config (a field here, or an engine's own check of its
+options) is a ``NodeConfigError``.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ from typing import Any, Literal
 FieldKind = Literal["int", "float", "str", "bool", "table", "any"]
 """What a field holds: a number (``int``, or ``float``, which takes integers too), a string, a
 bool, a table of its own fields, or ``any`` (checked by its own parser)."""
+
+
+class NodeConfigError(ValueError):
+    """The node configuration file (or a model placed over HTTP) is missing a field or names
+    something unknown; the message names where."""
 
 
 class FieldError(ValueError):
@@ -216,3 +224,12 @@ UPSTREAM_FIELDS: Mapping[str, Field] = {
 }
 """An upstream (``engine = "openai"``) model's options (docs/upstream.md); its own parser,
 runtime/engines/upstream/options.py, refuses the keys it does not know."""
+
+ENGINE_FIELDS: Mapping[str, Mapping[str, Field]] = {
+    "sim": {},
+    "vllm": VLLM_FIELDS,
+    "openai": UPSTREAM_FIELDS,
+}
+"""The engines a node TOML may name (``engine = "..."`` of a ``[[model]]``), each with what its
+options may hold; runtime/factory.py's ``ENGINES`` builds each, under the same names
+(tests/unit/test_engine_registry.py holds them equal)."""

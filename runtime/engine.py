@@ -1,17 +1,30 @@
 """The ``Engine`` seam: one model's executor on a node.
 
-The slot scheduler drives engines only through this protocol, so the simulated engine
-(``engines.sim.SimEngine``, timed by the cost model) and a vLLM-backed engine are
-interchangeable. Admission is split in two: ``try_admit`` decides synchronously whether the
-call fits HBM now (evicting idle KV as needed) and commits the memory; ``run`` then streams the
-call's events. Switch operations return the seconds they took, for the slot timeline.
+The slot scheduler drives engines only through this module's protocols, so the simulated
+engine (``engines.sim.SimEngine``, timed by the cost model), the vLLM engine, the upstream
+engine and any other are interchangeable. ``Engine`` is what every engine must do: start and
+stop, estimate, admit (``try_admit`` decides synchronously whether the call can start now and
+commits what it needs) and serve (``run`` streams the call's events). What only some engines
+do is an optional capability, a small protocol of its own that an engine implements or not:
+
+- ``Switching``: its model is switched in and out (weights woken and put to sleep);
+- ``Staging``: its weights can be copied in ahead of a switch;
+- ``MemoryAccounting``: its KV and weights are accounted in the node's ``NodeMemory``, so the
+  node may keep a call waiting, or a switch, until they fit;
+- ``KvTiming``: what bringing a session's KV back costs, for routing;
+- ``OwnKv``: the sessions' KV it holds in a pool of its own.
+
+The node detects them when it takes an engine (runtime/scheduling/driven.py, where what each
+one's absence means is written once), so an engine that does not switch or account memory
+implements none of it rather than answering with constants. Switch operations return the
+seconds they took, for the slot timeline.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from talaria.core.calls import ModelOutput
 from talaria.core.types import CallRequest, CallResult, EngineTimes, GenerationEvent, KvSource
@@ -73,18 +86,6 @@ def call_result(
 
 
 @dataclass(frozen=True)
-class EngineSnapshot:
-    """An engine's state for the node's status: active, running calls, the staged fraction of
-    its weights, and its busy seconds so far."""
-
-    model: str
-    active: bool
-    running: int
-    staged_fraction: float
-    busy_s: float
-
-
-@dataclass(frozen=True)
 class EngineInfo:
     """What a calibration needs to know about an engine (``talaria calibrate`` reads it from the
     runtime's status)."""
@@ -101,9 +102,10 @@ class EngineInfo:
 
 
 class Engine(Protocol):
-    """One model's executor on a node, as the slot scheduler drives it (the module docstring
-    says how admission and switches are split). runtime/factory.py's ``ENGINES`` registers the
-    implementations a node config may name."""
+    """One model's executor on a node, as the slot scheduler drives it: what every engine must
+    do (the module docstring says how admission is split, and which capabilities are
+    optional). runtime/factory.py's ``ENGINES`` registers the implementations a node config
+    may name."""
 
     model: str
     """The model it serves (the node's key for it, and the results' ``model``)."""
@@ -118,13 +120,14 @@ class Engine(Protocol):
         ...
 
     @property
-    def active(self) -> bool:
-        """Whether the model is switched in: it admits calls (``try_admit``) only then."""
+    def running(self) -> int:
+        """Calls admitted and not yet finished."""
         ...
 
     @property
-    def running(self) -> int:
-        """Calls admitted and not yet finished."""
+    def busy_s(self) -> float:
+        """Seconds it was busy so far (serving some call, or its device's work), for the
+        node's busy figures."""
         ...
 
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
@@ -136,8 +139,35 @@ class Engine(Protocol):
         (the fair queue's guard of a higher class's calls: runtime/scheduling/intake.py)."""
         ...
 
-    def kv_bytes(self, tokens: int) -> float:
-        """Physical KV bytes of one sequence of ``tokens`` on the node."""
+    def try_admit(
+        self, request: CallRequest, arrival_s: float, sp_admitted: bool
+    ) -> Admission | None:
+        """Commit what the call needs (memory, evicting idle KV or staged weights) and admit
+        it, or return None: it cannot start now. Asked only while the model is in (a
+        ``Switching`` engine: ``active``)."""
+        ...
+
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+        """Serve an admitted call: ``FirstToken``, ``TokenDelta``s if the request streams,
+        then ``Finished`` with its ``CallResult`` (``call_result`` builds it). Raising
+        ``CallRejected`` fails just this call as the caller's fault."""
+        ...
+
+    def info(self) -> EngineInfo:
+        """What a calibration needs to know about it (in the runtime's status)."""
+        ...
+
+
+@runtime_checkable
+class Switching(Protocol):
+    """An engine whose model is switched in and out: its weights woken and put to sleep (or
+    a gate opened and closed), in the slot scheduler's transitions. Without it the node gates
+    the engine itself: in or out as the slot decides, at no cost, holding nothing that
+    co-residency must fit."""
+
+    @property
+    def active(self) -> bool:
+        """Whether the model is switched in: it admits calls (``try_admit``) only then."""
         ...
 
     @property
@@ -145,41 +175,8 @@ class Engine(Protocol):
         """HBM its weights take while active (what co-residency must fit)."""
         ...
 
-    def kv_floor_bytes(self) -> float:
-        """The least KV room the engine needs beside its weights to be worth activating."""
-        ...
-
-    def can_activate(self) -> bool:
-        """Whether ``activate`` would find room for the weights now (idle KV may be evicted
-        for them; running calls' KV may not)."""
-        ...
-
     def switch_in_s(self) -> float:
         """Seconds ``activate`` would take now (wake, or the rest of staging + device copy)."""
-        ...
-
-    def kv_restore_s(self, tokens: int) -> float:
-        """Seconds to bring ``tokens`` of a session's KV from host memory into HBM."""
-        ...
-
-    def recompute_s(self, tokens: int) -> float:
-        """Seconds to prefill ``tokens`` again if their KV is gone."""
-        ...
-
-    def needed_bytes(self, request: CallRequest) -> float:
-        """HBM bytes the call would add if admitted now (beyond what its session holds)."""
-        ...
-
-    def try_admit(
-        self, request: CallRequest, arrival_s: float, sp_admitted: bool
-    ) -> Admission | None:
-        """Commit memory for the call (evicting idle KV or staged weights) or return None."""
-        ...
-
-    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
-        """Serve an admitted call: ``FirstToken``, ``TokenDelta``s if the request streams,
-        then ``Finished`` with its ``CallResult`` (``call_result`` builds it). Raising
-        ``CallRejected`` fails just this call as the caller's fault."""
         ...
 
     async def activate(self) -> float:
@@ -194,30 +191,84 @@ class Engine(Protocol):
         took."""
         ...
 
-    def start_staging(self) -> bool:
-        """Begin copying the weights in ahead of a switch, if there is room now; whether it
-        began."""
-        ...
+
+@runtime_checkable
+class Staging(Protocol):
+    """An engine whose weights can be copied in ahead of a switch, while another model
+    serves (``d2d_staging``). Without it nothing is staged."""
 
     @property
     def staging(self) -> bool:
         """Whether weights are being (or have been) staged ahead of a switch."""
         ...
 
+    @property
+    def staged_fraction(self) -> float:
+        """The share of its weights staged so far (0 when not staging), for the status."""
+        ...
+
+    def start_staging(self) -> bool:
+        """Begin copying the weights in ahead of a switch, if there is room now; whether it
+        began."""
+        ...
+
     def cancel_staging(self) -> None:
         """Stop staging and release what it claimed."""
         ...
 
-    def snapshot(self) -> EngineSnapshot:
-        """Its state now, for the node's status."""
+
+@runtime_checkable
+class MemoryAccounting(Protocol):
+    """An engine whose sessions' KV and whose weights live in the node's ``NodeMemory``
+    (runtime/memory/), so the node's admission and transitions weigh them: a call waits, or a
+    switch, until its bytes fit. Without it the engine manages its memory itself (vLLM's and
+    an upstream server's pools preempt or queue when full): the node never keeps a call or a
+    switch waiting for memory on its behalf."""
+
+    def kv_bytes(self, tokens: int) -> float:
+        """Physical KV bytes of one sequence of ``tokens`` on the node."""
         ...
 
-    def info(self) -> EngineInfo:
-        """What a calibration needs to know about it (in the runtime's status)."""
+    def kv_floor_bytes(self) -> float:
+        """The least KV room the engine needs beside its weights to be worth activating."""
         ...
+
+    def needed_bytes(self, request: CallRequest) -> float:
+        """HBM bytes the call would add if admitted now (beyond what its session holds)."""
+        ...
+
+    def can_activate(self) -> bool:
+        """Whether ``activate`` would find room for the weights now (idle KV may be evicted
+        for them; running calls' KV may not)."""
+        ...
+
+
+@runtime_checkable
+class KvTiming(Protocol):
+    """An engine that knows what a session's KV saves: the seconds to bring it back from host
+    memory and to prefill it again, in the status routing reads. Without it a session's KV
+    counts for routing only while in HBM."""
+
+    def kv_restore_s(self, tokens: int) -> float:
+        """Seconds to bring ``tokens`` of a session's KV from host memory into HBM."""
+        ...
+
+    def recompute_s(self, tokens: int) -> float:
+        """Seconds to prefill ``tokens`` again if their KV is gone."""
+        ...
+
+
+@runtime_checkable
+class OwnKv(Protocol):
+    """An engine that keeps its sessions' KV in a pool of its own, outside the node's
+    ``NodeMemory`` (vLLM's, an upstream server's), and tells the node which sessions it
+    holds. Without it the node reports the KV ``NodeMemory`` holds, and nothing else."""
 
     def session_kv(self) -> Mapping[str, tuple[int, KvSource]]:
-        """KV this engine holds outside the node's ``NodeMemory`` (a real engine's own pool),
-        by session: (tokens, ``HBM`` or ``HOST``). The simulated engine keeps its KV in
-        ``NodeMemory``, which the node reads directly: it returns nothing here."""
+        """KV this engine holds outside the node's ``NodeMemory``, by session: (tokens,
+        ``HBM`` or ``HOST``)."""
         ...
+
+
+CAPABILITIES: tuple[type, ...] = (Switching, Staging, MemoryAccounting, KvTiming, OwnKv)
+"""The optional capabilities, in the order the docs list them."""

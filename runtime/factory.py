@@ -17,17 +17,17 @@ from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
 from talaria.core.clock import Clock
 from talaria.core.groups import GroupError, check_fits, group_server
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
-from talaria.runtime.config_fields import UPSTREAM_FIELDS, VLLM_FIELDS, Field
+from talaria.runtime.config_fields import ENGINE_FIELDS, Field
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Engine
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy
-from talaria.runtime.placement_rules import OptionKind
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
+from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE, OptionKind
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.policies.compose import PolicyChoice
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 
 HOST_RESERVE_FRACTION = 0.1
 """Host DRAM kept for the OS and the serving processes (est.); the rest, less the pinned weight
@@ -210,8 +210,9 @@ class EngineKind:
     build: Callable[[EngineSite], Engine]
     uses_node_memory: bool
     """Its KV and weights live in the node's ``NodeMemory``, sized from the catalog specs of
-    the models of such engines (the simulated engine). An engine that manages its own memory
-    (vLLM) says False; a node of only such engines gets ``_device_memory``."""
+    the models of such engines (the simulated engine: its ``MemoryAccounting``, said here
+    before it is built). An engine that manages its own memory (vLLM) says False; a node of
+    only such engines gets ``_device_memory``."""
     loads_on_clock: bool = False
     """Its start takes no real time (the simulated engine): placed on a running node, it
     serves only after the time a real load would take on the node's clock
@@ -221,8 +222,8 @@ class EngineKind:
     set, each with how it is checked (runtime/placement_rules.py); a node's own TOML may set
     any."""
     fields: Mapping[str, Field] = field(default_factory=dict)
-    """What its ``[[model]]`` options may hold (runtime/config_fields.py), checked when a node
-    TOML or a placement is parsed."""
+    """What its ``[[model]]`` options may hold (its table in runtime/config_fields.py's
+    ``ENGINE_FIELDS``), checked when a node TOML or a placement is parsed."""
 
 
 def _build_sim(site: EngineSite) -> Engine:
@@ -276,20 +277,6 @@ def _build_vllm(site: EngineSite) -> Engine:
     )
 
 
-VLLM_PLACEABLE: dict[str, OptionKind] = {
-    **dict.fromkeys(
-        ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "dtype",
-         "kv_offloading_size", "kv_offloading_backend", "tool_parser", "reasoning_parser",
-         "tool_strict_level", "rates"),
-        "value",
-    ),
-    "chat_template": "path",
-    "trust_remote_code": "code",
-}  # fmt: skip
-"""The options of a vLLM model placed over HTTP: those docs/models.md and docs/deploy-h200.md
-document (any other engine argument only in the node's own TOML)."""
-
-
 def _build_upstream(site: EngineSite) -> Engine:
     """An ``UpstreamEngine``: the model served by an OpenAI-compatible server at its ``url``
     (runtime/engines/upstream/, docs/upstream.md)."""
@@ -298,31 +285,20 @@ def _build_upstream(site: EngineSite) -> Engine:
     return build_upstream_engine(site.model.name, site.model.options, site.clock, site.config.name)
 
 
-UPSTREAM_PLACEABLE: dict[str, OptionKind] = {
-    **dict.fromkeys(
-        ("sleep", "context_window", "weight_bytes", "device_bytes", "staging", "rates",
-         "timeout_s"),
-        "value",
-    ),
-    "url": "url",
-    "served_model": "served",
-}  # fmt: skip
-"""The options of an upstream model placed over HTTP: its ``url`` only under a prefix the
-operator allows, its ``served_model`` the catalog's model when it takes a catalog name
-(runtime/placement_rules.py). Not ``api_key_env`` (a placed model must not choose which of
-the runtime's environment variables is sent to its URL), nor ``cache_isolation`` (how
-tenants' prefixes are kept apart is the operator's choice) nor the read bounds beyond
-``timeout_s`` (options.py ``BOUNDS``: what protects the node's memory and time is the
-operator's too); a placed model gets their defaults."""
-
 ENGINES: dict[str, EngineKind] = {
     "sim": EngineKind(_build_sim, uses_node_memory=True, loads_on_clock=True),
     "vllm": EngineKind(_build_vllm, uses_node_memory=False, options=VLLM_PLACEABLE,
-                       fields=VLLM_FIELDS),
+                       fields=ENGINE_FIELDS["vllm"]),
     "openai": EngineKind(_build_upstream, uses_node_memory=False, options=UPSTREAM_PLACEABLE,
-                         fields=UPSTREAM_FIELDS),
+                         fields=ENGINE_FIELDS["openai"]),
 }  # fmt: skip
-"""The engines a node config may name (``engine = "..."`` of a ``[[model]]``)."""
+"""The engines a node may build (``engine = "..."``): those ``ENGINE_FIELDS`` names, each with
+its builder (a test may register one more, which only a placement can name)."""
+
+
+def engine_fields() -> dict[str, Mapping[str, Field]]:
+    """``ENGINES``' names and option tables, as ``config.model_config`` checks them."""
+    return {name: kind.fields for name, kind in ENGINES.items()}
 
 
 def engine_kind(name: str) -> EngineKind:
@@ -339,7 +315,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
 
     The node's byte accounting (``NodeMemory``) binds only engines that keep their memory there
     (the simulated ones, sized from their catalog specs); a node of only self-managing engines
-    (vLLM, whose ``needed_bytes`` is 0) gets its device's memory (``_device_memory``)."""
+    (vLLM's, without ``MemoryAccounting``) gets its device's memory (``_device_memory``)."""
     policy = PolicyChoice.of(policy_flags(config.policy))
     kinds = [(m, engine_kind(m.engine)) for m in config.models]
     bound = [m for m, kind in kinds if kind.uses_node_memory]

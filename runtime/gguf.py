@@ -22,7 +22,7 @@ import os
 import shutil
 from pathlib import Path
 
-from talaria.runtime.tokenizer import HFTokenizer, tool_template_fault
+from talaria.runtime.engines.tokenizer import HFTokenizer, tool_template_fault
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TOOLS_TEMPLATE = TEMPLATES / "chatml-tools.jinja"

@@ -150,9 +150,9 @@ def node_for_models(
 def serving_faults(node: NodeConfig) -> list[str]:
     """One line per vLLM model of ``node`` that has a tool-call parser but a chat template
     that cannot render tools, a tool call with ``content: None`` and its result (the probe of
-    runtime/tokenizer.py, rendered with the template vLLM will serve). Checked at start, so
+    runtime/engines/tokenizer.py, rendered with the template vLLM will serve). Checked at start, so
     that such a node fails at once instead of at an agent's first tool call."""
-    from talaria.runtime.tokenizer import HFTokenizer, load_tokenizer, tool_template_fault
+    from talaria.runtime.engines.tokenizer import HFTokenizer, load_tokenizer, tool_template_fault
 
     faults = []
     for model in node.models:

@@ -48,7 +48,13 @@ from fastapi.responses import Response
 
 from talaria.core.catalog import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
-from talaria.runtime.factory import ENGINES, EngineStartError, place_model, unplace_model
+from talaria.runtime.factory import (
+    ENGINES,
+    EngineStartError,
+    engine_fields,
+    place_model,
+    unplace_model,
+)
 from talaria.runtime.placement_rules import check_served, placed_model
 
 router = APIRouter()
@@ -72,7 +78,7 @@ async def add_model(request: Request) -> Response:
         return _json({"error": runtime.node.failure or "draining"}, 503)
     try:
         entry = json.loads(await request.body())
-        model = model_config(entry, "POST /v1/runtime/models", ENGINES)
+        model = model_config(entry, "POST /v1/runtime/models", engine_fields())
         model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
         check_served(model, ENGINES[model.engine].options, runtime.catalog)
     except (ValueError, NodeConfigError) as exc:

@@ -5,7 +5,8 @@ The node's own TOML is the operator's and is trusted as it is. An entry that arr
 is held to these rules (``placed_model``):
 
 - **Keys**: ``name``, ``engine``, ``path`` and the options its engine lists as placeable
-  (``EngineKind.options``, runtime/factory.py); any other key is refused, named.
+  (``VLLM_PLACEABLE``, ``UPSTREAM_PLACEABLE``: ``EngineKind.options``, runtime/factory.py);
+  any other key is refused, named.
 - **Paths**: ``path`` and every option of kind ``path`` (vLLM's ``chat_template``) must
   resolve, symlinks followed (``Path.resolve``), to something that exists inside the runtime's
   models directory (``talaria runtime --models-dir``, ``TALARIA_RUNTIME_MODELS_DIR``); a
@@ -45,6 +46,37 @@ OptionKind = Literal["value", "path", "code", "url", "served"]
 directory, ``code`` only when the operator allows code from the model's files, ``url`` only
 under a URL prefix the operator allows, ``served`` (the model a server serves under the
 name) as a value that ``check_served`` holds to the catalog."""
+
+
+VLLM_PLACEABLE: dict[str, OptionKind] = {
+    **dict.fromkeys(
+        ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "dtype",
+         "kv_offloading_size", "kv_offloading_backend", "tool_parser", "reasoning_parser",
+         "tool_strict_level", "rates"),
+        "value",
+    ),
+    "chat_template": "path",
+    "trust_remote_code": "code",
+}  # fmt: skip
+"""The options of a vLLM model placed over HTTP: those docs/models.md and docs/deploy-h200.md
+document (any other engine argument only in the node's own TOML)."""
+
+UPSTREAM_PLACEABLE: dict[str, OptionKind] = {
+    **dict.fromkeys(
+        ("sleep", "context_window", "weight_bytes", "device_bytes", "staging", "rates",
+         "timeout_s"),
+        "value",
+    ),
+    "url": "url",
+    "served_model": "served",
+}  # fmt: skip
+"""The options of an upstream model placed over HTTP: its ``url`` only under a prefix the
+operator allows, its ``served_model`` the catalog's model when it takes a catalog name
+(``check_served``). Not ``api_key_env`` (a placed model must not choose which of
+the runtime's environment variables is sent to its URL), nor ``cache_isolation`` (how
+tenants' prefixes are kept apart is the operator's choice) nor the read bounds beyond
+``timeout_s`` (runtime/engines/upstream/options.py ``BOUNDS``: what protects the node's memory
+and time is the operator's too); a placed model gets their defaults."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The HTTP names Talaria reads: session headers, the session endpoints, and the reply header.
+"""The HTTP names Talaria reads: session headers, the session endpoints, the reply header, and
+where the server is when the caller does not say (``base_url_from_env``).
 
 The proxy identifies a session by the first of ``X-Talaria-Session-Id``, ``x-session-id``,
 ``x-litellm-session-id``, body ``litellm_session_id``, body ``prompt_cache_key``
@@ -8,6 +9,7 @@ The proxy identifies a session by the first of ``X-Talaria-Session-Id``, ``x-ses
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from urllib.parse import quote
 
@@ -32,6 +34,14 @@ REPLY_SESSION_ID = "x-talaria-session-id"
 
 DEFAULT_GAP_S = 3.0
 """The tool gap a session expects before it has observed one of its own."""
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
+"""The local ``talaria serve``'s API."""
+
+
+def base_url_from_env() -> str:
+    """``TALARIA_BASE_URL``, else the local ``talaria serve`` default."""
+    return os.environ.get("TALARIA_BASE_URL", DEFAULT_BASE_URL)
 
 
 def has_header(headers: object, name: str) -> bool:

@@ -28,22 +28,16 @@ do not need it.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
+from talaria.sdk.headers import base_url_from_env
 from talaria.sdk.sessions import Session, current_session
 
 if TYPE_CHECKING:
     from talaria.sdk.litellm_provider import TalariaLLM
 
 PROVIDER = "talaria"
-DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 _handler: TalariaLLM | None = None
-
-
-def base_url_from_env() -> str:
-    """``TALARIA_BASE_URL``, else the local ``talaria serve`` default."""
-    return os.environ.get("TALARIA_BASE_URL", DEFAULT_BASE_URL)
 
 
 def route(

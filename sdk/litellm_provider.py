@@ -25,8 +25,7 @@ from litellm import CustomLLM, ModelResponse
 from litellm.llms.custom_llm import CustomLLMError
 
 from talaria.sdk.client import AsyncOpenAI, OpenAI
-from talaria.sdk.headers import has_header, session_headers
-from talaria.sdk.litellm import base_url_from_env
+from talaria.sdk.headers import base_url_from_env, has_header, session_headers
 from talaria.sdk.sessions import current_session
 
 _SESSION_HEADERS = ("x-talaria-session-id", "x-session-id", "x-litellm-session-id")

@@ -277,7 +277,7 @@ async def _replay(
 
 
 def _node_outcome(node: NodeScheduler) -> NodeOutcome:
-    busy = sum(e.snapshot().busy_s for e in node.engines.values())
+    busy = sum(e.busy_s for e in node.engines.values())
     return NodeOutcome(
         name=node.name,
         models=tuple(node.engines),

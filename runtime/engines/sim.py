@@ -20,18 +20,19 @@ from talaria.core.catalog import ModelSpec
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engine import Admission, EngineInfo
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
 from talaria.runtime.engines.sim_steps import SimSeq, StepLoop
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 
 STAGING_CHUNKS = 16
 """Weight staging moves in this many chunks, so KV transfers can pass between them."""
 
 
 class SimEngine:
-    """One model's simulated engine on a node (the ``Engine`` protocol): ``model``'s weights
+    """One model's simulated engine on a node (the ``Engine`` protocol, and its ``Switching``,
+    ``Staging``, ``MemoryAccounting`` and ``KvTiming`` capabilities): ``model``'s weights
     and its sessions' KV live in the node's shared ``memory``; KV and weight moves queue on
     the node's ``pcie`` link; steps are timed by ``cost`` and stretched by the node's other
     busy engines (``device``). ``host_kv``: evicted KV goes to host DRAM instead of being
@@ -96,11 +97,10 @@ class SimEngine:
         """Its weights are being copied into HBM ahead of a switch (``start_staging``)."""
         return self.model in self._memory.staged
 
-    def snapshot(self) -> EngineSnapshot:
-        """Active, running calls, the staged fraction of the weights, busy seconds."""
-        weights = self._spec.weight_bytes
-        staged = self._staged_bytes_done / weights if self.staging else 0.0
-        return EngineSnapshot(self.model, self._active, self.running, staged, self.busy_s)
+    @property
+    def staged_fraction(self) -> float:
+        """The share of the weights staging has copied in (0 when not staging)."""
+        return self._staged_bytes_done / self._spec.weight_bytes if self.staging else 0.0
 
     @property
     def weight_bytes(self) -> float:
@@ -120,10 +120,6 @@ class SimEngine:
         return self._kv.idle_hbm_bytes(short) >= short
 
     # -- admission -------------------------------------------------------------------------
-    def session_kv(self) -> dict[str, tuple[int, KvSource]]:
-        """Nothing: this engine's KV lives in the node's ``NodeMemory``."""
-        return {}
-
     def info(self) -> EngineInfo:
         """``sim``, switches that cost, and the profile's block size and token budget."""
         p = self._cost.profile

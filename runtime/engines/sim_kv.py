@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from talaria.core.types import CallRequest, KvSource
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, SessionKv
+from talaria.runtime.memory.resources import KvLocation, NodeMemory, SessionKv
 
 
 class SimKv:

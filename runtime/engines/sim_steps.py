@@ -32,7 +32,7 @@ from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engine import Admission, call_result
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import ReplyStream
-from talaria.runtime.scheduling.resources import DeviceShare, PcieLink
+from talaria.runtime.memory.resources import DeviceShare, PcieLink
 
 STREAM_STEPS = 8
 """While a streaming call decodes, the engine wakes at least every this many steps to hand

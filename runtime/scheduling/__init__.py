@@ -7,6 +7,6 @@ table in ``state``): ``intake`` (the waiting queues, the admission pass and the 
 (soft reservations and their KV pins), ``sessions`` (the node's view of each session),
 ``node_status`` (the status snapshot routing reads, reading the others), ``state`` (what they
 all read, and the slot's records) and ``config``. The rules are pure functions: ``slots`` (slot
-policy), ``admission`` (admission), ``flags`` (the feature flags and policies); ``resources``
-accounts HBM, host KV, the PCIe link and the GPUs' time.
+policy), ``admission`` (admission), ``flags`` (the feature flags and policies). What the engines
+share (HBM, host KV, the PCIe link, the GPUs' time) is accounted in runtime/memory/.
 """

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from talaria.core.types import CallRequest
-from talaria.runtime.scheduling.policies.events import SessionEvents
+from talaria.runtime.scheduling.events import SessionEvents
 
 DEFAULT_STARVATION_S = 120.0
 """How long a call waits before it is promoted a class: two 60 s quanta (the paper preset's
@@ -71,7 +71,7 @@ class ServiceAccounts(SessionEvents):
     """What the node has served each tenant (``vtime``: virtual seconds; ``served``: measured
     service seconds) and each session (``attained``: service seconds), and which tenants are
     active (a call waiting or running, ``running``: their admitted calls not yet finished).
-    It hears the node's session events (policies/events.py): a session's ``attained`` goes
+    It hears the node's session events (scheduling/events.py): a session's ``attained`` goes
     with the session."""
 
     vtime: dict[str, float] = field(default_factory=dict)

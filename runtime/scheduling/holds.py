@@ -33,10 +33,10 @@ from talaria.core.reservations import (
     plan_reservation,
 )
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
-from talaria.runtime.engine import Engine
+from talaria.runtime.memory.resources import KvLocation, NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.hold_caps import HeldKv, yielding
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 
 
@@ -79,7 +79,7 @@ class KvHolds:
         self,
         result: CallResult,
         session: NodeSession,
-        engine: Engine,
+        engine: DrivenEngine,
         *,
         expected_gap_s: float,
         deadline_s: float | None,

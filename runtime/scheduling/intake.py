@@ -30,12 +30,13 @@ from functools import partial
 from types import MappingProxyType
 
 from talaria.core.types import CallRejected, CallRequest, CallResult, Finished
-from talaria.runtime.engine import Admission, Engine
+from talaria.runtime.engine import Admission
+from talaria.runtime.memory.resources import KvLocation
 from talaria.runtime.scheduling.admission import fits_memory
+from talaria.runtime.scheduling.driven import DrivenEngine
+from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.fairness import ServiceAccounts, effective_rank
 from talaria.runtime.scheduling.policies.compose import NodePolicies
-from talaria.runtime.scheduling.policies.events import SessionEvents
-from talaria.runtime.scheduling.resources import KvLocation
 from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 from talaria.runtime.scheduling.state import NodeContext, WaitingCall
 
@@ -186,7 +187,9 @@ class Intake:
         self.accounts.settle({w.request.tenant for q in self._waiting.values() for w in q})
         return admitted, sp_admitted
 
-    def _fits(self, engine: Engine, request: CallRequest, view: AdmissionView, rank: int) -> bool:
+    def _fits(
+        self, engine: DrivenEngine, request: CallRequest, view: AdmissionView, rank: int
+    ) -> bool:
         """The call fits in memory (``admission.fits_memory``), counting the soft reservations
         the queue order counts against a call of class ``rank`` (the call's class now; the fair
         order: a batch session's hold never blocks an interactive call)."""
@@ -204,7 +207,7 @@ class Intake:
             reserved_bytes=reserved,
         )
 
-    def _is_hopeless(self, engine: Engine, request: CallRequest) -> bool:
+    def _is_hopeless(self, engine: DrivenEngine, request: CallRequest) -> bool:
         """The call needs more KV than the HBM left beside its model's weights."""
         capacity = self.context.memory.hbm_capacity_bytes
         return engine.needed_bytes(request) > capacity - engine.weight_bytes
@@ -278,7 +281,7 @@ class Intake:
         starvation_s = config.starvation_quanta * config.quantum_s
         return effective_rank(waiting.request, waited, starvation_s)
 
-    def _beside_higher_classes(self, engine: Engine, waiting: WaitingCall, rank: int) -> bool:
+    def _beside_higher_classes(self, engine: DrivenEngine, waiting: WaitingCall, rank: int) -> bool:
         """Whether the queue order lets the call join its model's running batch (the fair
         order's rule 4: not slowing the higher classes' calls past ``class_slowdown``)."""
         model = waiting.request.model
@@ -300,7 +303,7 @@ class Intake:
             engine, waiting, rank, self._running[model], self._sessions, expected_back
         )
 
-    def _estimate_s(self, engine: Engine, request: CallRequest) -> float:
+    def _estimate_s(self, engine: DrivenEngine, request: CallRequest) -> float:
         """The call's service as the engine estimates it (its prefill, its expected decode)."""
         session = self._session_of(request)
         expected = session.expected_output_tokens(self.context.config.default_output_tokens)
@@ -331,7 +334,7 @@ class Intake:
         asyncio.get_running_loop().call_soon(serving.cancel)
 
     async def _serve(
-        self, engine: Engine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
+        self, engine: DrivenEngine, admission: Admission, waiting: WaitingCall, slot_wait_s: float
     ) -> None:
         """Run the admitted call; its ``Finished`` result carries ``slot_wait_s`` (CallResult)."""
         served = False

@@ -27,7 +27,7 @@ import asyncio
 
 from talaria.core.reservations import ReleaseReason, ReservationTable
 from talaria.core.types import CallResult
-from talaria.runtime.engine import Engine
+from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import AdmissionView, Intake
 from talaria.runtime.scheduling.policies.compose import NodePolicies
@@ -301,7 +301,7 @@ class SlotLoop:
             slot.hold = False
             self.context.signals.poke()
 
-    async def _make_room(self, engine: Engine) -> None:
+    async def _make_room(self, engine: DrivenEngine) -> None:
         """Wait until the engine's weights fit: release the residents' reservations on the
         way, and hold every admission while running calls still pin the room it needs."""
         while not engine.can_activate():

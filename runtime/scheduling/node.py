@@ -31,7 +31,10 @@ from talaria.core.reservations import ReleaseReason, ReservationTable
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
 from talaria.runtime.engine import Engine
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.driven import DrivenEngines
+from talaria.runtime.scheduling.events import EventFanout
 from talaria.runtime.scheduling.fairness import ServiceAccounts
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.holds import KvHolds
@@ -39,8 +42,6 @@ from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
 from talaria.runtime.scheduling.policies.compose import NodePolicies, PolicyChoice
-from talaria.runtime.scheduling.policies.events import EventFanout
-from talaria.runtime.scheduling.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
 from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord, WaitingCall
 
@@ -132,7 +133,7 @@ class NodeScheduler:
             clock=clock,
             config=self.config,
             memory=memory,
-            engines=MappingProxyType(self._engines),
+            engines=DrivenEngines(self._engines),
             signals=Signals(clock),
         )
         self._signals = self._context.signals
@@ -152,7 +153,7 @@ class NodeScheduler:
     def engines(self) -> Mapping[str, Engine]:
         """The hosted models' engines in configured order (read-only: ``add_model`` and
         ``retire`` change the set)."""
-        return self._context.engines
+        return MappingProxyType(self._engines)
 
     @property
     def reservations(self) -> ReservationTable:

@@ -9,7 +9,7 @@ on each refresh, it was 42 % of a call's cost at 12,000 live sessions): the live
 model are counters (sessions.py), and the sessions' KV map is kept from the entries that
 changed since the last snapshot (``NodeMemory.watch``), one ``SessionKvStatus`` built per
 change; a snapshot after changes copies the map (a C-level dict copy, ~80 µs at 12,000
-entries), one without reuses the last. A real engine's own KV (``Engine.session_kv``: at most
+entries), one without reuses the last. A real engine's own KV (``OwnKv.session_kv``: at most
 its remembered sessions) is still read whole."""
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from talaria.core.status import (
     TenantShare,
 )
 from talaria.core.types import KvSource
+from talaria.runtime.memory.resources import KvLocation
 from talaria.runtime.scheduling.intake import Intake
 from talaria.runtime.scheduling.loop import SlotLoop
-from talaria.runtime.scheduling.resources import KvLocation
 from talaria.runtime.scheduling.sessions import SessionsView
 from talaria.runtime.scheduling.state import NodeContext
 
@@ -70,7 +70,7 @@ class StatusReader:
                     else ModelState.HOST
                 ),
                 next_slot_in_s=self.next_slot_in_s(name, now, waiting),
-                staged_fraction=engine.snapshot().staged_fraction,
+                staged_fraction=engine.staged_fraction,
                 switch_s=engine.switch_in_s(),
                 waiting_calls=waiting[name],
                 live_sessions=live.get(name, 0),

@@ -27,8 +27,8 @@ transition runs); the node's session events make and release reservations throug
 callback.
 
 ``NodeContext`` holds the rest: the name, clock and config, which never change, and
-``NodeMemory`` (resources.py), the HBM and host KV accounting the engines share, changed only
-through its own methods.
+``NodeMemory`` (runtime/memory/resources.py), the HBM and host KV accounting the engines
+share, changed only through its own methods.
 
 A slot belongs to one model (``active``); the *resident set* (``resident``) is that model plus,
 under a co-resident planner (policies/planner.py), the models serving beside it. Models in
@@ -46,9 +46,9 @@ from typing import Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, CallResult, GenerationEvent
-from talaria.runtime.engine import Engine
+from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
-from talaria.runtime.scheduling.resources import NodeMemory
+from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.slots import CloseReason
 
 
@@ -199,10 +199,11 @@ class NodeContext:
     clock: Clock
     config: SchedulerConfig
     memory: NodeMemory
-    """The HBM and host KV accounting (resources.py), changed only through its own methods."""
-    engines: Mapping[str, Engine]
-    """The hosted models' engines in configured order: a read-only view of the model set,
-    which ``NodeScheduler`` alone changes (``add_model``, ``retire``)."""
+    """The HBM and host KV accounting (runtime/memory/), changed only through its own methods."""
+    engines: Mapping[str, DrivenEngine]
+    """The hosted models' engines in configured order, each as the node drives it (driven.py):
+    a read-only view of the model set, which ``NodeScheduler`` alone changes (``add_model``,
+    ``retire``)."""
     signals: Signals
 
     @property

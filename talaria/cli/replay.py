@@ -149,8 +149,8 @@ def replay(
     the ratio to the oracle bound (each session alone, model resident) and the 'dedicated'
     reference (one node per model, never switched).
     """
+    from talaria.runtime.memory.resources import CapacityError
     from talaria.runtime.scheduling.intake import CallTooLargeError
-    from talaria.runtime.scheduling.resources import CapacityError
     from talaria.sim.experiment import run_experiment
     from talaria.sim.policies import resolve_policy
     from talaria.sim.presets import get_preset

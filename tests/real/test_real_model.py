@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from bench.harness.processes import ServeProcess, descendant_pids
-from talaria.runtime.tokenizer import load_tokenizer
+from talaria.runtime.engines.tokenizer import load_tokenizer
 from tests.real.conftest import ADMIN, NAME
 
 pytestmark = pytest.mark.vllm

@@ -283,7 +283,7 @@ def test_replay_ending_in_capacity_error_ends_with_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import talaria.sim.experiment
-    from talaria.runtime.scheduling.resources import CapacityError
+    from talaria.runtime.memory.resources import CapacityError
 
     def overflow(*_: object, **__: object) -> dict[str, Any]:
         raise CapacityError("HBM over capacity: 2e+12 > 1.015e+12")

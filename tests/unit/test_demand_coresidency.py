@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from talaria.core.catalog import Catalog, ModelSpec
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, CallResult
+from talaria.runtime.memory.resources import DeviceShare
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import DeviceShare
 from talaria.runtime.scheduling.slots import (
     Demand,
     DemandPolicy,

@@ -9,6 +9,7 @@ import pytest
 
 from talaria.core.reservations import ReleaseReason, Reservation
 from talaria.core.types import CallRequest, CallResult, KvSource
+from talaria.runtime.memory.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.hold_caps import (
     HeldKv,
     is_stale,
@@ -17,7 +18,6 @@ from talaria.runtime.scheduling.hold_caps import (
     yielding,
 )
 from talaria.runtime.scheduling.holds import KvHolds
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.sessions import NodeSessions
 
 OVER, STALE = ReleaseReason.OVER_SHARE, ReleaseReason.STALE

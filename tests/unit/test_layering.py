@@ -1,5 +1,6 @@
 """The shape of the code, checked: imports follow the layers of docs/architecture.md and the
-proxy's rooms ("Rooms" there), no module outgrows a room, and every public class says what it is.
+proxy's and the runtime's rooms ("Rooms" and "The runtime's rooms" there), without cycles; no
+module outgrows a room, and every public class says what it is.
 
 Layers, lowest first (an arrow is "may import"):
 
@@ -12,7 +13,11 @@ Layers, lowest first (an arrow is "may import"):
 - the CLI (``talaria/cli/``, ``talaria/calibrate_live.py``), ``migrations/`` and ``bench/`` sit on
   top and may import any layer, but ``bench/`` never imports ``tests`` nor reads a file there.
 
-Inside ``proxy/``, each room (sub-package) may import only the rooms before it in ``ROOMS``.
+Inside ``proxy/``, each room (sub-package) may import only the rooms before it in ``ROOMS``;
+inside ``runtime/``, each room (a folder, or some of its own modules: ``RUNTIME_FILE_ROOMS``)
+only the rooms before it in ``RUNTIME_ROOMS``. Anywhere in the layers, no module imports one
+that imports it back, however indirectly (no file circle), and in every folder its modules and
+sub-folders import each other without a cycle (no folder cycle).
 
 Every import counts: ``import a.b``; ``from a import b`` (``b`` may be a module: ``from talaria
 import runtime``); relative imports, resolved against the importing file's package; and
@@ -25,7 +30,8 @@ from __future__ import annotations
 import ast
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -376,6 +382,185 @@ def test_no_cycle_among_the_proxy_rooms() -> None:
     assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
 
 
+# -- the runtime's rooms --------------------------------------------------------------------------
+RUNTIME_ROOMS = ("seam", "memory", "engines", "scheduling", "node")
+"""The runtime's rooms, lowest first: each may import itself and the rooms before it
+(docs/architecture.md, "The runtime's rooms"): the seam (what an engine is to the node, how long
+its work takes, what its entry may hold), the memory accounting the engines share, the engines,
+the node's scheduler, and the node's assembly (config, factory, server and routes)."""
+RUNTIME_FOLDER_ROOMS = {"memory": "memory", "engines": "engines", "scheduling": "scheduling"}
+"""runtime/'s folders, each a room (with all below it)."""
+RUNTIME_FILE_ROOMS = {
+    "engine.py": "seam",
+    "costmodel.py": "seam",
+    "config_fields.py": "seam",
+    "__init__.py": "node",
+    "auth.py": "node",
+    "config.py": "node",
+    "factory.py": "node",
+    "gguf.py": "node",
+    "instant.py": "node",
+    "model_source.py": "node",
+    "placement_routes.py": "node",
+    "placement_rules.py": "node",
+    "server.py": "node",
+}
+"""runtime/'s own modules, each in the room it serves (a new one is placed here)."""
+
+
+@cache
+def _package_modules() -> dict[str, Path]:
+    """Every module of the package's layers by its import name (a package by its __init__.py)."""
+    found: dict[str, Path] = {}
+    for layer in LAYERS:
+        for path in _modules(layer):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(["talaria", *parts])] = path
+    return found
+
+
+def _target(name: str) -> Path | None:
+    """The module of the package an import of ``name`` loads: its longest prefix that is one
+    (``talaria.runtime.engine.Admission`` → runtime/engine.py); None outside the package."""
+    modules = _package_modules()
+    while name:
+        if name in modules:
+            return modules[name]
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _runtime_room(path: Path) -> str:
+    """The room of a module of runtime/: its folder's, or its own (``RUNTIME_FILE_ROOMS``)."""
+    parts = path.relative_to(ROOT / "runtime").parts
+    if len(parts) == 1:
+        return RUNTIME_FILE_ROOMS[parts[0]]
+    return RUNTIME_FOLDER_ROOMS[parts[0]]
+
+
+def _runtime_room_violations(path: Path, room: str) -> Iterator[str]:
+    """Each import of ``path`` (a module of ``room``) of a room after ``room``."""
+    allowed = RUNTIME_ROOMS[: RUNTIME_ROOMS.index(room) + 1]
+    for line, name in _imports(path):
+        target = _target(name)
+        if target is None or not target.is_relative_to(ROOT / "runtime"):
+            continue
+        if _runtime_room(target) not in allowed:
+            yield f"{_relative(path)}:{line} imports {name} ({_runtime_room(target)})"
+
+
+def test_every_runtime_module_is_in_a_room() -> None:
+    own = {p.name for p in (ROOT / "runtime").glob("*.py")}
+    assert own == set(RUNTIME_FILE_ROOMS), "a module of runtime/ missing from its rooms, or gone"
+    folders = {p.parent.name for p in (ROOT / "runtime").glob("*/__init__.py")}
+    assert folders == set(RUNTIME_FOLDER_ROOMS), "a folder of runtime/ in no room, or gone"
+    assert set(RUNTIME_FILE_ROOMS.values()) | set(RUNTIME_FOLDER_ROOMS.values()) == set(
+        RUNTIME_ROOMS
+    )
+
+
+def test_a_runtime_room_imports_only_the_rooms_before_it() -> None:
+    wrong = [
+        w
+        for path in _modules("runtime")
+        for w in _runtime_room_violations(path, _runtime_room(path))
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_runtime_room_checker_sees_a_later_room(tmp_path: Path) -> None:
+    """A module of the engines' room importing the scheduler (a later room) and the seam and
+    the memory accounting (earlier ones), absolutely and relatively."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from talaria.runtime.scheduling.node import NodeScheduler\n"
+        "from talaria.runtime.engine import Admission\n"
+        "from talaria.runtime.memory.resources import NodeMemory\n"
+        "def f():\n    from talaria.runtime import factory\n"
+    )
+    assert [w.split(" ")[0] for w in _runtime_room_violations(module, "engines")] == [
+        "m.py:1",
+        "m.py:5",
+    ]
+    assert not list(_runtime_room_violations(module, "node"))
+
+
+# -- cycles: no file circle, no folder cycle ------------------------------------------------------
+@cache
+def _import_graph() -> dict[str, frozenset[str]]:
+    """Each module of the package (its path from the checkout) → the modules of the package it
+    imports (every import, lazy ones and ``TYPE_CHECKING`` ones too)."""
+    graph: dict[str, frozenset[str]] = {}
+    for path in _package_modules().values():
+        targets = {_target(name) for _, name in _imports(path)}
+        graph[_relative(path)] = frozenset(
+            _relative(t) for t in targets if t is not None and t != path
+        )
+    return graph
+
+
+def _folder_edges(graph: Mapping[str, Iterable[str]]) -> dict[str, dict[str, set[str]]]:
+    """For each folder, how its units import each other: its own modules and its sub-folders
+    (each with all below it). ``a/b/x.py`` importing ``a/c.py`` is ``a/b`` → ``a/c.py`` in
+    folder ``a``; importing ``a/b/y.py`` is ``a/b/x.py`` → ``a/b/y.py`` in ``a/b``."""
+    edges: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for source, targets in graph.items():
+        a = source.split("/")
+        for target in targets:
+            b = target.split("/")
+            common = 0
+            while common < min(len(a), len(b)) - 1 and a[common] == b[common]:
+                common += 1
+            unit_a, unit_b = "/".join(a[: common + 1]), "/".join(b[: common + 1])
+            if unit_a != unit_b:
+                edges["/".join(a[:common])][unit_a].add(unit_b)
+    return edges
+
+
+def _folder_cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """A cycle among the units of each folder that has one (``_folder_edges``)."""
+    found = [_a_cycle(units) for _, units in sorted(_folder_edges(graph).items())]
+    return [cycle for cycle in found if cycle is not None]
+
+
+def test_no_file_circle() -> None:
+    """No module of core/, runtime/, proxy/, sim/ or sdk/ imports, however indirectly, a module
+    that imports it back."""
+    cycle = _a_cycle({k: set(v) for k, v in _import_graph().items()})
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_no_folder_cycle() -> None:
+    """In every folder of the package (the package itself included: its layers), the modules and
+    sub-folders import each other without a cycle: a folder is a unit its neighbours depend
+    on, or that depends on them, never both."""
+    cycles = _folder_cycles(_import_graph())
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder() -> None:
+    """On toy graphs: a circle and where it closes; none in a diamond; a folder that both
+    imports a neighbour and is imported by it is a cycle even with no file circle (the runtime
+    had one: engines/ → config.py → factory.py → engines/)."""
+    assert _a_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _a_cycle({"a": {"b", "c"}, "b": {"d"}, "c": {"d"}, "d": set()}) is None
+    assert _a_cycle({"a": {"a"}}) == ["a", "a"]
+    tangled = {"pkg/x.py": {"pkg/sub/b.py"}, "pkg/sub/c.py": {"pkg/x.py"}, "pkg/sub/b.py": set()}
+    assert _a_cycle({k: set(v) for k, v in tangled.items()}) is None
+    assert _folder_cycles(tangled) == [["pkg/sub", "pkg/x.py", "pkg/sub"]]
+    layered = {
+        "pkg/x.py": {"pkg/sub/b.py", "core/y.py"},
+        "pkg/sub/b.py": {"pkg/sub/c.py", "pkg/z.py"},
+        "pkg/sub/c.py": {"core/y.py"},
+    }
+    assert _folder_cycles(layered) == []
+    assert _folder_cycles({"core/y.py": {"pkg/x.py"}, "pkg/x.py": {"core/y.py"}}) == [
+        ["core", "pkg", "core"]
+    ]
+
+
 # -- bench and the tests' files -------------------------------------------------------------------
 TESTS_PATH = re.compile(r"/?tests(/|$)")
 """A string that is a path into tests/ (``"tests"``, ``"tests/fixtures/..."``, the
@@ -465,24 +650,32 @@ def test_every_public_class_has_a_docstring() -> None:
 
 
 def test_every_engine_protocol_member_has_a_docstring() -> None:
+    """``Engine`` and each optional capability (runtime/engine.py): every member says its
+    contract."""
     path = ROOT / "runtime" / "engine.py"
     tree = ast.parse(path.read_text())
-    (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine"]
-    members = [
+    protocols = [
         n
-        for n in engine.body
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.AnnAssign)
+        for n in tree.body
+        if isinstance(n, ast.ClassDef) and any(ast.unparse(b) == "Protocol" for b in n.bases)
     ]
-    assert members
+    assert {"Engine", "Switching", "Staging", "MemoryAccounting"} <= {p.name for p in protocols}
     missing = []
-    for member in members:
-        if isinstance(member, ast.AnnAssign):
-            following = engine.body[engine.body.index(member) + 1 :]
-            documented = bool(following) and isinstance(following[0], ast.Expr)
-            name = ast.unparse(member.target)
-        else:
-            documented = ast.get_docstring(member) is not None
-            name = member.name
-        if not documented:
-            missing.append(name)
+    for protocol in protocols:
+        members = [
+            n
+            for n in protocol.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.AnnAssign)
+        ]
+        assert members, protocol.name
+        for member in members:
+            if isinstance(member, ast.AnnAssign):
+                following = protocol.body[protocol.body.index(member) + 1 :]
+                documented = bool(following) and isinstance(following[0], ast.Expr)
+                name = ast.unparse(member.target)
+            else:
+                documented = ast.get_docstring(member) is not None
+                name = member.name
+            if not documented:
+                missing.append(f"{protocol.name}.{name}")
     assert not missing, missing

@@ -1,5 +1,5 @@
 """Serving a model by path (runtime/model_source.py, runtime/gguf.py's naming), the start-up
-template probe (runtime/tokenizer.py) and what a model served as token ids refuses
+template probe (runtime/engines/tokenizer.py) and what a model served as token ids refuses
 (runtime/engines/vllm/generate.py). No vLLM here: these are the pure parts."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from talaria.core.catalog import load_catalog
 from talaria.core.types import CallRejected
 from talaria.runtime import gguf
 from talaria.runtime.config import NodeConfigError
+from talaria.runtime.engines.tokenizer import TOKENIZER_FILES, HFTokenizer, tool_template_fault
 from talaria.runtime.engines.vllm.generate import refuse_what_tokens_cannot_honour
 from talaria.runtime.model_source import (
     DEFAULT_WINDOW,
@@ -29,7 +30,6 @@ from talaria.runtime.model_source import (
     served_name,
     split_spec,
 )
-from talaria.runtime.tokenizer import TOKENIZER_FILES, HFTokenizer, tool_template_fault
 
 CATALOG = load_catalog([])
 

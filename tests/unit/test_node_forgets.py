@@ -20,10 +20,10 @@ from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.status import SessionKvStatus
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.factory import NodeSetup, build_sim_node
+from talaria.runtime.memory.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.sessions import NodeSessions
 
 GLM = "glm-4.5-fp8"

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.runtime.scheduling.resources import (
+from talaria.runtime.memory.resources import (
     CapacityError,
     KvLocation,
     NodeMemory,

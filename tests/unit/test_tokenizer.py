@@ -1,4 +1,5 @@
-"""The byte tokenizer, its chat template, and the streaming decoder (runtime/tokenizer.py)."""
+"""The byte tokenizer, its chat template, and the streaming decoder
+(runtime/engines/tokenizer.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from talaria.runtime.tokenizer import (
+from talaria.runtime.engines.tokenizer import (
     BOS_ID,
     BYTE_OFFSET,
     EOS_ID,

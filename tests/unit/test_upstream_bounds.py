@@ -28,8 +28,8 @@ from talaria.runtime.engines.upstream.usage import (
     read_usage,
     reply_max_bytes,
 )
-from talaria.runtime.factory import UPSTREAM_PLACEABLE
 from talaria.runtime.placement_rules import (
+    UPSTREAM_PLACEABLE,
     PlacementRules,
     check_served,
     placed_model,

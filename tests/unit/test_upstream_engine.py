@@ -368,7 +368,7 @@ def test_vllm_sleep_endpoints_at_start_switches_and_staging() -> None:
                 if fake.switches()[-1] == "/wake_up?tags=weights":
                     break
                 await asyncio.sleep(0.01)
-            assert engine.snapshot().staged_fraction == 1.0
+            assert engine.staged_fraction == 1.0
             await engine.activate()  # only the KV pool is left
             await engine.shutdown()
             return fake.switches(), fake.log

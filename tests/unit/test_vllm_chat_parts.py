@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from talaria.core.calls import OutputDelta, ToolCallDelta
-from talaria.runtime.engines.vllm.chat import ChatChunk, MeteredClient, VllmChat
+from talaria.runtime.engines.openai_wire import ChatChunk
+from talaria.runtime.engines.vllm.chat import MeteredClient, VllmChat
 
 SPECIAL = ("<|endoftext|>", "<|im_end|>")
 

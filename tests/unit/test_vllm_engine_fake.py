@@ -30,6 +30,8 @@ from talaria.core.types import (
     Priority,
     TokenDelta,
 )
+from talaria.runtime.engine import MemoryAccounting
+from talaria.runtime.engines.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 from talaria.runtime.engines.vllm import (
     KvShape,
     RateModel,
@@ -41,11 +43,10 @@ from talaria.runtime.engines.vllm import (
     vllm_engine_args,
     vllm_priority,
 )
+from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import ROUND, TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import NodeMemory
-from talaria.runtime.tokenizer import BYTE_OFFSET, TEXT_IDS, ByteTokenizer
 
 T = TypeVar("T")
 STEP_S = 0.01
@@ -323,10 +324,10 @@ def test_staging_wakes_weights_then_activate_wakes_kv_cache() -> None:
         await asyncio.sleep(0)
         await asyncio.sleep(0)
         assert llm.calls[-1] == ("wake_up", ["weights"])
-        assert engine.snapshot().staged_fraction == 0.0  # the wake is under way
+        assert engine.staged_fraction == 0.0  # the wake is under way
         assert engine.switch_in_s() == 2.0
         await clock.sleep(0.1)
-        assert engine.snapshot().staged_fraction == 1.0
+        assert engine.staged_fraction == 1.0
         assert engine.switch_in_s() == 0.5  # only the KV pool is left to wake
         assert await engine.activate() == pytest.approx(WAKE_S_PER_TAG)
         assert switches(llm) == [("sleep", 1), ("wake_up", ["weights"]), ("wake_up", ["kv_cache"])]
@@ -558,9 +559,9 @@ def test_estimates_follow_the_rate_model() -> None:
         assert engine.estimate_service_s(nxt, 10) == pytest.approx(88e-3 + 0.1)
         assert engine.recompute_s(1000) == pytest.approx(1.0)
         assert engine.kv_restore_s(1000) == 0.0
-        assert engine.needed_bytes(nxt) == 0.0
-        assert engine.kv_bytes(1) == 16 * 512  # one block of 2·2 layers·2 heads·32·2 B
-        assert engine.snapshot().busy_s > 0
+        assert not isinstance(engine, MemoryAccounting)  # its KV pool is vLLM's own
+        assert engine.kv_shape.kv_bytes(1) == 16 * 512  # one block of 2·2 layers·2 heads·32·2 B
+        assert engine.busy_s > 0
 
     virtual(body)
 
@@ -591,7 +592,7 @@ def test_early_close_aborts_and_releases() -> None:
         first = await anext(aiter(stream))
         assert isinstance(first, FirstToken)
         await stream.aclose()  # type: ignore[attr-defined]
-        assert engine.running == 0 and engine.snapshot().busy_s > 0
+        assert engine.running == 0 and engine.busy_s > 0
 
     virtual(body)
 
@@ -786,11 +787,11 @@ def test_engine_args_and_factory_without_vllm() -> None:
     clock = LoopClock()
     engine = build_vllm_engine(tiny, "tiny-a", clock, "node0", sleep_mode=False)
     assert engine.model == "tiny-a" and not engine.sleep_mode and not engine.started
-    assert engine.kv_bytes(16) == 16 * 2 * 2 * 2 * 32 * 2
+    assert engine.kv_shape.kv_bytes(16) == 16 * 2 * 2 * 2 * 32 * 2
     b = build_vllm_engine(
         tiny_model_dir("tiny-llama-b"), "tiny-b", clock, "node0", sleep_mode=False
     )
-    assert b.kv_bytes(16) == 16 * 2 * 3 * 2 * 32 * 2  # three layers
+    assert b.kv_shape.kv_bytes(16) == 16 * 2 * 3 * 2 * 32 * 2  # three layers
     with pytest.raises(FileNotFoundError):
         tiny_model_dir("nope")
     # a node TOML gives the rates as a table; the byte tokenizer keeps the output printable

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from talaria.runtime.tokenizer import HFTokenizer, IncrementalDecoder, load_tokenizer
+from talaria.runtime.engines.tokenizer import HFTokenizer, IncrementalDecoder, load_tokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -33,17 +33,17 @@ from talaria.core.types import (
     Priority,
     TokenDelta,
 )
+from talaria.runtime.engines.tokenizer import ByteTokenizer
 from talaria.runtime.engines.vllm import (
     VLLMEngine,
     build_vllm_engine,
     tiny_model_dir,
     vllm_priority,
 )
+from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
-from talaria.runtime.scheduling.resources import NodeMemory
-from talaria.runtime.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.vllm
 

@@ -6,8 +6,8 @@ The chat request is what an OpenAI client would send: messages, tools and ``tool
 ``response_format``, the caller's sampling parameters where given (so the server's defaults and
 the model's generation config apply to the rest), ``logprobs``, the output limit, and always
 ``stream: true`` with ``stream_options.include_usage`` (the first token's time is known, and the
-last chunk's usage carries ``prompt_tokens_details.cached_tokens``). Its chunks are read by the
-in-process vLLM engine's ``parse_chunk`` (runtime/engines/vllm/chat.py), so both engines emit
+last chunk's usage carries ``prompt_tokens_details.cached_tokens``). Its body and its chunks
+are the OpenAI wire both engines share (runtime/engines/openai_wire.py), so both engines emit
 the same deltas (text, ``reasoning`` or ``reasoning_content``, tool-call fragments, logprobs).
 Every answer is read within the bounds of reading.py (bytes, line length, total time).
 
@@ -41,6 +41,7 @@ import httpx
 
 from talaria.core.calls import Call
 from talaria.core.types import CallRejected
+from talaria.runtime.engines.openai_wire import chat_fields
 from talaria.runtime.engines.upstream.options import UpstreamOptions
 from talaria.runtime.engines.upstream.reading import (
     LineSplitter,
@@ -50,7 +51,6 @@ from talaria.runtime.engines.upstream.reading import (
     read_body,
     read_head,
 )
-from talaria.runtime.engines.vllm.chat import chat_fields
 
 log = logging.getLogger(__name__)
 

@@ -2,11 +2,11 @@
 own (``vllm serve``, SGLang, llama.cpp's server), reached over HTTP (client.py) and switched
 through its own sleep endpoints (sleep.py). docs/upstream.md says how to configure it.
 
-What it cannot know, and so reports as such:
+What it cannot know, it does not claim:
 
-- The KV pool is the server's: ``needed_bytes`` and ``kv_floor_bytes`` are 0 (the server
-  preempts or queues when full; the node never refuses a call for memory on its behalf), and
-  ``kv_bytes`` is 0. ``session_kv`` lists the sessions it served since the server last slept
+- The KV pool is the server's: the engine has no ``MemoryAccounting`` (the server preempts or
+  queues when full; the node never keeps a call waiting for memory on its behalf).
+  ``session_kv`` (``OwnKv``) lists the sessions it served since the server last slept
   (their last prompt + output tokens, ``HBM``), best effort: the server's own evictions are
   not seen. A call's KV source comes from the server's usage
   (``prompt_tokens_details.cached_tokens``): ``HBM`` when > 0, else ``RECOMPUTE`` for a
@@ -34,13 +34,13 @@ from talaria.core.types import (
     GenerationEvent,
     KvSource,
 )
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engine import Admission, EngineInfo
+from talaria.runtime.engines.serving import ServingState
 from talaria.runtime.engines.upstream.client import LOGGED_CHARS, UpstreamClient, served_window
 from talaria.runtime.engines.upstream.generation import CallSite, generate
 from talaria.runtime.engines.upstream.options import UpstreamOptions
 from talaria.runtime.engines.upstream.reading import UpstreamUnavailable
 from talaria.runtime.engines.upstream.sleep import SleepControl
-from talaria.runtime.engines.vllm.generate import BusyMeter
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,8 @@ default)."""
 
 
 class UpstreamEngine:
-    """One model served by an upstream server, behind the ``Engine`` protocol (see the module
+    """One model served by an upstream server, behind the ``Engine`` protocol, with its
+    ``Switching``, ``Staging``, ``KvTiming`` and ``OwnKv`` capabilities (see the module
     docstring). ``await start()`` before use, ``await shutdown()`` at the end."""
 
     def __init__(self, name: str, options: UpstreamOptions, clock: Clock, node: str) -> None:
@@ -65,16 +66,13 @@ class UpstreamEngine:
         self._rates = options.rates
         self._window = options.context_window
         self._started = False
-        self._active = False
-        self._running = 0
+        self._state = ServingState(name, clock)
         self._staging = False
-        self._busy = BusyMeter(clock)
-        self._site = CallSite(name, self._client, options, clock, node, self._busy)
+        self._site = CallSite(name, self._client, options, clock, node, self._state.busy)
         self._sessions: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._wake_s: float | None = None
         self._fault: str | None = None
         """Why the last wake failed (None: it did not): the next call wakes again first."""
-        self.switches = 0
 
     @property
     def options(self) -> UpstreamOptions:
@@ -109,7 +107,7 @@ class UpstreamEngine:
                 )
         await self._sleep.put_to_sleep_at_start()
         self._started = True
-        self._active = False
+        self._state.active = False
 
     async def shutdown(self) -> None:
         """Close the HTTP client. A server the engine put to sleep stays asleep (waking it
@@ -117,29 +115,38 @@ class UpstreamEngine:
         await self._sleep.stop()
         await self._client.close()
         self._started = False
-        self._active = False
+        self._state.active = False
 
     # -- state -----------------------------------------------------------------------------
     @property
     def active(self) -> bool:
         """Open for admission (``activate``)."""
-        return self._active
+        return self._state.active
 
     @property
     def running(self) -> int:
         """Calls admitted and not yet finished."""
-        return self._running
+        return self._state.running
+
+    @property
+    def switches(self) -> int:
+        """Activations so far."""
+        return self._state.switches
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds during which some call was generating."""
+        return self._state.busy.busy_s()
 
     @property
     def staging(self) -> bool:
         """Weights are being (or have been) woken ahead of a switch (vLLM, ``staging``)."""
-        return self._staging and not self._active
+        return self._staging and not self._state.active
 
-    def snapshot(self) -> EngineSnapshot:
-        """Active, running calls, staged (1 once the weights are awake ahead of a switch),
-        and the seconds during which some call was generating."""
-        staged = 1.0 if self.staging and self._sleep.weights_awake else 0.0
-        return EngineSnapshot(self.model, self._active, self._running, staged, self._busy.busy_s())
+    @property
+    def staged_fraction(self) -> float:
+        """1 once the weights are awake ahead of a switch, else 0."""
+        return 1.0 if self.staging and self._sleep.weights_awake else 0.0
 
     def info(self) -> EngineInfo:
         """Kind ``openai``; switches cost when the server has sleep endpoints; its context
@@ -164,26 +171,10 @@ class UpstreamEngine:
         server without sleep endpoints, which stays resident whatever it holds."""
         return self._opt.weight_bytes if self._sleep.switches else 0.0
 
-    def kv_floor_bytes(self) -> float:
-        """0: the KV pool is the server's, inside what it holds awake."""
-        return 0.0
-
-    def can_activate(self) -> bool:
-        """True: the scheduler co-resides only servers whose ``weight_bytes`` fit."""
-        return True
-
-    def kv_bytes(self, tokens: int) -> float:
-        """0: the server's KV layout is not visible over HTTP."""
-        return 0.0
-
-    def needed_bytes(self, request: CallRequest) -> float:
-        """0: the server manages its own KV pool."""
-        return 0.0
-
     def switch_in_s(self) -> float:
         """0 when active or without sleep endpoints; ``kv_wake_s`` once the weights are
         staged; else the last wake measured (``wake_s`` before any)."""
-        if self._active or not self._sleep.switches:
+        if self._state.active or not self._sleep.switches:
             return 0.0
         if self.staging and self._sleep.weights_awake:
             return self._rates.kv_wake_s
@@ -191,11 +182,11 @@ class UpstreamEngine:
 
     def kv_restore_s(self, tokens: int) -> float:
         """``tokens × kv_restore_s_per_token`` (0 by default: a host tier is the server's)."""
-        return tokens * self._rates.kv_restore_s_per_token
+        return self._rates.restore_s(tokens)
 
     def recompute_s(self, tokens: int) -> float:
         """``tokens × prefill_s_per_token``."""
-        return tokens * self._rates.prefill_s_per_token
+        return self._rates.prefill_s(tokens)
 
     def _predict(self, request: CallRequest) -> tuple[KvSource, int]:
         held = self._sessions.get(request.session_key)
@@ -211,35 +202,26 @@ class UpstreamEngine:
         at the current batch (``RateModel``), the cached prefix predicted from its session."""
         _, cached = self._predict(request)
         prefill = max(0, request.prompt_tokens - cached) * self._rates.prefill_s_per_token
-        return prefill + expected_output_tokens * self.decode_step_s(self._running + 1, 0)
+        return prefill + expected_output_tokens * self.decode_step_s(self._state.running + 1, 0)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """``decode_step_s + (batch − 1) × decode_step_s_per_seq`` (``RateModel``)."""
-        r = self._rates
-        return r.decode_step_s + max(0, batch - 1) * r.decode_step_s_per_seq
+        return self._rates.decode_step(batch)
 
     # -- admission and generation ----------------------------------------------------------
     def try_admit(
         self, request: CallRequest, arrival_s: float, sp_admitted: bool
     ) -> Admission | None:
-        """Admit whenever active (the server owns the KV memory)."""
-        if not self._active:
-            raise RuntimeError(f"engine {self.model} is not active")
+        """Admit whenever active (the server owns the KV memory), with the prefix it
+        predicts from the session."""
         source, cached = self._predict(request)
-        self._running += 1
-        return Admission(request, arrival_s, self._clock.now(), sp_admitted, source, cached)
+        return self._state.admit(request, arrival_s, sp_admitted, source, cached)
 
-    async def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
         """Send the call to the server and stream its answer: ``FirstToken`` (with the
         admission's predicted cache), ``TokenDelta``s for a streaming call (one per chunk),
         then ``Finished`` with the server's usage. Closed early, the HTTP stream closes."""
-        events = self._generate(admission)
-        try:
-            async for event in events:
-                yield event
-        finally:
-            self._running -= 1
-            await events.aclose()
+        return self._state.serve(self._generate(admission))
 
     async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
         request = admission.request
@@ -287,8 +269,7 @@ class UpstreamEngine:
             if not self._staging and self._fault is None:
                 self._wake_s = self._clock.now() - start
         self._staging = False
-        self._active = True
-        self.switches += 1
+        self._state.open()
         return self._clock.now() - start
 
     async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
@@ -297,10 +278,8 @@ class UpstreamEngine:
         gate. ``keep_kv_on_host`` / ``keep_host_weight_copy`` are the server's business (its
         KV connector; vLLM's level-1 sleep keeps the weights in host memory). A failed sleep is
         logged, not raised: the switch goes on."""
-        if self._running:
-            raise RuntimeError(f"deactivating {self.model} with {self._running} calls running")
+        self._state.close()
         start = self._clock.now()
-        self._active = False
         self._staging = False
         try:
             await self._sleep.sleep()
@@ -311,7 +290,7 @@ class UpstreamEngine:
     def start_staging(self) -> bool:
         """With ``staging`` (vLLM only): wake the weights in the background ahead of the
         switch; False otherwise."""
-        if not self._opt.staging or self._active or self._staging or not self._started:
+        if not self._opt.staging or self._state.active or self._staging or not self._started:
             return False
         self._staging = True
         self._sleep.spawn(self._sleep.stage())
@@ -322,5 +301,5 @@ class UpstreamEngine:
         if not self._staging:
             return
         self._staging = False
-        if not self._active:
+        if not self._state.active:
             self._sleep.spawn(self._sleep.unstage())

@@ -36,6 +36,8 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engines.openai_wire import ChatTotals, parse_chunk
+from talaria.runtime.engines.timing import BusyMeter
 from talaria.runtime.engines.upstream.client import (
     LOGGED_CHARS,
     MESSAGE_CHARS,
@@ -53,8 +55,6 @@ from talaria.runtime.engines.upstream.usage import (
     read_usage,
     reply_max_bytes,
 )
-from talaria.runtime.engines.vllm.chat import ChatTotals, parse_chunk
-from talaria.runtime.engines.vllm.generate import BusyMeter
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from talaria.runtime.config import NodeConfigError
-from talaria.runtime.engines.vllm.options import RateModel
+from talaria.runtime.config_fields import NodeConfigError
+from talaria.runtime.engines.timing import RateModel
 
 SleepKind = Literal["vllm", "sglang", "none"]
 SLEEP_KINDS: tuple[SleepKind, ...] = ("vllm", "sglang", "none")

@@ -47,14 +47,15 @@ sleeps (``epoch``): cached tokens > 0 in the same epoch as the session's previou
 ``HBM``; after a sleep they can only have come from a host tier (``HOST``); none are ``NEW``
 for a session's first call and ``RECOMPUTE`` afterwards.
 
-``session_kv()`` is the engine's best-effort view of which sessions' KV it still holds (vLLM's
-KV is not in ``NodeMemory``); the node's status lists those of its live sessions, so the
-proxy's KV-locality routing sees them.
+``session_kv()`` (the ``OwnKv`` capability) is the engine's best-effort view of which sessions'
+KV it still holds (vLLM's KV is not in ``NodeMemory``); the node's status lists those of its
+live sessions, so the proxy's KV-locality routing sees them.
 
 **Memory.** vLLM owns its KV memory (a block pool sized at start by
 ``gpu_memory_utilization``) and preempts when it runs out, so ``try_admit`` admits whenever the
-engine is active and ``needed_bytes`` is 0. ``kv_bytes`` is still exact (from the model
-config), for reservations and status.
+engine is active, and the engine has no ``MemoryAccounting``: the node never keeps a call or a
+switch waiting for memory on its behalf. Its ``kv_shape`` is still exact (from the model
+config), for the results' restored bytes.
 
 **Timing estimates** come from the calibrated ``CostModel`` when the node's profile has a fit
 for the model (``talaria calibrate``; the simulator then estimates exactly as the live engine
@@ -63,6 +64,7 @@ does), else from ``RateModel``, a per-token rate model with rough defaults.
 
 from __future__ import annotations
 
+from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP, vllm_priority
 from talaria.runtime.engines.vllm.build import (
     MODELS_DIR,
@@ -75,7 +77,7 @@ from talaria.runtime.engines.vllm.build import (
 )
 from talaria.runtime.engines.vllm.engine import VLLMEngine
 from talaria.runtime.engines.vllm.kv import KvShape
-from talaria.runtime.engines.vllm.options import RateModel, VLLMEngineOptions
+from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 
 __all__ = [
     "MODELS_DIR",

@@ -12,11 +12,8 @@ from typing import Any
 
 from talaria.core.clock import Clock
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engines.vllm.adapter import AsyncLLMLike, sleep_mode_available
-from talaria.runtime.engines.vllm.engine import VLLMEngine
-from talaria.runtime.engines.vllm.kv import KvShape
-from talaria.runtime.engines.vllm.options import ChatOptions, RateModel, VLLMEngineOptions
-from talaria.runtime.tokenizer import (
+from talaria.runtime.engines.timing import RateModel
+from talaria.runtime.engines.tokenizer import (
     TEXT_IDS,
     ByteTokenizer,
     HFTokenizer,
@@ -24,6 +21,10 @@ from talaria.runtime.tokenizer import (
     has_tokenizer_files,
     load_tokenizer,
 )
+from talaria.runtime.engines.vllm.adapter import AsyncLLMLike, sleep_mode_available
+from talaria.runtime.engines.vllm.engine import VLLMEngine
+from talaria.runtime.engines.vllm.kv import KvShape
+from talaria.runtime.engines.vllm.options import ChatOptions, VLLMEngineOptions
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 

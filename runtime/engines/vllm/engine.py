@@ -15,7 +15,9 @@ from dataclasses import replace
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
-from talaria.runtime.engine import Admission, EngineInfo, EngineSnapshot
+from talaria.runtime.engine import Admission, EngineInfo
+from talaria.runtime.engines.serving import ServingState
+from talaria.runtime.engines.tokenizer import Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
     AsyncLLMLike,
     RealVllmApi,
@@ -24,15 +26,16 @@ from talaria.runtime.engines.vllm.adapter import (
     no_shutdown,
 )
 from talaria.runtime.engines.vllm.chat import VllmChat
-from talaria.runtime.engines.vllm.generate import BusyMeter, PromptIds, VllmGenerator
+from talaria.runtime.engines.vllm.generate import PromptIds, VllmGenerator
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
-from talaria.runtime.tokenizer import Tokenizer
 
 
 class VLLMEngine:
-    """One model's vLLM ``AsyncLLM`` behind the ``Engine`` protocol (see the module docstring).
+    """One model's vLLM ``AsyncLLM`` behind the ``Engine`` protocol, with its ``Switching``,
+    ``Staging``, ``KvTiming`` and ``OwnKv`` capabilities (see the module docstring; its memory
+    is vLLM's own, not the node's).
 
     ``engine_factory`` returns the ``AsyncLLM``, or an awaitable of it (``build_vllm_engine``'s
     builds it in a worker thread: it takes ~20 s on a CPU). ``await start()`` before use,
@@ -64,10 +67,7 @@ class VLLMEngine:
             weight_bytes_per_device=options.weight_bytes_per_device,
             free_device_bytes=options.free_device_bytes,
         )
-        self._active = False
-        self._running = 0
-        self._busy = BusyMeter(clock)
-        self.switches = 0
+        self._state = ServingState(name, clock)
         self.last_keep_kv_on_host: bool | None = None
         self._memory = SessionMemory(kv_shape.block_tokens, options.host_kv_survives_sleep)
         self._prompts = PromptIds(tokenizer, self._memory)
@@ -81,7 +81,7 @@ class VLLMEngine:
             self._memory,
             self._states,
             self._prompts,
-            self._busy,
+            self._state.busy,
         )
         self._chat: VllmChat | None = None
 
@@ -128,7 +128,7 @@ class VLLMEngine:
             )
         if self._opt.sleep_mode:
             await self._states.put_to_sleep_after_start(llm)
-        self._active = False
+        self._state.active = False
 
     async def shutdown(self) -> None:
         """Stop the ``AsyncLLM``: its EngineCore process exits. vLLM's ``shutdown`` is
@@ -136,7 +136,7 @@ class VLLMEngine:
         serving the node's other engines meanwhile."""
         await self._states.stop()
         llm, self._llm = self._llm, None
-        self._active = False
+        self._state.active = False
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
             # vLLM 0.32.0's AsyncLLM.__del__ shuts down again; when the object lives until
@@ -154,28 +154,37 @@ class VLLMEngine:
     @property
     def active(self) -> bool:
         """Open for admission (``activate``)."""
-        return self._active
+        return self._state.active
 
     @property
     def running(self) -> int:
         """Calls admitted and not yet finished."""
-        return self._running
+        return self._state.running
+
+    @property
+    def switches(self) -> int:
+        """Activations so far."""
+        return self._state.switches
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds during which some call was generating."""
+        return self._state.busy.busy_s()
 
     @property
     def staging(self) -> bool:
         """Staging is wanted while the engine is not active (GPU path)."""
-        return self._states.staged and not self._active
+        return self._states.staged and not self._state.active
 
     @property
     def awake_tags(self) -> frozenset[str]:
         """What vLLM holds on the device now (GPU path): ``weights`` and/or ``kv_cache``."""
         return self._states.awake
 
-    def snapshot(self) -> EngineSnapshot:
-        """Active, running calls, staged (1 once the weights are awake ahead of a switch),
-        and the seconds during which some call was generating."""
-        staged = 1.0 if self.staging and WEIGHTS in self._states.awake else 0.0
-        return EngineSnapshot(self.model, self._active, self._running, staged, self._busy.busy_s())
+    @property
+    def staged_fraction(self) -> float:
+        """1 once the weights are awake ahead of a switch, else 0."""
+        return 1.0 if self.staging and WEIGHTS in self._states.awake else 0.0
 
     def info(self) -> EngineInfo:
         """The block size vLLM chose and its ``max_num_batched_tokens`` (None before start or
@@ -211,28 +220,17 @@ class VLLMEngine:
             return 0.0
         return self._opt.memory_share * self.device_bytes
 
-    def kv_floor_bytes(self) -> float:
-        """0: its KV pool is inside its memory share, sized at start."""
-        return 0.0  # its KV pool is inside its share (sized at start)
-
-    def can_activate(self) -> bool:
-        """True: its share of each GPU is free once the leaving engines slept (the scheduler
-        only co-resides engines whose shares fit)."""
-        return True
-
-    def kv_bytes(self, tokens: int) -> float:
-        """Exact KV bytes of ``tokens`` tokens, from the model's config (``KvShape``)."""
-        return self._kv.kv_bytes(tokens)
-
-    def needed_bytes(self, request: CallRequest) -> float:
-        """0: vLLM manages its own KV pool (preempting when full), so the node never refuses a
-        call for memory on its behalf."""
-        return 0.0
+    @property
+    def kv_shape(self) -> KvShape:
+        """Its KV layout, from the model's config (the block size vLLM chose, once started).
+        Its KV pool is inside its memory share, sized at start and managed by vLLM
+        (preempting when full): the node's byte accounting does not see it."""
+        return self._kv
 
     def switch_in_s(self) -> float:
         """0 when active or on the CPU gate; ``kv_wake_s`` once the weights are staged; else
         ``wake_s`` (``RateModel``)."""
-        if self._active or not self._opt.sleep_mode:
+        if self._state.active or not self._opt.sleep_mode:
             return 0.0
         if self.staging and WEIGHTS in self._states.awake:
             return self._rates.kv_wake_s
@@ -240,13 +238,13 @@ class VLLMEngine:
 
     def kv_restore_s(self, tokens: int) -> float:
         """``tokens × kv_restore_s_per_token`` (``RateModel``)."""
-        return tokens * self._rates.kv_restore_s_per_token
+        return self._rates.restore_s(tokens)
 
     def recompute_s(self, tokens: int) -> float:
         """The calibrated cost model's recompute time, else ``tokens × prefill_s_per_token``."""
         if self._opt.cost is not None:
             return self._opt.cost.recompute_time_s(tokens)
-        return tokens * self._rates.prefill_s_per_token
+        return self._rates.prefill_s(tokens)
 
     def estimate_service_s(self, request: CallRequest, expected_output_tokens: int) -> float:
         """From the calibrated cost model as the simulator estimates, else ``RateModel``'s
@@ -262,14 +260,13 @@ class VLLMEngine:
             t = cost.call_overhead_s() + cost.prefill_time_s(prompt - cached, cached)
             if source is KvSource.HOST:
                 t += self.kv_restore_s(cached)
-            batch = self._running + 1
+            batch = self._state.running + 1
             return t + cost.decode_time_s(expected_output_tokens, prompt, batch)
         r = self._rates
         t = (prompt - cached) * r.prefill_s_per_token
         if source is KvSource.HOST:
             t += cached * r.kv_restore_s_per_token
-        step = r.decode_step_s + self._running * r.decode_step_s_per_seq
-        return t + expected_output_tokens * step
+        return t + expected_output_tokens * r.decode_step(self._state.running + 1)
 
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """The calibrated cost model's decode step, else ``RateModel``'s
@@ -277,33 +274,23 @@ class VLLMEngine:
         cost = self._opt.cost
         if cost is not None:
             return cost.decode_step_time_s(batch, context_tokens)
-        r = self._rates
-        return r.decode_step_s + max(0, batch - 1) * r.decode_step_s_per_seq
+        return self._rates.decode_step(batch)
 
     # -- admission and generation ----------------------------------------------------------
     def try_admit(
         self, request: CallRequest, arrival_s: float, sp_admitted: bool
     ) -> Admission | None:
-        """Admit whenever active (vLLM owns the KV memory)."""
-        if not self._active:
-            raise RuntimeError(f"engine {self.model} is not active")
+        """Admit whenever active (vLLM owns the KV memory), with the prefix it predicts."""
         try:
             source, cached = self._memory.predict(request, self._prompts.get(request), self.epoch)
         except Exception:  # reported by run, where the call fails
             source, cached = KvSource.NEW, 0
-        self._running += 1
-        return Admission(request, arrival_s, self._clock.now(), sp_admitted, source, cached)
+        return self._state.admit(request, arrival_s, sp_admitted, source, cached)
 
-    async def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
+    def run(self, admission: Admission) -> AsyncIterator[GenerationEvent]:
         """Generate the call: ``FirstToken`` (with vLLM's cached-token count and the first
         token's text), ``TokenDelta``s for streaming calls, then ``Finished``."""
-        events = self._generate(admission)
-        try:
-            async for event in events:
-                yield event
-        finally:
-            self._running -= 1
-            await events.aclose()
+        return self._state.serve(self._generate(admission))
 
     async def _generate(self, admission: Admission) -> AsyncGenerator[GenerationEvent, None]:
         call = admission.request.call
@@ -324,8 +311,7 @@ class VLLMEngine:
         llm = self._engine()
         if self._opt.sleep_mode:
             await self._states.activate(llm)
-        self._active = True
-        self.switches += 1
+        self._state.open()
         return self._clock.now() - start
 
     async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
@@ -333,10 +319,8 @@ class VLLMEngine:
         GPU path: ``sleep(level=1)`` (weights to pinned host memory, always kept there, so
         ``keep_host_weight_copy`` changes nothing; KV discarded — a host tier keeps sessions
         only if ``host_kv_survives_sleep``). CPU path: a gate, ~0 s; KV stays resident."""
-        if self._running:
-            raise RuntimeError(f"deactivating {self.model} with {self._running} calls running")
+        self._state.close()
         start = self._clock.now()
-        self._active = False
         self.last_keep_kv_on_host = keep_kv_on_host
         if self._opt.sleep_mode:
             await self._states.deactivate(self._engine())
@@ -345,11 +329,11 @@ class VLLMEngine:
     def start_staging(self) -> bool:
         """GPU path: wake the weights ahead of the switch if they fit in free device memory
         now. False on the CPU path (nothing to stage) and when it does not fit."""
-        if not self._opt.sleep_mode or self._llm is None or self._active:
+        if not self._opt.sleep_mode or self._llm is None or self._state.active:
             return False
         return self._states.start_staging(self._llm)
 
     def cancel_staging(self) -> None:
         """Stop staging; weights already woken go back to sleep (in the background)."""
         if self._llm is not None:
-            self._states.cancel_staging(self._llm, self._active)
+            self._states.cancel_staging(self._llm, self._state.active)

@@ -29,6 +29,9 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engines.openai_wire import ChatTotals, decoding_params
+from talaria.runtime.engines.timing import BusyMeter
+from talaria.runtime.engines.tokenizer import IncrementalDecoder, Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
     AsyncLLMLike,
     VllmApi,
@@ -36,16 +39,10 @@ from talaria.runtime.engines.vllm.adapter import (
     engine_times,
     vllm_priority,
 )
-from talaria.runtime.engines.vllm.chat import (
-    ChatTotals,
-    VllmChat,
-    decoding_params,
-    to_vllm_request,
-)
+from talaria.runtime.engines.vllm.chat import VllmChat, to_vllm_request
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import SleepStates
-from talaria.runtime.tokenizer import IncrementalDecoder, Tokenizer
 
 PROMPT_MEMO = 256
 """Tokenized prompts kept between ``estimate_service_s`` / ``try_admit`` and ``run``."""
@@ -91,35 +88,6 @@ def refuse_what_tokens_cannot_honour(call: Call, model: str) -> None:
             "Hugging Face tokenizer and a tool parser (docs/models.md), or leave these out.",
             param=asked[0],
         )
-
-
-class BusyMeter:
-    """Seconds during which at least one call was generating (overlapping calls count once)."""
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._generating = 0
-        self._since = 0.0
-        self._done_s = 0.0
-
-    def busy_s(self) -> float:
-        """Busy seconds so far, the interval in progress included."""
-        busy = self._done_s
-        if self._generating:
-            busy += self._clock.now() - self._since
-        return busy
-
-    def begin(self) -> None:
-        """A call starts generating."""
-        if self._generating == 0:
-            self._since = self._clock.now()
-        self._generating += 1
-
-    def end(self) -> None:
-        """A call stopped generating."""
-        self._generating -= 1
-        if self._generating == 0:
-            self._done_s += self._clock.now() - self._since
 
 
 class PromptIds:

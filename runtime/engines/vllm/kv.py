@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from talaria.core.types import CallRequest, KvSource
-from talaria.runtime.tokenizer import BOS_ID, BYTE_OFFSET
+from talaria.runtime.engines.tokenizer import BOS_ID, BYTE_OFFSET
 
 SESSION_MEMORY = 1024
 """Sessions whose last context (prompt + output ids, 4 bytes a token) the engine remembers, LRU."""

@@ -1,6 +1,6 @@
-"""How a ``VLLMEngine`` behaves around its ``AsyncLLM``: its options, the rate model of its
-timing estimates, and how vLLM's serving layer treats its chat calls (the node config's model
-options become these, build.py)."""
+"""How a ``VLLMEngine`` behaves around its ``AsyncLLM``: its options (the rate model of its timing
+estimates is runtime/engines/timing.py's), and how vLLM's serving layer treats its chat calls
+(the node config's model options become these, build.py)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from talaria.runtime.costmodel import CostModel
-
-
-@dataclass(frozen=True)
-class RateModel:
-    """Per-token timing of one engine, for ``estimate_service_s`` (SP budgets), the switch and
-    restore estimates in status, and routing. Linear on purpose; the defaults are rough figures
-    for the tiny models on a 2-core CPU (a 300-token prefill ≈ 30 ms, a decode step ≈ 4-6 ms)
-    and are to be replaced by measured values per model and node (`talaria calibrate`).
-
-    - service = uncached prompt tokens × ``prefill_s_per_token``
-      (+ restored tokens × ``kv_restore_s_per_token`` when the prefix comes from host)
-      + expected output tokens × (``decode_step_s`` + running calls × ``decode_step_s_per_seq``);
-    - switch in = ``wake_s`` (weights + KV pool) or, once staged, ``kv_wake_s``; 0 on the CPU
-      path (a gate).
-    """
-
-    prefill_s_per_token: float = 1e-4
-    decode_step_s: float = 5e-3
-    decode_step_s_per_seq: float = 2e-4
-    wake_s: float = 0.0
-    kv_wake_s: float = 0.0
-    kv_restore_s_per_token: float = 0.0
+from talaria.runtime.engines.timing import RateModel
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.fairness import ServiceAccounts
 from talaria.runtime.scheduling.flags import SchedulerFlags
-from talaria.runtime.scheduling.policies.events import SessionEvents
 from talaria.runtime.scheduling.policies.holding import (
     HoldPolicy,
     LearnedGapHolds,

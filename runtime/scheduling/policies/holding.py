@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from talaria.core.gaps import PopulationGaps
-from talaria.runtime.scheduling.policies.events import SessionEvents
+from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
 
 Reserve = Callable[[float, float | None], None]

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from talaria.runtime.engine import Engine
-from talaria.runtime.scheduling.policies.events import SessionEvents
+from talaria.runtime.scheduling.driven import DrivenEngine
+from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.policies.queue import QueueOrder
 from talaria.runtime.scheduling.slots import (
     Demand,
@@ -45,7 +45,7 @@ class PlanView:
     """Per model, its demand now (computed once, on first use)."""
     best_waiting: Callable[[], Mapping[str, int]]
     """Per model with calls waiting, the best class among them."""
-    engines: Mapping[str, Engine]
+    engines: Mapping[str, DrivenEngine]
     capacity_bytes: float
     """The node's HBM."""
     _demands: Mapping[str, Demand] | None = field(default=None, init=False)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import ClassVar
 
-from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.config import SchedulerConfig
+from talaria.runtime.scheduling.driven import DrivenEngine
+from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.fairness import ServiceAccounts, fair_order, lower_class_fits
-from talaria.runtime.scheduling.policies.events import SessionEvents
 from talaria.runtime.scheduling.sessions import SessionsView
 from talaria.runtime.scheduling.slots import (
     Demand,
@@ -81,7 +81,7 @@ class QueueOrder(SessionEvents):
 
     def may_join(
         self,
-        engine: Engine,
+        engine: DrivenEngine,
         waiting: WaitingCall,
         rank: int,
         running: Mapping[WaitingCall, int],
@@ -155,7 +155,7 @@ class FairOrder(QueueOrder):
 
     def may_join(
         self,
-        engine: Engine,
+        engine: DrivenEngine,
         waiting: WaitingCall,
         rank: int,
         running: Mapping[WaitingCall, int],

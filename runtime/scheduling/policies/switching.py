@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from talaria.runtime.engine import Engine
 from talaria.runtime.scheduling.admission import AdmissionDecision, decide_admission
-from talaria.runtime.scheduling.policies.events import SessionEvents
+from talaria.runtime.scheduling.driven import DrivenEngine
+from talaria.runtime.scheduling.events import SessionEvents
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,13 @@ class SwitchPolicy(SessionEvents):
     keeps_kv_on_host: bool
     stages_weights: bool
 
-    async def deactivate(self, engine: Engine) -> None:
+    async def deactivate(self, engine: DrivenEngine) -> None:
         """Switch ``engine``'s model out."""
         await engine.deactivate(
             keep_kv_on_host=self.keeps_kv_on_host, keep_host_weight_copy=self.stages_weights
         )
 
-    def stage(self, engines: Mapping[str, Engine], incoming: list[str]) -> None:
+    def stage(self, engines: Mapping[str, DrivenEngine], incoming: list[str]) -> None:
         """During a slot: stage the first incoming model's weights, and no other's."""
         if not self.stages_weights or not incoming:
             return

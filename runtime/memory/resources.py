@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from talaria.core.clock import Clock
-from talaria.runtime.scheduling.eviction import EvictionOrder
+from talaria.runtime.memory.eviction import EvictionOrder
 
 
 class CapacityError(RuntimeError):

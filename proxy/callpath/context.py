@@ -18,6 +18,7 @@ from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.callpath.bounds import check_structure
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.callpath.limiter import RateLimiter
 from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
@@ -27,6 +28,7 @@ from talaria.proxy.contract.errors import ApiError, bad_request
 from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.placement.loop import PlacementLoop
+from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
 from talaria.proxy.store.writer import BatchWriter
@@ -38,6 +40,11 @@ class ProxyContext:
 
     settings: ProxySettings
     gateway: Gateway
+    """The call path's gateway: ``open_call``."""
+    pool: RuntimePool
+    """The runtimes by name, their models, statuses and drains (proxy/runtimes/pool.py)."""
+    keeper: SessionKeeper
+    """The sessions between calls: hints and ends (proxy/callpath/keeper.py)."""
     store: SqlStore
     writer: BatchWriter
     metrics: ProxyMetrics

@@ -139,7 +139,7 @@ async def check_model(proxy: ProxyContext, model: str) -> bool:
     (False: it can be started); else 404 (``unknown_model``). A model no instance listed may
     have been placed since (runtime/placement_routes.py): the instances' models are read again
     (their statuses, cached for ``status_ttl_s``) before the answer. Starts nothing."""
-    pool = proxy.gateway.pool
+    pool = proxy.pool
     if model in pool.models():
         return True
     await pool.statuses(None)
@@ -163,7 +163,7 @@ async def ensure_model(proxy: ProxyContext, model: str) -> None:
         raise unavailable(
             f"The model {model} could not be started: {exc}", retry_after_s=COLD_RETRY_S
         ) from exc
-    raise unknown_model(model, proxy.gateway.pool.models())
+    raise unknown_model(model, proxy.pool.models())
 
 
 async def forward_to_owner(ctx: CallContext, key: str | None, body: Any) -> None:

@@ -128,7 +128,7 @@ def create_app(
         body = {
             "ok": loop["ok"],
             "loop": loop,
-            "instances": [r.name for r in ctx.gateway.pool.runtimes],
+            "instances": [r.name for r in ctx.pool.runtimes],
         }
         return json_response(body, 200 if loop["ok"] else 503)
 
@@ -138,7 +138,7 @@ def create_app(
         the one opened), and some runtime instance answers (``failed``: why the others do
         not, e.g. a node whose scheduling loop ended). 503 with the failing checks."""
         ctx = context(request)
-        pool = ctx.gateway.pool
+        pool = ctx.pool
         reachable = await pool.reachable()
         runtimes = {"ok": bool(reachable), "reachable": reachable, "failed": pool.failures}
         checks: dict[str, Any] = {

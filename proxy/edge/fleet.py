@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.core.groups import group_floor
-from talaria.core.placement import PlacementConfig
 from talaria.proxy.callpath.gateway import Gateway
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.handoff import AdoptableSession
@@ -20,6 +19,7 @@ from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.placement.library import load_library
 from talaria.proxy.placement.loop import LEADER_KEY, PlacementLoop
+from talaria.proxy.placement.settings import PlacementSettings
 from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.store.db import default_url, sqlite_path
 from talaria.proxy.store.repository import SqlStore
@@ -72,25 +72,23 @@ async def join_replicas(
 
 
 def start_placement(
-    cfg: ProxySettings, pool: RuntimePool, catalog: Catalog, clock: Clock, cluster: Cluster | None
+    cfg: PlacementSettings,
+    pool: RuntimePool,
+    catalog: Catalog,
+    clock: Clock,
+    cluster: Cluster | None,
 ) -> PlacementLoop | None:
     """With a model library: the placement controller over the runtimes; with replicas, the
     owner of its key looks (proxy/placement/loop.py)."""
     if cfg.placement_library is None:
         return None
-    config = PlacementConfig(
-        interval_s=cfg.placement_interval_s,
-        window_s=cfg.placement_window_s,
-        min_hold_s=cfg.placement_min_hold_s,
-        drain_s=cfg.placement_drain_s,
-    )
     membership = cluster.membership if cluster is not None else None
     try:
         loop = PlacementLoop(
             pool,
             load_library(cfg.placement_library),
             {name: spec.weight_bytes for name, spec in catalog.models.items()},
-            config,
+            cfg.config(),
             clock,
             leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
             cold_start_timeout_s=cfg.placement_cold_start_timeout_s,

@@ -57,6 +57,7 @@ from talaria.proxy.dialects.base import Dialect, DialectService, DialectSite
 from talaria.proxy.edge.fleet import end_stale_sessions, join_replicas, start_placement
 from talaria.proxy.edge.lifecycle import Lifecycle, Parts
 from talaria.proxy.placement.loop import PlacementLoop
+from talaria.proxy.placement.settings import PlacementSettings
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.embedded import build_embedded
 from talaria.proxy.runtimes.http import HttpRuntime
@@ -191,7 +192,7 @@ def declare(
 
     async def placement(parts: Parts) -> PlacementLoop | None:
         return start_placement(
-            cfg,
+            PlacementSettings.of(cfg),
             parts.get("pool", RuntimePool),
             parts.get("catalog", Catalog),
             clock,

@@ -25,6 +25,7 @@ from talaria.proxy.dialects.responses.render import (
     response_stream,
     stream_error,
 )
+from talaria.proxy.dialects.responses.settings import ResponsesSettings
 from talaria.proxy.dialects.responses.store import Pending, ResponseStore
 from talaria.proxy.dialects.responses.tables import StoredResponseView
 
@@ -144,4 +145,5 @@ DIALECT = Dialect(
     (ResponsesRequest,),
     stream_error=stream_error,
     service=ResponseStore.of_site,
+    settings=ResponsesSettings,
 )

@@ -48,7 +48,7 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.protocol import status_from_dict, status_to_dict
 from talaria.core.reservations import SessionReservations
-from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.gateway import call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
@@ -191,7 +191,7 @@ def time_gateway(live: int, place: str, probes: int) -> dict[str, Any]:
         node = build_sim_node("n0", setup, load_catalog(), TALARIA, SchedulerConfig(), clock)
         runtime = InProcessRuntime(node, clock)
         await runtime.start()
-        gateway = Gateway(
+        path = call_path(
             [runtime],
             NullSink(),
             ProxyMetrics(),
@@ -199,6 +199,7 @@ def time_gateway(live: int, place: str, probes: int) -> dict[str, Any]:
             max_sessions_per_tenant=live + probes + 10,
             session_idle_timeout_s=10**9,
         )
+        gateway = path.gateway
         gateway.start()
         try:
             for i in range(live):
@@ -220,7 +221,7 @@ def time_gateway(live: int, place: str, probes: int) -> dict[str, Any]:
                 "open_call_us": _summary_us(open_s),
                 "call_cpu_us": _summary_us(cpu_s),
                 "node_kv_entries": len(node.memory.kv),
-                "live_sessions": len(gateway.sessions),
+                "live_sessions": len(path.keeper.sessions),
                 "node_status_ms": round(_median_s(node.status, 11) * 1e3, 2),
                 "status_decode_ms": round(
                     _median_s(lambda: status_from_dict(document), 11) * 1e3, 2

@@ -218,7 +218,7 @@ async def end_session(session_id: str, request: Request) -> Response:
     left). The reply names the session ended: ``session_key`` (ours), ``session_id`` (the
     client's)."""
     ctx = _admin(request)
-    live = await ctx.gateway.keeper.end_session(session_id, "admin", None)
+    live = await ctx.keeper.end_session(session_id, "admin", None)
     if live is not None:
         return json_response(_ended(live.key, live.session_id, live=True))
     if ctx.cluster is not None:  # live on another replica?
@@ -266,7 +266,7 @@ async def dead_letters(request: Request, limit: int = 100) -> Response:
 async def instances(request: Request) -> Response:
     ctx = _admin(request)
     data: list[dict[str, Any]] = []
-    for runtime in ctx.gateway.pool.runtimes:
+    for runtime in ctx.pool.runtimes:
         try:
             status = await runtime.status()
         except Exception as exc:  # an unreachable instance is reported, not fatal
@@ -276,7 +276,7 @@ async def instances(request: Request) -> Response:
             {
                 "name": runtime.name,
                 "kind": runtime.kind,
-                "draining": runtime.name in ctx.gateway.pool.drained,
+                "draining": runtime.name in ctx.pool.drained,
                 "models": list(runtime.models),
                 "active_model": status.active_model,
                 "residency": {m: asdict(r) for m, r in status.models.items()},
@@ -299,7 +299,7 @@ async def tenants(request: Request) -> Response:
     """Each tenant's share of the service and its queue now, over the instances
     (proxy/api/tenants.py); an unreachable instance is listed in ``unreachable``."""
     ctx = _admin(request)
-    runtimes = ctx.gateway.pool.runtimes
+    runtimes = ctx.pool.runtimes
     answers = await asyncio.gather(*(r.status() for r in runtimes), return_exceptions=True)
     statuses = {
         r.name: a for r, a in zip(runtimes, answers, strict=True) if isinstance(a, InstanceStatus)
@@ -338,11 +338,11 @@ async def undrain_instance(name: str, request: Request) -> Response:
 
 async def _set_drain(name: str, request: Request, *, draining: bool) -> Response:
     ctx = _admin(request)
-    if name not in {r.name for r in ctx.gateway.pool.runtimes}:
+    if name not in {r.name for r in ctx.pool.runtimes}:
         raise ApiError(404, f"No runtime instance {name!r}.", code="instance_not_found")
     await _read(ctx, lambda: ctx.store.cluster.set_drain(name, draining, datetime.now(UTC)))
-    drained = set(ctx.gateway.pool.drained)
-    ctx.gateway.pool.set_drained(drained | {name} if draining else drained - {name})
+    drained = set(ctx.pool.drained)
+    ctx.pool.set_drained(drained | {name} if draining else drained - {name})
     return json_response({"name": name, "draining": draining})
 
 

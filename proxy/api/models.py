@@ -19,8 +19,8 @@ async def models(request: Request) -> Response:
     """OpenAI's model list; Anthropic's shape when the caller sends ``anthropic-version``."""
     ctx = context(request)
     await tenant_of(ctx, request)
-    residency = await ctx.gateway.pool.residency()
-    names = ctx.gateway.pool.models()
+    residency = await ctx.pool.residency()
+    names = ctx.pool.models()
     if ctx.placement is not None:
         names = sorted(set(names) | set(ctx.placement.library))
     data: list[dict[str, object]]
@@ -31,7 +31,7 @@ async def models(request: Request) -> Response:
                 "id": m,
                 "display_name": m,
                 "created_at": "1970-01-01T00:00:00Z",
-                "context_window": ctx.gateway.pool.context_window(m),
+                "context_window": ctx.pool.context_window(m),
             }
             for m in names
         ]
@@ -43,7 +43,7 @@ async def models(request: Request) -> Response:
             "object": "model",
             "created": 0,
             "owned_by": "talaria",
-            "context_window": ctx.gateway.pool.context_window(m),
+            "context_window": ctx.pool.context_window(m),
             "instances": residency.get(m, []),
         }
         for m in names

@@ -54,7 +54,7 @@ async def session_hint(session_id: str, request: Request) -> Response:
     expected_s = hint.seconds()
     if expected_s is not None:
         expected_s = min(expected_s, ctx.settings.max_hint_gap_s)
-    known = await ctx.gateway.keeper.hint(session_id, tenant, expected_s, hint.tool)
+    known = await ctx.keeper.hint(session_id, tenant, expected_s, hint.tool)
     if not known:
         await ask_peers(request, ctx, raw, lambda status, _: status == 200)
         raise ApiError(404, f"No live session {session_id!r}.", code="session_not_found")
@@ -66,7 +66,7 @@ async def session_end(session_id: str, request: Request) -> Response:
     """The session is over: its reservation goes and its KV may be dropped."""
     ctx = context(request)
     tenant = await tenant_of(ctx, request)
-    ended = await ctx.gateway.keeper.end_session(session_id, "client", tenant) is not None
+    ended = await ctx.keeper.end_session(session_id, "client", tenant) is not None
     if not ended:
         await ask_peers(request, ctx, None, lambda status, doc: status == 200 and _ended(doc))
     return json_response({"session_id": session_id, "ended": ended})

@@ -18,14 +18,17 @@ from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.callpath.bounds import check_structure
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.callpath.limiter import RateLimiter
 from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
-from talaria.proxy.cluster.trust import BODY_SHA256, Forward, body_digest
+from talaria.proxy.cluster.trust import BODY_SHA256, body_digest
+from talaria.proxy.contract.arrival import arrival_of
 from talaria.proxy.contract.errors import ApiError, bad_request
 from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.placement.loop import PlacementLoop
+from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.service import StoreService
 from talaria.proxy.store.writer import BatchWriter
@@ -37,6 +40,11 @@ class ProxyContext:
 
     settings: ProxySettings
     gateway: Gateway
+    """The call path's gateway: ``open_call``."""
+    pool: RuntimePool
+    """The runtimes by name, their models, statuses and drains (proxy/runtimes/pool.py)."""
+    keeper: SessionKeeper
+    """The sessions between calls: hints and ends (proxy/callpath/keeper.py)."""
     store: SqlStore
     writer: BatchWriter
     metrics: ProxyMetrics
@@ -70,12 +78,10 @@ async def read_json(request: Request, max_bytes: int) -> Any:
     return parse_json(await read_bytes(request, max_bytes))
 
 
-async def read_bytes(request: Request, max_bytes: int, keep: bool = False) -> bytes:
-    """The body's bytes (413 past ``max_bytes``, as :func:`read_json`); with ``keep`` also
-    kept in ``request.state.body`` (a replica forwards them as they came; else they are freed
-    once parsed: a body's bytes, its JSON's objects and its dialect's model held together
-    for a whole call were ~11× its size, docs/proxy-overhead.md). A peer's forward must come
-    with the body it signed (proxy/cluster/trust.py): 400 otherwise."""
+async def read_bytes(request: Request, max_bytes: int) -> bytes:
+    """The body's bytes (413 past ``max_bytes``, as :func:`read_json`). A peer's forward must
+    come with the body it signed (proxy/cluster/trust.py; its digest is the request's
+    ``Arrival.body_sha256``): 400 otherwise."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise _too_large(max_bytes)
@@ -87,15 +93,13 @@ async def read_bytes(request: Request, max_bytes: int, keep: bool = False) -> by
             raise _too_large(max_bytes)
         chunks.append(chunk)
     body = b"".join(chunks)
-    forward: Forward | None = getattr(request.state, "forward", None)
-    if forward is not None and body_digest(body) != forward.body_sha256:
+    signed = arrival_of(request).body_sha256
+    if signed is not None and body_digest(body) != signed:
         raise bad_request(
             f"The body does not match its {BODY_SHA256}: "
             "x-talaria-* headers are internal to Talaria's replicas.",
             code="internal_header",
         )
-    if keep:
-        request.state.body = body
     return body
 
 

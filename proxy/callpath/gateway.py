@@ -1,5 +1,6 @@
 """The gateway: one LLM call from a prepared, identified request to a running task, read top to
-bottom in :meth:`Gateway.open_call`, one step per function:
+bottom in :meth:`Gateway.open_call`, one step per function, each taking the call's context in
+the gateway (proxy/callpath/stages.py ``GatewayCall``) and adding its part:
 
 1. admit (``_admit``): the call's schemas, its context window, the shutdown, the store's
    room for its records, the tenant's calls in flight, and an instance that hosts its model;
@@ -13,10 +14,12 @@ bottom in :meth:`Gateway.open_call`, one step per function:
    (proxy/callpath/recorder.py) and the keeper the session's reservation or end; an instance
    the call cannot reach is left for another (``_reroute``: steps 4 and 5 again).
 
-The parts it composes: the runtime pool (proxy/runtimes/pool.py), the recorder, the session
-keeper, the runner, and with replicas the hand-off. Sessions idle for
-``session_idle_timeout_s`` end at a sweep. Time: the gateway schedules on its ``Clock`` (clock
-seconds) and shows wall seconds; one ``TimeScale`` converts, for every part.
+The services it is given (the app's container starts them: proxy/edge/services.py): the
+runtime pool (proxy/runtimes/pool.py), the recorder and the session keeper (its book of
+sessions and their reservations); its own parts: the runner and, with replicas, the hand-off.
+Sessions idle for the keeper's ``idle_timeout_s`` end at a sweep. Time: the gateway schedules
+on its ``Clock`` (clock seconds) and shows wall seconds; one ``TimeScale`` converts, for every
+part. :func:`call_path` builds the services and the gateway in one go (a test's, a bench's).
 """
 
 from __future__ import annotations
@@ -24,11 +27,10 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from talaria.core.clock import Clock, TimeScale
-from talaria.core.reservations import SessionReservations
 from talaria.core.routing import (
     NoInstanceError,
     RouteRequest,
@@ -36,16 +38,15 @@ from talaria.core.routing import (
     RoutingDecision,
     route,
 )
-from talaria.core.status import InstanceStatus
-from talaria.proxy.callpath.keeper import SessionKeeper
+from talaria.proxy.callpath.keeper import SessionKeeper, session_keeper
 from talaria.proxy.callpath.recorder import Recorder, RecordSink
 from talaria.proxy.callpath.runner import CallRunner, RunningCall, runtime_request
 from talaria.proxy.callpath.schemas import SchemaCheck
+from talaria.proxy.callpath.stages import GatewayCall, fit_window
 from talaria.proxy.cluster.handoff import Adopt, Generation, Handoff, Owned
 from talaria.proxy.contract.calls import SHUTDOWN, CallHandle, PreparedCall
 from talaria.proxy.contract.errors import (
     ApiError,
-    bad_request,
     too_many_requests,
     too_many_sessions,
     too_many_threads,
@@ -54,10 +55,8 @@ from talaria.proxy.contract.errors import (
 from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.pool import RuntimePool
-from talaria.proxy.sessions.book import SessionBook
-from talaria.proxy.sessions.conversation import EMPTY, Conversation, Fingerprint, tools_fingerprint
+from talaria.proxy.sessions.conversation import EMPTY, Conversation, tools_fingerprint
 from talaria.proxy.sessions.lineage import opening, parent_of
-from talaria.proxy.sessions.state import Resolution
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
     DEFAULT_MAX_THREADS,
@@ -78,31 +77,27 @@ of 1.4 min, so an interactive session that pauses for longer starts a new sessio
 
 class Gateway:
     """The proxy's call service (module docstring): ``open_call`` starts a call, and the
-    lifecycle. Its parts serve the other routes directly: ``pool`` (proxy/runtimes/pool.py:
-    the runtimes, their models, statuses and drains), ``keeper`` (proxy/callpath/keeper.py:
-    hints and ends). ``time_scale``: clock seconds per wall second."""
+    lifecycle."""
 
     def __init__(
         self,
-        runtimes: Sequence[RuntimeClient],
-        sink: RecordSink,
-        metrics: ProxyMetrics,
+        pool: RuntimePool,
+        keeper: SessionKeeper,
+        recorder: Recorder,
         clock: Clock,
+        time: TimeScale,
         *,
         router: str = "talaria",
         routing: RoutingConfig | None = None,
         routing_seed: int = 0,
-        catalog_windows: Mapping[str, int] | None = None,
         max_inflight_per_tenant: int = 512,
-        max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
-        max_threads_per_session: int = DEFAULT_MAX_THREADS,
-        session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-        durable: bool = True,
-        commit_timeout_s: float = 30.0,
-        time_scale: float = 1.0,
     ) -> None:
-        time = TimeScale(time_scale)
-        self.metrics = metrics
+        self._pool = pool
+        self._keeper = keeper
+        self._recorder = recorder
+        self._sessions = keeper.sessions
+        self._reservations = keeper.reservations
+        self._metrics = recorder.metrics
         self._clock = clock
         self._time = time
         self._router = router
@@ -111,28 +106,7 @@ class Gateway:
         self._max_inflight = max_inflight_per_tenant
         self._closing = False
         self._schemas = SchemaCheck()
-        self.reservations = SessionReservations()
-        """Soft reservations and learned tool gaps, by session key (clock seconds)."""
-        self.sessions = SessionBook(
-            on_forget=self.reservations.end,
-            max_per_tenant=max_sessions_per_tenant,
-            max_threads=max_threads_per_session,
-            on_retire=lambda state, thread: self.keeper.thread_retired(state, thread),
-        )
-        self.pool = RuntimePool(runtimes, time, catalog_windows)
-        self._recorder = Recorder(
-            sink, metrics, time, router=router, durable=durable, commit_timeout_s=commit_timeout_s
-        )
-        self.keeper = SessionKeeper(
-            self.sessions,
-            self.reservations,
-            self._recorder,
-            self.pool,
-            clock,
-            time,
-            idle_timeout_s=time.clock(session_idle_timeout_s),
-        )
-        self._runner = CallRunner(self._recorder, self.keeper, self._reroute)
+        self._runner = CallRunner(recorder, keeper, self._reroute)
         self._handoff: Handoff | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -140,32 +114,28 @@ class Gateway:
     async def open_call(self, call: PreparedCall) -> CallHandle:
         """Admit, place, resolve the session, route and run the call (module docstring);
         raises ApiError before anything runs."""
+        ctx = await self._admit(call)
+        await self._place(ctx)
+        ctx = self._resolve(ctx)
+        decision = await self._route(ctx)
+        return self._run(ctx, decision.instance)
+
+    async def _admit(self, call: PreparedCall) -> GatewayCall:
+        """The call's context (proxy/callpath/stages.py): the call (its output limit fitted to
+        the window: :func:`fit_window`), its prompt tokens and the status of the instances that
+        may run it, or the ApiError that refuses it: a schema past its budget or a prompt past
+        the context window (400), the shutdown or a store that cannot take its records (503),
+        the tenant's calls in flight at their bound (429), no instance of its model (503)."""
         tools = tools_fingerprint(call.content.tools)
         messages = call.session_messages  # normalised (proxy/sessions/normalise.py)
         conversation = Conversation.of(messages) if messages is not None else EMPTY
-        call, prompt_tokens, statuses = await self._admit(call, tools, conversation)
-        now_s, now_at = self._clock.now(), datetime.now(UTC)
-        await self._place(call, now_s)
-        found, shared = self._resolve(call, conversation, tools, now_s, now_at)
-        decision = await self._route(call, found, prompt_tokens, statuses, now_s, now_at)
-        instance = decision.instance
-        return self._run(call, found, conversation, shared, prompt_tokens, instance, now_s, now_at)
-
-    async def _admit(
-        self, call: PreparedCall, tools: Fingerprint, conversation: Conversation
-    ) -> tuple[PreparedCall, int, list[InstanceStatus]]:
-        """The call (its output limit fitted to the window: :func:`fit_window`), its prompt
-        tokens and the status of the instances that may run it, or the ApiError that refuses
-        it: a schema past its budget or a prompt past the context window (400), the shutdown
-        or a store that cannot take its records (503), the tenant's calls in flight at their
-        bound (429), no instance of its model (503)."""
         self._schemas.check(call.content, tools.digest, call.format_param)
         engine_gets_others = call.normalised is not None and not call.normalised.engine
         if call.content.messages is not None and not engine_gets_others:
             prompt_tokens = max(1, conversation.tokens[-1] + tools.tokens)  # the sums made
         else:
             prompt_tokens = call.content.prompt_tokens()
-        call = fit_window(call, prompt_tokens, self.pool.context_window(call.model))
+        call = fit_window(call, prompt_tokens, self._pool.context_window(call.model))
         if self._closing:
             raise unavailable(SHUTDOWN)
         if self._recorder.refusing:
@@ -175,42 +145,37 @@ class Gateway:
             )
         if self._runner.inflight_of(call.tenant_id) >= self._max_inflight:
             raise too_many_requests(self._max_inflight)
-        statuses = await self.pool.statuses(call.model)
+        statuses = await self._pool.statuses(call.model)
         if not statuses:
             raise unavailable(f"No runtime instance hosting {call.model} is reachable right now.")
-        return call, prompt_tokens, statuses
+        now_s, now_at = self._clock.now(), datetime.now(UTC)
+        return GatewayCall(call, tools, conversation, prompt_tokens, tuple(statuses), now_s, now_at)
 
-    async def _place(self, call: PreparedCall, now_s: float) -> None:
+    async def _place(self, ctx: GatewayCall) -> None:
         """With replicas, hold the session the call names if another replica held it (this
         one owns it now: the API layer forwards a call this replica does not own)."""
         if self._handoff is not None:
-            await self._handoff.take_over(call, now_s)
+            await self._handoff.take_over(ctx.call, ctx.now_s)
 
-    def _resolve(
-        self,
-        call: PreparedCall,
-        conversation: Conversation,
-        tools: Fingerprint,
-        now_s: float,
-        now_at: datetime,
-    ) -> tuple[Resolution, int | None]:
+    def _resolve(self, ctx: GatewayCall) -> GatewayCall:
         """The call's session (429 past the tenant's session cap; a child's parent: lineage.py),
         and the tokens of its prompt the session's KV already holds (None: unknown; the tools
         render ahead of the messages; only those before the first normalised message when the
         engine gets the client's own prompt: the volatile part may have changed)."""
+        call, conversation, tools, now_s = ctx.call, ctx.conversation, ctx.tools, ctx.now_s
         try:
-            found = self.sessions.resolve(
+            found = self._sessions.resolve(
                 tenant_id=call.tenant_id,
                 identity=call.identity,
                 model=call.model,
                 conversation=conversation,
                 now_s=now_s,
-                now_at=now_at,
+                now_at=ctx.now_at,
                 match=call.content.messages is not None,
                 offers_tools=bool(call.content.tools),
             )
         except SessionLimit as full:  # Retry-After: when its least recent one may idle out
-            idle_in_s = full.oldest_activity_s + self.keeper.idle_timeout_s - now_s
+            idle_in_s = full.oldest_activity_s + self._keeper.idle_timeout_s - now_s
             raise too_many_sessions(full.limit, self._time.wall(idle_in_s)) from full
         except ThreadLimit as busy:
             raise too_many_threads(busy.limit) from busy
@@ -225,20 +190,13 @@ class Gateway:
         elif shared and state.tools == tools.digest:
             shared += tools.tokens
         state.tools, state.opening = tools.digest, opening(call, conversation, tools, found.thread)
-        parent = parent_of(self.sessions, state, call, conversation, tools)
-        return replace(found, parent=parent), shared
+        parent = parent_of(self._sessions, state, call, conversation, tools)
+        return replace(ctx, found=replace(found, parent=parent), shared_tokens=shared)
 
-    async def _route(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        prompt_tokens: int,
-        statuses: list[InstanceStatus],
-        now_s: float,
-        now_at: datetime,
-    ) -> RoutingDecision:
-        """The instance that runs the call (503 if none can); the session's reservation is
-        settled and the decision recorded."""
+    async def _route(self, ctx: GatewayCall) -> RoutingDecision:
+        """The instance that runs the call (503 if none can), among ``ctx.statuses``; the
+        session's reservation is settled and the decision recorded."""
+        call, found, now_s = ctx.call, ctx.resolution, ctx.now_s
         state = found.state
         last_instance = state.threads[found.thread].last_instance
         try:
@@ -247,47 +205,36 @@ class Gateway:
                 RouteRequest(
                     session_key=state.runtime_key(found.thread),
                     model=call.model,
-                    prompt_tokens=prompt_tokens,
+                    prompt_tokens=ctx.prompt_tokens,
                     last_instance=last_instance,
-                    reserved_instance=self.reservations.reserved(
+                    reserved_instance=self._reservations.reserved(
                         state.runtime_key(found.thread), now_s
                     ),
                     parent_key=found.parent.key,
                     parent_prefix_tokens=found.parent.prefix_tokens,
                 ),
-                self.pool.routable(call.model, statuses, last_instance),
+                self._pool.routable(call.model, list(ctx.statuses), last_instance),
                 self._routing,
                 self._rng,
             )
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
-        await self.keeper.routed(state, decision.instance, now_s, now_at, found.thread)
-        self._recorder.decision(call, state, decision, found.how, now_at)
+        await self._keeper.routed(state, decision.instance, now_s, ctx.now_at, found.thread)
+        self._recorder.decision(call, state, decision, found.how, ctx.now_at)
         return decision
 
-    def _run(
-        self,
-        call: PreparedCall,
-        found: Resolution,
-        conversation: Conversation,
-        shared_tokens: int | None,
-        prompt_tokens: int,
-        instance: str,
-        now_s: float,
-        now_at: datetime,
-    ) -> CallHandle:
+    def _run(self, ctx: GatewayCall, instance: str) -> CallHandle:
         """Start the call on ``instance`` as its session's next call."""
+        found = ctx.resolution
         state = found.state
-        request = runtime_request(
-            call, state, found.thread, shared_tokens, prompt_tokens, self._time, found.parent
-        )
-        self.sessions.call_started(state, conversation, now_s, found.thread)
+        request = runtime_request(ctx, self._time)
+        self._sessions.call_started(state, ctx.conversation, ctx.now_s, found.thread)
         # The instance knows the thread from now on, whether or not a call of it ever replies:
         # the thread's end (idle, final, retired) must reach it, or the node keeps the
         # session (and the KV an abandoned call left) for good.
         state.threads[found.thread].last_instance = instance
-        self.metrics.live_sessions.set(len(self.sessions))
-        run = RunningCall(call, found, conversation, request, self.pool[instance], now_at)
+        self._metrics.live_sessions.set(len(self._sessions))
+        run = RunningCall(ctx, request, self._pool[instance])
         task = self._runner.start(run)
         return CallHandle(
             run.events,
@@ -304,19 +251,21 @@ class Gateway:
         """The call's instance could not be reached (nothing was sent): route it again, as
         ``_route`` does, among the instances hosting its model that answer, leaving out
         ``tried``; None if none is left or the proxy is closing (the call fails with 503)."""
-        call, found = run.call, run.found
-        statuses = [s for s in await self.pool.statuses(call.model) if s.instance not in tried]
+        ctx = run.ctx
+        answered = await self._pool.statuses(ctx.call.model)
+        statuses = tuple(s for s in answered if s.instance not in tried)
         if not statuses or self._closing:
             return None
         now_s, now_at = self._clock.now(), datetime.now(UTC)
         try:
             decision = await self._route(
-                call, found, run.request.prompt_tokens, statuses, now_s, now_at
+                replace(ctx, statuses=statuses, now_s=now_s, now_at=now_at)
             )
         except ApiError:
             return None
+        found = ctx.resolution
         found.state.threads[found.thread].last_instance = decision.instance
-        return self.pool[decision.instance]
+        return self._pool[decision.instance]
 
     # -- replicas ---------------------------------------------------------------------------
     def use_replicas(self, owned: Owned, adopt: Adopt, generation: Generation) -> None:
@@ -325,9 +274,9 @@ class Gateway:
         (tenant, client id)`` finds an open session another replica held (taken over at its
         next call here), ``generation()`` counts the changes of the live set."""
         self._handoff = Handoff(
-            self.sessions, self.reservations, self._time, owned, adopt, generation
+            self._sessions, self._reservations, self._time, owned, adopt, generation
         )
-        self.keeper.served_elsewhere = self._handoff.served_elsewhere
+        self._keeper.served_elsewhere = self._handoff.served_elsewhere
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -347,7 +296,7 @@ class Gateway:
     async def sweep_once(self) -> None:
         """Release expired reservations; end sessions idle beyond the timeout; hand off the
         sessions another replica owns now."""
-        await self.keeper.sweep()
+        await self._keeper.sweep()
         if self._handoff is not None:
             self._handoff.hand_off()
 
@@ -371,29 +320,61 @@ class Gateway:
         await self._runner.close(timeout_s)
 
 
-def fit_window(call: PreparedCall, prompt_tokens: int, window: int | None) -> PreparedCall:
-    """The call with an output limit that fits the model's context window (None: unknown).
+@dataclass(frozen=True)
+class CallPath:
+    """The call path's services, as the app's container starts them one by one
+    (proxy/edge/services.py: ``pool``, ``recorder``, ``keeper``, ``gateway``)."""
 
-    - ``prompt_tokens + max_tokens ≤ window``: unchanged;
-    - the client set no limit (the server's default applies): the limit becomes
-      ``window − prompt_tokens``, as OpenAI and ``vllm serve`` fill it in;
-    - the client's own limit does not fit, or the prompt alone fills the window: a 400
-      ``context_length_exceeded``.
+    pool: RuntimePool
+    recorder: Recorder
+    keeper: SessionKeeper
+    gateway: Gateway
 
-    ``prompt_tokens`` is the proxy's estimate; the runtime fits the limit again to the prompt
-    it renders (runtime/engines/vllm/generate.py)."""
-    if window is None or prompt_tokens + call.max_tokens <= window:
-        return call
-    if call.content.max_output_tokens is None and prompt_tokens < window:
-        return replace(call, max_tokens=window - prompt_tokens)
-    asked = (
-        f"asks for up to {call.max_tokens} more"
-        if call.content.max_output_tokens is not None
-        else "leaves no room for output"
+
+def call_path(
+    runtimes: Sequence[RuntimeClient],
+    sink: RecordSink,
+    metrics: ProxyMetrics,
+    clock: Clock,
+    *,
+    router: str = "talaria",
+    routing: RoutingConfig | None = None,
+    routing_seed: int = 0,
+    catalog_windows: Mapping[str, int] | None = None,
+    max_inflight_per_tenant: int = 512,
+    max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
+    max_threads_per_session: int = DEFAULT_MAX_THREADS,
+    session_idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+    durable: bool = True,
+    commit_timeout_s: float = 30.0,
+    time_scale: float = 1.0,
+) -> CallPath:
+    """The call path over ``runtimes``, its records to ``sink``, in one go (a test's or a
+    benchmark's, without the app); ``time_scale``: clock seconds per wall second. Not started
+    (``gateway.start()`` starts its sweeper)."""
+    time = TimeScale(time_scale)
+    pool = RuntimePool(runtimes, time, catalog_windows)
+    recorder = Recorder(
+        sink, metrics, time, router=router, durable=durable, commit_timeout_s=commit_timeout_s
     )
-    raise bad_request(
-        f"This model's maximum context length is {window} tokens; the request has "
-        f"about {prompt_tokens} prompt tokens and {asked}.",
-        param="messages",
-        code="context_length_exceeded",
+    keeper = session_keeper(
+        recorder,
+        pool,
+        clock,
+        time,
+        idle_timeout_s=session_idle_timeout_s,
+        max_sessions_per_tenant=max_sessions_per_tenant,
+        max_threads_per_session=max_threads_per_session,
     )
+    gateway = Gateway(
+        pool,
+        keeper,
+        recorder,
+        clock,
+        time,
+        router=router,
+        routing=routing,
+        routing_seed=routing_seed,
+        max_inflight_per_tenant=max_inflight_per_tenant,
+    )
+    return CallPath(pool, recorder, keeper, gateway)

@@ -28,13 +28,16 @@ from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
 from talaria.proxy.sessions.state import SessionState, Thread, split_runtime_key
+from talaria.proxy.sessions.tenancy import DEFAULT_MAX_PER_TENANT, DEFAULT_MAX_THREADS
 
 log = logging.getLogger("talaria.proxy")
 
 
 class SessionKeeper:
     """Keeps ``sessions`` and their ``reservations`` between calls (module docstring);
-    ``idle_timeout_s``: clock seconds without a call after which a session ends."""
+    ``idle_timeout_s``: clock seconds without a call after which a session ends. The
+    gateway resolves calls' sessions in its book; the session routes (hints, ends) and the
+    admin API reach it as the app's ``keeper`` service (:func:`session_keeper`)."""
 
     def __init__(
         self,
@@ -46,8 +49,8 @@ class SessionKeeper:
         time: TimeScale,
         idle_timeout_s: float,
     ) -> None:
-        self._sessions = sessions
-        self._reservations = reservations
+        self.sessions = sessions
+        self.reservations = reservations
         self._recorder = recorder
         self._metrics = recorder.metrics
         self._pool = pool
@@ -66,7 +69,7 @@ class SessionKeeper:
         """The session's call (of ``thread``) goes to ``instance``: a reservation it held is
         settled (a hit if it came back to the reserved instance), and the instance the thread
         left is told."""
-        settled = self._reservations.started(
+        settled = self.reservations.started(
             state.runtime_key(thread), instance, now_s, concurrent=state.inflight > 0
         )
         if settled is not None:
@@ -92,7 +95,7 @@ class SessionKeeper:
         state.last_finish_reason = output.finish_reason
         if call.content.messages is not None and not state.ended:
             reply = fingerprint(output.as_message())
-            self._sessions.call_finished(state, conversation, reply, self._clock.now(), thread)
+            self.sessions.call_finished(state, conversation, reply, self._clock.now(), thread)
 
     def after_call(
         self, call: PreparedCall, state: SessionState, instance: str, output: ModelOutput,
@@ -106,7 +109,7 @@ class SessionKeeper:
             return
         single = call.content.messages is None and not call.identity.explicit
         final = call.identity.final or single
-        taken = self._reservations.finished(
+        taken = self.reservations.finished(
             state.runtime_key(thread),
             instance,
             self._clock.now(),
@@ -126,7 +129,7 @@ class SessionKeeper:
 
     def call_ended(self, state: SessionState, thread: int) -> None:
         """A call of the session's ``thread`` is over, whatever its outcome."""
-        self._sessions.call_ended(state, thread)
+        self.sessions.call_ended(state, thread)
 
     def thread_retired(self, state: SessionState, thread: Thread) -> None:
         """The book retired ``thread`` of the live ``state`` (book.py: past the session's
@@ -139,7 +142,7 @@ class SessionKeeper:
             )
             thread.reservation = None
             self._metrics.reservations.labels("ended").inc()
-        self._reservations.end(state.runtime_key(thread.number))
+        self.reservations.end(state.runtime_key(thread.number))
         ends = self._ends(state, [thread])
         if ends:
             self._spawn(self._send_ends(ends))
@@ -177,14 +180,14 @@ class SessionKeeper:
         """Release expired reservations; end sessions idle beyond the timeout; send again the
         ends a runtime did not take (proxy/runtimes/notices.py)."""
         now_s, now_at = self._clock.now(), datetime.now(UTC)
-        for held in self._reservations.sweep(now_s):
+        for held in self.reservations.sweep(now_s):
             key, thread = split_runtime_key(held.session)
-            state = self._sessions.get(key)
+            state = self.sessions.get(key)
             if state is not None and self._release(state, thread, "expired", now_at):
                 self._metrics.reservations.labels("expired").inc()
-        for state in self._sessions.idle(now_s, self.idle_timeout_s):
+        for state in self.sessions.idle(now_s, self.idle_timeout_s):
             if self.served_elsewhere is not None and await self._asked(state):
-                self._sessions.forget(state)
+                self.sessions.forget(state)
                 continue
             await self._end_on_runtime(state)
             self.end(state, "idle", now_at)
@@ -206,7 +209,7 @@ class SessionKeeper:
         """Record a tool-gap hint (``expected_s`` in wall seconds); reserve on the session's
         last instance. False: no live session of that id for this tenant."""
         now_at = datetime.now(UTC)
-        state = self._sessions.named(tenant_id, session_id)
+        state = self.sessions.named(tenant_id, session_id)
         if state is None or state.ended:
             return False
         self._recorder.submit(HintRecord(state.key, now_at, expected_s, tool))
@@ -214,7 +217,7 @@ class SessionKeeper:
         last = state.last_thread
         if last is not None and last.last_instance is not None and expected is not None:
             await self._pool[last.last_instance].hint(state.runtime_key(last.number), expected)
-            taken = self._reservations.hint(
+            taken = self.reservations.hint(
                 state.runtime_key(last.number), self._clock.now(), expected,
                 concurrent=state.inflight > 0,
             )  # fmt: skip
@@ -229,9 +232,9 @@ class SessionKeeper:
         key); with ``tenant_id`` None (the admin) its key, or a client's id that only one
         tenant uses. The session ended, or None if there is no such live session."""
         if tenant_id is None:
-            state = self._sessions.get(key_or_id)
+            state = self.sessions.get(key_or_id)
             if state is None:
-                named = self._sessions.by_session_id(key_or_id)
+                named = self.sessions.by_session_id(key_or_id)
                 if len(named) > 1:
                     keys = ", ".join(s.key for s in named)
                     raise ApiError(
@@ -242,11 +245,11 @@ class SessionKeeper:
                     )
                 state = named[0] if named else None
         else:
-            state = self._sessions.named(tenant_id, key_or_id)
+            state = self.sessions.named(tenant_id, key_or_id)
         if state is None or state.ended:
             return None
         now_at = datetime.now(UTC)
-        for child in [*self._sessions.children(state.key), state]:
+        for child in [*self.sessions.children(state.key), state]:
             self._recorder.submit(HintRecord(child.key, now_at, None, None, kind="end"))
             await self._end_on_runtime(child)
             self.end(child, reason, now_at)
@@ -298,6 +301,40 @@ class SessionKeeper:
         self._metrics.sct.labels(state.model).observe(
             self._time.wall(self._clock.now() - state.started_s)
         )
-        self._sessions.forget(state)
+        self.sessions.forget(state)
         self._recorder.session(state, now_at, ended_reason=reason)
-        self._metrics.live_sessions.set(len(self._sessions))
+        self._metrics.live_sessions.set(len(self.sessions))
+
+
+def session_keeper(
+    recorder: Recorder,
+    pool: RuntimePool,
+    clock: Clock,
+    time: TimeScale,
+    *,
+    idle_timeout_s: float,
+    max_sessions_per_tenant: int = DEFAULT_MAX_PER_TENANT,
+    max_threads_per_session: int = DEFAULT_MAX_THREADS,
+) -> SessionKeeper:
+    """A keeper with a book of its own (proxy/sessions/book.py: at most
+    ``max_sessions_per_tenant`` live sessions a tenant, ``max_threads_per_session`` threads a
+    session; a retired thread's reservation released and its entry ended on its runtime) and
+    its reservations; ``idle_timeout_s``: wall seconds without a call after which a session
+    ends. The app's ``keeper`` service (proxy/edge/services.py)."""
+    reservations = SessionReservations()
+    sessions = SessionBook(
+        on_forget=reservations.end,
+        max_per_tenant=max_sessions_per_tenant,
+        max_threads=max_threads_per_session,
+        on_retire=lambda state, thread: keeper.thread_retired(state, thread),
+    )
+    keeper = SessionKeeper(
+        sessions,
+        reservations,
+        recorder,
+        pool,
+        clock,
+        time,
+        idle_timeout_s=time.clock(idle_timeout_s),
+    )
+    return keeper

@@ -37,11 +37,12 @@ from talaria.core.types import (
 from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.callpath.limits import Progress, charge
 from talaria.proxy.callpath.recorder import Recorder
+from talaria.proxy.callpath.stages import GatewayCall
 from talaria.proxy.contract.calls import SHUTDOWN, CallOutcome, Events, PreparedCall, RuntimeClock
 from talaria.proxy.contract.errors import ApiError, bad_request, unavailable
 from talaria.proxy.runtimes.base import RuntimeClient, RuntimeUnreachable
 from talaria.proxy.sessions.conversation import Conversation
-from talaria.proxy.sessions.state import NO_PARENT, Parent, Resolution, SessionState
+from talaria.proxy.sessions.state import Resolution
 
 log = logging.getLogger("talaria.proxy.callpath.gateway")  # the gateway's part: its log name
 
@@ -63,33 +64,27 @@ def tenant_digest(tenant_id: str) -> str:
     return hashlib.blake2b(tenant_id.encode(), digest_size=12).hexdigest()
 
 
-def runtime_request(
-    call: PreparedCall,
-    state: SessionState,
-    thread: int,
-    shared_tokens: int | None,
-    prompt_tokens: int,
-    time: TimeScale,
-    parent: Parent = NO_PARENT,
-) -> CallRequest:
-    """What the runtime is asked to run: the call, under its thread's key on the runtime
-    (``SessionState.runtime_key``), with the scheduling fields (call index, hints in clock
-    seconds, the shared prefix estimate, a child's ``parent``: its key on the runtime and the
-    prefix they share, proxy/sessions/lineage.py) and the fair queue's (the tenant's digest
-    and weight, the call's class, its deadline in clock seconds) and the agent's kind, which
-    the node learns tool gaps by."""
+def runtime_request(ctx: GatewayCall, time: TimeScale) -> CallRequest:
+    """What the runtime is asked to run: the resolved call (``ctx``), under its thread's key on
+    the runtime (``SessionState.runtime_key``), with the scheduling fields (call index, hints
+    in clock seconds, the shared prefix estimate, a child's ``parent``: its key on the runtime
+    and the prefix they share, proxy/sessions/lineage.py) and the fair queue's (the tenant's
+    digest and weight, the call's class, its deadline in clock seconds) and the agent's kind,
+    which the node learns tool gaps by."""
+    call, found = ctx.call, ctx.resolution
+    state, parent = found.state, found.parent
     tenant = tenant_digest(call.tenant_id)
     return CallRequest(
         request_id=call.request_id,
-        session_key=state.runtime_key(thread),
+        session_key=state.runtime_key(found.thread),
         model=call.model,
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=ctx.prompt_tokens,
         max_output_tokens=call.max_tokens,
         call_index=state.calls,
         expected_tool_gap_s=time.clock(call.identity.tool_gap_hint_s),
         session_final=call.identity.final,
         stream=call.stream,
-        shared_prefix_tokens=shared_tokens,
+        shared_prefix_tokens=ctx.shared_tokens,
         call=call.content,
         cache_salt=tenant,
         output_tokens=call.max_tokens if call.content.sampling.ignore_eos else None,
@@ -105,17 +100,14 @@ def runtime_request(
 
 @dataclass
 class RunningCall:
-    """One call as it runs: the call, the session (and thread) it resolved to, the
-    conversation it carries, what the runtime was asked, the runtime, when it arrived, the
-    events its client reads, the clock of its time in the runtime, and what the engine has
-    produced of it so far."""
+    """One call as it runs: its context in the gateway (``ctx``: the call, the session and
+    thread it resolved to, the conversation it carries, when it arrived), what the runtime
+    was asked, the runtime, the events its client reads, the clock of its time in the
+    runtime, and what the engine has produced of it so far."""
 
-    call: PreparedCall
-    found: Resolution
-    conversation: Conversation
+    ctx: GatewayCall
     request: CallRequest
     runtime: RuntimeClient
-    arrived_at: datetime
     events: Events = field(default_factory=asyncio.Queue)
     clock: RuntimeClock = field(default_factory=RuntimeClock)
     progress: Progress = field(init=False)
@@ -123,6 +115,26 @@ class RunningCall:
     def __post_init__(self) -> None:
         request = self.request
         self.progress = Progress(request.prompt_tokens, request.max_output_tokens, request.stream)
+
+    @property
+    def call(self) -> PreparedCall:
+        """The call."""
+        return self.ctx.call
+
+    @property
+    def found(self) -> Resolution:
+        """The session (and thread) it resolved to."""
+        return self.ctx.resolution
+
+    @property
+    def conversation(self) -> Conversation:
+        """The conversation it carries."""
+        return self.ctx.conversation
+
+    @property
+    def arrived_at(self) -> datetime:
+        """When it was admitted (UTC)."""
+        return self.ctx.now_at
 
 
 Reroute = Callable[["RunningCall", frozenset[str]], Awaitable[RuntimeClient | None]]

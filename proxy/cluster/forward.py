@@ -51,6 +51,7 @@ from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.cluster.relays import Relay, Relays, owner_gone
+from talaria.proxy.contract.arrival import arrival_of
 from talaria.proxy.contract.calls import OVERHEAD_HEADER, SHUTDOWN, RuntimeClock
 from talaria.proxy.contract.envelope import Envelope, envelope_of
 from talaria.proxy.contract.errors import ApiError
@@ -88,7 +89,7 @@ class Forwarded(Exception):
 
 def was_forwarded(request: Request) -> bool:
     """Whether a peer forwarded this request (its signature checked: proxy/edge/http.py)."""
-    return getattr(request.state, "forward", None) is not None
+    return arrival_of(request).forwarded
 
 
 def _timeout(read_s: float) -> aiohttp.ClientTimeout:
@@ -140,14 +141,12 @@ class Cluster:
             )
         )
 
-    async def forward(self, request: Request, body: Any, key: str | None) -> Response | None:
-        """The owner's answer, when ``key``'s owner is another replica; None when this replica
-        serves the request (it owns the key, the ingress placed it here, the request was
-        forwarded here, or no key)."""
+    async def forward(self, request: Request, content: bytes, key: str | None) -> Response | None:
+        """The owner's answer to the request (its body: ``content``), when ``key``'s owner is
+        another replica; None when this replica serves the request (it owns the key, the
+        ingress placed it here, the request was forwarded here, or no key)."""
         if key is None or placed_by_ingress(key) or was_forwarded(request):
             return None
-        raw = getattr(request.state, "body", None)
-        content = raw if isinstance(raw, bytes) else json.dumps(body).encode()
         while (target := self.membership.owner_of(key)) is not None:
             name, url = target
             relay = self.relays.open(name, url)
@@ -164,7 +163,7 @@ class Cluster:
             # own overhead before its headers (x-talaria-overhead-ms, proxy/edge/http.py).
             owner_overhead_s = _float(upstream.headers.get(OVERHEAD_HEADER)) / 1e3
             clock = RuntimeClock(started=sent + owner_overhead_s)
-            request.state.runtime_clock = clock
+            arrival_of(request).runtime_clock = clock
             return StreamingResponse(
                 self._body(_dialect(request), upstream, relay, clock),
                 status_code=upstream.status,
@@ -266,7 +265,7 @@ class Cluster:
         path = raw_path.decode("latin-1")
         query = request.scope.get("query_string", b"").decode("latin-1")
         forward = trust.Forward(
-            request.state.request_id, self.name, int(time.time()), trust.body_digest(content)
+            arrival_of(request).request_id, self.name, int(time.time()), trust.body_digest(content)
         )
         headers.update(trust.sign(self.secret, request.method, path, query, forward))
         target = yarl.URL(url + path + (f"?{query}" if query else ""), encoded=True)

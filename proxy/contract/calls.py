@@ -44,7 +44,7 @@ class ApiCall:
     content: Call
     body: Any = None
     """The body as JSON, for a replica to forward when its bytes were not kept; None: the
-    bytes as they came (``request.state.body``: proxy/callpath/context.py ``read_bytes``).
+    bytes as they came (kept in the call's context: proxy/callpath/call.py ``KeptBody``).
     The dialects pass None, so that the JSON's objects do not live as long as the call."""
     format_param: str = "response_format"
     extra_records: Callable[[CallOutcome], Sequence[Record]] | None = None

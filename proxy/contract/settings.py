@@ -2,11 +2,18 @@
 
 Lists (``TALARIA_API_KEYS``, ``TALARIA_MODELS``, ``TALARIA_CATALOG_PATH``, ``TALARIA_RUNTIMES``,
 ``TALARIA_TRUSTED_PROXIES``) are comma-separated.
+
+A plugin's settings live beside it, in its own room (the Responses dialect's in
+proxy/dialects/responses/settings.py, placement's in proxy/placement/settings.py): a
+:class:`PluginSettings` subclass, read from the same ``TALARIA_<FIELD>`` variables, or from
+the arguments given to :class:`ProxySettings` (which keeps those it does not declare for
+them). The app checks every plugin's when it is made (proxy/edge/settings.py), and ``talaria
+serve`` before it starts, with the same messages as the proxy's own.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -39,9 +46,11 @@ class ProxySettings(BaseSettings):
     ``TALARIA_<FIELD>`` environment variable, or an argument."""
 
     # errors never echo their input: it holds secrets (keys, tokens, the cluster secret); the
-    # runtime token is a SecretStr besides, so no repr of the settings shows it
+    # runtime token is a SecretStr besides, so no repr of the settings shows it. Arguments it
+    # does not declare are kept (``model_extra``) for the plugins' settings (module
+    # docstring); a variable it does not declare is not read here (a plugin's reads its own)
     model_config = SettingsConfigDict(
-        env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True
+        env_prefix="TALARIA_", extra="allow", hide_input_in_errors=True
     )
 
     database_url: str | None = Field(
@@ -96,32 +105,6 @@ class ProxySettings(BaseSettings):
     policy: str = Field("talaria", description="Scheduler flags of the embedded nodes")
     quantum_s: float = Field(60.0, gt=0, description="Slot quantum of the embedded nodes (s)")
     time_scale: float = Field(1.0, gt=0, description="Simulated seconds per real second")
-    # placement (proxy/placement/loop.py)
-    placement_library: str | None = Field(
-        None,
-        description="A TOML file of [[model]] entries (as in a node config, paths as the "
-        "runtimes see them, optional weight_bytes): with runtime servers, a placement "
-        "controller adds, drains and removes these models on them by demand, and a call "
-        "for one that no runtime hosts waits for its cold start instead of a 404",
-    )
-    placement_interval_s: float = Field(
-        60.0, gt=0, description="How often the placement controller looks (clock seconds)"
-    )
-    placement_window_s: float = Field(
-        300.0, gt=0, description="Demand is the sessions with a call this far back (s)"
-    )
-    placement_min_hold_s: float = Field(
-        900.0, ge=0, description="A placed model stays at least this long before a drain (s)"
-    )
-    placement_drain_s: float = Field(
-        600.0,
-        ge=0,
-        description="A drained model's sessions keep its runtime this long at most, then it "
-        "is removed (s)",
-    )
-    placement_cold_start_timeout_s: float = Field(
-        900.0, gt=0, description="How long a call waits for its model's cold start (s)"
-    )
     # routing
     router: str = Field("talaria", description="talaria, load-only, sticky or kv-aware")
     routing_seed: int = Field(0, description="Seed of the routers' tie-breaks")
@@ -175,7 +158,7 @@ class ProxySettings(BaseSettings):
         "default: a stale status can miss the KV a session's last call left on an instance "
         "and route its next call elsewhere",
     )
-    # sessions and stored responses
+    # sessions
     session_idle_timeout_s: float = Field(
         600.0, gt=0, description="A session with no call for this long ends (wall seconds)"
     )
@@ -189,21 +172,6 @@ class ProxySettings(BaseSettings):
     )
     sim_tool_calls: int = Field(
         3, ge=0, description="Simulated engines answer after this many tool calls of a conversation"
-    )
-    store_responses: bool = Field(
-        True, description="Keep Responses API objects for previous_response_id (false: never)"
-    )
-    responses_ttl_s: float = Field(7 * 24 * 3600.0, gt=0, description="How long they are kept")
-    responses_tenant_quota_bytes: int = Field(
-        256 * 2**20,
-        gt=0,
-        description="Bytes one tenant's stored responses may take; a store: true call past "
-        "it gets 429 (docs/operations.md, Bounds, quotas and timeouts)",
-    )
-    responses_max_bytes: int = Field(
-        4 * 2**30,
-        gt=0,
-        description="Bytes all stored responses may take; a store: true call past it gets 429",
     )
     # the session store: durability and faults (docs/operations.md)
     durability: Literal["commit", "async"] = Field(
@@ -361,3 +329,20 @@ class ProxySettings(BaseSettings):
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))')"
             )
         return self
+
+
+class PluginSettings(BaseSettings):
+    """A plugin's settings, declared beside it (module docstring): its fields are
+    ``TALARIA_<FIELD>`` variables as :class:`ProxySettings`' are, and its validation errors
+    read as theirs ("validation error for ProxySettings"). Read with :meth:`of`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="TALARIA_", extra="ignore", hide_input_in_errors=True, title="ProxySettings"
+    )
+
+    @classmethod
+    def of(cls, settings: ProxySettings) -> Self:
+        """The plugin's settings: the arguments ``settings`` was given for its fields, else
+        their variables, else their defaults (pydantic's ``ValidationError`` for a bad one)."""
+        given = settings.model_extra or {}
+        return cls(**{name: value for name, value in given.items() if name in cls.model_fields})

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from talaria.proxy.contract.envelope import openai_error, openai_stream_error
 from talaria.proxy.contract.errors import ApiError
-from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.contract.settings import PluginSettings, ProxySettings
 from talaria.proxy.store.repository import SqlStore
 from talaria.proxy.store.writer import BatchWriter
 
@@ -59,7 +59,9 @@ class Dialect:
     """One API dialect. ``error`` and ``stream_error`` render an ``ApiError`` in its envelope
     (a JSON body, and the last event of a stream that has begun); ``models`` are its request
     bodies, whose nested models go to the OpenAPI components; ``service`` builds a stateful
-    dialect's service (:func:`service_of` reaches it from a route)."""
+    dialect's service (:func:`service_of` reaches it from a route), from its ``settings``
+    (declared beside it: proxy/contract/settings.py ``PluginSettings``; the app checks them
+    when it is made)."""
 
     name: str
     router: APIRouter
@@ -67,6 +69,7 @@ class Dialect:
     error: Callable[[ApiError], tuple[int, dict[str, Any]]] = openai_error
     stream_error: Callable[[ApiError], bytes] = openai_stream_error
     service: Callable[[DialectSite], DialectService] | None = None
+    settings: type[PluginSettings] | None = None
     endpoints: frozenset[Callable[..., Any]] = field(init=False)
 
     def __post_init__(self) -> None:

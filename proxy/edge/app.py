@@ -35,6 +35,7 @@ from talaria.proxy.edge.lanes import ASGIApp, ProxyApp
 from talaria.proxy.edge.lifecycle import Lifecycle
 from talaria.proxy.edge.peer import PeerAddress
 from talaria.proxy.edge.services import context_of, declare
+from talaria.proxy.edge.settings import check_settings
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.sessions.identity import session_sources
 from talaria.proxy.sessions.normalise import prompt_parts
@@ -69,6 +70,7 @@ def create_app(
     cfg = settings or ProxySettings()
     session_sources(cfg.session_headers)  # a bad TALARIA_SESSION_HEADERS: ValueError naming it
     prompt_parts(cfg.prompt_patterns)  # a bad TALARIA_PROMPT_PATTERNS: ValueError naming it
+    check_settings(cfg, dialects)  # a plugin's bad setting (placement's, a dialect's): ValueError
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,7 +130,7 @@ def create_app(
         body = {
             "ok": loop["ok"],
             "loop": loop,
-            "instances": [r.name for r in ctx.gateway.pool.runtimes],
+            "instances": [r.name for r in ctx.pool.runtimes],
         }
         return json_response(body, 200 if loop["ok"] else 503)
 
@@ -138,7 +140,7 @@ def create_app(
         the one opened), and some runtime instance answers (``failed``: why the others do
         not, e.g. a node whose scheduling loop ended). 503 with the failing checks."""
         ctx = context(request)
-        pool = ctx.gateway.pool
+        pool = ctx.pool
         reachable = await pool.reachable()
         runtimes = {"ok": bool(reachable), "reachable": reachable, "failed": pool.failures}
         checks: dict[str, Any] = {

@@ -21,6 +21,7 @@ from talaria.core.body_deadline import BodyTimeout
 from talaria.proxy.callpath.context import json_response
 from talaria.proxy.cluster import trust
 from talaria.proxy.cluster.forward import Forwarded
+from talaria.proxy.contract.arrival import Arrival, arrival_in
 from talaria.proxy.contract.calls import OVERHEAD_HEADER, CallAbandoned
 from talaria.proxy.contract.envelope import envelope_of
 from talaria.proxy.contract.errors import ApiError
@@ -35,12 +36,13 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class RequestIdMiddleware:
-    """Gives every request an id (``request.state.request_id``) and every response the
+    """Gives every request an id (its ``Arrival``'s, proxy/contract/arrival.py) and every
+    response the
     ``x-request-id`` header — errors and streams included — and counts every response in
     ``talaria_requests_total`` by route (the path template; "unmatched" for unknown paths,
     so a scanner cannot grow the label set) and status. A request with Talaria's internal
     headers is refused (400) unless it is a peer replica's signed forward (proxy/cluster/
-    trust.py), which keeps the peer's request id (``request.state.forward``)."""
+    trust.py), which keeps the peer's request id (``Arrival.forwarded_by``)."""
 
     def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]]) -> None:
         self.app = app
@@ -49,14 +51,16 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        state = scope.setdefault("state", {})
+        arrival = arrival_in(scope)
         try:
             forward = _forward(scope)
             refused = None
         except trust.ForgedForward as exc:
             forward, refused = None, ApiError(400, str(exc), code="internal_header")
         request_id = forward.request_id if forward is not None else uuid.uuid4().hex
-        state["request_id"], state["forward"] = request_id, forward
+        arrival.request_id = request_id
+        if forward is not None:
+            arrival.forwarded_by, arrival.body_sha256 = forward.forwarded_by, forward.body_sha256
         header = (b"x-request-id", request_id.encode())
         arrived = time.perf_counter()
 
@@ -66,7 +70,7 @@ class RequestIdMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                overhead = _overhead_s(state, arrived)
+                overhead = _overhead_s(arrival, arrived)
                 message["headers"] = [
                     *message.get("headers", []),
                     header,
@@ -74,7 +78,7 @@ class RequestIdMiddleware:
                 ]
                 _count(scope, message["status"])
             elif message["type"] == "http.response.body" and not message.get("more_body"):
-                _observe_overhead(scope, _overhead_s(state, arrived))
+                _observe_overhead(scope, _overhead_s(arrival, arrived))
             await send(message)
 
         if refused is not None:  # before anything runs
@@ -138,9 +142,9 @@ def _unexpected(exc: Exception) -> ApiError:
     return ApiError(500, "Internal error; see the proxy's log.", type="server_error")
 
 
-def _overhead_s(state: MutableMapping[str, Any], arrived: float) -> float:
+def _overhead_s(arrival: Arrival, arrived: float) -> float:
     now = time.perf_counter()
-    clock = state.get("runtime_clock")
+    clock = arrival.runtime_clock
     return max(0.0, now - arrived - (clock.elapsed(now) if clock is not None else 0.0))
 
 

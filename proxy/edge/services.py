@@ -8,12 +8,15 @@ them in that order and stops them in the reverse one):
 | ``metrics`` | the proxy's metrics | | |
 | ``catalog`` | the model catalog | | |
 | ``runtimes`` | the runtime clients, started | catalog | closing them |
-| ``gateway`` | the call path's gateway, sweeping | store, runtimes, catalog | ``shutdown`` |
+| ``pool`` | the runtimes by name, their models, statuses and drains | runtimes, catalog | |
+| ``recorder`` | the records and metrics of calls and sessions | store | |
+| ``keeper`` | the sessions between calls: reservations, hints, ends | recorder, pool | |
+| ``gateway`` | the call path's gateway, sweeping | pool, keeper, recorder | ``shutdown`` |
 | ``dialects`` | each stateful dialect's service, started | store | closing them |
 | ``auth`` | the API keys' authenticator | store | |
 | ``instances`` | the runtime instances' records, submitted | store, runtimes | |
-| ``cluster`` | this replica among its peers (None alone) | store, gateway | leaving |
-| ``placement`` | the placement loop (None: no library) | gateway, catalog, cluster | closing it |
+| ``cluster`` | this replica among its peers (None alone) | store, pool, gateway | leaving |
+| ``placement`` | the placement loop (None: no library) | pool, catalog, cluster | closing it |
 | ``shutdown`` | the drain of the gateway and the writer | gateway, store, cluster | draining |
 | ``watchdog`` | the event loop's stall watch | | stopping it |
 | ``stale`` | with replicas, ending sessions no replica holds | store, cluster | cancelling it |
@@ -21,7 +24,10 @@ them in that order and stops them in the reverse one):
 So on SIGTERM the stale-session sweep and the watchdog stop, the gateway and the writer drain
 (``shutdown``), then placement, the replica's membership, the dialects' services and the
 runtime clients close, the rate limits flush their last counts (the drained calls' tokens
-too), and the store closes last. :func:`context_of` is what the routes reach.
+too), and the store closes last. :func:`context_of` is what the routes reach. Each part is
+given to the parts that use it (the pool to placement and the replica's drains, the keeper to
+the session routes), never reached through another part. Joining the replicas, placement and
+the stale sessions' sweep are built in proxy/edge/fleet.py.
 """
 
 from __future__ import annotations
@@ -31,33 +37,31 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from talaria.core.catalog import Catalog, CatalogError, load_catalog
-from talaria.core.clock import Clock, LoopClock
-from talaria.core.groups import group_floor
+from talaria.core.clock import Clock, LoopClock, TimeScale
 from talaria.core.loop_watchdog import LoopWatchdog
-from talaria.core.placement import PlacementConfig
 from talaria.proxy.callpath.auth import Authenticator
 from talaria.proxy.callpath.context import ProxyContext
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.keeper import SessionKeeper, session_keeper
 from talaria.proxy.callpath.limiter import RateLimiter
+from talaria.proxy.callpath.recorder import Recorder
 from talaria.proxy.callpath.shutdown import Shutdown
 from talaria.proxy.cluster.forward import Cluster
-from talaria.proxy.cluster.handoff import AdoptableSession
-from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.contract.metrics import ProxyMetrics
-from talaria.proxy.contract.records import InstanceRecord, SessionRecord
+from talaria.proxy.contract.records import InstanceRecord
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.dialects.base import Dialect, DialectService, DialectSite
+from talaria.proxy.edge.fleet import end_stale_sessions, join_replicas, start_placement
 from talaria.proxy.edge.lifecycle import Lifecycle, Parts
-from talaria.proxy.placement.library import load_library
-from talaria.proxy.placement.loop import LEADER_KEY, PlacementLoop
+from talaria.proxy.placement.loop import PlacementLoop
+from talaria.proxy.placement.settings import PlacementSettings
 from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.embedded import build_embedded
 from talaria.proxy.runtimes.http import HttpRuntime
-from talaria.proxy.store.db import default_url, sqlite_path
-from talaria.proxy.store.repository import SqlStore
+from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.store.service import StoreService
 
 log = logging.getLogger("talaria.proxy")
@@ -76,6 +80,7 @@ def declare(
     or built from the settings (HTTP runtimes, else the embedded simulated nodes);
     ``wall_clock``: seconds since the epoch, the rate limits' minutes."""
     metrics = ProxyMetrics()
+    scale = TimeScale(clock.scale if isinstance(clock, LoopClock) else 1.0)
 
     async def store(_: Parts) -> StoreService:
         return await StoreService.open(cfg)
@@ -107,23 +112,43 @@ def declare(
             raise
         return started
 
-    async def gateway(parts: Parts) -> Gateway:
-        catalog_ = parts.get("catalog", Catalog)
-        made = Gateway(
-            parts.get("runtimes", list),
-            parts.get("store", StoreService).writer,
+    async def pool(parts: Parts) -> RuntimePool:
+        models = parts.get("catalog", Catalog).models
+        windows = {name: spec.context_window_tokens for name, spec in models.items()}
+        return RuntimePool(parts.get("runtimes", list), scale, windows)
+
+    async def recorder(parts: Parts) -> Recorder:
+        writer = parts.get("store", StoreService).writer
+        return Recorder(
+            writer,
             metrics,
-            clock,
+            scale,
             router=cfg.router,
-            routing_seed=cfg.routing_seed,
-            catalog_windows={m: s.context_window_tokens for m, s in catalog_.models.items()},
-            max_inflight_per_tenant=cfg.max_inflight_per_tenant,
-            max_sessions_per_tenant=cfg.max_sessions_per_tenant,
-            max_threads_per_session=cfg.max_threads_per_session,
-            session_idle_timeout_s=cfg.session_idle_timeout_s,
             durable=cfg.durability == "commit",
             commit_timeout_s=cfg.commit_timeout_s,
-            time_scale=clock.scale if isinstance(clock, LoopClock) else 1.0,
+        )
+
+    async def keeper(parts: Parts) -> SessionKeeper:
+        return session_keeper(
+            parts.get("recorder", Recorder),
+            parts.get("pool", RuntimePool),
+            clock,
+            scale,
+            idle_timeout_s=cfg.session_idle_timeout_s,
+            max_sessions_per_tenant=cfg.max_sessions_per_tenant,
+            max_threads_per_session=cfg.max_threads_per_session,
+        )
+
+    async def gateway(parts: Parts) -> Gateway:
+        made = Gateway(
+            parts.get("pool", RuntimePool),
+            parts.get("keeper", SessionKeeper),
+            parts.get("recorder", Recorder),
+            clock,
+            scale,
+            router=cfg.router,
+            routing_seed=cfg.routing_seed,
+            max_inflight_per_tenant=cfg.max_inflight_per_tenant,
         )
         made.start()
         return made
@@ -162,13 +187,13 @@ def declare(
             writer.submit(record)
 
     async def cluster(parts: Parts) -> Cluster | None:
-        stored, gateway_ = parts.get("store", StoreService), parts.get("gateway", Gateway)
-        return await _join_replicas(cfg, stored.store, gateway_)
+        stored, pool_ = parts.get("store", StoreService), parts.get("pool", RuntimePool)
+        return await join_replicas(cfg, stored.store, pool_, parts.get("gateway", Gateway))
 
     async def placement(parts: Parts) -> PlacementLoop | None:
-        return _start_placement(
-            cfg,
-            parts.get("gateway", Gateway),
+        return start_placement(
+            PlacementSettings.of(cfg),
+            parts.get("pool", RuntimePool),
             parts.get("catalog", Catalog),
             clock,
             parts.optional("cluster", Cluster),
@@ -193,7 +218,7 @@ def declare(
     async def stale(parts: Parts) -> asyncio.Task[None] | None:
         if parts.optional("cluster", Cluster) is None:
             return None
-        sweep = _end_stale_sessions(parts.get("store", StoreService).store, cfg)
+        sweep = end_stale_sessions(parts.get("store", StoreService).store, cfg)
         return asyncio.get_running_loop().create_task(sweep)
 
     async def close_store(part: object) -> None:
@@ -234,12 +259,15 @@ def declare(
     life.add("limits", limits, close_limits, needs=("store",))  # stops after the drain
     life.add("catalog", catalog)
     life.add("runtimes", clients, close_clients, needs=("catalog",))
-    life.add("gateway", gateway, needs=("store", "runtimes", "catalog"))
+    life.add("pool", pool, needs=("runtimes", "catalog"))
+    life.add("recorder", recorder, needs=("store",))
+    life.add("keeper", keeper, needs=("recorder", "pool"))
+    life.add("gateway", gateway, needs=("pool", "keeper", "recorder"))
     life.add("dialects", dialect_services, close_dialects, needs=("store",))
     life.add("auth", auth, needs=("store",))
     life.add("instances", instances, needs=("store", "runtimes"))
-    life.add("cluster", cluster, leave, needs=("store", "gateway"))
-    life.add("placement", placement, close_placement, needs=("gateway", "catalog", "cluster"))
+    life.add("cluster", cluster, leave, needs=("store", "pool", "gateway"))
+    life.add("placement", placement, close_placement, needs=("pool", "catalog", "cluster"))
     life.add("shutdown", shutdown, drain, needs=("gateway", "store", "cluster"))
     life.add("watchdog", watchdog, stop_watchdog)
     life.add("stale", stale, cancel, needs=("store", "cluster"))
@@ -259,6 +287,8 @@ def context_of(cfg: ProxySettings, parts: Parts) -> ProxyContext:
     return ProxyContext(
         settings=cfg,
         gateway=parts.get("gateway", Gateway),
+        pool=parts.get("pool", RuntimePool),
+        keeper=parts.get("keeper", SessionKeeper),
         store=stored.store,
         writer=stored.writer,
         metrics=parts.get("metrics", ProxyMetrics),
@@ -301,96 +331,3 @@ async def _close_all(clients: Sequence[RuntimeClient]) -> None:
 async def _close_services(services: dict[str, DialectService]) -> None:
     for service in reversed(list(services.values())):
         await service.close()
-
-
-async def _join_replicas(cfg: ProxySettings, store: SqlStore, gateway: Gateway) -> Cluster | None:
-    """With ``replica_url``: join the replicas sharing the database (PostgreSQL only)."""
-    if cfg.replica_url is None:
-        gateway.pool.set_drained(await store.cluster.drained())  # a drain outlives a restart
-        return None
-    if sqlite_path(cfg.database_url or default_url()) is not None:
-        raise RuntimeError(
-            "TALARIA_REPLICA_URL needs a PostgreSQL database shared by the replicas; "
-            "SQLite serves one proxy"
-        )
-    membership = Membership(
-        store.cluster,
-        cfg.replica_url,
-        cfg.replica_url,
-        heartbeat_s=cfg.replica_heartbeat_s,
-        ttl_s=cfg.replica_ttl_s,
-        on_drained=gateway.pool.set_drained,
-    )
-    await membership.start()
-
-    async def adopt(
-        tenant_id: str, session_id: str, claim: SessionRecord | None = None, /
-    ) -> AdoptableSession | None:
-        found = await store.sessions.open_root_session(tenant_id, session_id, claim)
-        if found is None:
-            return None
-        summary, instance = found
-        return AdoptableSession(
-            summary.session_key, summary.model, summary.started_at, summary.calls, instance
-        )
-
-    gateway.use_replicas(
-        lambda key: membership.owner_of(key) is None, adopt, lambda: membership.generation
-    )
-    assert cfg.cluster_secret is not None  # ProxySettings requires it with replica_url
-    cluster = Cluster(membership, cfg.cluster_secret, cfg.replica_read_timeout_s)
-    cluster.start()
-    return cluster
-
-
-def _start_placement(
-    cfg: ProxySettings, gateway: Gateway, catalog: Catalog, clock: Clock, cluster: Cluster | None
-) -> PlacementLoop | None:
-    """With a model library: the placement controller over the runtimes; with replicas, the
-    owner of its key looks (proxy/placement/loop.py)."""
-    if cfg.placement_library is None:
-        return None
-    config = PlacementConfig(
-        interval_s=cfg.placement_interval_s,
-        window_s=cfg.placement_window_s,
-        min_hold_s=cfg.placement_min_hold_s,
-        drain_s=cfg.placement_drain_s,
-    )
-    membership = cluster.membership if cluster is not None else None
-    try:
-        loop = PlacementLoop(
-            gateway.pool,
-            load_library(cfg.placement_library),
-            {name: spec.weight_bytes for name, spec in catalog.models.items()},
-            config,
-            clock,
-            leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
-            cold_start_timeout_s=cfg.placement_cold_start_timeout_s,
-            group_floor=lambda model, server: group_floor(catalog, model, server),
-        )
-    except ValueError as exc:  # a library that does not load, runtimes that cannot place
-        raise RuntimeError(f"placement: {exc}") from exc
-    loop.start()
-    return loop
-
-
-STALE_SWEEP_S = 60.0
-"""How often a replica ends the sessions no live replica holds (wall seconds)."""
-
-
-async def _end_stale_sessions(store: SqlStore, cfg: ProxySettings) -> None:
-    """Replicas share the store, so none may end all open sessions at start (its peers hold
-    some). Instead each ends, now and then, the open sessions whose last call is older than
-    the idle timeout plus a sweep: their owner would have ended them already, so the replica
-    that held them is gone (reason ``stale``)."""
-    while True:
-        await asyncio.sleep(STALE_SWEEP_S)
-        now = datetime.now(UTC)
-        cutoff = now - timedelta(seconds=cfg.session_idle_timeout_s + STALE_SWEEP_S)
-        try:
-            ended = await store.sessions.end_open_sessions("stale", now, last_call_before=cutoff)
-        except Exception as exc:  # the store may be down; try again next time
-            log.warning("ending stale sessions failed: %r", exc)
-            continue
-        if ended:
-            log.warning("ended %d sessions no replica holds (reason 'stale')", ended)

@@ -130,6 +130,8 @@ def serve(
     import os
 
     from talaria.proxy.contract.settings import ProxySettings
+    from talaria.proxy.edge.settings import check_settings
+    from talaria.proxy.placement.settings import PlacementSettings
     from talaria.proxy.sessions.identity import session_sources
     from talaria.proxy.sessions.normalise import prompt_parts
 
@@ -157,6 +159,8 @@ def serve(
             policy_flags(settings.policy)
         session_sources(settings.session_headers)
         prompt_parts(settings.prompt_patterns)
+        check_settings(settings)  # the plugins' (placement's, the Responses dialect's)
+        placement = PlacementSettings.of(settings)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     # Refuse here what would otherwise fail every call (a 500) or the app's start (a traceback).
@@ -189,8 +193,8 @@ def serve(
             )
         _serve_upstreams(settings, upstream, upstream_sleep, host, port, log_level)
         return
-    if settings.placement_library is not None:
-        _check_placement(settings)
+    if placement.placement_library is not None:
+        _check_placement(settings, placement.placement_library)
     if settings.runtimes:
         console.print(f"talaria proxy on http://{host}:{port}/v1 — runtimes {settings.runtimes}")
     else:
@@ -316,7 +320,7 @@ def _refuse_without_keys(settings: ProxySettings) -> None:
         )
 
 
-def _check_placement(settings: ProxySettings) -> None:
+def _check_placement(settings: ProxySettings, library: str) -> None:
     """A placement library needs runtime servers and must load."""
     from talaria.proxy.placement.library import load_library
 
@@ -327,7 +331,7 @@ def _check_placement(settings: ProxySettings) -> None:
             param_hint=hint,
         )
     try:
-        load_library(settings.placement_library or "")
+        load_library(library)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint=hint) from exc
 

@@ -56,9 +56,9 @@ toy_router = APIRouter()
 
 @toy_router.post("/v1/toy/say", openapi_extra=request_body(ToyRequest))
 async def say(request: Request) -> Response:
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
     call = toy_call(parse(ToyRequest, raw, status=400))
-    handle = await open_call(request, ctx, tenant, ApiCall("toy", call, raw))
+    handle = await open_call(ctx, ApiCall("toy", call, raw))
     outcome = await handle.outcome()
     return json_response({"reply": outcome.output.text, "ok": True}, headers=handle.headers())
 

@@ -67,7 +67,7 @@ def test_a_tenant_rotating_its_user_agent_evicts_only_its_own_gap_fits(tmp_path:
     )
     app = create_app(settings)
     with TestClient(app) as client:
-        (runtime,) = app.state.talaria.gateway.pool.runtimes
+        (runtime,) = app.state.talaria.pool.runtimes
         population: PopulationGaps = runtime.node._sessions.population
         population.max_keys = BOUND
         victim_id, victim_key = keys["victim"]

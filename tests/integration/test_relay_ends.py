@@ -20,6 +20,7 @@ from fastapi.responses import Response, StreamingResponse
 from talaria.proxy.cluster.forward import Cluster
 from talaria.proxy.cluster.membership import Membership
 from talaria.proxy.cluster.owner import owner
+from talaria.proxy.contract.arrival import ARRIVAL_KEY, Arrival
 from talaria.proxy.contract.calls import SHUTDOWN
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.dialects.registry import DIALECTS
@@ -79,7 +80,7 @@ def _request(path: str, query: str = "") -> Request:
         "raw_path": path.encode(),
         "query_string": query.encode(),
         "headers": [(b"content-type", b"application/json"), (b"authorization", b"Bearer k")],
-        "state": {"request_id": "abc123", "forward": None, "body": b"{}"},
+        ARRIVAL_KEY: Arrival(request_id="abc123"),
         "app": SimpleNamespace(state=SimpleNamespace(dialects=DIALECTS)),
     }
     return Request(scope)
@@ -122,7 +123,7 @@ def test_a_stream_whose_owner_leaves_ends_with_an_error_event_after_whole_events
     async def run() -> list[bytes]:
         cluster = await _cluster(store)
         try:
-            response = await cluster.forward(_request(path), None, _key_owned_by("owner"))
+            response = await cluster.forward(_request(path), b"{}", _key_owned_by("owner"))
             assert isinstance(response, StreamingResponse) and response.status_code == 200
             assert response.headers["x-talaria-replica"] == "owner"
             chunks = response.body_iterator
@@ -159,7 +160,7 @@ def test_the_drain_ends_a_relay_waiting_for_its_owners_headers(
         try:
             forwarding = asyncio.ensure_future(
                 cluster.forward(
-                    _request("/v1/chat/completions", "headers=no"), None, _key_owned_by("owner")
+                    _request("/v1/chat/completions", "headers=no"), b"{}", _key_owned_by("owner")
                 )
             )
             for _ in range(1000):  # until the owner has the request (bounded)

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 
 from talaria.core.protocol_sessions import ENDS_ROUTE
 from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.keeper import SessionKeeper
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.edge.app import create_app
 from talaria.runtime.config import load_node_config
@@ -143,6 +144,11 @@ def gateway_of(client: httpx.AsyncClient) -> Gateway:
     return gateway
 
 
+def keeper_of(client: httpx.AsyncClient) -> SessionKeeper:
+    keeper: SessionKeeper = client.app.state.talaria.keeper  # type: ignore[attr-defined]
+    return keeper
+
+
 async def chat(client: httpx.AsyncClient, session: str, messages: list[dict[str, Any]]) -> str:
     """One call of ``session``; the reply's text."""
     answer = await client.post(
@@ -205,11 +211,10 @@ def test_a_threads_hint_and_move_reach_the_node_and_its_end_every_node_it_ran_on
 
     async def main() -> None:
         async with stack(tmp_path, 2) as (client, runtimes):
-            gateway = gateway_of(client)
             await chat(client, "s", conversation(0))
             side = conversation(1)
             reply = await chat(client, "s", side)  # a new conversation: thread 1
-            state = next(iter(gateway.sessions))
+            state = next(iter(keeper_of(client).sessions))
             thread = state.threads[1]
             first = next(r for r in runtimes if r.node.name == thread.last_instance)
             hinted = await client.post("/v1/sessions/s/hints", json={"expected_s": 5.0})

@@ -110,7 +110,8 @@ router = APIRouter()
 
 @router.post("/v1/tally", openapi_extra=request_body(TallyRequest))
 async def tally(request: Request) -> Response:
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
+    tenant = ctx.tenant
     body = parse(TallyRequest, raw, status=400)
     fmt = {"type": "json_schema", "json_schema": {"schema": body.shape}} if body.shape else None
     messages = ({"role": "user", "content": body.say},)
@@ -122,7 +123,7 @@ async def tally(request: Request) -> Response:
         return [TallyRecord(tenant, state.tallies[tenant])]
 
     parsed = ApiCall("tally", call, raw, format_param="shape", extra_records=keep)
-    handle = await open_call(request, ctx, tenant, parsed)
+    handle = await open_call(ctx, parsed)
     await handle.outcome()
     return json_response(
         {"calls": state.tallies[tenant], "beats": state.beats}, headers=handle.headers()

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.gateway import CallPath, call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
@@ -124,7 +124,7 @@ B_ACTIONS = st.sampled_from(
 
 
 async def _drive(
-    gateway: Gateway, plan: list[tuple[int, list[tuple[str, int]]]], with_b: bool
+    path: CallPath, plan: list[tuple[int, list[tuple[str, int]]]], with_b: bool
 ) -> None:
     """A's steps in ``plan`` order; with ``with_b``, B's actions run while each step's call
     is in flight."""
@@ -133,7 +133,7 @@ async def _drive(
     b_count = 0
     for agent, b_actions in plan:
         task, sid, parent = A_AGENTS[agent]
-        handle = await gateway.open_call(_call("A", task, steps[agent], sid, parent))
+        handle = await path.gateway.open_call(_call("A", task, steps[agent], sid, parent))
         steps[agent] += 1
         if handle.session_key not in a_keys:
             a_keys.append(handle.session_key)
@@ -151,13 +151,13 @@ async def _drive(
                     "copy": _call("B", task, max(0, steps[agent] - 1), None),
                     "side": _call("B", "title ", 0, None, tools=False, system="Write a title."),
                 }[action]
-                pending.append((await gateway.open_call(b_call)).outcome())
+                pending.append((await path.gateway.open_call(b_call)).outcome())
             elif action == "hint":
-                await gateway.keeper.hint(a_id, "B", 5.0, "bash")
-                await gateway.keeper.hint(key, "B", 5.0, "bash")
+                await path.keeper.hint(a_id, "B", 5.0, "bash")
+                await path.keeper.hint(key, "B", 5.0, "bash")
             else:
-                await gateway.keeper.end_session(a_id, "client", "B")
-                await gateway.keeper.end_session(key, "client", "B")
+                await path.keeper.end_session(a_id, "client", "B")
+                await path.keeper.end_session(key, "client", "B")
         await handle.outcome()
         await asyncio.gather(*pending)
 
@@ -173,12 +173,12 @@ def _run(plan: list[tuple[int, list[tuple[str, int]]]], with_b: bool) -> list[Re
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], sink, ProxyMetrics(), clock)
-        gateway.start()
+        path = call_path([runtime], sink, ProxyMetrics(), clock)
+        path.gateway.start()
         try:
-            await _drive(gateway, plan, with_b)
+            await _drive(path, plan, with_b)
         finally:
-            await gateway.close()
+            await path.gateway.close()
             await runtime.close()
 
     run_virtual(main())
@@ -269,15 +269,15 @@ def test_another_tenants_key_as_parent_opens_a_root() -> None:
     """The finding as reported: B names A's key; B's session is a root of B's, A's family
     has only A's sessions."""
 
-    async def scenario(gateway: Gateway) -> None:
-        a = await gateway.open_call(_call("A", "fix ", 0, "a-main"))
+    async def scenario(path: CallPath) -> None:
+        a = await path.gateway.open_call(_call("A", "fix ", 0, "a-main"))
         await a.outcome()
-        b = await gateway.open_call(_call("B", "intrude ", 0, "b-1", parent=a.session_key))
+        b = await path.gateway.open_call(_call("B", "intrude ", 0, "b-1", parent=a.session_key))
         assert b.how == "new"
         await b.outcome()
-        b_state = gateway.sessions.get(b.session_key)
+        b_state = path.keeper.sessions.get(b.session_key)
         assert b_state is not None and b_state.parent_key is None and b_state.is_root
-        assert gateway.sessions.children(a.session_key) == []
+        assert path.keeper.sessions.children(a.session_key) == []
 
     sink = ListSink()
 
@@ -289,11 +289,11 @@ def test_another_tenants_key_as_parent_opens_a_root() -> None:
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], sink, ProxyMetrics(), clock)
+        path = call_path([runtime], sink, ProxyMetrics(), clock)
         try:
-            await scenario(gateway)
+            await scenario(path)
         finally:
-            await gateway.close()
+            await path.gateway.close()
             await runtime.close()
 
     run_virtual(main())

@@ -425,6 +425,28 @@ def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.parametrize(
+    ("name", "value"),
+    [("TALARIA_RESPONSES_TTL_S", "0"), ("TALARIA_PLACEMENT_INTERVAL_S", "-1")],
+)
+def test_a_plugins_bad_setting_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str
+) -> None:
+    """A plugin's settings live beside it (proxy/placement/settings.py,
+    proxy/dialects/responses/settings.py), and are refused as the proxy's own are."""
+    from talaria.proxy.edge.app import create_app
+
+    started = _no_uvicorn(monkeypatch)
+    monkeypatch.setenv(name, value)
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code == 2 and not started
+    text = _flat(result.output)
+    field = name.removeprefix("TALARIA_").lower()
+    assert f"1 validation error for ProxySettings {field} Input should be greater than" in text
+    with pytest.raises(ValueError, match=f"validation error for ProxySettings\n{field}\n"):
+        create_app()
+
+
+@pytest.mark.parametrize(
     ("headers", "said"),
     [
         ("x acme", "TALARIA_SESSION_HEADERS: 'x acme' is not an HTTP header name"),

@@ -29,6 +29,7 @@ import yaml
 from talaria.cli.runtime import runtime_server
 from talaria.core.protocol import RUNTIME_TOKEN_ENV
 from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.edge.settings import setting_names
 from talaria.proxy.sessions.identity import session_sources
 from talaria.proxy.sessions.normalise import prompt_parts
 from talaria.proxy.store.db import DATA_DIR_ENV
@@ -179,9 +180,10 @@ def test_proxy_probes() -> None:
 
 
 def test_proxy_env_names_are_settings_the_proxy_reads() -> None:
-    """Every TALARIA_* variable is a field of ProxySettings (or the data directory, read by
-    proxy/store/db.py): a misspelt name would be ignored silently (extra="ignore")."""
-    known = {f"TALARIA_{name.upper()}" for name in ProxySettings.model_fields} | {DATA_DIR_ENV}
+    """Every TALARIA_* variable is a setting of the proxy or of one of its plugins
+    (proxy/edge/settings.py; or the data directory, read by proxy/store/db.py): a misspelt
+    name would be ignored silently."""
+    known = {f"TALARIA_{name.upper()}" for name in setting_names()} | {DATA_DIR_ENV}
     for workload in (_one("Deployment", "proxy"), _one("Job", "migrate")):
         names = {n for n in _env(_container(workload)) if n.startswith("TALARIA_")}
         assert names <= known, f"{workload['kind']}: not read by the proxy: {names - known}"

@@ -1,4 +1,4 @@
-"""The output limit against the model's context window (proxy/callpath/gateway.py ``fit_window``):
+"""The output limit against the model's context window (proxy/callpath/stages.py ``fit_window``):
 a client's own limit is kept or refused, the server's default is fitted."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from talaria.core.calls import Call
-from talaria.proxy.callpath.gateway import fit_window
+from talaria.proxy.callpath.stages import fit_window
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.identity import Identity

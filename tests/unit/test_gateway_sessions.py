@@ -15,7 +15,7 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
 from talaria.core.types import CallResult, EngineTimes, KvSource
-from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.gateway import CallPath, call_path
 from talaria.proxy.callpath.recorder import engine_parts
 from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.contract.calls import PreparedCall
@@ -85,7 +85,7 @@ def _call(
 
 
 def _run(
-    scenario: Callable[[Gateway, LoopClock], Awaitable[None]],
+    scenario: Callable[[CallPath, LoopClock], Awaitable[None]],
     idle_timeout_s: float = 600.0,
     time_scale: float = 1.0,
 ) -> tuple[ListSink, str]:
@@ -100,7 +100,7 @@ def _run(
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway(
+        path = call_path(
             [runtime],
             sink,
             metrics,
@@ -108,11 +108,11 @@ def _run(
             session_idle_timeout_s=idle_timeout_s,
             time_scale=time_scale,
         )
-        gateway.start()
+        path.gateway.start()
         try:
-            await scenario(gateway, clock)
+            await scenario(path, clock)
         finally:
-            await gateway.close()
+            await path.gateway.close()
             await runtime.close()
 
     run_virtual(main())
@@ -126,11 +126,11 @@ def _metric(text: str, outcome: str) -> float:
 
 
 def test_a_session_that_returns_in_time_hits_its_reservation() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        outcome = await (await gateway.open_call(_call(0))).outcome()
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        outcome = await (await path.gateway.open_call(_call(0))).outcome()
         assert outcome.output.finish_reason == "tool_calls"
         await clock.sleep(1.0)
-        handle = await gateway.open_call(_call(1))
+        handle = await path.gateway.open_call(_call(1))
         assert handle.instance == "n0"
         await handle.outcome()
 
@@ -151,18 +151,18 @@ def test_each_thread_holds_its_own_reservation() -> None:
     """A side conversation under the session's id (thread 1) runs while the main one (thread
     0) is in its tool gap: the main thread's reservation stays held, and its return hits it."""
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0))).outcome()  # thread 0 reserves
-        side = await gateway.open_call(_call(0, task="write a title "))
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0))).outcome()  # thread 0 reserves
+        side = await path.gateway.open_call(_call(0, task="write a title "))
         assert side.how == "thread"
         await side.outcome()  # thread 1 reserves its own
-        state = gateway.sessions.named("t", "s1")
+        state = path.keeper.sessions.named("t", "s1")
         assert state is not None
         assert [t.reservation is not None for t in state.threads.values()] == [True, True]
-        assert gateway.reservations.held(state.key) is not None
-        assert gateway.reservations.held(state.runtime_key(1)) is not None
+        assert path.keeper.reservations.held(state.key) is not None
+        assert path.keeper.reservations.held(state.runtime_key(1)) is not None
         await clock.sleep(1.0)
-        await (await gateway.open_call(_call(1))).outcome()  # the main thread comes back
+        await (await path.gateway.open_call(_call(1))).outcome()  # the main thread comes back
 
     sink, metrics = _run(scenario)
     by_id: dict[str, list[str | None]] = {}
@@ -176,8 +176,8 @@ def test_each_thread_holds_its_own_reservation() -> None:
 def test_a_final_call_ends_every_thread_of_the_session_on_the_runtime() -> None:
     ended: list[str] = []
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        runtime = gateway.pool["n0"]
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        runtime = path.pool["n0"]
         real = runtime.end_sessions
 
         async def spy(keys: Sequence[str]) -> None:
@@ -185,16 +185,16 @@ def test_a_final_call_ends_every_thread_of_the_session_on_the_runtime() -> None:
             await real(keys)
 
         runtime.end_sessions = spy  # type: ignore[method-assign]
-        await (await gateway.open_call(_call(0))).outcome()  # thread 0
-        state = gateway.sessions.named("t", "s1")
+        await (await path.gateway.open_call(_call(0))).outcome()  # thread 0
+        state = path.keeper.sessions.named("t", "s1")
         assert state is not None
         final = _call(0, task="write a title ")  # thread 1, the session's last call
         final = replace(final, identity=replace(final.identity, final=True))
-        await (await gateway.open_call(final)).outcome()
+        await (await path.gateway.open_call(final)).outcome()
         for _ in range(3):
             await asyncio.sleep(0)  # the task that ends the other threads
         assert ended == [state.runtime_key(0)]  # thread 1 ended with its own final call
-        assert len(gateway.sessions) == 0
+        assert len(path.keeper.sessions) == 0
 
     _run(scenario)
 
@@ -205,9 +205,9 @@ def test_a_calls_record_has_its_slot_wait_in_wall_seconds(time_scale: float) -> 
     the slot open."""
     results: list[CallResult] = []
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
         for n in range(2):
-            results.append((await (await gateway.open_call(_call(n))).outcome()).result)
+            results.append((await (await path.gateway.open_call(_call(n))).outcome()).result)
 
     sink, _ = _run(scenario, time_scale=time_scale)
     first, second = results
@@ -237,8 +237,8 @@ def test_a_calls_engine_timed_parts_are_recorded_in_wall_seconds(time_scale: flo
 
 
 def test_a_reservation_expires_when_the_session_stays_away() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0, gap_s=2.0))).outcome()
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0, gap_s=2.0))).outcome()
         await clock.sleep(10.0)  # hinted 2 s: expires at max(2·2, 2 + 1) = 4 s, swept every 1 s
 
     sink, metrics = _run(scenario)
@@ -249,10 +249,10 @@ def test_a_reservation_expires_when_the_session_stays_away() -> None:
 
 
 def test_ending_the_session_releases_its_reservation() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0))).outcome()
-        assert await gateway.keeper.end_session("s1", "client", "t")
-        assert not await gateway.keeper.end_session("s1", "client", "t")  # already ended
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0))).outcome()
+        assert await path.keeper.end_session("s1", "client", "t")
+        assert not await path.keeper.end_session("s1", "client", "t")  # already ended
 
     sink, metrics = _run(scenario)
     assert [r.release_reason for r in sink.reservations()] == [None, "ended"]
@@ -262,18 +262,18 @@ def test_ending_the_session_releases_its_reservation() -> None:
 
 
 def test_no_reservation_without_a_tool_call_or_hint() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0, tool=False))).outcome()
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0, tool=False))).outcome()
 
     sink, _ = _run(scenario)
     assert sink.reservations() == []
 
 
 def test_learned_gap_sets_the_next_expected_return() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0))).outcome()
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0))).outcome()
         await clock.sleep(0.5)
-        await (await gateway.open_call(_call(1))).outcome()
+        await (await path.gateway.open_call(_call(1))).outcome()
 
     sink, _ = _run(scenario)
     taken = [r for r in sink.reservations() if r.release_reason is None]
@@ -285,12 +285,12 @@ def test_learned_gap_sets_the_next_expected_return() -> None:
 
 
 def test_idle_sessions_end_by_themselves() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0, sid=None))).outcome()
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0, sid=None))).outcome()
         await clock.sleep(10.0)
-        assert len(gateway.sessions) == 1  # 10 s idle: still live
+        assert len(path.keeper.sessions) == 1  # 10 s idle: still live
         await clock.sleep(25.0)
-        assert len(gateway.sessions) == 0  # past the 30 s timeout: ended
+        assert len(path.keeper.sessions) == 0  # past the 30 s timeout: ended
 
     sink, _ = _run(scenario, idle_timeout_s=30.0)
     ended = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]
@@ -305,15 +305,15 @@ def test_a_session_whose_only_call_was_abandoned_ends_on_the_runtime_too() -> No
     drain waited until some other session's end)."""
     seen: list[tuple[bool, bool]] = []
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        memory = gateway.pool["n0"].node.memory  # type: ignore[attr-defined]
-        handle = await gateway.open_call(_call(0, sid=None))
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        memory = path.pool["n0"].node.memory  # type: ignore[attr-defined]
+        handle = await path.gateway.open_call(_call(0, sid=None))
         assert (await handle.events.get())[0] == "first"  # admitted, decoding
         handle.abandon()
         await asyncio.gather(handle.task, return_exceptions=True)
-        seen.append((handle.session_key in memory.kv, len(gateway.sessions) == 1))
+        seen.append((handle.session_key in memory.kv, len(path.keeper.sessions) == 1))
         await clock.sleep(35.0)  # past the 30 s idle timeout
-        seen.append((handle.session_key in memory.kv, len(gateway.sessions) == 1))
+        seen.append((handle.session_key in memory.kv, len(path.keeper.sessions) == 1))
 
     sink, _ = _run(scenario, idle_timeout_s=30.0)
     assert seen == [(True, True), (False, False)]
@@ -326,13 +326,13 @@ def test_a_call_abandoned_before_its_task_ran_is_recorded_and_leaves_nothing_in_
     could never idle out)."""
     seen: list[tuple[int, int]] = []
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        handle = await gateway.open_call(_call(0, sid=None))
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        handle = await path.gateway.open_call(_call(0, sid=None))
         handle.abandon()  # at once: the call's task has not run yet
         await asyncio.gather(handle.task, return_exceptions=True)
-        state = gateway.sessions.get(handle.session_key)
+        state = path.keeper.sessions.get(handle.session_key)
         assert state is not None
-        seen.append((state.inflight, gateway.inflight))
+        seen.append((state.inflight, path.gateway.inflight))
 
     sink, _ = _run(scenario)
     assert seen == [(0, 0)]
@@ -340,16 +340,16 @@ def test_a_call_abandoned_before_its_task_ran_is_recorded_and_leaves_nothing_in_
 
 
 def test_ending_a_session_ends_its_children() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        await (await gateway.open_call(_call(0))).outcome()
-        thread = await gateway.open_call(_call(0, task="search the code "))  # same id
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        await (await path.gateway.open_call(_call(0))).outcome()
+        thread = await path.gateway.open_call(_call(0, task="search the code "))  # same id
         assert thread.how == "thread"  # a new conversation under the id: the same session
         await thread.outcome()
-        child = await gateway.open_call(_call(0, sid="agent-1", parent="s1", task="grep "))
+        child = await path.gateway.open_call(_call(0, sid="agent-1", parent="s1", task="grep "))
         assert child.how == "child"
         await child.outcome()
-        assert await gateway.keeper.end_session("s1", "client", "t")
-        assert len(gateway.sessions) == 0
+        assert await path.keeper.end_session("s1", "client", "t")
+        assert len(path.keeper.sessions) == 0
 
     sink, _ = _run(scenario)
     ended = {r.session_key: r for r in sink.records if isinstance(r, SessionRecord) and r.ended_at}
@@ -359,16 +359,16 @@ def test_ending_a_session_ends_its_children() -> None:
 
 
 def test_tenants_never_share_a_session_or_its_prefix() -> None:
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        first = await (await gateway.open_call(_call(0, tenant="A"))).outcome()
-        again = await (await gateway.open_call(_call(1, tenant="A"))).outcome()
-        other = await gateway.open_call(_call(1, tenant="B"))  # B replays A's conversation
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        first = await (await path.gateway.open_call(_call(0, tenant="A"))).outcome()
+        again = await (await path.gateway.open_call(_call(1, tenant="A"))).outcome()
+        other = await path.gateway.open_call(_call(1, tenant="B"))  # B replays A's conversation
         stranger = await other.outcome()
         assert first.result.session_key == again.result.session_key
         assert stranger.result.session_key != first.result.session_key
         assert again.result.cached_tokens > 0 and stranger.result.cached_tokens == 0
-        assert not await gateway.keeper.end_session("s1", "client", "C")  # no such session for C
-        assert gateway.sessions.named("B", first.result.session_key) is None
+        assert not await path.keeper.end_session("s1", "client", "C")  # no such session for C
+        assert path.keeper.sessions.named("B", first.result.session_key) is None
 
     _run(scenario)
 
@@ -379,13 +379,13 @@ def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool
     in memory, takes no reservation, and no later session record reopens it."""
     keys: list[str] = []
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
-        handle = await gateway.open_call(_call(0, tool=tool))
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
+        handle = await path.gateway.open_call(_call(0, tool=tool))
         keys.append(handle.session_key)
-        assert await gateway.keeper.end_session("s1", "client", "t")
+        assert await path.keeper.end_session("s1", "client", "t")
         await handle.outcome()
-        assert handle.session_key not in gateway.reservations and len(gateway.sessions) == 0
-        again = await (await gateway.open_call(_call(1, tool=tool))).outcome()
+        assert handle.session_key not in path.keeper.reservations and len(path.keeper.sessions) == 0
+        again = await (await path.gateway.open_call(_call(1, tool=tool))).outcome()
         assert again.result.session_key != handle.session_key  # a new session
 
     sink, _ = _run(scenario)
@@ -403,20 +403,20 @@ def test_an_idle_ingress_session_another_replica_served_is_forgotten_not_ended(
     store shows with more calls than this replica made (another served it since) is only
     forgotten; one it agrees on ends as usual."""
 
-    async def scenario(gateway: Gateway, clock: LoopClock) -> None:
+    async def scenario(path: CallPath, clock: LoopClock) -> None:
         async def adopt(
             tenant: str, sid: str, claim: SessionRecord | None = None
         ) -> AdoptableSession | None:
-            state = gateway.sessions.named(tenant, sid)
+            state = path.keeper.sessions.named(tenant, sid)
             if state is None:  # its first call: nothing open in the store, nothing claimed
                 return None
             return AdoptableSession(state.key, MODEL, datetime.now(UTC), stored_calls, "n0")
 
-        gateway.use_replicas(lambda key: True, adopt, lambda: 0)
+        path.gateway.use_replicas(lambda key: True, adopt, lambda: 0)
         call = replace(_call(0), route_key="ingress|t|s1")
-        await (await gateway.open_call(call)).outcome()
+        await (await path.gateway.open_call(call)).outcome()
         await clock.sleep(35.0)
-        assert len(gateway.sessions) == 0  # gone from this replica either way
+        assert len(path.keeper.sessions) == 0  # gone from this replica either way
 
     sink, _ = _run(scenario, idle_timeout_s=30.0)
     ends = [r for r in sink.records if isinstance(r, SessionRecord) and r.state == "ended"]

@@ -1,15 +1,22 @@
-"""docs/operations.md lists every proxy setting (a new setting without a line there fails)."""
+"""docs/operations.md lists every proxy setting, its plugins' too (a new setting without a line
+there fails)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from talaria.proxy.contract.settings import ProxySettings
+from talaria.proxy.edge.settings import setting_names
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def test_every_setting_is_documented() -> None:
     text = DOC.read_text()
-    missing = [n for n in ProxySettings.model_fields if f"| `TALARIA_{n.upper()}` |" not in text]
+    missing = [n for n in setting_names() if f"| `TALARIA_{n.upper()}` |" not in text]
     assert missing == []
+
+
+def test_the_plugins_settings_are_read() -> None:
+    names = setting_names()
+    assert {"placement_library", "store_responses", "responses_ttl_s"} <= set(names)
+    assert len(names) == len(set(names))  # no plugin declares a setting twice

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from talaria.core.calls import Call
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.gateway import call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
@@ -75,26 +75,26 @@ def test_runtime_entries_stay_within_the_thread_cap_and_go_at_the_end(
         node = build_sim_node("n0", setup, load_catalog(), TALARIA, SchedulerConfig(), clock)
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], ListSink(), ProxyMetrics(), clock, max_threads_per_session=CAP)
+        path = call_path([runtime], ListSink(), ProxyMetrics(), clock, max_threads_per_session=CAP)
         ended: list[str] = []
         try:
             for n, (action, session) in enumerate(actions):
                 if action != "end":
                     conversation = n if action == "open" else -1
-                    await (await gateway.open_call(_call(session, conversation, n))).outcome()
+                    await (await path.gateway.open_call(_call(session, conversation, n))).outcome()
                 else:
-                    state = await gateway.keeper.end_session(f"agent-{session}", "client", "t")
+                    state = await path.keeper.end_session(f"agent-{session}", "client", "t")
                     if state is not None:
                         ended.append(state.key)
                 for _ in range(5):
                     await asyncio.sleep(0)  # the tasks that end retired threads
                 keys = node.session_keys()
-                for state in gateway.sessions:
+                for state in path.keeper.sessions:
                     assert _held(keys, state.key) <= CAP + 1
                 for key in ended:
                     assert _held(keys, key) == 0, (key, keys)
         finally:
-            await gateway.close()
+            await path.gateway.close()
             await runtime.close()
 
     run_virtual(main())

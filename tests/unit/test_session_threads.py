@@ -15,7 +15,7 @@ import pytest
 from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.proxy.callpath.gateway import Gateway
+from talaria.proxy.callpath.gateway import call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.identity import Identity
@@ -127,24 +127,24 @@ def test_through_the_gateway_retired_threads_leave_the_runtime_and_release_reser
         )  # fmt: skip
         runtime = InProcessRuntime(node, clock, status_ttl_s=0.0)
         await runtime.start()
-        gateway = Gateway([runtime], sink, ProxyMetrics(), clock, max_threads_per_session=4)
+        path = call_path([runtime], sink, ProxyMetrics(), clock, max_threads_per_session=4)
         try:
             for i in range(20):
-                await (await gateway.open_call(_call(f"task {i}", i))).outcome()
+                await (await path.gateway.open_call(_call(f"task {i}", i))).outcome()
             for _ in range(5):
                 await asyncio.sleep(0)  # the tasks that end retired threads on the runtime
-            state = gateway.sessions.named("t", "run-1")
+            state = path.keeper.sessions.named("t", "run-1")
             assert state is not None and sorted(state.threads) == [16, 17, 18, 19]
             on_runtime = [k for k in (await runtime.status()).sessions if k.startswith(state.key)]
             assert sorted(on_runtime) == sorted(state.runtime_key(n) for n in state.threads)
-            busy = [await gateway.open_call(_call(f"busy {i}", 100 + i)) for i in range(4)]
+            busy = [await path.gateway.open_call(_call(f"busy {i}", 100 + i)) for i in range(4)]
             with pytest.raises(ApiError) as refused:
-                await gateway.open_call(_call("one too many", 200))
+                await path.gateway.open_call(_call("one too many", 200))
             assert (refused.value.status, refused.value.code) == (429, "too_many_threads")
             for handle in busy:
                 await handle.outcome()
         finally:
-            await gateway.close()
+            await path.gateway.close()
             await runtime.close()
 
     run_virtual(main())

@@ -22,14 +22,14 @@ router = APIRouter()
 @router.post("/v1/messages", openapi_extra=request_body(MessagesRequest))
 async def messages(request: Request) -> Response:
     """A message (Anthropic's Messages API), streamed with ``stream: true``."""
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
     beta = request.headers.get("anthropic-beta", "")
     body = parse(MessagesRequest, raw, status=400)
     del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
     call = messages_call(body, interleaved_thinking="interleaved-thinking" in beta)
     del body
-    handle = await open_call(request, ctx, tenant, ApiCall("messages", call))
-    request_id = request.state.request_id
+    handle = await open_call(ctx, ApiCall("messages", call))
+    request_id = ctx.request_id
     if call.stream:
         return StreamingResponse(
             message_stream(handle, request_id, call.model, call.prompt_tokens()),
@@ -44,9 +44,9 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> Response:
     """The proxy's estimate of the rendered prompt (about 4 bytes of text per token, plus the
     tools and each message's role markers); the engine's tokenizer is not consulted."""
-    ctx, _, raw = await read_body(request)
+    ctx, raw = await read_body(request)
     call = parse_count_tokens(raw)
-    await check_model(ctx, call.model)
+    await check_model(ctx.proxy, call.model)
     return json_response({"input_tokens": call.prompt_tokens()})
 
 

@@ -22,13 +22,13 @@ router = APIRouter()
 @router.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest))
 async def chat_completions(request: Request) -> Response:
     """A chat completion (OpenAI's chat API), streamed with ``stream: true``."""
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
     body = parse(ChatCompletionRequest, raw)
     del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
     call, include_usage = chat_call(body), body.include_usage
     del body
-    handle = await open_call(request, ctx, tenant, ApiCall("chat", call))
-    request_id = request.state.request_id
+    handle = await open_call(ctx, ApiCall("chat", call))
+    request_id = ctx.request_id
     created = int(time.time())
     if call.stream:
         return StreamingResponse(

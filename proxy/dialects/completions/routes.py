@@ -22,14 +22,14 @@ router = APIRouter()
 @router.post("/v1/completions", openapi_extra=request_body(CompletionRequest))
 async def completions(request: Request) -> Response:
     """A text completion (OpenAI's legacy completions API), streamed with ``stream: true``."""
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
     body = parse(CompletionRequest, raw)
     del raw  # the JSON's objects: neither they nor the model outlive the parse (common.py)
     call, include_usage = completion_call(body), body.include_usage
     del body
-    handle = await open_call(request, ctx, tenant, ApiCall("completions", call))
+    handle = await open_call(ctx, ApiCall("completions", call))
     base: dict[str, object] = {
-        "id": f"cmpl-{request.state.request_id}",
+        "id": f"cmpl-{ctx.request_id}",
         "created": int(time.time()),
         "model": call.model,
     }

@@ -25,6 +25,7 @@ from talaria.proxy.dialects.responses.render import (
     response_stream,
     stream_error,
 )
+from talaria.proxy.dialects.responses.settings import ResponsesSettings
 from talaria.proxy.dialects.responses.store import Pending, ResponseStore
 from talaria.proxy.dialects.responses.tables import StoredResponseView
 
@@ -52,9 +53,9 @@ def _not_found(response_id: str, param: str | None = None) -> ApiError:
 async def create(request: Request) -> Response:
     """A response (OpenAI's Responses API), streamed with ``stream: true``; stored unless
     ``store: false``, and continued from a stored one with ``previous_response_id``."""
-    ctx, tenant, raw = await read_body(request)
+    ctx, raw = await read_body(request)
+    tenant, request_id = ctx.tenant, ctx.request_id
     responses = _responses(request)
-    request_id = request.state.request_id
     parsed = parse_request(raw, request_id)
     del raw  # the JSON's objects: parsed keeps what the call needs (chat/routes.py)
     history: list[Any] = []
@@ -83,7 +84,7 @@ async def create(request: Request) -> Response:
 
     try:
         parsed_call = ApiCall(NAME, call, None, FORMAT_PARAM, keep if pending else None)
-        handle = await open_call(request, ctx, tenant, parsed_call)
+        handle = await open_call(ctx, parsed_call)
     except BaseException:
         if pending is not None:
             responses.release(pending)
@@ -144,4 +145,5 @@ DIALECT = Dialect(
     (ResponsesRequest,),
     stream_error=stream_error,
     service=ResponseStore.of_site,
+    settings=ResponsesSettings,
 )

@@ -37,6 +37,7 @@ from talaria.proxy.dialects.responses.quota import (
     json_bytes,
     stored_bytes,
 )
+from talaria.proxy.dialects.responses.settings import ResponsesSettings
 from talaria.proxy.dialects.responses.tables import (
     ResponseRecord,
     ResponseTables,
@@ -97,9 +98,9 @@ class ResponseStore:
 
     @classmethod
     def of_site(cls, site: DialectSite) -> ResponseStore:
-        """The Responses dialect's service (proxy/dialects/base.py): built from the proxy's
-        settings, the store's sessions and its writer."""
-        cfg = site.settings
+        """The Responses dialect's service (proxy/dialects/base.py): built from its settings
+        (settings.py), the store's sessions and its writer."""
+        cfg = ResponsesSettings.of(site.settings)
         return cls(
             site.writer,
             ResponseTables(site.store.sessionmaker),

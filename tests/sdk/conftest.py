@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from bench.harness.processes import free_port
 from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.sdk.support import ADMIN, Admin, FakeServer, Seen, fake_openai_app, serve
@@ -60,7 +60,4 @@ def broken_talaria() -> Iterator[FakeServer]:
 @pytest.fixture
 def closed_port_url() -> str:
     """A loopback base URL where nothing listens (connections are refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"

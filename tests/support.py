@@ -1,0 +1,79 @@
+"""Fakes and helpers shared by the tests, one of each (``from tests.support import ...``).
+
+A port on loopback that is free now is ``bench.harness.processes.free_port`` (bench/ cannot
+import the tests, and its harness needs one too); the folders' own helpers sit beside their
+tests (tests/integration/server.py, tests/real/servers.py, tests/e2e/replicas.py,
+tests/vllm/runtime_process.py, tests/sdk/support.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import httpx
+import pytest
+
+from talaria.proxy.contract.records import Record, ReservationRecord
+
+
+class ListSink:
+    """A record sink that keeps every record; each is committed at once."""
+
+    full = False
+    failing_since = None
+
+    def __init__(self) -> None:
+        self.records: list[Record] = []
+
+    def submit(self, record: Record) -> int:
+        self.records.append(record)
+        return len(self.records)
+
+    async def committed(self, seq: int) -> None:
+        assert seq <= len(self.records)
+
+    def reservations(self) -> list[ReservationRecord]:
+        return [r for r in self.records if isinstance(r, ReservationRecord)]
+
+
+def unavailable(message: str, under_ci: str | None = None) -> NoReturn:
+    """What a test does without something the machine lacks (a server, a binary, a model): a
+    skip, but a failure under CI (``CI`` set), where scripts/test.sh provides everything;
+    ``under_ci``: the failure's message, if not ``message``."""
+    if os.environ.get("CI"):
+        pytest.fail(under_ci or message)
+    pytest.skip(message)
+
+
+def admin_get(base_url: str, token: str, path: str, timeout_s: float = 30.0) -> Any:
+    """GET ``path`` of a proxy's admin API with ``token``: its JSON (a 200, or the test fails
+    with the reply's text)."""
+    reply = httpx.get(
+        base_url + path, headers={"authorization": f"Bearer {token}"}, timeout=timeout_s
+    )
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def until(ok: Callable[[], object], seconds: float = 30.0, every_s: float = 0.2) -> bool:
+    """Ask ``ok()`` every ``every_s`` until it is true or ``seconds`` have passed; whether it is
+    true at the end. For a real process's state (other processes' records, metrics, slots):
+    there is no event to wait on."""
+    deadline = time.monotonic() + seconds
+    while not ok() and time.monotonic() < deadline:
+        threading.Event().wait(every_s)
+    return bool(ok())
+
+
+BOX = re.compile(r"[│╭╮╰╯─┃━]")
+
+
+def flat(text: str) -> str:
+    """A CLI's output with rich's panel borders dropped and every run of whitespace one space,
+    so that a message wrapped inside Typer's error panel reads as one line again."""
+    return " ".join(BOX.sub(" ", text).split())

@@ -50,6 +50,34 @@ def unavailable(message: str, under_ci: str | None = None) -> NoReturn:
     pytest.skip(message)
 
 
+PG_ENV = "TALARIA_TEST_PG_URL"
+"""The PostgreSQL database the tests may use (scripts/test.sh starts a server; under
+pytest-xdist tests/conftest.py points the variable at the worker's own database)."""
+
+
+def pg_url() -> str:
+    """The database ``TALARIA_TEST_PG_URL`` names, or :func:`unavailable` without it."""
+    url = os.environ.get(PG_ENV)
+    if not url:
+        unavailable(f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)")
+    return url
+
+
+async def reset_postgres(url: str) -> None:
+    """Empty the database: drop and recreate the public schema (tables, alembic_version)."""
+    from sqlalchemy import text
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_async_engine(url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
+            await conn.execute(text("CREATE SCHEMA public"))
+    finally:
+        await engine.dispose()
+
+
 def admin_get(base_url: str, token: str, path: str, timeout_s: float = 30.0) -> Any:
     """GET ``path`` of a proxy's admin API with ``token``: its JSON (a 200, or the test fails
     with the reply's text)."""

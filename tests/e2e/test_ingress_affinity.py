@@ -15,7 +15,6 @@ deploy/nginx/talaria.conf as shipped, only its replica list and port filled in):
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import uuid
 from pathlib import Path
@@ -33,6 +32,7 @@ from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixtur
     _wait_for_peers,
     deployment,
 )
+from tests.support import unavailable
 
 INGRESS = {"TALARIA_REPLICA_AFFINITY": "ingress"}
 HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-session-id")
@@ -42,9 +42,10 @@ HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-
 def _nginx() -> str:
     found = nginx_binary()
     if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)")
-        pytest.skip("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
+        unavailable(
+            "no nginx: bash scripts/apt-provide.sh nginx-light nginx",
+            under_ci="no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)",
+        )
     return found
 
 

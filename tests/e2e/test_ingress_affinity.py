@@ -25,13 +25,7 @@ import pytest
 
 from bench.harness.nginx import CONF, Nginx, nginx_binary
 from talaria.proxy.cluster.owner import AFFINITY_HEADERS, NGINX_KEY, nginx_session_maps
-from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
-from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
-    Deployment,
-    Session,
-    _wait_for_peers,
-    deployment,
-)
+from tests.e2e.replicas import STOPPED_BY_SIGTERM, Deployment, Session, wait_for_peers
 from tests.support import unavailable
 
 INGRESS = {"TALARIA_REPLICA_AFFINITY": "ingress"}
@@ -113,7 +107,7 @@ def _replicas(running: Deployment, n: int) -> list[str]:
 
 @pytest.mark.replicas(0)
 def test_sessions_named_by_a_header_are_served_where_nginx_sends_them(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     nginx = Nginx(_nginx(), tmp_path / "nginx")
@@ -140,7 +134,7 @@ def test_sessions_named_by_a_header_are_served_where_nginx_sends_them(
 
 @pytest.mark.replicas(0)
 def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     nginx = Nginx(_nginx(), tmp_path / "nginx")
@@ -158,7 +152,7 @@ def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
         leaving = deployment.replicas.pop()
         leaving.sigterm()
         assert leaving.wait(60) in STOPPED_BY_SIGTERM
-        _wait_for_peers(deployment)  # the others saw it leave
+        wait_for_peers(deployment)  # the others saw it leave
         nginx.reload(first)
         asyncio.run(rounds.run(3))
     assert [f for s in sessions for f in s.failures] == []
@@ -174,7 +168,7 @@ def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
 
 @pytest.mark.replicas(0)
 def test_a_client_varying_a_lower_ranked_header_stays_one_session_on_one_replica(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     """Issue 36, finding 6: nginx hashed all five headers joined while the proxy names a

@@ -23,10 +23,10 @@ from sqlalchemy import text
 from bench.harness.loadgen import LoadResult, run_load
 from bench.harness.processes import Postgres, ServeProcess, free_port, talaria_serve
 from talaria.proxy.store.db import make_engine
+from tests.e2e.replicas import STOPPED_BY_SIGTERM
 
 MODEL = "glm-4.5-fp8"
 ARGS = ["--models", MODEL, "--time-scale", "100"]
-STOPPED_BY_SIGTERM = (0, -15)
 """uvicorn shuts down cleanly, then re-raises the signal it caught, so the process ends as if
 killed by SIGTERM (-15) after "Finished server process"."""
 

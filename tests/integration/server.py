@@ -17,6 +17,7 @@ from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.edge.app import create_app
 from talaria.proxy.edge.serve import DrainingServer, backstop_s
 from talaria.proxy.runtimes.base import RuntimeClient
+from tests.support import admin_get
 
 
 class _Server(uvicorn.Server):
@@ -37,6 +38,11 @@ class RunningProxy:
     @property
     def v1(self) -> str:
         return self.base_url + "/v1"
+
+    def admin(self, path: str) -> Any:
+        """GET ``path`` of its admin API with its settings' admin token, as JSON."""
+        assert self.settings.admin_token is not None, "the proxy has no admin token"
+        return admin_get(self.base_url, self.settings.admin_token, path)
 
 
 @contextmanager

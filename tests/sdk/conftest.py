@@ -7,7 +7,6 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
 from bench.harness.processes import free_port
@@ -30,12 +29,10 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
 
 @pytest.fixture(scope="session")
 def admin(proxy: RunningProxy) -> Admin:
-    """GET an admin path of the proxy, as JSON (raises on an error status)."""
+    """GET an admin path of the proxy, as JSON (fails the test on an error status)."""
 
     def get(path: str) -> dict[str, Any]:
-        response = httpx.get(proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-        response.raise_for_status()
-        data: dict[str, Any] = response.json()
+        data: dict[str, Any] = proxy.admin(path)
         return data
 
     return get

@@ -13,12 +13,16 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
 import pytest
 
 from talaria.proxy.contract.records import Record, ReservationRecord
+
+if TYPE_CHECKING:
+    from talaria.proxy.dialects.responses.tables import ResponseTables
+    from talaria.proxy.store.repository import SqlStore
 
 
 class ListSink:
@@ -39,6 +43,20 @@ class ListSink:
 
     def reservations(self) -> list[ReservationRecord]:
         return [r for r in self.records if isinstance(r, ReservationRecord)]
+
+
+def near_budget(items: int) -> dict[str, Any]:
+    """A tool's schema: an object whose required array asks for ``items`` integers (a
+    request's schemas build within 4,096 values: core/schema_instance.py)."""
+    xs = {"type": "array", "minItems": items, "items": {"type": "integer"}}
+    return {"type": "object", "required": ["xs"], "properties": {"xs": xs}}
+
+
+def responses(store: SqlStore) -> ResponseTables:
+    """The Responses dialect's own tables, on the store's sessions."""
+    from talaria.proxy.dialects.responses.tables import ResponseTables
+
+    return ResponseTables(store.sessionmaker)
 
 
 def unavailable(message: str, under_ci: str | None = None) -> NoReturn:

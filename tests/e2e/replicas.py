@@ -19,7 +19,8 @@ from talaria.proxy.cluster.owner import owner, route_key
 from tests.support import admin_get
 
 STOPPED_BY_SIGTERM = (0, -15)
-"""A server's exit status after SIGTERM: uvicorn drains, then re-raises the signal (or 0)."""
+"""uvicorn shuts down cleanly, then re-raises the signal it caught, so the process ends as if
+killed by SIGTERM (-15) after "Finished server process"."""
 ADMIN = "replicas-admin-token"
 CLUSTER_SECRET = "replicas-cluster-secret-0123456789abcdef"
 MODEL = "glm-4.5-fp8"

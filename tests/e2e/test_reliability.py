@@ -27,8 +27,6 @@ from tests.e2e.replicas import STOPPED_BY_SIGTERM
 
 MODEL = "glm-4.5-fp8"
 ARGS = ["--models", MODEL, "--time-scale", "100"]
-"""uvicorn shuts down cleanly, then re-raises the signal it caught, so the process ends as if
-killed by SIGTERM (-15) after "Finished server process"."""
 
 
 def _stored_calls(url: str) -> dict[str, str]:

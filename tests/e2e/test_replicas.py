@@ -16,9 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.harness.processes import (
-    free_port,
-)
+from bench.harness.processes import free_port
 from talaria.proxy.cluster import trust
 from talaria.proxy.contract.calls import SHUTDOWN
 from tests.e2e.replicas import (

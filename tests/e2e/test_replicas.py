@@ -430,5 +430,7 @@ def test_sigterm_of_the_forwarding_replica_gives_its_relayed_call_a_503(
     error = response.json()["error"]
     assert (error["code"], error["message"]) == ("replica_unavailable", SHUTDOWN)
     assert response.headers["retry-after"] == "1"
-    assert seconds <= 2.0  # the drain's abort at D − R = 1.5 s
+    # the drain's abort at D − R = 1.5 s (1.50 s here); 3 s more for a loaded box: only the abort
+    # gives this 503, and a relay left waiting on the stopped owner gets no answer at all
+    assert seconds <= 2.0 + 3.0
     assert "Finished server process" in "".join(forwarder.output)

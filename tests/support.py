@@ -63,6 +63,7 @@ def unavailable(message: str, under_ci: str | None = None) -> NoReturn:
     """What a test does without something the machine lacks (a server, a binary, a model): a
     skip, but a failure under CI (``CI`` set), where scripts/test.sh provides everything;
     ``under_ci``: the failure's message, if not ``message``."""
+    __tracebackhide__ = True  # the skip is reported at the line that called this
     if os.environ.get("CI"):
         pytest.fail(under_ci or message)
     pytest.skip(message)
@@ -75,6 +76,7 @@ pytest-xdist tests/conftest.py points the variable at the worker's own database)
 
 def pg_url() -> str:
     """The database ``TALARIA_TEST_PG_URL`` names, or :func:`unavailable` without it."""
+    __tracebackhide__ = True
     url = os.environ.get(PG_ENV)
     if not url:
         unavailable(f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)")

@@ -2,11 +2,11 @@
 with ``-n``), each worker gets its own PostgreSQL database.
 
 The tests that use PostgreSQL (tests/store/conftest.py ``db_url`` and the integration tests
-that import ``PG_ENV``) empty the ``public`` schema of the database ``TALARIA_TEST_PG_URL``
-names before each test. Two workers on one database would empty it under each other, so each
-worker creates ``<database>_<worker id>`` on the same server (dropped first if a crashed run
-left it) and points ``TALARIA_TEST_PG_URL`` at it, for itself and the processes it starts.
-Without xdist, or without the variable, nothing changes.
+that call ``tests.support.pg_url``) empty the ``public`` schema of the database
+``TALARIA_TEST_PG_URL`` names before each test. Two workers on one database would empty it
+under each other, so each worker creates ``<database>_<worker id>`` on the same server
+(dropped first if a crashed run left it) and points ``TALARIA_TEST_PG_URL`` at it, for itself
+and the processes it starts. Without xdist, or without the variable, nothing changes.
 
 The tests read the CLI's errors from rich's panels, which wrap at the terminal's width (80
 columns when there is none): a long temporary path (xdist's are longer) split a file name
@@ -21,7 +21,7 @@ import os
 
 import pytest
 
-PG_ENV = "TALARIA_TEST_PG_URL"
+from tests.support import PG_ENV
 
 
 def worker_database_url(url: str, worker: str) -> tuple[str, str]:

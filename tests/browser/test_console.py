@@ -18,6 +18,7 @@ from playwright.sync_api import Page, expect
 
 from bench.harness.processes import talaria_command
 from tests.browser.conftest import ADMIN_TOKEN, ARTIFACTS, Console, screenshot, sign_in
+from tests.support import admin_get
 
 MODEL_A = "glm-4.5-fp8"
 MODEL_B = "qwen3-235b-a22b-bf16"
@@ -68,11 +69,7 @@ def run_session(
 
 
 def admin(console: Console, path: str) -> Any:
-    response = httpx.get(
-        console.serve.base_url + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"}
-    )
-    response.raise_for_status()
-    return response.json()
+    return admin_get(console.serve.base_url, ADMIN_TOKEN, path)
 
 
 def session_key(console: Console, session_id: str) -> str:

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bench.harness.processes import ServeProcess, talaria_serve
+from tests.support import chat_requests
 
 MODEL = "tiny-a"
 ADMIN = "disconnect-admin"
@@ -49,12 +50,6 @@ def _calls_of(served: ServeProcess, session: str) -> list[dict[str, Any]]:
         time.sleep(0.1)  # a real process's records: nothing to wait on but the admin API
 
 
-def _counted_499(served: ServeProcess) -> float:
-    text = httpx.get(served.base_url + "/metrics", timeout=10).text
-    line = 'talaria_requests_total{route="/v1/chat/completions",status="499"} '
-    return sum(float(row[len(line) :]) for row in text.splitlines() if row.startswith(line))
-
-
 def test_a_stream_left_after_its_first_chunk_is_cancelled(served: ServeProcess) -> None:
     headers = {"X-Talaria-Session-Id": "gone-streaming"}
     with (
@@ -72,13 +67,13 @@ def test_a_stream_left_after_its_first_chunk_is_cancelled(served: ServeProcess) 
 
 
 def test_a_client_that_stops_waiting_for_a_whole_reply_cancels_it(served: ServeProcess) -> None:
-    before = _counted_499(served)
+    before = chat_requests(served.base_url).get("499", 0.0)
     headers = {"X-Talaria-Session-Id": "gone-waiting"}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(served.v1 + "/chat/completions", json=_body(False), headers=headers, timeout=2)
     calls = _calls_of(served, "gone-waiting")
     assert [c["status"] for c in calls] == ["cancelled"], calls
-    assert _counted_499(served) == before + 1
+    assert chat_requests(served.base_url).get("499", 0.0) == before + 1
 
 
 def test_a_client_that_waits_gets_its_reply(served: ServeProcess) -> None:

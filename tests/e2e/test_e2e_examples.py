@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from bench.harness.processes import talaria_serve
+from tests.support import admin_get
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -36,11 +36,7 @@ class Served:
         return self.base_url + "/v1"
 
     def admin(self, path: str) -> dict[str, Any]:
-        response = httpx.get(
-            self.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30
-        )
-        response.raise_for_status()
-        data: dict[str, Any] = response.json()
+        data: dict[str, Any] = admin_get(self.base_url, ADMIN, path)
         return data
 
 

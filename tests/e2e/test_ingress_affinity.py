@@ -15,7 +15,6 @@ deploy/nginx/talaria.conf as shipped, only its replica list and port filled in):
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import uuid
 from pathlib import Path
@@ -26,13 +25,8 @@ import pytest
 
 from bench.harness.nginx import CONF, Nginx, nginx_binary
 from talaria.proxy.cluster.owner import AFFINITY_HEADERS, NGINX_KEY, nginx_session_maps
-from tests.e2e.test_reliability import STOPPED_BY_SIGTERM
-from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
-    Deployment,
-    Session,
-    _wait_for_peers,
-    deployment,
-)
+from tests.e2e.replicas import STOPPED_BY_SIGTERM, Deployment, Session, wait_for_peers
+from tests.support import unavailable
 
 INGRESS = {"TALARIA_REPLICA_AFFINITY": "ingress"}
 HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-session-id")
@@ -42,9 +36,10 @@ HEADERS = ("x-talaria-session-id", "x-claude-code-session-id", "session-id", "x-
 def _nginx() -> str:
     found = nginx_binary()
     if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)")
-        pytest.skip("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
+        unavailable(
+            "no nginx: bash scripts/apt-provide.sh nginx-light nginx",
+            under_ci="no nginx: scripts/test.sh installs it (scripts/apt-provide.sh)",
+        )
     return found
 
 
@@ -112,7 +107,7 @@ def _replicas(running: Deployment, n: int) -> list[str]:
 
 @pytest.mark.replicas(0)
 def test_sessions_named_by_a_header_are_served_where_nginx_sends_them(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     nginx = Nginx(_nginx(), tmp_path / "nginx")
@@ -139,7 +134,7 @@ def test_sessions_named_by_a_header_are_served_where_nginx_sends_them(
 
 @pytest.mark.replicas(0)
 def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     nginx = Nginx(_nginx(), tmp_path / "nginx")
@@ -157,7 +152,7 @@ def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
         leaving = deployment.replicas.pop()
         leaving.sigterm()
         assert leaving.wait(60) in STOPPED_BY_SIGTERM
-        _wait_for_peers(deployment)  # the others saw it leave
+        wait_for_peers(deployment)  # the others saw it leave
         nginx.reload(first)
         asyncio.run(rounds.run(3))
     assert [f for s in sessions for f in s.failures] == []
@@ -173,7 +168,7 @@ def test_sessions_moved_by_a_replica_joining_and_leaving_stay_whole(
 
 @pytest.mark.replicas(0)
 def test_a_client_varying_a_lower_ranked_header_stays_one_session_on_one_replica(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     """Issue 36, finding 6: nginx hashed all five headers joined while the proxy names a

@@ -12,12 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_replicas import (  # noqa: F401  (``deployment`` is a fixture)
-    MODEL,
-    Deployment,
-    _owned_by,
-    deployment,
-)
+from tests.e2e.replicas import MODEL, Deployment, owned_by
 
 LIBRARY = """
 [[model]]
@@ -39,7 +34,7 @@ def _chat(replica: str, model: str, session: str) -> httpx.Response:
 
 @pytest.mark.replicas(0)
 def test_one_replica_looks_and_every_replica_sees_all_the_demand(
-    deployment: Deployment,  # noqa: F811  (the fixture)
+    deployment: Deployment,
     tmp_path: Path,
 ) -> None:
     library = tmp_path / "library.toml"
@@ -65,7 +60,7 @@ def test_one_replica_looks_and_every_replica_sees_all_the_demand(
 
     # a call whose session the replica that does not look owns: that replica cold-starts it
     urls = [r.base_url for r in deployment.replicas]
-    [session] = _owned_by(urls[follower], urls, 1, "cold")
+    [session] = owned_by(urls[follower], urls, 1, "cold")
     cold = _chat(urls[1 - follower], "gpt-oss-120b", session)  # forwarded to its owner
     assert cold.status_code == 200, cold.text
     moves = [deployment.admin(i, "/admin/placement")["moves"] for i in (0, 1)]

@@ -23,12 +23,16 @@ from sqlalchemy import text
 from bench.harness.loadgen import LoadResult, run_load
 from bench.harness.processes import Postgres, ServeProcess, free_port, talaria_serve
 from talaria.proxy.store.db import make_engine
+from tests.e2e.replicas import STOPPED_BY_SIGTERM
 
 MODEL = "glm-4.5-fp8"
 ARGS = ["--models", MODEL, "--time-scale", "100"]
-STOPPED_BY_SIGTERM = (0, -15)
-"""uvicorn shuts down cleanly, then re-raises the signal it caught, so the process ends as if
-killed by SIGTERM (-15) after "Finished server process"."""
+EXIT_SLACK_S = 5.0
+"""How much later than its drain timeout a server may exit after SIGTERM: its writer's flush,
+uvicorn's shutdown and the interpreter's exit on a loaded 2-core box (it was 2 s for a 4 s
+drain: 3.1 s in all were seen here under load, 2026-12-05). A server that overruns its drain
+by more fails the bound; one that waits for its calls for ever (the original hang, a call
+waiting 60 s for its slot) fails the 30 s wait."""
 
 
 def _stored_calls(url: str) -> dict[str, str]:
@@ -107,7 +111,7 @@ def test_sigterm_under_load_drains_cleanly(tmp_path: Path) -> None:
         load = _load(served, sessions=300, calls_per_session=3, concurrency=32, on_ack=term_at)
         assert served.wait(timeout_s=30) in STOPPED_BY_SIGTERM
         stopped_after_s = time.monotonic() - signalled[0]
-    assert stopped_after_s <= 10 + 5, stopped_after_s
+    assert stopped_after_s <= 10 + EXIT_SLACK_S, stopped_after_s
     assert load.statuses[500] == 0
     log = "".join(served.output)
     assert "Application shutdown complete" in log and "Finished server process" in log
@@ -151,7 +155,7 @@ def test_sigterm_with_a_call_waiting_for_its_slot_exits_within_the_drain_timeout
         took = time.monotonic() - started
         for caller in callers:
             caller.join(30)
-    assert took <= 4 + 2, took
+    assert took <= 4 + EXIT_SLACK_S, took
     statuses = sorted(a.status_code for a in answers.values())
     assert statuses in ([200, 503], [503, 503]), statuses
     with sqlite3.connect(tmp_path / "slot.db") as db:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -17,6 +17,7 @@ from talaria.proxy.dialects.registry import DIALECTS
 from talaria.proxy.edge.app import create_app
 from talaria.proxy.edge.serve import DrainingServer, backstop_s
 from talaria.proxy.runtimes.base import RuntimeClient
+from tests.support import admin_get
 
 
 class _Server(uvicorn.Server):
@@ -38,11 +39,17 @@ class RunningProxy:
     def v1(self) -> str:
         return self.base_url + "/v1"
 
+    def admin(self, path: str) -> Any:
+        """GET ``path`` of its admin API with its settings' admin token, as JSON."""
+        assert self.settings.admin_token is not None, "the proxy has no admin token"
+        return admin_get(self.base_url, self.settings.admin_token, path)
+
 
 @contextmanager
-def running_app(app: Any) -> Iterator[str]:
-    """Serve any ASGI app on a free loopback port; yields its base URL."""
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+def running_app(app: Any, lifespan: Literal["on", "off"] = "on") -> Iterator[str]:
+    """Serve any ASGI app on a free loopback port (``lifespan``: uvicorn's setting); yields its
+    base URL."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan)
     server = _Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
@@ -76,7 +83,9 @@ class StatusLog:
         await self.app(scope, receive, noting)
 
 
-class _DrainingTestServer(DrainingServer):
+class DrainingTestServer(DrainingServer):
+    """``talaria serve``'s draining server that says when it listens (``ready``)."""
+
     def __init__(self, config: uvicorn.Config, proxy: Any) -> None:
         super().__init__(config, proxy)
         self.ready = threading.Event()
@@ -110,7 +119,7 @@ def running_proxy(
         lifespan="on",
         timeout_graceful_shutdown=backstop_s(settings.drain_timeout_s),
     )
-    server = _DrainingTestServer(config, proxy)
+    server = DrainingTestServer(config, proxy)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     if not server.ready.wait(timeout=60):

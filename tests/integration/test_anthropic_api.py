@@ -50,13 +50,6 @@ def client(proxy: RunningProxy) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=proxy.base_url, api_key="local", max_retries=0)
 
 
-def _admin(proxy: RunningProxy, path: str) -> dict[str, Any]:
-    reply = httpx.get(proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-    assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()
-    return data
-
-
 def _sid() -> str:
     return str(uuid.uuid4())
 
@@ -157,10 +150,10 @@ def test_tool_use_round_trips_in_one_session(
     assert replies[3].stop_reason in ("end_turn", "max_tokens")  # the final answer
     assert replies[0].usage.cache_read_input_tokens == 0
     assert all(r.usage.cache_read_input_tokens > 0 for r in replies[1:])
-    sessions = _admin(proxy, "/admin/sessions?limit=50")["data"]
+    sessions = proxy.admin("/admin/sessions?limit=50")["data"]
     mine = [s for s in sessions if s["calls"] == 4]
     assert len(mine) == 1 and mine[0]["identity_source"] == "implicit"
-    detail = _admin(proxy, f"/admin/sessions/{mine[0]['session_key']}")
+    detail = proxy.admin(f"/admin/sessions/{mine[0]['session_key']}")
     assert all(c["api"] == "messages" for c in detail["calls"])
     # A tool_use reply reserved the session's instance. At this proxy's time scale a
     # reservation lasts ~13 wall ms (6.4 clock s ÷ 500), so whether the client's next call came
@@ -195,7 +188,7 @@ def test_claude_code_identity_and_sub_agents(
         model=MODEL, max_tokens=32, messages=sub, extra_headers=agent
     )  # Claude Code names its sub-agents: a child
     assert raw.headers["x-talaria-session-id"] == f"{sid}-agent-1"
-    detail = _admin(proxy, f"/admin/sessions/{sid}")
+    detail = proxy.admin(f"/admin/sessions/{sid}")
     assert detail["session"]["identity_source"] == "claude-code"
     assert detail["session"]["agent"] == "anthropic"  # Anthropic/Python, the SDK's User-Agent
     assert detail["session"]["calls"] == 3

@@ -4,7 +4,6 @@ a simulated tiny-a timed by a given ``StepFit``. The calibration must find that 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app
 from talaria.sim.fit import COEFFICIENTS
 from tests.integration.server import running_app
+from tests.support import flat
 
 NEW_SHAPE_S = 7e-3
 TRUTH = {
@@ -80,11 +80,6 @@ def test_calibrating_a_simulated_engine_recovers_its_step_time(tmp_path: Path) -
     assert doc["switches_measurable"] is True  # simulated engines move weights at a switch
 
 
-def _text(output: str) -> str:
-    """The CLI's output without the error box's borders and line breaks."""
-    return re.sub(r"[│╭╮╰╯─\s]+", " ", output)
-
-
 def test_an_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
     node = tmp_path / "node.toml"
     node.write_text(NODE)
@@ -94,7 +89,7 @@ def test_an_unknown_model_is_a_clear_error(tmp_path: Path) -> None:
             app, ["calibrate", "--runtime", url, "--model", "nope", "--out", "x.toml"]
         )
     assert result.exit_code == 2
-    assert "does not host nope" in _text(result.output) and "tiny-a" in result.output
+    assert "does not host nope" in flat(result.output) and "tiny-a" in result.output
 
 
 def test_an_unreachable_runtime_is_a_clear_error(tmp_path: Path) -> None:
@@ -104,7 +99,7 @@ def test_an_unreachable_runtime_is_a_clear_error(tmp_path: Path) -> None:
          "--out", str(tmp_path / "x.toml")],
     )  # fmt: skip
     assert result.exit_code == 2
-    assert "not reachable" in _text(result.output)
+    assert "not reachable" in flat(result.output)
 
 
 TWO_MODELS = NODE + '\n[[model]]\nname = "tiny-b"\nengine = "sim"\n'

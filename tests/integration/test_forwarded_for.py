@@ -26,21 +26,11 @@ from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.proxy.console.throttle import MAX_FAILURES
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.edge.app import create_app
-from talaria.proxy.edge.serve import DrainingServer
 from talaria.runtime.instant import InstantRuntime
+from tests.integration.server import DrainingTestServer
 
 ADMIN = "admin-secret-token"
 MODEL = "m"
-
-
-class _Server(DrainingServer):
-    def __init__(self, config: BoundedConfig, proxy: Any) -> None:
-        super().__init__(config, proxy)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[type-arg]
-        await super().startup(sockets)
-        self.ready.set()
 
 
 @contextmanager
@@ -51,7 +41,7 @@ def served(tmp_path: Path, **settings: Any) -> Iterator[str]:
     config = BoundedConfig(
         app, EdgeBounds(), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
     )
-    server = _Server(config, app)
+    server = DrainingTestServer(config, app)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
     assert server.ready.wait(timeout=60), "the proxy did not start"

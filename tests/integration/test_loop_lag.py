@@ -7,9 +7,13 @@ probe in the server's loop notes how late its 1 ms sleeps wake up, and another t
 The bodies: the finding (1,000 tools, each an object whose array asks for 4,000 items, just
 under the old per-tool schema budget: 6–10 s of the loop before one budget per request and
 the cap on tools), every shape of bench/harness/hostile.py filled to the body limit, and
-bodies hypothesis composes of the same ingredients. The thresholds are ten times the bound
-the proxy keeps (100 ms; bench/loop_lag.py measures it), so a loaded machine does not fail
-them, and far under what the bodies cost before (0.5–32 s)."""
+bodies hypothesis composes of the same ingredients. The proxy keeps a bound of 100 ms
+(bench/loop_lag.py measures it; docs/operations.md). The thresholds here are margins a slow,
+loaded machine cannot miss (1 s failed CI once) that still fail what the bodies cost before:
+on this 2-core machine (2026-12-05) the worst lag of any of these bodies was 69 ms, /healthz
+74 ms, an answer 0.25 s (the finding's 25 ms); with three busy processes beside the test
+0.40 s, 0.38 s, 0.70 s (80 ms). Before the bounds the finding held the loop 6.4–7.0 s and
+4 million token ids 32 s (docs/operations.md), and a slower machine takes longer still."""
 
 from __future__ import annotations
 
@@ -31,9 +35,14 @@ from bench.harness.lag import InProcessProxy, proxy_in_thread
 MODEL = "qwen3-coder-480b-a35b-fp8"
 """The catalog's largest context window: the most of a body is admitted and run."""
 ANSWER_S = 5.0
-"""A hostile body is answered within this (8 MiB cross the loopback first)."""
-HEALTHZ_S = 1.0
-LAG_S = 1.0
+"""A hostile body is answered within this (8 MiB cross the loopback first): 7× the slowest
+answer under load (0.70 s)."""
+HEALTHZ_S = 3.0
+"""Every ``/healthz`` meanwhile: 8× the slowest under load (0.38 s)."""
+LAG_S = 3.0
+"""The loop's worst lag: 7× the worst under load (0.40 s), under half the finding's 6.4 s."""
+FINDING_S = 3.0
+"""The finding is answered within this: 80 ms under load, 6.4–7.0 s before the bounds."""
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +134,14 @@ def _finding(api: str, tools: int, prefix: str) -> dict[str, Any]:
 def test_a_thousand_tools_near_the_schema_budget_never_hold_the_loop(
     proxy: InProcessProxy, api: str
 ) -> None:
-    """The finding, within 1 s: refused past the cap on tools; under it (400 tools), refused by
-    the request's one schema budget, naming the request."""
+    """The finding, within ``FINDING_S``: refused past the cap on tools; under it (400 tools),
+    refused by the request's one schema budget, naming the request."""
     watched = send_watched(proxy, PATHS[api], encode(_finding(api, 1000, f"{api}-a")))
     assert_bounded(watched, api)
-    assert watched.response.status_code == 400 and watched.answer_s < 1.0
+    assert watched.response.status_code == 400 and watched.answer_s < FINDING_S
     together = send_watched(proxy, PATHS[api], encode(_finding(api, 400, f"{api}-b")))
     assert_bounded(together, api)
-    assert together.response.status_code == 400 and together.answer_s < 1.0
+    assert together.response.status_code == 400 and together.answer_s < FINDING_S
     error = together.response.json()["error"]
     assert "together" in error["message"]
     if api != "messages":

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 
 from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
-from tests.store.conftest import reset_postgres
+from tests.support import pg_url, reset_postgres
 
 ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
@@ -474,11 +473,7 @@ def test_too_many_requests_in_flight_is_429(tmp_path: Path) -> None:
 
 def test_proxy_on_postgresql() -> None:
     """The whole proxy on a real PostgreSQL server (scripts/test.sh starts one)."""
-    url = os.environ.get("TALARIA_TEST_PG_URL")
-    if not url:
-        if os.environ.get("CI"):
-            pytest.fail("TALARIA_TEST_PG_URL is not set under CI")
-        pytest.skip("no PostgreSQL server (set TALARIA_TEST_PG_URL; scripts/test.sh does)")
+    url = pg_url()
     asyncio.run(reset_postgres(url))  # no keys or sessions of other tests
     settings = ProxySettings(database_url=url, admin_token=ADMIN, time_scale=500.0)
     with running_proxy(settings) as proxy:

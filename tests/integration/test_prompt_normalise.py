@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
-import httpx
 import pytest
 
 from talaria.core.calls import content_text
@@ -28,6 +27,7 @@ from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import running_proxy
+from tests.support import admin_get
 
 ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
@@ -68,9 +68,7 @@ class Proxy:
         return anthropic.Anthropic(base_url=self.base_url, api_key=self.keys[key], max_retries=0)
 
     def admin(self, path: str) -> Any:
-        reply = httpx.get(self.base_url + path, headers={"authorization": f"Bearer {ADMIN}"})
-        assert reply.status_code == 200, reply.text
-        return reply.json()
+        return admin_get(self.base_url, ADMIN, path)
 
     def engine_system(self, request_id: str) -> str:
         """The system text the engine got for the call ``request_id``."""

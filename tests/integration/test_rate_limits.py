@@ -9,7 +9,6 @@ PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
 from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import running_app
-from tests.store.conftest import PG_ENV, reset_postgres
+from tests.support import pg_url, reset_postgres
 
 MODEL = "glm-4.5-fp8"
 T0 = 1_800_000_000.0  # a whole UTC minute
@@ -173,11 +172,7 @@ def test_a_call_refused_before_it_runs_is_not_counted(proxy: Proxy) -> None:
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'shared.db'}"
-    url = os.environ.get(PG_ENV)
-    if not url:
-        if os.environ.get("CI"):
-            pytest.fail(f"{PG_ENV} is not set under CI")
-        pytest.skip(f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)")
+    url = pg_url()
     asyncio.run(reset_postgres(url))
     return url
 

@@ -11,13 +11,11 @@ under CI."""
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import select
 
 from talaria.core.types import CallRequest, GenerationEvent
@@ -26,7 +24,7 @@ from talaria.proxy.edge.app import create_app
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.models import CallRow, SessionRow
 from talaria.runtime.instant import InstantRuntime
-from tests.store.conftest import PG_ENV, reset_postgres
+from tests.support import pg_url, reset_postgres
 
 MODEL = "m"
 SECRET = "claims-cluster-secret-0123456789abcdef"
@@ -45,15 +43,6 @@ class HeldRuntime(InstantRuntime):
         await self.gate.wait()
         async for event in super()._generate(request):
             yield event
-
-
-def _url() -> str:
-    url = os.environ.get(PG_ENV)
-    if not url:
-        if os.environ.get("CI"):
-            pytest.fail(f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)")
-        pytest.skip(f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)")
-    return url
 
 
 def _replica(url: str, name: str, runtime: InstantRuntime) -> Any:
@@ -89,7 +78,7 @@ async def _sessions(url: str, session_id: str) -> tuple[list[str], dict[str, int
 
 
 def test_concurrent_first_calls_on_two_ingress_replicas_make_one_session() -> None:
-    url = _url()
+    url = pg_url()
 
     async def main() -> tuple[list[httpx.Response], list[str], dict[str, int]]:
         await reset_postgres(url)

@@ -49,13 +49,6 @@ def client(proxy: RunningProxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.v1, api_key="local", max_retries=0)
 
 
-def _admin(proxy: RunningProxy, path: str) -> dict[str, Any]:
-    reply = httpx.get(proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-    assert reply.status_code == 200, reply.text
-    data: dict[str, Any] = reply.json()
-    return data
-
-
 def test_create_text(client: openai.OpenAI) -> None:
     raw = client.responses.with_raw_response.create(
         model=MODEL, instructions="Be terse.", input="say hello", max_output_tokens=400
@@ -141,7 +134,7 @@ def test_stateless_codex_style_turns_are_one_session(
         for call in (i for i in response.output if i.type == "function_call"):
             items.append({"type": "function_call_output", "call_id": call.call_id, "output": "ok"})
     assert len(keys) == 1
-    detail = _admin(proxy, f"/admin/sessions/{keys.pop()}")
+    detail = proxy.admin(f"/admin/sessions/{keys.pop()}")
     assert [c["cached_tokens"] > 0 for c in detail["calls"]] == [False, True, True]
     assert all(c["api"] == "responses" for c in detail["calls"])
     with pytest.raises(openai.NotFoundError):  # store: false keeps nothing

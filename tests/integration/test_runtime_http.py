@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import httpx
 import openai
 import pytest
 
+from bench.harness.processes import free_port
 from talaria.core.protocol import request_to_dict
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, Finished, GenerationEvent
@@ -161,14 +161,8 @@ def test_proxy_answers_503_when_the_runtime_is_gone(tmp_path: Path) -> None:
             assert info.value.response.headers["retry-after"] == "1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_runtime_process_drains_on_sigterm(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = _node_file(tmp_path, "rt-c", 1.0)  # real time: a call takes seconds
     talaria = Path(sys.executable).parent / "talaria"
     proc = subprocess.Popen(

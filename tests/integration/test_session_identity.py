@@ -41,12 +41,6 @@ def client(proxy: RunningProxy) -> openai.OpenAI:
     return openai.OpenAI(base_url=proxy.v1, api_key="anything", max_retries=0)
 
 
-def _admin(proxy: RunningProxy, path: str) -> Any:
-    reply = httpx.get(proxy.base_url + path, headers={"authorization": f"Bearer {ADMIN}"})
-    assert reply.status_code == 200, reply.text
-    return reply.json()
-
-
 def _call(client: openai.OpenAI, messages: list[Any], **headers: str) -> Any:
     return client.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, extra_headers=headers
@@ -63,7 +57,7 @@ def test_a_correction_after_a_discarded_reply_continues_an_implicit_session(
     assert again.headers["x-talaria-session-key"] == first.headers["x-talaria-session-key"]
     assert again.headers["x-talaria-session-how"] == "corrected"
     assert again.parse().usage.prompt_tokens_details.cached_tokens > 0
-    detail = _admin(proxy, f"/admin/sessions/{first.headers['x-talaria-session-key']}")
+    detail = proxy.admin(f"/admin/sessions/{first.headers['x-talaria-session-key']}")
     assert detail["session"]["calls"] == 2 and detail["children"] == []
     assert sorted(c["how"] for c in detail["calls"]) == ["corrected", "new"]
 
@@ -83,13 +77,13 @@ def test_a_compacted_history_under_an_id_stays_in_the_session(
     summary = [SYSTEM, {"role": "user", "content": "Summary of the work so far: parser split."}]
     compacted = _call(client, summary, **{"x-talaria-session-id": sid})
     assert compacted.headers["x-talaria-session-how"] == "compacted"
-    detail = _admin(proxy, f"/admin/sessions/{sid}")
+    detail = proxy.admin(f"/admin/sessions/{sid}")
     assert detail["session"]["calls"] == 3 and detail["children"] == []
     calls = sorted(detail["calls"], key=lambda c: c["call_index"])
     assert [(c["how"], c["thread"]) for c in calls] == [
         ("new", 0), ("continued", 0), ("compacted", 1)
     ]  # fmt: skip
-    listed = _admin(proxy, "/admin/sessions?limit=1000")["data"]
+    listed = proxy.admin("/admin/sessions?limit=1000")["data"]
     assert [s["session_id"] for s in listed].count(sid) == 1
 
 
@@ -103,7 +97,7 @@ def test_opencodes_affinity_header_and_an_operators_own_name_the_session(
     for task in ("plan the change ", "now write the tests "):
         reply = _call(client, [SYSTEM, {"role": "user", "content": task * 30}], **{header: sid})
         assert reply.headers["x-talaria-session-id"] == sid
-    session = _admin(proxy, f"/admin/sessions/{sid}")["session"]
+    session = proxy.admin(f"/admin/sessions/{sid}")["session"]
     assert (session["identity_source"], session["calls"]) == (header, 2)
     assert session["agent"] == "openai"  # the openai client's User-Agent: OpenAI/Python
 
@@ -120,15 +114,13 @@ def test_dynamo_headers_name_the_session_its_parent_and_its_end(
         client, sub, **{"X-Dynamo-Session-ID": f"{sid}-sub", "X-Dynamo-Parent-Session-ID": sid}
     )
     assert child.headers["x-talaria-session-how"] == "child"
-    detail = _admin(proxy, f"/admin/sessions/{sid}")
+    detail = proxy.admin(f"/admin/sessions/{sid}")
     assert detail["session"]["identity_source"] == "dynamo"
     assert [c["session_id"] for c in detail["children"]] == [f"{sid}-sub"]
-    rows = [
-        r for r in _admin(proxy, "/admin/sessions?limit=1000")["data"] if sid in r["session_id"]
-    ]
+    rows = [r for r in proxy.admin("/admin/sessions?limit=1000")["data"] if sid in r["session_id"]]
     assert [(r["session_id"], r["children"], r["family"]["calls"]) for r in rows] == [(sid, 1, 2)]
     _call(client, task, **{"X-Dynamo-Session-ID": sid, "X-Dynamo-Session-Final": "true"})
-    ended = _admin(proxy, f"/admin/sessions/{sid}")["session"]
+    ended = proxy.admin(f"/admin/sessions/{sid}")["session"]
     assert ended["state"] == "ended" and ended["end_reason"] == "final"
 
 
@@ -147,7 +139,7 @@ def test_a_volatile_system_prompt_line_is_counted_as_prefix_drift(
     messages[0] = {"role": "system", "content": "You are a coding agent. Time: 12:01. " * 20}
     drifted = _call(client, messages, **{"x-talaria-session-id": sid})
     assert drifted.headers["x-talaria-session-how"] == "drifted"
-    detail = _admin(proxy, f"/admin/sessions/{sid}")
+    detail = proxy.admin(f"/admin/sessions/{sid}")
     last = max(detail["calls"], key=lambda c: c["call_index"])
     assert (last["how"], last["drift_at"], last["thread"]) == ("drifted", 0, 0)
     assert detail["session"]["calls"] == 3 and detail["children"] == []

@@ -42,9 +42,7 @@ def _call(client: openai.OpenAI, sid: str) -> None:
 
 
 def _admin(proxy: RunningProxy, sid: str) -> dict[str, Any]:
-    reply = httpx.get(f"{proxy.base_url}/admin/sessions/{quote(sid, safe='')}", headers=ADMIN)
-    assert reply.status_code == 200, reply.text
-    doc: dict[str, Any] = reply.json()
+    doc: dict[str, Any] = proxy.admin(f"/admin/sessions/{quote(sid, safe='')}")
     return doc
 
 

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import ServeProcess, talaria_serve
+from tests.real.servers import ADMIN, NAME
+from tests.support import unavailable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-ADMIN = "real-admin-token"
-NAME = "smollm2"
-"""The served name (``--model NAME=PATH``)."""
 
 
 def model_dir() -> Path:
@@ -30,10 +28,7 @@ def model_dir() -> Path:
     value = os.environ.get("TALARIA_REAL_MODEL")
     if value and (Path(value) / "config.json").is_file():
         return Path(value)
-    message = "no real model: run scripts/real-model.sh and set TALARIA_REAL_MODEL"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable("no real model: run scripts/real-model.sh and set TALARIA_REAL_MODEL")
 
 
 @pytest.fixture(scope="session")

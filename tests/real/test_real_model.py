@@ -23,7 +23,8 @@ import pytest
 
 from bench.harness.processes import ServeProcess, descendant_pids
 from talaria.runtime.engines.tokenizer import load_tokenizer
-from tests.real.conftest import ADMIN, NAME
+from tests.real.servers import NAME, admin, anthropic_client, openai_client, statuses
+from tests.support import chat_requests, unavailable, until
 
 pytestmark = pytest.mark.vllm
 
@@ -41,28 +42,10 @@ FORCED = {"type": "function", "function": {"name": "get_weather"}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
-def _client(
-    served: ServeProcess, session: str | None = None, timeout_s: float = 120.0
-) -> openai.OpenAI:
-    headers = {"X-Talaria-Session-Id": session} if session else None
-    return openai.OpenAI(
-        base_url=served.v1, api_key="none", default_headers=headers, max_retries=0,
-        timeout=timeout_s,
-    )  # fmt: skip
-
-
 LONG_PROMPT_TIMEOUT_S = 900.0
 """A prompt of thousands of tokens prefills on the CPU in 1-2 minutes on a usual day and took
 over 120 s (the others' limit) on a slow one (CI, 2026-12-05): these tests check what is
 served, not how fast, so they wait long."""
-
-
-def _admin(served: ServeProcess, path: str) -> Any:
-    reply = httpx.get(
-        served.base_url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
-    )
-    reply.raise_for_status()
-    return reply.json()
 
 
 def test_models_report_the_models_own_window(served: ServeProcess) -> None:
@@ -71,7 +54,7 @@ def test_models_report_the_models_own_window(served: ServeProcess) -> None:
 
 
 def test_a_plain_question_gets_an_answer(served: ServeProcess) -> None:
-    reply = _client(served).chat.completions.create(
+    reply = openai_client(served).chat.completions.create(
         model=NAME,
         messages=[{"role": "user", "content": "What is the capital of France?"}],
         temperature=0,
@@ -91,10 +74,10 @@ def test_ignore_eos_runs_the_reply_to_max_tokens(served: ServeProcess) -> None:
         "temperature": 0,
         "max_tokens": 64,
     }
-    ended = _client(served).chat.completions.create(**ask)
+    ended = openai_client(served).chat.completions.create(**ask)
     assert ended.choices[0].finish_reason == "stop"
     assert ended.usage is not None and ended.usage.completion_tokens < 64
-    ran_on = _client(served).chat.completions.create(**ask, extra_body={"ignore_eos": True})
+    ran_on = openai_client(served).chat.completions.create(**ask, extra_body={"ignore_eos": True})
     assert ran_on.choices[0].finish_reason == "length"
     assert ran_on.usage is not None and ran_on.usage.completion_tokens == 64
 
@@ -103,7 +86,7 @@ def test_a_call_without_max_tokens_is_fitted_to_the_window(served: ServeProcess)
     """The proxy's default (4,096) plus the prompt would pass 8,192 only for a long prompt;
     a prompt of ~6,000 tokens without max_tokens is served, not refused (issue 26, defect 2)."""
     long = "Summarise this. " + "The quick brown fox jumps over the lazy dog. " * 600
-    reply = _client(served, timeout_s=LONG_PROMPT_TIMEOUT_S).chat.completions.create(
+    reply = openai_client(served, timeout_s=LONG_PROMPT_TIMEOUT_S).chat.completions.create(
         model=NAME, messages=[{"role": "user", "content": long}], temperature=0, stop=["."]
     )
     assert reply.usage is not None
@@ -111,7 +94,7 @@ def test_a_call_without_max_tokens_is_fitted_to_the_window(served: ServeProcess)
 
 
 def test_streaming_carries_no_special_tokens(served: ServeProcess) -> None:
-    stream = _client(served).chat.completions.create(
+    stream = openai_client(served).chat.completions.create(
         model=NAME, messages=ASK, tools=[WEATHER], temperature=0, max_tokens=40, stream=True
     )
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
@@ -121,7 +104,7 @@ def test_streaming_carries_no_special_tokens(served: ServeProcess) -> None:
 def test_a_named_tool_choice_gives_arguments_valid_against_the_schema(
     served: ServeProcess,
 ) -> None:
-    reply = _client(served).chat.completions.create(
+    reply = openai_client(served).chat.completions.create(
         model=NAME, messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=60
     )
     calls = reply.choices[0].message.tool_calls or []
@@ -136,7 +119,7 @@ def test_response_format_gives_schema_valid_json(served: ServeProcess) -> None:
         "required": ["capital"],
         "additionalProperties": False,
     }
-    reply = _client(served).chat.completions.create(
+    reply = openai_client(served).chat.completions.create(
         model=NAME,
         messages=[{"role": "user", "content": "The capital of France, as JSON."}],
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
@@ -146,7 +129,7 @@ def test_response_format_gives_schema_valid_json(served: ServeProcess) -> None:
 
 
 def test_a_tool_round_trip_is_one_session_with_cached_tokens(served: ServeProcess) -> None:
-    client = _client(served, session="real-round-trip")
+    client = openai_client(served, session="real-round-trip")
     first = client.chat.completions.create(
         model=NAME, messages=ASK, tools=[WEATHER], tool_choice=FORCED, max_tokens=60
     )
@@ -161,7 +144,7 @@ def test_a_tool_round_trip_is_one_session_with_cached_tokens(served: ServeProces
     )
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     assert (second.usage.prompt_tokens_details.cached_tokens or 0) > 0
-    session = _admin(served, "/admin/sessions/real-round-trip")
+    session = admin(served, "/admin/sessions/real-round-trip")
     assert [c["status"] for c in session["calls"]] == ["ok", "ok"]
     # vLLM's own timestamps on the chat path too (issue 26, defect 7)
     assert all(c["engine_prefill_s"] is not None for c in session["calls"]), session["calls"]
@@ -174,7 +157,7 @@ def test_a_sub_agent_reuses_its_parents_prefix_in_vllms_cache(served: ServeProce
     parent_id, child_id = f"parent-{os.getpid()}", f"child-{os.getpid()}"
     system = {"role": "system", "content": f"Test {parent_id}. " + "Answer briefly. " * 40}
     first: list[Any] = [system, {"role": "user", "content": "Say hello."}]
-    parent = _client(served)
+    parent = openai_client(served)
     parent.chat.completions.create(
         model=NAME, messages=first, tools=[WEATHER], temperature=0, max_tokens=4,
         extra_headers={"x-session-id": parent_id},
@@ -189,15 +172,15 @@ def test_a_sub_agent_reuses_its_parents_prefix_in_vllms_cache(served: ServeProce
     )
     assert reply.usage is not None and reply.usage.prompt_tokens_details is not None
     assert (reply.usage.prompt_tokens_details.cached_tokens or 0) > 0
-    child = _admin(served, f"/admin/sessions/{child_id}")
-    parent_key = _admin(served, f"/admin/sessions/{parent_id}")["session"]["session_key"]
+    child = admin(served, f"/admin/sessions/{child_id}")
+    parent_key = admin(served, f"/admin/sessions/{parent_id}")["session"]["session_key"]
     assert child["session"]["parent_session_key"] == parent_key
     assert child["calls"][0]["routing_scores"][child["calls"][0]["instance"]]["parent_kv"] > 0
 
 
 def test_talarias_count_is_vllms_count(served: ServeProcess, real_dir: Path) -> None:
     """One tokenizer and one template for counting and serving (issue 26, defect 3)."""
-    reply = _client(served).chat.completions.create(
+    reply = openai_client(served).chat.completions.create(
         model=NAME, messages=ASK, tools=[WEATHER], max_tokens=1
     )
     ours = load_tokenizer(real_dir).encode_chat(ASK, [WEATHER])
@@ -205,7 +188,7 @@ def test_talarias_count_is_vllms_count(served: ServeProcess, real_dir: Path) -> 
 
 
 def test_anthropic_messages_tool_round_trip(served: ServeProcess) -> None:
-    client = anthropic.Anthropic(base_url=served.base_url, api_key="none", max_retries=0)
+    client = anthropic_client(served)
     tool = {"name": "get_weather", "description": "The weather of a city", "input_schema": CITY}
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     first = client.messages.create(
@@ -235,7 +218,7 @@ def test_anthropic_messages_tool_round_trip(served: ServeProcess) -> None:
 
 
 def test_responses_continue_with_previous_response_id(served: ServeProcess) -> None:
-    client = _client(served)
+    client = openai_client(served)
     story = "I write programs for a living, and I like long walks by the sea. " * 20
     first = client.responses.create(  # > 128 tokens: the CPU build caches whole 128-token blocks
         model=NAME, input=f"My name is Ada. {story} Say hello.", max_output_tokens=20, temperature=0
@@ -290,11 +273,11 @@ def test_the_agents_sdk_runs_a_real_function_tool(served: ServeProcess) -> None:
 
 def test_a_prompt_past_the_window_is_a_400(served: ServeProcess) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
-        _client(served).chat.completions.create(
+        openai_client(served).chat.completions.create(
             model=NAME, messages=[{"role": "user", "content": "hi " * 9000}], max_tokens=8
         )
     assert caught.value.code == "context_length_exceeded"
-    claude = anthropic.Anthropic(base_url=served.base_url, api_key="none", max_retries=0)
+    claude = anthropic_client(served)
     with pytest.raises(anthropic.BadRequestError) as refused:
         claude.messages.create(
             model=NAME, max_tokens=9000, messages=[{"role": "user", "content": "hi"}]
@@ -333,13 +316,8 @@ def test_a_disconnected_client_stops_its_generation(served: ServeProcess) -> Non
             if n >= 10:
                 break
     engines = descendant_pids(served.process.pid)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        calls = _admin(served, "/admin/sessions/real-gone")["calls"]
-        if calls and calls[0]["status"] == "cancelled":
-            break
-        threading.Event().wait(0.2)  # polling a real process's state: no event to wait on
-    assert [c["status"] for c in calls] == ["cancelled"]
+    gone = until(lambda: statuses(served, "real-gone") == ["cancelled"])
+    assert gone, statuses(served, "real-gone")
     # The engine processes go idle within seconds (the abort reaches the engine after the
     # record: one 2 s window right after it once caught 50 ticks/s under CI load); still
     # generating, they use ~200 ticks/s for the minute 6,000 tokens take.
@@ -384,10 +362,7 @@ def test_qwen_code_runs_headless_on_the_real_model(
     served = served_long
     found = os.environ.get("TALARIA_AGENT_BIN")
     if not found:
-        message = "TALARIA_AGENT_BIN is not set (scripts/test.sh installs the CLIs and sets it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("TALARIA_AGENT_BIN is not set (scripts/test.sh installs the CLIs and sets it)")
     home, work = tmp_path / "home", tmp_path / "work"
     (home / ".qwen").mkdir(parents=True)
     work.mkdir()
@@ -399,7 +374,7 @@ def test_qwen_code_runs_headless_on_the_real_model(
         "tools": {"core": ["list_directory"], "exclude": list(QWEN_ALWAYS_ON)},
     }
     (home / ".qwen" / "settings.json").write_text(json.dumps(settings))
-    before = _requests(served)
+    before = chat_requests(served.base_url)
     done = subprocess.run(
         [str(Path(found) / "qwen"), "-p", "What files are here?", "--auth-type", "openai"],
         cwd=work,
@@ -419,18 +394,6 @@ def test_qwen_code_runs_headless_on_the_real_model(
         check=False,
     )
     assert done.returncode == 0, f"qwen failed:\n{done.stdout}\n{done.stderr}"
-    after = _requests(served)
+    after = chat_requests(served.base_url)
     answered = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
     assert answered and all(status.startswith("2") for status in answered), answered
-
-
-def _requests(served: ServeProcess) -> dict[str, float]:
-    """``talaria_requests_total`` of chat completions by status."""
-    text = httpx.get(served.base_url + "/metrics", timeout=10).text
-    prefix = 'talaria_requests_total{route="/v1/chat/completions",status="'
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith(prefix):
-            status, _, value = line[len(prefix) :].partition('"} ')
-            out[status] = float(value)
-    return out

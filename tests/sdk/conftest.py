@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 
+from bench.harness.processes import free_port
 from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import RunningProxy, running_proxy
 from tests.sdk.support import ADMIN, Admin, FakeServer, Seen, fake_openai_app, serve
@@ -30,12 +29,10 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
 
 @pytest.fixture(scope="session")
 def admin(proxy: RunningProxy) -> Admin:
-    """GET an admin path of the proxy, as JSON (raises on an error status)."""
+    """GET an admin path of the proxy, as JSON (fails the test on an error status)."""
 
     def get(path: str) -> dict[str, Any]:
-        response = httpx.get(proxy.base_url + path, headers={"Authorization": f"Bearer {ADMIN}"})
-        response.raise_for_status()
-        data: dict[str, Any] = response.json()
+        data: dict[str, Any] = proxy.admin(path)
         return data
 
     return get
@@ -60,7 +57,4 @@ def broken_talaria() -> Iterator[FakeServer]:
 @pytest.fixture
 def closed_port_url() -> str:
     """A loopback base URL where nothing listens (connections are refused at once)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}/v1"
+    return f"http://127.0.0.1:{free_port()}/v1"

@@ -4,19 +4,18 @@ served by uvicorn on a loopback port."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.integration.server import running_app
 
 ADMIN = "admin-secret-token"
 MODEL = "glm-4.5-fp8"
@@ -177,16 +176,6 @@ def fake_openai_app(seen: Seen, *, talaria_like: bool = False) -> Starlette:
     return Starlette(routes=routes)
 
 
-class _Server(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[Any] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()
-
-
 @dataclass
 class FakeServer:
     v1: str
@@ -195,15 +184,6 @@ class FakeServer:
 
 @contextmanager
 def serve(app: Starlette) -> Iterator[str]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = _Server(config)
-    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
-    thread.start()
-    if not server.ready.wait(timeout=30):
-        raise RuntimeError("fake server did not start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    """``app`` on a free loopback port: its OpenAI-style base URL."""
+    with running_app(app, lifespan="off") as base_url:
+        yield base_url + "/v1"

@@ -9,32 +9,17 @@ skipped, except under CI (``CI`` set), where they fail so that CI cannot skip th
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
-
-PG_ENV = "TALARIA_TEST_PG_URL"
-
-
-async def reset_postgres(url: str) -> None:
-    """Empty the database: drop and recreate the public schema (tables, alembic_version)."""
-    engine = create_async_engine(url, poolclass=NullPool)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
-            await conn.execute(text("CREATE SCHEMA public"))
-    finally:
-        await engine.dispose()
+from tests.support import pg_url, reset_postgres
 
 
 @pytest_asyncio.fixture(params=["sqlite", "postgresql"])
@@ -42,12 +27,7 @@ async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """An empty database on each backend."""
     if request.param == "sqlite":
         return f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
-    url = os.environ.get(PG_ENV)
-    if not url:
-        message = f"{PG_ENV} is not set (scripts/test.sh starts PostgreSQL and sets it)"
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL tests cannot run under CI: {message}")
-        pytest.skip(message)
+    url = pg_url()
     await reset_postgres(url)
     return url
 

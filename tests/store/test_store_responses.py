@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from talaria.proxy.dialects.responses.tables import ResponseRecord, ResponseTables
+from talaria.proxy.dialects.responses.tables import ResponseRecord
 from talaria.proxy.store.db import make_engine
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
+from tests.support import responses
 
 T0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -83,8 +84,3 @@ async def test_on_sqlite_the_totals_read_only_the_covering_index(tmp_path: Path)
     finally:
         await engine.dispose()
     assert "USING COVERING INDEX ix_responses_tenant_id_expires_at_size_bytes" in plan
-
-
-def responses(store: SqlStore) -> ResponseTables:
-    """The Responses dialect's own tables, on the store's sessions."""
-    return ResponseTables(store.sessionmaker)

@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 
 from talaria.proxy.contract.records import Record
-from talaria.proxy.dialects.responses.tables import ResponseRecord, ResponseTables
+from talaria.proxy.dialects.responses.tables import ResponseRecord
 from talaria.proxy.store.repository import SqlStore
 from tests.store.test_store_repository import T0, call, session
+from tests.support import responses
 
 
 def response(tenant: str, text: str) -> ResponseRecord:
@@ -82,8 +83,3 @@ async def test_another_tenants_record_never_takes_a_session_over(store: SqlStore
     a = await store.sessions.get_session("ses-a", tenant_id="tenant-a")
     assert a is not None
     assert (a.session.model, a.session.last_call_at) == ("glm", T0)
-
-
-def responses(store: SqlStore) -> ResponseTables:
-    """The Responses dialect's own tables, on the store's sessions."""
-    return ResponseTables(store.sessionmaker)

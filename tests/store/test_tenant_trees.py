@@ -44,27 +44,11 @@ from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from tests.store.test_store_repository import T0, call, session
+from tests.support import ListSink
 
 MODEL = "glm-4.5-fp8"
 REQUEST_NUMBERS = itertools.count()
 BASH = ToolSpec("bash", "run a command", {"type": "object", "properties": {}})
-
-
-class ListSink:
-    """Keeps every record; each is committed at once."""
-
-    full = False
-    failing_since = None
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> int:
-        self.records.append(record)
-        return len(self.records)
-
-    async def committed(self, seq: int) -> None:
-        assert seq <= len(self.records)
 
 
 def _call(

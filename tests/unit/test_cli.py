@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.core.http_edge import EdgeBounds
+from tests.support import flat
 
 runner = CliRunner()
 
@@ -132,13 +133,6 @@ def test_catalog_lists_shipped_models() -> None:
 # -- review findings: input validation, one-line errors, help texts -------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-_BOX = re.compile(r"[│╭╮╰╯─┃━]")
-
-
-def _flat(text: str) -> str:
-    """The output with rich's panel borders dropped and every run of whitespace one space, so
-    that a message wrapped inside an error panel reads as one line again."""
-    return " ".join(_BOX.sub(" ", text).split())
 
 
 def _last_line(text: str) -> str:
@@ -163,11 +157,11 @@ def test_serve_refuses_an_unknown_router_before_starting(monkeypatch: pytest.Mon
     result = runner.invoke(app, ["serve", "--router", "nope"])
     assert result.exit_code == 2, result.output
     assert not started
-    text = _flat(result.output)
+    text = flat(result.output)
     assert "Invalid value for '--router': unknown router 'nope'; choose from:" in text
     assert f"choose from: {', '.join(ROUTER_NAMES)}" in text
     assert "Traceback" not in result.output
-    help_text = _flat(runner.invoke(app, ["serve", "--help"]).output)
+    help_text = flat(runner.invoke(app, ["serve", "--help"]).output)
     assert all(name in help_text for name in ROUTER_NAMES)
 
 
@@ -176,12 +170,12 @@ def test_serve_refuses_unknown_models_before_starting(monkeypatch: pytest.Monkey
     result = runner.invoke(app, ["serve", "--models", "bogus-model,tiny-a,other"])
     assert result.exit_code == 2, result.output
     assert not started
-    text = _flat(result.output)
+    text = flat(result.output)
     assert "Invalid value for '--models': unknown model(s) 'bogus-model', 'other'; known:" in text
     assert "glm-4.5-fp8" in text and "tiny-a" in text
     assert "Traceback" not in result.output
     empty = runner.invoke(app, ["serve", "--models", ""])
-    assert empty.exit_code == 2 and "no models for the embedded node" in _flat(empty.output)
+    assert empty.exit_code == 2 and "no models for the embedded node" in flat(empty.output)
     # Runtime servers bring their own models: --models is not checked against the catalog then.
     remote = runner.invoke(app, ["serve", "--runtime", "http://127.0.0.1:9", "--router", "sticky"])
     assert remote.exit_code == 0, remote.output
@@ -195,7 +189,7 @@ def test_serve_finds_models_in_the_settings_catalog_path(
     shipped = (REPO / "core/data/models/tiny-a.toml").read_text()
     (tmp_path / "mine.toml").write_text(shipped.replace('name = "tiny-a"', 'name = "my-model"'))
     unknown = runner.invoke(app, ["serve", "--models", "my-model"])
-    assert unknown.exit_code == 2 and "unknown model(s) 'my-model'" in _flat(unknown.output)
+    assert unknown.exit_code == 2 and "unknown model(s) 'my-model'" in flat(unknown.output)
     monkeypatch.setenv("TALARIA_CATALOG_PATH", str(tmp_path))
     result = runner.invoke(app, ["serve", "--models", "my-model,tiny-a", "--port", "8123"])
     assert result.exit_code == 0, result.output
@@ -228,7 +222,7 @@ def test_serve_finds_models_in_the_settings_catalog_path(
 def test_replay_rejects_non_positive_counts_and_quanta(args: list[str], hint: str) -> None:
     result = runner.invoke(app, ["replay", "--preset", "small", "--no-progress", *args])
     assert result.exit_code == 2, result.output
-    assert f"Invalid value for {hint}" in _flat(result.output)
+    assert f"Invalid value for {hint}" in flat(result.output)
     assert "Traceback" not in result.output
 
 
@@ -236,7 +230,7 @@ def test_trace_generate_rejects_a_non_positive_session_count(tmp_path: Path) -> 
     out = tmp_path / "t.jsonl"
     result = runner.invoke(app, ["trace", "generate", "--sessions", "0", "--out", str(out)])
     assert result.exit_code == 2, result.output
-    assert "Invalid value for '--sessions'" in _flat(result.output)
+    assert "Invalid value for '--sessions'" in flat(result.output)
     assert not out.exists()
 
 
@@ -328,21 +322,21 @@ def _help_sources(command: Any) -> str:
 
 def test_help_shows_square_brackets_literally() -> None:
     root = typer.main.get_command(app)
-    replay_help = _flat(runner.invoke(app, ["replay", "--help"]).output)
+    replay_help = flat(runner.invoke(app, ["replay", "--help"]).output)
     assert "(its [profile] is used;" in replay_help
-    assert "then a [simulated] answer" in _flat(runner.invoke(app, ["serve", "--help"]).output)
+    assert "then a [simulated] answer" in flat(runner.invoke(app, ["serve", "--help"]).output)
     commands = _commands(root)
     assert {("replay",), ("serve",), ("trace", "generate"), ("keys", "create")} < {
         path for path, _ in commands
     }
     for path, command in commands:
-        shown = _flat(runner.invoke(app, [*path, "--help"]).output)
+        shown = flat(runner.invoke(app, [*path, "--help"]).output)
         for term in re.findall(r"\[([^\]\[]+)\]", _help_sources(command)):
             assert f"[{term}]" in shown, (path, term)
 
 
 def test_help_cites_only_files_in_the_repository() -> None:
-    generate = _flat(runner.invoke(app, ["trace", "generate", "--help"]).output)
+    generate = flat(runner.invoke(app, ["trace", "generate", "--help"]).output)
     assert "docs/sources.md §2" in generate and "docs/trace-format.md" in generate
     root = typer.main.get_command(app)
     for path, _ in _commands(root):
@@ -367,7 +361,7 @@ def test_serve_refuses_a_non_loopback_host_without_any_key(
     for host in ("0.0.0.0", "192.0.2.10", "::"):
         refused = runner.invoke(app, [*args, "--host", host])
         assert refused.exit_code == 2, refused.output
-        text = _flat(refused.output)
+        text = flat(refused.output)
         assert "Invalid value for '--host': no API keys:" in text
         assert "'talaria keys create'" in text and "--allow-open" in text
         assert "Traceback" not in refused.output
@@ -415,7 +409,7 @@ def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("TALARIA_ADMIN_TOKEN", "adm")
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and not started
-    text = _flat(result.output)
+    text = flat(result.output)
     assert "TALARIA_ADMIN_TOKEN must be at least 16 characters (it has 3)" in text
     assert "'adm'" not in text
     with pytest.raises(ValueError, match="at least 16 characters"):
@@ -439,7 +433,7 @@ def test_a_plugins_bad_setting_is_refused_at_start(
     monkeypatch.setenv(name, value)
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and not started
-    text = _flat(result.output)
+    text = flat(result.output)
     field = name.removeprefix("TALARIA_").lower()
     assert f"1 validation error for ProxySettings {field} Input should be greater than" in text
     with pytest.raises(ValueError, match=f"validation error for ProxySettings\n{field}\n"):
@@ -460,7 +454,7 @@ def test_a_bad_session_header_is_refused_at_start(
     monkeypatch.setenv("TALARIA_SESSION_HEADERS", headers)
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and not started
-    assert said in _flat(result.output)
+    assert said in flat(result.output)
 
 
 def test_a_prompt_pattern_that_is_not_a_regular_expression_is_refused_at_start(
@@ -472,4 +466,4 @@ def test_a_prompt_pattern_that_is_not_a_regular_expression_is_refused_at_start(
     result = runner.invoke(app, ["serve"])
     assert result.exit_code == 2 and not started
     said = "TALARIA_PROMPT_PATTERNS: pattern 2 '(unclosed' is not a regular expression"
-    assert said in _flat(result.output)
+    assert said in flat(result.output)

@@ -31,6 +31,7 @@ from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.upstream.options import KNOWN, UPSTREAM_RATES, UpstreamOptions
 from talaria.runtime.factory import ENGINES
 from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE
+from tests.support import flat
 
 runner = CliRunner()
 
@@ -193,11 +194,6 @@ rates = {{ prefill_s_per_token = {rate} }}
 """
 
 
-def _flat(text: str) -> str:
-    """Typer's boxed error output as one line."""
-    return re.sub(r"[\s│╭╮╰╯─]+", " ", text)
-
-
 @pytest.mark.parametrize(
     ("change", "field", "reason"),
     [
@@ -223,7 +219,7 @@ def test_a_bad_number_or_name_in_a_node_toml_is_one_line_at_start(
     result = runner.invoke(app, ["runtime", "--config", str(config)])
     assert result.exit_code == 2, result.output
     assert started == []
-    text = _flat(result.output)
+    text = flat(result.output)
     assert str(config) in text and field in text and reason in text, text
     assert "Traceback" not in result.output
     if "rate" in change:  # the model is named

@@ -21,33 +21,14 @@ from talaria.proxy.cluster.handoff import AdoptableSession
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
-from talaria.proxy.contract.records import CallRecord, Record, ReservationRecord, SessionRecord
+from talaria.proxy.contract.records import CallRecord, ReservationRecord, SessionRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from tests.support import ListSink
 
 MODEL = "glm-4.5-fp8"
-
-
-class ListSink:
-    """Keeps every record; each is committed at once."""
-
-    full = False
-    failing_since = None
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> int:
-        self.records.append(record)
-        return len(self.records)
-
-    async def committed(self, seq: int) -> None:
-        assert seq <= len(self.records)
-
-    def reservations(self) -> list[ReservationRecord]:
-        return [r for r in self.records if isinstance(r, ReservationRecord)]
 
 
 BASH = ToolSpec("bash", "run a command", {"type": "object", "properties": {}})

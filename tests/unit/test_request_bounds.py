@@ -24,6 +24,7 @@ from talaria.proxy.callpath.bounds import (
 from talaria.proxy.callpath.schemas import SchemaCheck
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.sessions.identity import MAX_USER_ID_CHARS, claude_code_session
+from tests.support import near_budget
 
 USER = {"role": "user", "content": "hi"}
 
@@ -116,17 +117,12 @@ def test_a_response_chain_is_bounded_with_its_history() -> None:
     assert refused.value.param == "previous_response_id"
 
 
-def _near_budget(items: int) -> dict[str, Any]:
-    xs = {"type": "array", "minItems": items, "items": {"type": "integer"}}
-    return {"type": "object", "required": ["xs"], "properties": {"xs": xs}}
-
-
 def test_remembered_tools_leave_the_format_what_they_left() -> None:
     """A request is refused or not whether its tool set was remembered or not: the format's
     schema gets what the tools' build left of the one budget."""
     check = SchemaCheck()
-    tools = (ToolSpec("read", parameters=_near_budget(3000)),)
-    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": _near_budget(2000)}}
+    tools = (ToolSpec("read", parameters=near_budget(3000)),)
+    fmt = {"type": "json_schema", "json_schema": {"name": "o", "schema": near_budget(2000)}}
     check.check(Call("m", tools=tools), b"digest", "chat")  # remembered now
     assert len(check) == 1
     for _ in range(2):  # cold, then from memory: the same answer
@@ -134,7 +130,7 @@ def test_remembered_tools_leave_the_format_what_they_left() -> None:
             check.check(Call("m", tools=tools, sampling=Sampling(response_format=fmt)),
                         b"digest", "chat")  # fmt: skip
         assert refused.value.code == "schema_too_large" and refused.value.param == "tools"
-    small = {"type": "json_schema", "json_schema": {"name": "o", "schema": _near_budget(500)}}
+    small = {"type": "json_schema", "json_schema": {"name": "o", "schema": near_budget(500)}}
     check.check(Call("m", tools=tools, sampling=Sampling(response_format=small)), b"digest", "chat")
 
 

@@ -6,7 +6,6 @@ sends it; the proxy's setting never shows the token."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,15 +20,11 @@ from typer.testing import CliRunner
 from talaria.cli import app
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime import server
+from tests.support import flat
 
 runner = CliRunner()
 TOKEN = "a-runtime-token-of-32-characters"
 NODE_TOML = '[node]\nname = "n0"\n\n[[model]]\nname = "glm-4.5-fp8"\nengine = "sim"\n'
-
-
-def _flat(text: str) -> str:
-    """Typer's boxed error output as one line."""
-    return re.sub(r"[\s│╭╮╰╯─]+", " ", text)
 
 
 @pytest.fixture
@@ -67,7 +62,7 @@ def test_a_non_loopback_runtime_needs_a_token(
     for host in ("0.0.0.0", "192.0.2.10", "::"):
         refused = runner.invoke(app, [*config, "--host", host])
         assert refused.exit_code == 2, refused.output
-        text = _flat(refused.output)
+        text = flat(refused.output)
         assert "Invalid value for '--host': no TALARIA_RUNTIME_TOKEN:" in text
         assert "set TALARIA_RUNTIME_TOKEN (at least 16 characters" in text
         assert "Traceback" not in refused.output
@@ -94,7 +89,7 @@ def test_a_short_runtime_token_is_refused_without_echoing_it(
     monkeypatch.setenv("TALARIA_RUNTIME_TOKEN", "tok")
     refused = runner.invoke(app, ["runtime", "--config", str(tmp_path / "node.toml")])
     assert refused.exit_code == 2 and started == []
-    text = _flat(refused.output)
+    text = flat(refused.output)
     assert "TALARIA_RUNTIME_TOKEN must be at least 16 characters (it has 3)" in text
     assert "'tok'" not in text
     with pytest.raises(ValidationError, match="at least 16 characters") as invalid:
@@ -106,7 +101,7 @@ def test_the_models_dir_must_exist(started: list[dict[str, Any]], tmp_path: Path
     config = ["runtime", "--config", str(tmp_path / "node.toml")]
     absent = runner.invoke(app, [*config, "--models-dir", str(tmp_path / "absent")])
     assert absent.exit_code == 2 and started == []
-    assert "'--models-dir'" in _flat(absent.output)
+    assert "'--models-dir'" in flat(absent.output)
 
 
 def test_the_proxy_setting_is_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:

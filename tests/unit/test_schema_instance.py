@@ -22,6 +22,7 @@ from talaria.core.schema_instance import (
     check_schemas,
     instance,
 )
+from tests.support import near_budget
 
 FIXTURES = Path(__file__).resolve().parents[2] / "bench" / "fixtures" / "agent_tools"
 
@@ -129,11 +130,6 @@ def test_check_schemas_names_the_tool_or_the_format() -> None:
     check_schemas([good], {"type": "json_object"}, "response_format")
 
 
-def _near_budget(items: int) -> dict[str, Any]:
-    xs = {"type": "array", "minItems": items, "items": {"type": "integer"}}
-    return {"type": "object", "required": ["xs"], "properties": {"xs": xs}}
-
-
 @pytest.mark.parametrize("agent", ["claude-code", "codex", "qwen-code"])
 def test_an_agents_whole_tool_set_takes_a_sliver_of_one_request_budget(agent: str) -> None:
     """What the module docstring says the agents' tool sets build: 20–26 values and 110–195
@@ -152,7 +148,7 @@ def test_the_schemas_of_a_request_share_one_budget() -> None:
     """The finding: 1,000 tools each just under the budget passed one by one (4 million values,
     seconds of the loop); together they are refused, naming the request, after at most one
     budget's worth of building (and one more to tell whether the last schema fits alone)."""
-    tools = [ToolSpec(f"t{i}", parameters=_near_budget(4000)) for i in range(1000)]
+    tools = [ToolSpec(f"t{i}", parameters=near_budget(4000)) for i in range(1000)]
     budget = InstanceBudget()
     with pytest.raises(SchemaTooLarge) as refused:
         check_schemas(tools, None, "response_format", budget)
@@ -162,8 +158,8 @@ def test_the_schemas_of_a_request_share_one_budget() -> None:
 
 
 def test_a_response_format_shares_the_tools_budget() -> None:
-    tools = [ToolSpec("read", parameters=_near_budget(3000))]
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": _near_budget(2000)}}
+    tools = [ToolSpec("read", parameters=near_budget(3000))]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": near_budget(2000)}}
     check_schemas(tools, None, "response_format")
     check_schemas((), fmt, "response_format")
     with pytest.raises(SchemaTooLarge) as refused:
@@ -177,7 +173,7 @@ def test_a_response_format_shares_the_tools_budget() -> None:
 
 def test_a_schema_past_the_budget_alone_is_named_after_others_spent_some() -> None:
     tools = [
-        ToolSpec("read", parameters=_near_budget(100)),
+        ToolSpec("read", parameters=near_budget(100)),
         ToolSpec("list", parameters=BOMBS["nested minItems"]),
     ]
     with pytest.raises(SchemaTooLarge) as refused:

@@ -28,7 +28,7 @@ from talaria.proxy.sessions.state import SessionState
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
-from tests.unit.test_session_threads import ListSink
+from tests.support import ListSink
 
 MODEL = "glm-4.5-fp8"
 CAP = 3

@@ -20,7 +20,7 @@ from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.errors import ApiError
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
-from talaria.proxy.contract.records import Record, ReservationRecord
+from talaria.proxy.contract.records import ReservationRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
@@ -29,6 +29,7 @@ from talaria.proxy.sessions.tenancy import ThreadLimit
 from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from tests.support import ListSink
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 NAMED = Identity("run-1", "talaria")
@@ -77,23 +78,6 @@ def test_a_thread_in_use_is_never_retired_and_all_busy_is_refused() -> None:
     book.call_ended(state, oldest)
     _start(book, "e", 5.0)  # a is idle now: it goes
     assert [t.number for t in retired] == [1, 0] and book.threads("t") == 3
-
-
-class ListSink:
-    """Keeps every record; each is committed at once."""
-
-    full = False
-    failing_since = None
-
-    def __init__(self) -> None:
-        self.records: list[Record] = []
-
-    def submit(self, record: Record) -> int:
-        self.records.append(record)
-        return len(self.records)
-
-    async def committed(self, seq: int) -> None:
-        assert seq <= len(self.records)
 
 
 def _call(first: str, n: int) -> PreparedCall:

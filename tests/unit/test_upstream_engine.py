@@ -6,12 +6,12 @@ going away, errors, start-up checks, options, and the sleep / wake endpoints it 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
 
+from bench.harness.processes import free_port
 from talaria.core.calls import Call, OutputDelta, Sampling, ToolCall, ToolCallDelta, ToolSpec
 from talaria.core.clock import LoopClock
 from talaria.core.types import (
@@ -254,12 +254,6 @@ def test_upstream_errors_map_to_the_callers_fault_or_a_runtime_fault(
         assert "maximum context length" in str(exc)
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_an_upstream_that_went_down_is_a_runtime_fault() -> None:
     async def main() -> None:
         async with fake_upstream() as fake:
@@ -274,7 +268,7 @@ def test_an_upstream_that_went_down_is_a_runtime_fault() -> None:
 
 
 def test_start_names_an_url_that_does_not_answer_and_a_model_it_does_not_serve() -> None:
-    url = f"http://127.0.0.1:{_closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
 
     async def main() -> tuple[str, str, int]:
         engine = engine_for(url)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -13,11 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from bench.harness.processes import free_port
 
 
 @contextmanager

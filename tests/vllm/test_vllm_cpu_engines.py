@@ -152,7 +152,9 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
     prompt_ids = tok.encode_chat(messages)
 
     async def body() -> tuple[list[Any], CallResult, list[Any]]:
-        assert await engine.activate() < 0.01  # the CPU gate
+        # the CPU gate: no await, ~0 s (0.1 s: a loaded box may deschedule the test between the
+        # clock's two reads; a wake through vLLM's sleep mode waits on the EngineCore process)
+        assert await engine.activate() < 0.1
         history = list(messages)
         first = call("real-1", "real", history, stream=True)
         admission = engine.try_admit(first, node.clock.now(), False)
@@ -183,13 +185,14 @@ def test_real_tokens_and_prefix_cache_hits(node: Node) -> None:
     )
     assert result.first_token_s <= result.finished_s
     # vLLM's own EngineCore timestamps, on the runtime's clock: in order, inside the call, and
-    # the host passes each output on within milliseconds
+    # the host passes each output on within milliseconds (2 s: the EngineCore process and
+    # another worker's share the 2 cores; a timestamp left on another clock is off by far more)
     times = result.engine
     assert times is not None
     assert result.admitted_s <= times.queued_s <= times.scheduled_s <= times.first_token_s
     assert times.first_token_s <= times.last_token_s <= result.finished_s
-    assert 0 <= result.first_token_s - times.first_token_s < 0.5
-    assert 0 <= result.finished_s - times.last_token_s < 0.5
+    assert 0 <= result.first_token_s - times.first_token_s < 2.0
+    assert 0 <= result.finished_s - times.last_token_s < 2.0
 
     first_token, finished = more
     assert isinstance(first_token, FirstToken) and isinstance(finished, Finished)

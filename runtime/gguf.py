@@ -75,9 +75,22 @@ def converted_dir(gguf: Path, out: Path | None = None, template: Path | None = N
     target = out or cache_root() / f"{model_name(gguf)}-{_digest(gguf)}"
     marker = target / MARKER
     if marker.is_file():
+        _refresh_template(target, json.loads(marker.read_text()))
         return target
     convert(gguf, target, template)
     return target
+
+
+def _refresh_template(target: Path, marker: dict[str, object]) -> None:
+    """A directory converted with the project's tools template gets its current text: a
+    cached conversion would otherwise keep an older copy, which runtime/model_source.py no
+    longer recognises as ours (and serves without the ``hermes`` tool parser)."""
+    if marker.get("template") != "ours":
+        return
+    own = target / "chat_template.jinja"
+    current = TOOLS_TEMPLATE.read_text()
+    if not own.is_file() or own.read_text() != current:
+        own.write_text(current)
 
 
 def convert(gguf: Path, target: Path, template: Path | None = None) -> None:
@@ -105,9 +118,13 @@ def convert(gguf: Path, target: Path, template: Path | None = None) -> None:
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
+    origin = None
     if tool_template_fault(HFTokenizer(tokenizer)) is not None:
         chosen = template or TOOLS_TEMPLATE
         (partial / "chat_template.jinja").write_text(chosen.read_text())
-    (partial / MARKER).write_text(json.dumps({"gguf": str(gguf), "digest": _digest(gguf)}))
+        origin = "ours" if template is None else str(template)
+    (partial / MARKER).write_text(
+        json.dumps({"gguf": str(gguf), "digest": _digest(gguf), "template": origin})
+    )
     shutil.rmtree(target, ignore_errors=True)
     partial.rename(target)

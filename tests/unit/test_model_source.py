@@ -128,6 +128,26 @@ def test_a_converted_gguf_with_the_projects_template_gets_hermes(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
+    ("origin", "refreshed"), [("ours", True), (None, False), ("/their/own.jinja", False)]
+)
+def test_a_cached_conversion_gets_the_projects_current_template(
+    tmp_path: Path, origin: str | None, refreshed: bool
+) -> None:
+    """A conversion cached before the project's template changed: the template is rewritten
+    where the conversion wrote ours (so it is still recognised, and served with ``hermes``),
+    never where it wrote the user's or none."""
+    source = tmp_path / "smol.gguf"
+    source.write_bytes(b"GGUF")
+    path = _model_dir(tmp_path, "smol", {}, template="{# an older copy of ours #}")
+    (path / gguf.MARKER).write_text(json.dumps({"template": origin}))
+    assert gguf.converted_dir(source, out=path) == path
+    now = (path / "chat_template.jinja").read_text()
+    assert (now == gguf.TOOLS_TEMPLATE.read_text()) is refreshed
+    has_parser = "tool_parser" in model_config(str(path), ServingChoices(), CATALOG).options
+    assert has_parser is refreshed
+
+
+@pytest.mark.parametrize(
     ("files", "error"),
     [
         ((), "has no config.json"),

@@ -7,12 +7,13 @@ The runtime's node scheduler keeps a ``ReservationTable`` of ``plan_reservation`
 instance each session in a tool gap is expected back on, for the router's ``reserved`` rule.
 
 Expected gap = the caller's hint if given, else the session's learned mean gap
-``(prior_s × prior_weight + Σ observed) / (prior_weight + n)`` (prior: the tool-gap mean
-≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A reservation is taken only if the
-session is expected back before the slot's deadline (there is no point holding a slot it will
-miss), and expires at ``now + max(slack_factor × gap, gap + min_slack_s)`` (the *slack rule*).
-With the ``learned_gaps`` scheduler flag the node passes, for a session without a hint, the
-q-quantile of its learned log-normal gap as ``hold_gap_s`` (core/gaps.py): the reservation then
+(core/gap_model.py ``MeanGaps``: ``(prior_s × prior_weight + Σ observed) / (prior_weight + n)``,
+prior the tool-gap mean ≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A
+reservation is taken only if the session is expected back before the slot's deadline (there is
+no point holding a slot it will miss), and expires at ``now + max(slack_factor × gap, gap +
+min_slack_s)`` (the *slack rule*, ``core.gap_model.slack_hold_s``). With the ``learned_gaps``
+scheduler flag the node passes, for a session without a hint, the q-quantile of its learned
+log-normal gap as ``hold_gap_s`` (core/gap_model.py ``LogNormalGaps``): the reservation then
 holds the session's KV until ``now + max(hold_gap_s, slack rule)``, but keeps its model's slot
 open, and the admission budget for the session's next call (``held_bytes``), only for the slack
 rule (``Reservation.slot_until_s``). A live reservation stops the slot's idle close
@@ -33,8 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-DEFAULT_GAP_PRIOR_S = 3.2
-"""docs/sources.md §2: the fitted tool-gap mixture has mean ≈ 3.2 s."""
+from talaria.core.gap_model import (
+    MIN_SLACK_S,
+    SLACK_FACTOR,
+    MeanGaps,
+    slack_hold_s,
+)
+
 DEFAULT_MAX_HINT_GAP_S = 240.0
 """The longest tool gap a client's hint may claim (a longer one counts as this): above the p99
 of real coding-agent tool calls, 3.6 min (TraceLab, docs/sources.md §2), in whole minutes. A
@@ -52,26 +58,6 @@ class ReleaseReason(StrEnum):
     MOVED = "moved"  # the session's next call went to another instance
     OVER_SHARE = "over-share"  # another tenant's call needed the memory past its tenant's share
     STALE = "stale"  # another tenant's call needed the memory; held past a few mean gaps
-
-
-@dataclass
-class GapEstimator:
-    """A session's learned tool gap, seconds: (prior_s × prior_weight + Σ observed) /
-    (prior_weight + n)."""
-
-    prior_s: float = DEFAULT_GAP_PRIOR_S
-    prior_weight: float = 1.0
-    total_s: float = 0.0
-    count: int = 0
-
-    def observe(self, gap_s: float) -> None:
-        """Add one observed gap, seconds (a negative one counts as 0)."""
-        self.total_s += max(0.0, gap_s)
-        self.count += 1
-
-    def expected_s(self) -> float:
-        """The expected gap, seconds: the prior blended with the observed mean (formula above)."""
-        return (self.prior_s * self.prior_weight + self.total_s) / (self.prior_weight + self.count)
 
 
 @dataclass(frozen=True)
@@ -106,8 +92,8 @@ def plan_reservation(
     expected_gap_s: float,
     held_bytes: float,
     deadline_s: float | None,
-    slack_factor: float = 2.0,
-    min_slack_s: float = 1.0,
+    slack_factor: float = SLACK_FACTOR,
+    min_slack_s: float = MIN_SLACK_S,
     hold_gap_s: float | None = None,
     pinned_bytes: float = 0.0,
 ) -> Reservation | None:
@@ -117,7 +103,7 @@ def plan_reservation(
     expected_return = now_s + expected_gap_s
     if deadline_s is not None and expected_return > deadline_s:
         return None
-    slack = max(slack_factor * expected_gap_s, expected_gap_s + min_slack_s)
+    slack = slack_hold_s(expected_gap_s, slack_factor, min_slack_s)
     if hold_gap_s is None:
         return Reservation(
             session_key, model, held_bytes, now_s, expected_return, now_s + slack,
@@ -240,7 +226,7 @@ class SoftReservation:
 
 @dataclass
 class _Tracked:
-    gaps: GapEstimator = field(default_factory=GapEstimator)
+    gaps: MeanGaps = field(default_factory=MeanGaps)
     last_finish_s: float | None = None
     """The finish of its last call, until its next call starts (one gap per finish)."""
     last_instance: str | None = None
@@ -256,7 +242,8 @@ class SessionReservations:
 
     - **Gap learning.** A call that starts (``started``) while no other call of the session is
       in flight observes the gap since the session's last finish, once per finish
-      (``GapEstimator``: the prior 3.2 s with weight 1, then the mean of what was observed).
+      (``core.gap_model.MeanGaps``: the prior 3.2 s with weight 1, then the mean of what was
+      observed).
     - **When to reserve.** After a call that is not the session's last (``finished``) whose reply
       asks for tools, or that carries a client tool-gap hint; a hint on its own (``hint``, no
       call of the session in flight) reserves too. A reply that neither asks for tools nor
@@ -302,7 +289,7 @@ class SessionReservations:
     def expected_gap_s(self, session: str) -> float:
         """The session's learned mean gap (the prior for a session the book does not know)."""
         tracked = self._sessions.get(session)
-        return (tracked.gaps if tracked is not None else GapEstimator()).expected_s()
+        return (tracked.gaps if tracked is not None else MeanGaps()).expected_s()
 
     # -- a session's calls ------------------------------------------------------------------
     def started(

@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from talaria.core.clock import Clock
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
 from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
     ReleaseReason,
     ReservationTable,
     plan_reservation,

@@ -126,6 +126,7 @@ class StatusReader:
                 for s in slot.records[-RECENT_SLOTS:]
             ],
             tenants=self.tenants(now),
+            gap_models=self.sessions.gap_figures(),
         )
 
     def kv_map(self) -> dict[str, SessionKvStatus]:

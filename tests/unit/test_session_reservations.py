@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
 from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
     SessionReservations,
     Settled,
     SoftReservation,

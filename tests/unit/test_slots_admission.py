@@ -9,8 +9,6 @@ from typing import Any
 import pytest
 
 from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
-    GapEstimator,
     ReleaseReason,
     Reservation,
     ReservationTable,
@@ -287,30 +285,6 @@ def test_a_learned_hold_extends_the_kv_not_the_slot(
         deadline_s=None,
     )  # fmt: skip
     assert plain is not None and plain.slot_until_s is None and plain.keeps_slot(1e9)
-
-
-@pytest.mark.parametrize(
-    ("gaps", "expected"),
-    [
-        ((), DEFAULT_GAP_PRIOR_S),  # the prior alone
-        ((1.2,), (DEFAULT_GAP_PRIOR_S + 1.2) / 2),
-        ((1.0, 2.0, 3.0), (DEFAULT_GAP_PRIOR_S + 6.0) / 4),
-        ((-5.0,), DEFAULT_GAP_PRIOR_S / 2),  # negative gaps count as 0
-    ],
-)
-def test_gap_estimator_default_prior(gaps: tuple[float, ...], expected: float) -> None:
-    est = GapEstimator()
-    for gap in gaps:
-        est.observe(gap)
-    assert est.count == len(gaps)
-    assert est.expected_s() == pytest.approx(expected)
-
-
-def test_gap_estimator_prior_weight() -> None:
-    est = GapEstimator(prior_s=10.0, prior_weight=3.0)
-    assert est.expected_s() == 10.0
-    est.observe(2.0)
-    assert est.expected_s() == pytest.approx((10.0 * 3 + 2.0) / 4)
 
 
 def _res(session: str, model: str = "a", held: float = 1.0, expires: float = 10.0) -> Reservation:

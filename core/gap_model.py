@@ -10,7 +10,7 @@ the gap it expects (``expected_s``) and how long to hold for it to cover a share
   expected = (prior_s × prior_weight + Σ g) / (prior_weight + n), the prior 3.2 s (the tool-gap
   mean of docs/sources.md §2) with weight 1; hold = the slack rule max(2 × expected,
   expected + 1 s), whatever q (the mean rule fits no spread: its hold is what the node's
-  mean-gap hold has always been, core/reservations.py ``plan_reservation``).
+  mean-gap hold has always been, core/holds.py ``plan_hold``).
 - ``LogNormalGaps`` (the ``learned_gaps`` flag; core/gaps.py): the session's own ln(gap)s
   blended with its population's online log-normal, μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the
   population's; expected = the median e^μ_s; hold = max(min(e^(μ_s + z_q σ), 600 s),

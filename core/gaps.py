@@ -50,7 +50,7 @@ m + floor), z_q the standard normal q-quantile (q = 0.95 by default,
 ``runtime.scheduling.config.SchedulerConfig.gap_quantile`` says why), the cap the session idle
 timeout 600 s (docs/sources.md §2), the floor 1 s. So the hold is always ≥ m + 1 s ≥ m, and
 (below the cap) grows with q. The node holds the session's KV until now + max(hold, the mean
-rule's hold) (``core.reservations.plan_reservation`` with ``hold_gap_s``); whether it reserves
+rule's hold) (``core.holds.plan_hold`` with ``hold_gap_s``); whether it reserves
 and how long the reservation keeps the slot open stay the mean rule's.
 
 Gaps are floored at ``MIN_GAP_S`` = 1 ms before the log (a call that arrives at the instant the

@@ -75,7 +75,7 @@ class NodeOutcome:
     reservations: dict[str, int]
     reservation_byte_s: float = 0.0
     """The admission budget its released reservations held, byte-seconds
-    (``ReservationTable.held_byte_s``)."""
+    (``HoldTable.held_byte_s``)."""
     pinned_byte_s: float = 0.0
     """The KV its released reservations kept pinned, byte-seconds (``pinned_byte_s``)."""
     gap_quality: dict[str, GapQuality] = field(default_factory=dict)

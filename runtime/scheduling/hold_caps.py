@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from talaria.core.reservations import ReleaseReason
+from talaria.core.holds import ReleaseReason
 
 STALE_HOLD_GAPS = 4.0
 """A hold past this many mean gaps of its session is stale (module docstring, rule 2)."""

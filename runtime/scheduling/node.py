@@ -28,7 +28,7 @@ from typing import Any
 
 from talaria.core.clock import Clock
 from talaria.core.gap_model import GapQuality
-from talaria.core.reservations import ReleaseReason, ReservationTable
+from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
 from talaria.runtime.engine import Engine
@@ -157,7 +157,7 @@ class NodeScheduler:
         return MappingProxyType(self._engines)
 
     @property
-    def reservations(self) -> ReservationTable:
+    def reservations(self) -> HoldTable:
         """The node's soft reservations (read-only here; the slot loop keeps them)."""
         return self._loop.reservations
 

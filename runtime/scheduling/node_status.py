@@ -104,7 +104,7 @@ class StatusReader:
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={  # a learned hold's extension holds no budget (core/reservations.py)
+            reserved={  # a learned hold's extension holds no budget (core/holds.py)
                 r.session_key: r.held_bytes if r.keeps_slot(now) else 0.0
                 for r in self.loop.reservations.live.values()
             },

@@ -26,7 +26,7 @@ Prints, per workload, seed and policy: p50/p95 SCT, reservations taken (released
 reason), returned, expired, the expired share (expired ÷ (returned + expired)), the missed share
 ((expired + slot closed) ÷ (returned + expired + slot closed): released before their session
 came back for either reason) and the memory they held, GB·s: the admission budget held for the
-sessions' next calls, and the sessions' KV kept pinned (core/reservations.py); then per
+sessions' next calls, and the sessions' KV kept pinned (core/holds.py); then per
 workload and policy the mean over seeds, and per seed against ``talaria`` on the same
 sessions: the median and range of p50 ÷ talaria's p50, the seeds where it is not worse, and
 the seeds where the expired share fell. ``--quantiles``: the hold's quantile q of

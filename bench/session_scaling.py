@@ -23,7 +23,7 @@ implicit call's side-call check has waiting sessions to consider):
   records included). The N sessions are filled through the gateway too, so the node holds
   their sessions and KV as it would.
 - **sweep**: the gateway's per-second work that is O(sessions): ``SessionBook.idle`` (the
-  keeper's idle sweep, none idle) and ``SessionReservations.sweep`` (every session tracked,
+  keeper's idle sweep, none idle) and ``SessionPreferences.sweep`` (every session tracked,
   none expired), at ``--sweep-live`` sessions. The sweep runs every clock second, so under
   ``--time-scale k`` it runs k times a wall second.
 
@@ -46,8 +46,8 @@ from typing import Any
 from talaria.core.calls import Call
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.preferences import SessionPreferences
 from talaria.core.protocol import status_from_dict, status_to_dict
-from talaria.core.reservations import SessionReservations
 from talaria.proxy.callpath.gateway import call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity
@@ -245,10 +245,10 @@ def _median_s(work: Callable[[], object], repeats: int) -> float:
 
 
 def time_sweep(live: int) -> dict[str, float]:
-    """ms of one ``SessionBook.idle`` and one ``SessionReservations.sweep`` over ``live``
+    """ms of one ``SessionBook.idle`` and one ``SessionPreferences.sweep`` over ``live``
     sessions (none idle, none expired)."""
     book = book_with(live, "other tenants", 0)
-    reservations = SessionReservations()
+    reservations = SessionPreferences()
     for state in book:
         reservations.finished(state.key, "n0", 0.0, final=False, asks_tools=True, hint_s=1e9)
     idle_s = _median_s(lambda: book.idle(float(live), float(live) + 600.0), 21)  # none idle
@@ -303,7 +303,7 @@ def main() -> None:
                 ]
             print("| " + " | ".join(cells) + " |", flush=True)
     print()
-    print("| live sessions | SessionBook.idle ms | SessionReservations.sweep ms |")
+    print("| live sessions | SessionBook.idle ms | SessionPreferences.sweep ms |")
     print("|---|---|---|")
     for live in _levels(args.sweep_live):
         sweep = {"live": live, **time_sweep(live)}

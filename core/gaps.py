@@ -2,9 +2,9 @@
 (the ``learned_gaps`` scheduler flag; issue 41, item 3).
 
 Pure: no clock, no I/O; every gap is an argument in seconds. The node's scheduler keeps one
-``PopulationGaps`` and one ``SessionGaps`` per session (runtime/scheduling/sessions.py) and feeds
-both the way it feeds ``core.reservations.GapEstimator``: a gap is the time from a call's finish
-to the session's next call arriving at the node.
+``PopulationGaps`` and, per session, a ``core.gap_model.LogNormalGaps`` (a ``SessionGaps`` and its
+population's key: runtime/scheduling/sessions.py), fed as the mean rule's ``MeanGaps``: a gap is
+the time from a call's finish to the session's next call arriving at the node.
 
 **Prior.** docs/sources.md §2 fits the tool gap as a mixture, 96 % lognormal(median 0.4 s,
 σ 1.3) + 4 % lognormal(median 35 s, σ 1.0). With weights w_i, log-medians μ_i = ln(median_i)
@@ -50,7 +50,7 @@ m + floor), z_q the standard normal q-quantile (q = 0.95 by default,
 ``runtime.scheduling.config.SchedulerConfig.gap_quantile`` says why), the cap the session idle
 timeout 600 s (docs/sources.md §2), the floor 1 s. So the hold is always ≥ m + 1 s ≥ m, and
 (below the cap) grows with q. The node holds the session's KV until now + max(hold, the mean
-rule's hold) (``core.reservations.plan_reservation`` with ``hold_gap_s``); whether it reserves
+rule's hold) (``core.holds.plan_hold`` with ``hold_gap_s``); whether it reserves
 and how long the reservation keeps the slot open stay the mean rule's.
 
 Gaps are floored at ``MIN_GAP_S`` = 1 ms before the log (a call that arrives at the instant the
@@ -189,6 +189,13 @@ class PopulationGaps:
         if found is None:
             return LogNormalFit.prior(self.log_mean, self.log_sd, self.prior_weight)
         self._fits.move_to_end(held)
+        return found
+
+    def peek(self, key: PopulationKey) -> LogNormalFit:
+        """The fit ``key`` is learned under, as ``fit`` but not marked used."""
+        found = self._fits.get(self.key_of(key))
+        if found is None:
+            return LogNormalFit.prior(self.log_mean, self.log_sd, self.prior_weight)
         return found
 
     def observe(self, key: PopulationKey, gap_s: float) -> None:

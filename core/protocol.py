@@ -61,7 +61,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 """1: token counts only (text in ``output_text``); 2: the normalized call (tools, tool choice,
 sampling) and structured output deltas; 3: reasoning effort, template kwargs, parallel tool
 calls, strict tools, logprobs; 4: the call's content as one nested ``call`` document (``Call``'s

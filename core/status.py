@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from talaria.core.gap_model import GapFigures
+
 STATUS_TABLES = ("models", "sessions", "reserved", "tenants")
 """The keyed tables of a status document: one entry per model, session or tenant."""
 DOCUMENT_TABLES = (*STATUS_TABLES, "engines")
@@ -121,6 +123,9 @@ class InstanceStatus:
     """The last ``RECENT_SLOTS`` slots, oldest first (the open one last)."""
     tenants: dict[str, TenantShare] = field(default_factory=dict)
     """Per tenant digest with calls here so far: its share of the service and its queue."""
+    gap_models: dict[str, GapFigures] = field(default_factory=dict)
+    """Per gap model the node keeps (``mean``; ``log-normal`` with ``learned_gaps``): how well
+    it predicted its sessions' tool gaps so far (core/gap_model.py)."""
 
     @property
     def reserved_bytes(self) -> float:
@@ -142,12 +147,17 @@ class InstanceStatus:
         sessions = _entries(data.get("sessions", {}), _kv, "sessions", out)
         reserved = _entries(data.get("reserved", {}), _bytes, "reserved", out)
         tenants = _entries(data.get("tenants", {}), _share, "tenants", out)
+        gap_models = _entries(data.get("gap_models", {}), _figures, "gap_models", out)
         slots = [SlotView(**s) for s in data.get("recent_slots", ())]
-        rest = {k: v for k, v in data.items() if k not in (*STATUS_TABLES, "recent_slots")}
+        rest = {k: v for k, v in data.items() if k not in (*STATUS_TABLES, *_NESTED)}
         return cls(
             models=models, sessions=sessions, reserved=reserved, recent_slots=slots,
-            tenants=tenants, **rest,
+            tenants=tenants, gap_models=gap_models, **rest,
         )  # fmt: skip
+
+
+_NESTED = ("recent_slots", "gap_models")
+"""The members ``from_dict`` builds besides the keyed tables."""
 
 
 T = TypeVar("T")
@@ -182,6 +192,10 @@ def _kv(data: Any) -> SessionKvStatus:
 
 def _share(data: Any) -> TenantShare:
     return TenantShare(**data)
+
+
+def _figures(data: Any) -> GapFigures:
+    return GapFigures(**data)
 
 
 def _bytes(value: Any) -> float:

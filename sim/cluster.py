@@ -1,7 +1,7 @@
 """The replay's proxy: routes every call to a node with ``talaria.core.routing.route``.
 
 For each call, in virtual time: read the session's live proxy-level soft reservation
-(``core.reservations.SessionReservations``, the gateway's own rules), take a ``status()``
+(``core.preferences.SessionPreferences``, the gateway's own rules), take a ``status()``
 snapshot of every node hosting the call's model, ``route`` with the policy's router and the
 replay's seeded rng, release the reservation (the session is back; its gap is learned), and
 submit to the chosen node. When the call ends, the book reserves the node for the session as
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from talaria.core.clock import Clock
 from talaria.core.placement import PlacementTable
-from talaria.core.reservations import SessionReservations
+from talaria.core.preferences import SessionPreferences
 from talaria.core.routing import RouteRequest, RoutingConfig, route
 from talaria.core.routing.request import NoInstanceError
 from talaria.core.routing.routers import get_router
@@ -64,7 +64,7 @@ class Dispatcher:
     ) -> None:
         self.router = get_router(router).name
         self.config = config or RoutingConfig()
-        self.book = SessionReservations()
+        self.book = SessionPreferences()
         self.reasons: Counter[str] = Counter()
         self.migrations = 0
         """Continuation calls routed to another node than the session's previous call."""

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from talaria.core.catalog import Catalog
+from talaria.core.gap_model import GapQuality
 from talaria.core.placement import PlacementConfig
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
@@ -29,7 +30,7 @@ from talaria.runtime.scheduling.state import SlotRecord
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy
-from talaria.sim.replay import ReplayOutcome, SessionOutcome, Transport, replay
+from talaria.sim.replay import NodeOutcome, ReplayOutcome, SessionOutcome, Transport, replay
 
 OnCall = Callable[[CallResult], None]
 
@@ -121,6 +122,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         reservation_gb_s=sum(n.reservation_byte_s for n in outcome.nodes) / 1e9,
         reservation_pinned_gb_s=sum(n.pinned_byte_s for n in outcome.nodes) / 1e9,
         reservations_expired_share=_expired_share(reservations),
+        gap_models=_gap_models(outcome.nodes),
         **_subagents(outcome.sessions),
         sct_s={s.session_id: s.sct_s for s in outcome.sessions},
         timeline=[
@@ -160,6 +162,16 @@ def _subagents(sessions: Sequence[SessionOutcome]) -> dict[str, Any]:
             "recomputed_tokens": sum(c.recomputed_tokens for s in children for c in s.calls),
         }
     }
+
+
+def _gap_models(nodes: Sequence[NodeOutcome]) -> dict[str, dict[str, Any]]:
+    """Per gap model the nodes kept: how well it predicted their sessions' gaps, over all of
+    them (core/gap_model.py ``GapFigures``)."""
+    merged: dict[str, GapQuality] = {}
+    for node in nodes:
+        for name, quality in node.gap_quality.items():
+            merged.setdefault(name, GapQuality(quality.quantile)).merge(quality)
+    return {name: asdict(quality.figures()) for name, quality in merged.items()}
 
 
 def _expired_share(reservations: dict[str, int]) -> float | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from talaria.core.catalog import Catalog, EfficiencyProfile
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.gap_model import GapQuality
 from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
@@ -74,9 +75,11 @@ class NodeOutcome:
     reservations: dict[str, int]
     reservation_byte_s: float = 0.0
     """The admission budget its released reservations held, byte-seconds
-    (``ReservationTable.held_byte_s``)."""
+    (``HoldTable.held_byte_s``)."""
     pinned_byte_s: float = 0.0
     """The KV its released reservations kept pinned, byte-seconds (``pinned_byte_s``)."""
+    gap_quality: dict[str, GapQuality] = field(default_factory=dict)
+    """Per gap model the node kept: how well it predicted its sessions' gaps."""
 
 
 @dataclass(frozen=True)
@@ -291,4 +294,5 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
         reservations={str(k): v for k, v in node.reservations.released.items()},
         reservation_byte_s=node.reservations.held_byte_s,
         pinned_byte_s=node.reservations.pinned_byte_s,
+        gap_quality=dict(node.gap_quality),
     )

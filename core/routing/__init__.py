@@ -12,7 +12,7 @@ only ``talaria.core``, never ``proxy``, ``runtime`` or ``sim``.
   ``SCORERS`` (name → ``Scorer``, one line each);
 - ``picker``: weighted sum, argmax, seeded tie-break, the reason label;
 - ``routers``: ``talaria``, ``load-only``, ``sticky``, ``kv-aware``; ``route`` (the proxy-level
-  soft reservations its ``reserved`` rule reads are ``core.reservations.SessionReservations``);
+  soft reservations its ``reserved`` rule reads are ``core.preferences.SessionPreferences``);
 - ``settings``: ``RoutingConfig`` (each router's weight table, the scorers' reference scales).
 """
 

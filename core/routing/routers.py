@@ -13,7 +13,7 @@ registered in core/routing/scorers/), then apply the router's rules before the a
 
 Scores are reported for every candidate even when a rule decides. The live soft reservation
 of the ``reserved`` rule (``RouteRequest.reserved_instance``) comes from the caller's
-``core.reservations.SessionReservations``.
+``core.preferences.SessionPreferences``.
 """
 
 from __future__ import annotations

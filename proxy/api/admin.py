@@ -289,6 +289,7 @@ async def instances(request: Request) -> Response:
                 "reserved": status.reserved,
                 "now_s": status.at_s,
                 "recent_slots": [asdict(slot) for slot in status.recent_slots],
+                "gap_models": {m: asdict(f) for m, f in status.gap_models.items()},
             }
         )
     return json_response({"data": data})

@@ -3,7 +3,7 @@ back, taken when a reply asks for tools or the client hints a gap), hints, and i
 client's, an admin's, a final call's, or idleness), each with its records and metrics.
 
 When to reserve, for how long, and how a reservation ends are
-``core.reservations.SessionReservations``' (the same rules as the simulator's cluster
+``core.preferences.SessionPreferences``' (the same rules as the simulator's cluster
 replay); here: their records and metrics, in wall seconds (``ReservationRecord``).
 """
 
@@ -19,7 +19,7 @@ from typing import Any
 
 from talaria.core.calls import ModelOutput
 from talaria.core.clock import Clock, TimeScale
-from talaria.core.reservations import SessionReservations, Settled, SoftReservation
+from talaria.core.preferences import RoutePreference, SessionPreferences, Settled
 from talaria.proxy.callpath.recorder import Recorder
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.errors import ApiError
@@ -42,7 +42,7 @@ class SessionKeeper:
     def __init__(
         self,
         sessions: SessionBook,
-        reservations: SessionReservations,
+        reservations: SessionPreferences,
         recorder: Recorder,
         pool: RuntimePool,
         clock: Clock,
@@ -149,7 +149,7 @@ class SessionKeeper:
 
     # -- reservations -------------------------------------------------------------------------
     def _taken(
-        self, state: SessionState, thread: int, held: SoftReservation, now_at: datetime
+        self, state: SessionState, thread: int, held: RoutePreference, now_at: datetime
     ) -> None:
         """Record a reservation just taken by ``thread`` (releasing the one it replaces)."""
         self._release(state, thread, "replaced", now_at)
@@ -321,7 +321,7 @@ def session_keeper(
     session; a retired thread's reservation released and its entry ended on its runtime) and
     its reservations; ``idle_timeout_s``: wall seconds without a call after which a session
     ends. The app's ``keeper`` service (proxy/edge/services.py)."""
-    reservations = SessionReservations()
+    reservations = SessionPreferences()
     sessions = SessionBook(
         on_forget=reservations.end,
         max_per_tenant=max_sessions_per_tenant,

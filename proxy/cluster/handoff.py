@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from talaria.core.clock import TimeScale
-from talaria.core.reservations import SessionReservations
+from talaria.core.preferences import SessionPreferences
 from talaria.proxy.cluster.owner import placed_by_ingress
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.records import SessionRecord
@@ -78,7 +78,7 @@ class Handoff:
     def __init__(
         self,
         sessions: SessionBook,
-        reservations: SessionReservations,
+        reservations: SessionPreferences,
         time: TimeScale,
         owned: Owned,
         adopt: Adopt,

@@ -19,9 +19,9 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from talaria.core.body_deadline import BODY_TIMEOUT_S
+from talaria.core.holds import DEFAULT_MAX_HINT_GAP_S
 from talaria.core.http_edge import HEADER_TIMEOUT_S
 from talaria.core.protocol import MIN_RUNTIME_TOKEN_CHARS
-from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
 from talaria.proxy.contract.peer import trusted_networks
 
 MIN_SECRET_CHARS = 32

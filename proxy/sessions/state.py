@@ -46,7 +46,7 @@ class Thread:
     reservation: ReservationRecord | None = None
     """The record of its soft reservation until released (written again then); the
     reservation itself, and the learned tool gaps, are the gateway's
-    ``core.reservations.SessionReservations``, under the thread's runtime key."""
+    ``core.preferences.SessionPreferences``, under the thread's runtime key."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class SessionState:
 
     def runtime_key(self, thread: int) -> str:
         """The key thread ``thread``'s KV is kept under on the runtime, and its reservation
-        and learned gaps in ``SessionReservations``: the session's key for thread 0,
+        and learned gaps in ``SessionPreferences``: the session's key for thread 0,
         ``<key>/<n>`` for thread n."""
         return self.key if thread == 0 else f"{self.key}/{thread}"
 

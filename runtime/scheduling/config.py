@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
+from talaria.core.holds import DEFAULT_MAX_HINT_GAP_S
 from talaria.runtime.scheduling.hold_caps import STALE_HOLD_GAPS
 
 
@@ -40,7 +40,7 @@ class SchedulerConfig:
     default idle timeout (600 s) and the learned hold's cap (core/gaps.py)."""
     max_hint_gap_s: float = DEFAULT_MAX_HINT_GAP_S
     """The longest tool gap a client's hint may claim, clock seconds (a longer one counts as
-    this): 240 s, core/reservations.py ``DEFAULT_MAX_HINT_GAP_S`` says why."""
+    this): 240 s, core/holds.py ``DEFAULT_MAX_HINT_GAP_S`` says why."""
     stale_hold_gaps: float = STALE_HOLD_GAPS
     """A soft reservation held past this many mean gaps of its session yields its memory to
     another tenant's call that needs it (hold_caps.py says why 4)."""

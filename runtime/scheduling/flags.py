@@ -41,7 +41,7 @@ class SchedulerFlags:
     docs/sources.md §2's mixture: μ0 = −0.7374, σ0 = 1.5589, as 20 observations); per session
     μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the population's. Whether to reserve and how long the
     reservation keeps the slot open and a budget for the next call stay the mean rule's
-    (core/reservations.py); the KV is held until now + max(min(e^(μ_s + z_q σ), 600 s),
+    (core/holds.py); the KV is held until now + max(min(e^(μ_s + z_q σ), 600 s),
     e^μ_s + 1 s, the mean rule's hold), q = ``SchedulerConfig.gap_quantile`` (0.95). A hint
     still uses the mean rule alone. Not in ``talaria`` (the named policy ``talaria-learned`` is
     ``talaria`` with it on), and not among the ``+flag`` ablations of ``DEFAULT_POLICIES``."""

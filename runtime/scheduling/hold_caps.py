@@ -19,7 +19,7 @@ at a time until it fits:
    adapts as tenants come and go; a fixed fraction would either strand memory when one tenant
    is alone or let each of many tenants hold more than the node has.
 2. **Stale.** A hold older than ``stale_gaps`` × its session's mean tool gap (the mean rule's
-   estimate, core/reservations.py ``GapEstimator``: the population prior, 3.2 s of docs/
+   estimate, core/gap_model.py ``MeanGaps``: the population prior, 3.2 s of docs/
    sources.md §2, blended with the gaps the session actually took here; a hint does not enter
    it), oldest first. ``stale_gaps`` = 4: past the 0.95 quantile of the prior's log-normal
    gap, e^(1.645 σ − σ²/2) = 3.85 mean gaps for σ = 1.5589 (core/gaps.py), so a hold the
@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from talaria.core.reservations import ReleaseReason
+from talaria.core.holds import ReleaseReason
 
 STALE_HOLD_GAPS = 4.0
 """A hold past this many mean gaps of its session is stale (module docstring, rule 2)."""

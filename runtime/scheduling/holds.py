@@ -3,13 +3,13 @@
 After a call that ends in a tool gap expected to close before its slot's deadline, the session
 holds the HBM bytes its next call will need and pins its KV (LRU eviction skips it) until it
 returns, moves, ends, its slot closes, or the reservation expires at
-``now + max(2·gap, gap + 1 s)`` (``core.reservations.plan_reservation``). With
+``now + max(2·gap, gap + 1 s)`` (``core.holds.plan_hold``). With
 ``learned_gaps``, a session without a hint holds its KV at least until the q-quantile of its
 learned log-normal gap (core/gaps.py), while the reservation keeps the slot open only for the
-mean rule's hold (``Reservation.slot_until_s``).
+mean rule's hold (``Hold.slot_until_s``).
 
 Each release with the node's clock adds the budget's byte-seconds to the table's
-``held_byte_s`` and the pinned KV's to ``pinned_byte_s`` (core/reservations.py; the replay's
+``held_byte_s`` and the pinned KV's to ``pinned_byte_s`` (core/holds.py; the replay's
 memory-seconds held). A learned hold's extension, past ``slot_until_s``, keeps the pin but not
 the budget: admission leaves it out (loop.py's admission view passes the node's time).
 
@@ -26,12 +26,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from talaria.core.clock import Clock
-from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
-    ReleaseReason,
-    ReservationTable,
-    plan_reservation,
-)
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
+from talaria.core.holds import HoldTable, ReleaseReason, plan_hold
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.memory.resources import KvLocation, NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -52,7 +48,7 @@ class KvHolds:
         config: SchedulerConfig | None = None,
     ) -> None:
         self.memory = memory
-        self.table = ReservationTable()
+        self.table = HoldTable()
         self._clock = clock
         self._sessions = sessions
         self._config = config or SchedulerConfig()
@@ -100,7 +96,7 @@ class KvHolds:
         if entry is not None:
             growth = session.expected_growth_tokens(default_output_tokens)
             held = engine.kv_bytes(entry.tokens + growth) - entry.nbytes
-        plan = plan_reservation(
+        plan = plan_hold(
             session_key=result.session_key,
             model=result.model,
             now_s=result.finished_s,

@@ -63,7 +63,7 @@ class AdmissionView:
     held_bytes: Callable[[str, Callable[[str], bool] | None], float]
     """Bytes held by the soft reservations of sessions other than the given one (those a
     predicate of their session key accepts, if one is given), at the pass's time: a learned
-    hold past keeping its slot holds none (core/reservations.py)."""
+    hold past keeping its slot holds none (core/holds.py)."""
     make_room: Callable[[CallRequest, Callable[[], bool]], bool] = lambda _call, fits: False
     """A call that does not fit: release the other tenants' holds that yield to it, until the
     predicate says it fits; whether it does (holds.py ``KvHolds.make_room``)."""

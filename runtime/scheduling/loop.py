@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 
-from talaria.core.reservations import ReleaseReason, ReservationTable
+from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.types import CallResult
 from talaria.runtime.scheduling.driven import DrivenEngine
 from talaria.runtime.scheduling.holds import KvHolds
@@ -72,7 +72,7 @@ class SlotLoop:
         return self._slot
 
     @property
-    def reservations(self) -> ReservationTable:
+    def reservations(self) -> HoldTable:
         """The node's soft reservations (read them; they change through this loop)."""
         return self._holds.table
 

@@ -27,7 +27,8 @@ from types import MappingProxyType
 from typing import Any
 
 from talaria.core.clock import Clock
-from talaria.core.reservations import ReleaseReason, ReservationTable
+from talaria.core.gap_model import GapQuality
+from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
 from talaria.runtime.engine import Engine
@@ -127,7 +128,7 @@ class NodeScheduler:
         self._events = EventFanout((accounts, *self.policies.listeners()))
         """Every listener of the node's session events: what it keeps per session goes with
         the session (``_forget``)."""
-        self._sessions = NodeSessions(self.policies.holds.population)
+        self._sessions = NodeSessions(self.policies.holds.population, self.config.gap_quantile)
         self._context = NodeContext(
             name=name,
             clock=clock,
@@ -156,9 +157,14 @@ class NodeScheduler:
         return MappingProxyType(self._engines)
 
     @property
-    def reservations(self) -> ReservationTable:
+    def reservations(self) -> HoldTable:
         """The node's soft reservations (read-only here; the slot loop keeps them)."""
         return self._loop.reservations
+
+    @property
+    def gap_quality(self) -> Mapping[str, GapQuality]:
+        """Per gap model the node keeps: how well it predicted its sessions' gaps."""
+        return MappingProxyType(self._sessions.quality)
 
     @property
     def slots(self) -> Sequence[SlotRecord]:

@@ -104,7 +104,7 @@ class StatusReader:
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={  # a learned hold's extension holds no budget (core/reservations.py)
+            reserved={  # a learned hold's extension holds no budget (core/holds.py)
                 r.session_key: r.held_bytes if r.keeps_slot(now) else 0.0
                 for r in self.loop.reservations.live.values()
             },
@@ -126,6 +126,7 @@ class StatusReader:
                 for s in slot.records[-RECENT_SLOTS:]
             ],
             tenants=self.tenants(now),
+            gap_models=self.sessions.gap_figures(),
         )
 
     def kv_map(self) -> dict[str, SessionKvStatus]:

@@ -22,8 +22,15 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from talaria.core.gaps import GapPrediction, PopulationGaps, SessionGaps, predict_session
-from talaria.core.reservations import GapEstimator
+from talaria.core.gap_model import (
+    LOG_NORMAL,
+    MEAN,
+    GapFigures,
+    GapQuality,
+    LogNormalGaps,
+    MeanGaps,
+)
+from talaria.core.gaps import DEFAULT_QUANTILE, GapPrediction, PopulationGaps
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 
 
@@ -35,9 +42,10 @@ class NodeSession:
     calls: int = 0
     """Calls of the session finished here (> 0: its next call is a continuation)."""
     last_finish_s: float | None = None
-    gaps: GapEstimator = field(default_factory=GapEstimator)
-    log_gaps: SessionGaps = field(default_factory=SessionGaps)
-    """Its own ln(gap)s, for ``learned_gaps`` (core/gaps.py)."""
+    gaps: MeanGaps = field(default_factory=MeanGaps)
+    """Its mean-rule gap model (core/gap_model.py)."""
+    learned: LogNormalGaps | None = None
+    """Its log-normal gap model, for ``learned_gaps`` (core/gap_model.py); None: off."""
     output_tokens: int = 0
     appended_tokens: int = 0
     """Prompt tokens the calls after the first added to the previous call's context."""
@@ -102,6 +110,10 @@ class SessionsView(Protocol):
         """Per tenant with a live session: its weight (``NodeSessions.tenant_weights``)."""
         ...
 
+    def gap_figures(self) -> dict[str, GapFigures]:
+        """Per gap model: how well it predicted (``NodeSessions.gap_figures``)."""
+        ...
+
 
 class GapIndex:
     """The sessions in a tool gap (nothing queued or running, a call finished), by the time
@@ -148,13 +160,21 @@ class NodeSessions:
     """The sessions of one node by key (``CallRequest.session_key``), in order of their latest
     call's arrival or finish here (module docstring)."""
 
-    def __init__(self, population: PopulationGaps | None = None) -> None:
+    def __init__(
+        self, population: PopulationGaps | None = None, quantile: float = DEFAULT_QUANTILE
+    ) -> None:
         self.sessions: OrderedDict[str, NodeSession] = OrderedDict()
         self.ranks: dict[int, int] = {}
         """Calls that arrived here per class."""
         self.population = population
         """``learned_gaps``: the node's log-normal gap fits by (tenant, model, agent); None:
         off."""
+        self.quality = {MEAN: GapQuality(quantile)}
+        """Per gap model the node keeps (the mean, and the log-normal with ``learned_gaps``):
+        how well it predicted each observed gap (core/gap_model.py ``GapQuality``, to
+        ``quantile``: ``SchedulerConfig.gap_quantile``)."""
+        if population is not None:
+            self.quality[LOG_NORMAL] = GapQuality(quantile)
         self._busy: dict[str, int] = {}
         """Model → sessions with a call queued or running here."""
         self._gap = GapIndex()
@@ -171,7 +191,12 @@ class NodeSessions:
 
     def get_or_add(self, session_key: str, model: str) -> NodeSession:
         """The session, created on its first call (or on a call queued before it ended)."""
-        return self.sessions.setdefault(session_key, NodeSession(model))
+        session = self.sessions.get(session_key)
+        if session is None:
+            session = self.sessions[session_key] = NodeSession(model)
+            if self.population is not None:
+                session.learned = LogNormalGaps(self.population, session.population)
+        return session
 
     def forget(self, session_key: str) -> None:
         """The session ended: drop what the node knew of it."""
@@ -207,10 +232,14 @@ class NodeSessions:
         session = self.get_or_add(request.session_key, request.model)
         if session.last_finish_s is not None:
             gap = now_s - session.last_finish_s
+            self.quality[MEAN].judge(session.gaps, gap)  # the prediction made before it
             session.gaps.observe(gap)
-            if self.population is not None:
-                session.log_gaps.observe(gap)
-                self.population.observe((request.tenant, request.model, request.agent), gap)
+            if session.learned is not None:
+                self.quality[LOG_NORMAL].judge(session.learned, gap)
+        if session.learned is not None:
+            session.learned.key = (request.tenant, request.model, request.agent)
+            if session.last_finish_s is not None:
+                session.learned.observe(now_s - session.last_finish_s)
         if session.context_tokens:
             session.appended_tokens += max(0, request.prompt_tokens - session.context_tokens)
         if not session.pending:
@@ -228,9 +257,12 @@ class NodeSessions:
         """``learned_gaps``: the session's learned median gap and hold to ``quantile``
         (core/gaps.py), from its own gaps and its (tenant, model, agent) population's fit (the
         prior when off)."""
-        population = self.population or PopulationGaps()
-        fit = population.fit(session.population)
-        return predict_session(session.log_gaps, fit, quantile=quantile)
+        learned = session.learned or LogNormalGaps(PopulationGaps(), session.population)
+        return learned.prediction(quantile, touch=True)
+
+    def gap_figures(self) -> dict[str, GapFigures]:
+        """Per gap model the node keeps: how well it predicted (``quality``)."""
+        return {name: quality.figures() for name, quality in self.quality.items()}
 
     def settled(self, session_key: str) -> NodeSession | None:
         """A call of the session left the node (finished, failed or withdrawn); the session

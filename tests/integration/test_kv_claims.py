@@ -34,7 +34,7 @@ import pytest
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import VirtualTimeLoop, run_virtual
-from talaria.core.reservations import DEFAULT_MAX_HINT_GAP_S
+from talaria.core.holds import DEFAULT_MAX_HINT_GAP_S
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.edge.app import create_app
 from talaria.proxy.store.db import make_engine, make_sessionmaker

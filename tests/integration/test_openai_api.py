@@ -336,6 +336,7 @@ def test_admin_end_and_instances(client: openai.OpenAI, proxy: RunningProxy) -> 
     assert _admin(proxy, f"/admin/sessions/{sid}").json()["session"]["end_reason"] == "admin"
     instances = _admin(proxy, "/admin/instances").json()["data"]
     assert instances[0]["name"] == "node0" and instances[0]["kind"] == "in-process"
+    assert instances[0]["gap_models"]["mean"]["quantile"] == 0.95  # how well it predicts gaps
     assert set(instances[0]["residency"]) == {
         "glm-4.5-fp8",
         "qwen3-235b-a22b-bf16",

@@ -13,7 +13,7 @@ import pytest
 
 from talaria.core.calls import Call
 from talaria.core.clock import TimeScale
-from talaria.core.reservations import SessionReservations
+from talaria.core.preferences import SessionPreferences
 from talaria.proxy.cluster.handoff import AdoptableSession, Handoff
 from talaria.proxy.cluster.owner import placement_key, route_key
 from talaria.proxy.contract.calls import PreparedCall
@@ -53,7 +53,7 @@ class World:
         owned = owned_here or set()
         self.handoff = Handoff(
             self.sessions,
-            SessionReservations(),
+            SessionPreferences(),
             TimeScale(),
             owned=lambda key: key in owned,
             adopt=self._adopt,

@@ -13,7 +13,7 @@ import pytest
 from talaria.core.calls import Call, ToolChoice, ToolSpec
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.core.reservations import DEFAULT_GAP_PRIOR_S
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
 from talaria.core.types import CallResult, EngineTimes, KvSource
 from talaria.proxy.callpath.gateway import CallPath, call_path
 from talaria.proxy.callpath.recorder import engine_parts

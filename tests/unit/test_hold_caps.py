@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from talaria.core.reservations import ReleaseReason, Reservation
+from talaria.core.holds import Hold, ReleaseReason
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.memory.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.hold_caps import (
@@ -164,7 +164,7 @@ def _holds_of(tenants: dict[str, str]) -> tuple[KvHolds, NodeMemory]:
         sessions.finished(_ended_at_zero(key))  # its call ended at 0 s: in a tool gap since
         sessions.settled(key)
         memory.put(SessionKv(key, "m", 1000, 20 * GB, KvLocation.HBM, 0.0, pins=1))
-        holds.table.add(Reservation(key, "m", 0.0, 0.0, 1.0 + n, 1e6, pinned_bytes=20 * GB))
+        holds.table.add(Hold(key, "m", 0.0, 0.0, 1.0 + n, 1e6, pinned_bytes=20 * GB))
     return holds, memory
 
 

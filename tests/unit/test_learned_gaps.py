@@ -1,6 +1,6 @@
 """Tool gaps learned on the server (core/gaps.py, the ``learned_gaps`` flag): the prior, the
 online fit, the per-session blend, the hold rule, the population bound, and the reservation
-plan and accounting it feeds (core/reservations.py). Seeded; no sleeps."""
+plan and accounting it feeds (core/holds.py). Seeded; no sleeps."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from talaria.core.gaps import (
     predict,
     predict_session,
 )
-from talaria.core.reservations import ReleaseReason, ReservationTable, plan_reservation
+from talaria.core.holds import HoldTable, ReleaseReason, plan_hold
 
 
 def _mixture_draws(n: int, seed: int) -> list[float]:
@@ -253,7 +253,7 @@ def test_a_kind_frees_its_place_when_its_last_fit_is_evicted() -> None:
 def test_plan_reservation_with_a_learned_hold(
     gap_s: float, hold_s: float | None, deadline_s: float | None, expires_s: float | None
 ) -> None:
-    plan = plan_reservation(
+    plan = plan_hold(
         session_key="s",
         model="m",
         now_s=10.0,
@@ -271,9 +271,9 @@ def test_plan_reservation_with_a_learned_hold(
 
 
 def test_table_counts_memory_seconds_of_the_releases_with_a_time() -> None:
-    table = ReservationTable()
+    table = HoldTable()
     for key, held in (("s1", 2e9), ("s2", 1e9), ("s3", 5e9)):
-        plan = plan_reservation(
+        plan = plan_hold(
             session_key=key, model="m", now_s=1.0, expected_gap_s=1.0, held_bytes=held,
             deadline_s=None,
         )  # fmt: skip
@@ -290,8 +290,8 @@ def test_a_learned_extension_keeps_the_pin_and_drops_the_budget() -> None:
     """A learned hold (20 s) past the slack rule's (max(2 × 1 s, 1 s + 1 s) = 2 s): its budget
     counts for admission, and in the byte-seconds, only until slot_until_s; its pinned KV for
     as long as it lives."""
-    table = ReservationTable()
-    plan = plan_reservation(
+    table = HoldTable()
+    plan = plan_hold(
         session_key="s", model="m", now_s=10.0, expected_gap_s=1.0, held_bytes=1e9,
         deadline_s=None, hold_gap_s=20.0, pinned_bytes=4e9,
     )  # fmt: skip

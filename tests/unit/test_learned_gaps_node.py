@@ -11,8 +11,9 @@ from dataclasses import replace
 import pytest
 
 from talaria.core.catalog import load_catalog
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
 from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict_session
-from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, ReleaseReason
+from talaria.core.holds import ReleaseReason
 from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
 from talaria.runtime.factory import NodeSetup

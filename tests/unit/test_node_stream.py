@@ -6,7 +6,7 @@ import asyncio
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.core.reservations import ReleaseReason
+from talaria.core.holds import ReleaseReason
 from talaria.core.types import CallRequest, Finished, FirstToken, TokenDelta
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA

@@ -23,6 +23,7 @@ from talaria.core.calls import (
     ToolChoice,
     ToolSpec,
 )
+from talaria.core.gap_model import GapFigures
 from talaria.core.protocol import (
     PROTOCOL_VERSION,
     ErrorEvent,
@@ -250,7 +251,7 @@ def test_version_5_names_the_session_key_and_a_version_4_request_is_refused() ->
     """v5 sends the proxy's key as ``session_key`` (v4 called it ``session_id``): a v4 peer's
     request is refused by its version, not misread."""
     data = _wire(request_to_dict(FULL_REQUEST))
-    assert data["v"] == PROTOCOL_VERSION == 8
+    assert data["v"] == PROTOCOL_VERSION == 9
     assert data["session_key"] == "ses_1" and "session_id" not in data
     result = _wire(event_to_dict(Finished(RESULT)))["result"]
     assert result["session_key"] == "ses_1" and "session_id" not in result
@@ -280,6 +281,7 @@ STATUS = InstanceStatus(
         SlotView("a", 8.0, 2.5),
     ],
     tenants={"9f0c": TenantShare(31.5, 2, 1, 4.25), "77aa": TenantShare(2.0)},
+    gap_models={"mean": GapFigures(12, 0.9245, 0.75, 0.95), "log-normal": GapFigures()},
 )
 
 

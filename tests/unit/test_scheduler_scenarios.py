@@ -30,7 +30,8 @@ import pytest
 
 from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
-from talaria.core.reservations import DEFAULT_GAP_PRIOR_S, DEFAULT_MAX_HINT_GAP_S, ReleaseReason
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
+from talaria.core.holds import DEFAULT_MAX_HINT_GAP_S, ReleaseReason
 from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantShare
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk

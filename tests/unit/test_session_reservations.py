@@ -1,4 +1,4 @@
-"""The proxy-level soft-reservation book (``core.reservations.SessionReservations``), shared by
+"""The proxy-level soft-reservation book (``core.preferences.SessionPreferences``), shared by
 the gateway and the simulator's cluster replay: when it reserves, for how long, how a
 reservation ends, and the gaps it learns. Tables of cases, then a hypothesis property test
 against a small model of the rules.
@@ -16,12 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
-    SessionReservations,
-    Settled,
-    SoftReservation,
-)
+from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
+from talaria.core.preferences import RoutePreference, SessionPreferences, Settled
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY
@@ -47,7 +43,7 @@ def _hold_s(gap_s: float) -> float:
 def test_when_a_finished_call_reserves(
     final: bool, asks_tools: bool, hint_s: float | None, expected_gap_s: float | None
 ) -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     taken = book.finished("s", "a", 10.0, final=final, asks_tools=asks_tools, hint_s=hint_s)
     if expected_gap_s is None:
         assert taken is None and book.held("s") is None and book.reserved("s", 10.0) is None
@@ -60,7 +56,7 @@ def test_when_a_finished_call_reserves(
 
 
 def test_a_plain_reply_leaves_the_reservation_as_it_is_and_a_new_one_replaces_it() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     first = book.finished("s", "a", 0.0, final=False, asks_tools=True)
     assert book.finished("s", "b", 1.0, final=False, asks_tools=False) is None
     assert book.held("s") == first
@@ -82,7 +78,7 @@ def test_a_plain_reply_leaves_the_reservation_as_it_is_and_a_new_one_replaces_it
 def test_the_expected_gap_is_the_hint_else_the_learned_mean(
     observed_s: list[float], hint_s: float | None, expected_gap_s: float
 ) -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     now = 100.0
     for gap in observed_s:
         book.finished("s", "a", now, final=False, asks_tools=True)
@@ -98,7 +94,7 @@ def test_the_expected_gap_is_the_hint_else_the_learned_mean(
 
 
 def test_a_gap_is_learned_once_per_finish_and_never_while_another_call_is_in_flight() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     book.finished("s", "a", 0.0, final=False, asks_tools=True)
     book.started("s", "a", 2.0, concurrent=True)  # a parallel call: no tool gap
     assert book.expected_gap_s("s") == DEFAULT_GAP_PRIOR_S
@@ -110,7 +106,7 @@ def test_a_gap_is_learned_once_per_finish_and_never_while_another_call_is_in_fli
 
 def test_the_reservation_book_scenario() -> None:
     """The scenario of the replay's former reservation book, under the one book's rules."""
-    book = SessionReservations()
+    book = SessionPreferences()
     book.finished("s", "a", 10.0, final=False, asks_tools=True)
     # prior gap 3.2 s: expires at 10 + max(2 × 3.2, 3.2 + 1) = 16.4, live through 16.4
     assert book.reserved("s", 16.39) == "a"
@@ -140,7 +136,7 @@ def test_the_reservation_book_scenario() -> None:
 def test_a_reservation_is_live_up_to_and_including_its_expiry(
     hint_s: float, expires_s: float
 ) -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     taken = book.finished("s", "a", 10.0, final=False, asks_tools=True, hint_s=hint_s)
     assert taken is not None and taken.expires_s == pytest.approx(expires_s)
     exact = taken.expires_s
@@ -166,7 +162,7 @@ def test_a_reservation_is_live_up_to_and_including_its_expiry(
 def test_the_next_call_settles_the_reservation(
     back_s: float, routed_to: str, outcome: Settled
 ) -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     book.finished("s", "a", 10.0, final=False, asks_tools=True)  # expires at 16.4
     assert book.started("s", routed_to, back_s) is outcome
     assert book.held("s") is None and book.reserved("s", back_s) is None
@@ -174,14 +170,14 @@ def test_the_next_call_settles_the_reservation(
 
 
 def test_a_call_with_no_reservation_settles_nothing() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     assert book.started("new", "a", 0.0) is None and "new" not in book
     book.finished("s", "a", 1.0, final=False, asks_tools=False)
     assert book.started("s", "a", 2.0) is None
 
 
 def test_a_swept_reservation_is_not_settled_again() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     book.finished("s", "a", 10.0, final=False, asks_tools=True, hint_s=1.0)  # expires at 12
     assert [h.session for h in book.sweep(13.0)] == ["s"]
     assert book.started("s", "a", 14.0) is None
@@ -202,7 +198,7 @@ def test_a_swept_reservation_is_not_settled_again() -> None:
 def test_a_hint_reserves_on_the_last_instance(
     setup: str, concurrent: bool, instance: str | None
 ) -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     if setup in ("finished-on-b", "ended"):
         book.finished("s", "b", 0.0, final=False, asks_tools=False)
     if setup == "ended":
@@ -215,12 +211,12 @@ def test_a_hint_reserves_on_the_last_instance(
     if instance is None:
         assert taken is None and book.reserved("s", 5.0) is None
     else:
-        assert taken == SoftReservation("s", instance, 5.0, 2.0, 9.0)
+        assert taken == RoutePreference("s", instance, 5.0, 2.0, 9.0)
         assert book.reserved("s", 9.0) == instance and book.reserved("s", 9.1) is None
 
 
 def test_a_hint_replaces_the_reservation_and_adopt_keeps_what_the_book_knows() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     book.finished("s", "a", 0.0, final=False, asks_tools=True)
     book.adopt("s", "z")  # the book saw its last call: that instance stays
     taken = book.hint("s", 1.0, 10.0)
@@ -230,7 +226,7 @@ def test_a_hint_replaces_the_reservation_and_adopt_keeps_what_the_book_knows() -
 
 # -- sweeping and ending -----------------------------------------------------------------------
 def test_sweep_releases_exactly_the_expired_ones_by_expiry() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     for session, hint in (("late", 5.0), ("s2", 1.0), ("s1", 1.0), ("gone", 0.0)):
         book.finished(session, "a", 0.0, final=False, asks_tools=True, hint_s=hint)
     # expiries: late 10, s1 2, s2 2, gone 1
@@ -243,7 +239,7 @@ def test_sweep_releases_exactly_the_expired_ones_by_expiry() -> None:
 
 
 def test_end_forgets_the_session_and_returns_its_reservation() -> None:
-    book = SessionReservations()
+    book = SessionPreferences()
     taken = book.finished("s", "a", 0.0, final=False, asks_tools=True)
     book.started("t", "a", 0.0)
     assert book.end("s") == taken
@@ -255,7 +251,7 @@ def test_end_forgets_the_session_and_returns_its_reservation() -> None:
 def test_the_gateways_session_book_takes_a_forgotten_sessions_reservations_with_it() -> None:
     """``SessionBook(on_forget=book.end)``, as the gateway builds it: a session ended, handed
     off or evicted (least recently used, beyond capacity) leaves nothing in the book."""
-    book = SessionReservations()
+    book = SessionPreferences()
     sessions = SessionBook(capacity=2, on_forget=book.end)
     now_at = datetime.now(UTC)
 
@@ -320,7 +316,7 @@ class _Model:
 def test_random_lives_never_show_an_expired_or_ended_reservation(
     script: list[tuple[object, ...]],
 ) -> None:
-    book, model, now = SessionReservations(), _Model(), 0.0
+    book, model, now = SessionPreferences(), _Model(), 0.0
 
     def check() -> None:
         for s in SESSIONS:

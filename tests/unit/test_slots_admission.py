@@ -8,14 +8,7 @@ from typing import Any
 
 import pytest
 
-from talaria.core.reservations import (
-    DEFAULT_GAP_PRIOR_S,
-    GapEstimator,
-    ReleaseReason,
-    Reservation,
-    ReservationTable,
-    plan_reservation,
-)
+from talaria.core.holds import Hold, HoldTable, ReleaseReason, plan_hold
 from talaria.runtime.scheduling.admission import (
     AdmissionDecision,
     AdmitReason,
@@ -216,7 +209,7 @@ def test_fits_memory(
 def test_plan_reservation_taken(
     now: float, gap: float, deadline: float | None, expires: float
 ) -> None:
-    res = plan_reservation(
+    res = plan_hold(
         session_key="s",
         model="m",
         now_s=now,
@@ -224,7 +217,7 @@ def test_plan_reservation_taken(
         held_bytes=123.0,
         deadline_s=deadline,
     )
-    assert res == Reservation("s", "m", 123.0, now, now + gap, expires)
+    assert res == Hold("s", "m", 123.0, now, now + gap, expires)
     assert res is not None and res.expires_s == now + max(2 * gap, gap + 1)
 
 
@@ -232,7 +225,7 @@ def test_plan_reservation_taken(
 def test_plan_reservation_refused_when_back_after_the_deadline(
     now: float, gap: float, deadline: float
 ) -> None:
-    res = plan_reservation(
+    res = plan_hold(
         session_key="s",
         model="m",
         now_s=now,
@@ -244,7 +237,7 @@ def test_plan_reservation_refused_when_back_after_the_deadline(
 
 
 def test_plan_reservation_custom_slack() -> None:
-    res = plan_reservation(
+    res = plan_hold(
         session_key="s",
         model="m",
         now_s=0.0,
@@ -267,7 +260,7 @@ def test_plan_reservation_custom_slack() -> None:
 def test_a_learned_hold_extends_the_kv_not_the_slot(
     hold: float, expires: float, slot_until: float
 ) -> None:
-    res = plan_reservation(
+    res = plan_hold(
         session_key="s",
         model="m",
         now_s=0.0,
@@ -278,47 +271,23 @@ def test_a_learned_hold_extends_the_kv_not_the_slot(
     )
     assert res is not None and (res.expires_s, res.slot_until_s) == (expires, slot_until)
     assert res.keeps_slot(5.9) and not res.keeps_slot(6.0)
-    table = ReservationTable()
+    table = HoldTable()
     table.add(res)
     assert table.keeping_slot("m", 5.0) == 1 and table.keeping_slot("m", 7.0) == 0
     assert table.next_change_s(0.0) == 6.0 and table.next_change_s(6.0) == expires
-    plain = plan_reservation(
+    plain = plan_hold(
         session_key="s", model="m", now_s=0.0, expected_gap_s=3.0, held_bytes=0.0,
         deadline_s=None,
     )  # fmt: skip
     assert plain is not None and plain.slot_until_s is None and plain.keeps_slot(1e9)
 
 
-@pytest.mark.parametrize(
-    ("gaps", "expected"),
-    [
-        ((), DEFAULT_GAP_PRIOR_S),  # the prior alone
-        ((1.2,), (DEFAULT_GAP_PRIOR_S + 1.2) / 2),
-        ((1.0, 2.0, 3.0), (DEFAULT_GAP_PRIOR_S + 6.0) / 4),
-        ((-5.0,), DEFAULT_GAP_PRIOR_S / 2),  # negative gaps count as 0
-    ],
-)
-def test_gap_estimator_default_prior(gaps: tuple[float, ...], expected: float) -> None:
-    est = GapEstimator()
-    for gap in gaps:
-        est.observe(gap)
-    assert est.count == len(gaps)
-    assert est.expected_s() == pytest.approx(expected)
-
-
-def test_gap_estimator_prior_weight() -> None:
-    est = GapEstimator(prior_s=10.0, prior_weight=3.0)
-    assert est.expected_s() == 10.0
-    est.observe(2.0)
-    assert est.expected_s() == pytest.approx((10.0 * 3 + 2.0) / 4)
-
-
-def _res(session: str, model: str = "a", held: float = 1.0, expires: float = 10.0) -> Reservation:
-    return Reservation(session, model, held, 0.0, expires / 2, expires)
+def _res(session: str, model: str = "a", held: float = 1.0, expires: float = 10.0) -> Hold:
+    return Hold(session, model, held, 0.0, expires / 2, expires)
 
 
 def test_reservation_table_release_counts_only_live_reservations() -> None:
-    table = ReservationTable()
+    table = HoldTable()
     assert table.released == dict.fromkeys(ReleaseReason, 0)
     table.add(_res("s1"))
     table.add(_res("s2"))
@@ -343,7 +312,7 @@ def test_reservation_table_release_counts_only_live_reservations() -> None:
 
 
 def test_reservation_table_queries() -> None:
-    table = ReservationTable()
+    table = HoldTable()
     assert table.next_change_s(0.0) is None
     assert table.held_bytes() == 0.0
     table.add(_res("s1", "a", held=5.0, expires=10.0))

@@ -4,7 +4,7 @@ one (admission budget and its KV: holds.py ``KvHolds``), and how long its KV is 
 
 - ``NoHolds``: nothing is held; a session's KV is idle, evictable, once its call ends.
 - ``MeanGapHolds``: the session reserves for its next call, expected after its tool-gap hint
-  or its mean observed gap (core/reservations.py's rule decides whether, and how long the slot
+  or its mean observed gap (core/holds.py's rule decides whether, and how long the slot
   stays open for it); the hint is used once.
 - ``LearnedGapHolds``: as the mean rule, but a session without a hint holds its KV at least
   to the q-quantile of its learned log-normal gap (core/gaps.py: per population (tenant,

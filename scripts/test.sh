@@ -14,7 +14,7 @@
 # The vLLM stages' installs (vLLM's venv, the converted model, llama-server) run beside the main
 # stage, which leaves part of the CPU idle (it mostly waits on the processes it starts); their
 # output goes to a log printed if they fail. Both vLLM stages then run as one pytest session on
-# two workers.
+# two workers, but for the tests that fit CPU timings, which run alone after it.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
@@ -131,6 +131,9 @@ if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
     fi
 fi
 # tests/vllm (tiny random-weight models; proxy → runtime server → vLLM) and tests/real, one
-# session on two workers, a file on one
-HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 .venv-vllm/bin/python -m pytest -n 2 --dist loadfile \
-    --durations=15 -m vllm tests/vllm tests/real
+# session on two workers, a file on one; then, alone, the tests that fit CPU timings (marker
+# cpu_timing: a calibration beside another test's engine fits that engine's load too)
+export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
+.venv-vllm/bin/python -m pytest -n 2 --dist loadfile --durations=15 -m "vllm and not cpu_timing" \
+    tests/vllm tests/real
+.venv-vllm/bin/python -m pytest --durations=5 -m "vllm and cpu_timing" tests/vllm tests/real

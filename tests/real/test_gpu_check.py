@@ -15,7 +15,10 @@ import pytest
 from bench.harness.processes import talaria_command
 from talaria.core.catalog import load_catalog
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_timing]
+"""It fits CPU timings: scripts/test.sh runs it with nothing beside it (another test's vLLM
+engine on the other core skewed the fit: 0.49 per-call error against 0.40 twice, and a 0 s
+per-token fit of the tiny model, in a run where both passed alone)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.cpu_timing]
+"""It fits CPU timings: scripts/test.sh runs it with nothing beside it (another test's vLLM
+engine on the other core skewed the fit: 0.49 per-call error against 0.40 twice, and a 0 s
+per-token fit of the tiny model, in a run where both passed alone)."""
 
 ROOT = Path(__file__).resolve().parents[2]
 P50_SCT_BOUND = 0.30

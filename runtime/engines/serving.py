@@ -1,6 +1,7 @@
 """What an engine that serves its calls elsewhere (vLLM's ``AsyncLLM``, an upstream server) keeps
 of its own, shared by vllm/ and upstream/ (``ServingState``): whether it admits calls, the calls
-admitted and not yet finished, the seconds some call was generating, the switches so far."""
+admitted and not yet finished, the seconds some call was generating, the switches so far; and
+the read-outs of it both engines give (``ServedEngine``)."""
 
 from __future__ import annotations
 
@@ -66,3 +67,30 @@ class ServingState:
         if self.running:
             raise RuntimeError(f"deactivating {self.model} with {self.running} calls running")
         self.active = False
+
+
+class ServedEngine:
+    """The read-outs of an engine that keeps a ``ServingState`` (``_state``): the vLLM and
+    upstream engines inherit them."""
+
+    _state: ServingState
+
+    @property
+    def active(self) -> bool:
+        """Open for admission (``activate``)."""
+        return self._state.active
+
+    @property
+    def running(self) -> int:
+        """Calls admitted and not yet finished."""
+        return self._state.running
+
+    @property
+    def switches(self) -> int:
+        """Activations so far."""
+        return self._state.switches
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds during which some call was generating."""
+        return self._state.busy.busy_s()

@@ -35,7 +35,7 @@ from talaria.core.types import (
     KvSource,
 )
 from talaria.runtime.engine import Admission, EngineInfo
-from talaria.runtime.engines.serving import ServingState
+from talaria.runtime.engines.serving import ServedEngine, ServingState
 from talaria.runtime.engines.upstream.client import LOGGED_CHARS, UpstreamClient, served_window
 from talaria.runtime.engines.upstream.generation import CallSite, generate
 from talaria.runtime.engines.upstream.options import UpstreamOptions
@@ -51,7 +51,7 @@ BLOCK_TOKENS = 16
 default)."""
 
 
-class UpstreamEngine:
+class UpstreamEngine(ServedEngine):
     """One model served by an upstream server, behind the ``Engine`` protocol, with its
     ``Switching``, ``Staging``, ``KvTiming`` and ``OwnKv`` capabilities (see the module
     docstring). ``await start()`` before use, ``await shutdown()`` at the end."""
@@ -118,26 +118,6 @@ class UpstreamEngine:
         self._state.active = False
 
     # -- state -----------------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        """Open for admission (``activate``)."""
-        return self._state.active
-
-    @property
-    def running(self) -> int:
-        """Calls admitted and not yet finished."""
-        return self._state.running
-
-    @property
-    def switches(self) -> int:
-        """Activations so far."""
-        return self._state.switches
-
-    @property
-    def busy_s(self) -> float:
-        """Seconds during which some call was generating."""
-        return self._state.busy.busy_s()
-
     @property
     def staging(self) -> bool:
         """Weights are being (or have been) woken ahead of a switch (vLLM, ``staging``)."""

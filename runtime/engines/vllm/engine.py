@@ -16,7 +16,7 @@ from dataclasses import replace
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.runtime.engine import Admission, EngineInfo
-from talaria.runtime.engines.serving import ServingState
+from talaria.runtime.engines.serving import ServedEngine, ServingState
 from talaria.runtime.engines.tokenizer import Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
     AsyncLLMLike,
@@ -32,7 +32,7 @@ from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
 
 
-class VLLMEngine:
+class VLLMEngine(ServedEngine):
     """One model's vLLM ``AsyncLLM`` behind the ``Engine`` protocol, with its ``Switching``,
     ``Staging``, ``KvTiming`` and ``OwnKv`` capabilities (see the module docstring; its memory
     is vLLM's own, not the node's).
@@ -151,26 +151,6 @@ class VLLMEngine:
         return self._llm
 
     # -- state -----------------------------------------------------------------------------
-    @property
-    def active(self) -> bool:
-        """Open for admission (``activate``)."""
-        return self._state.active
-
-    @property
-    def running(self) -> int:
-        """Calls admitted and not yet finished."""
-        return self._state.running
-
-    @property
-    def switches(self) -> int:
-        """Activations so far."""
-        return self._state.switches
-
-    @property
-    def busy_s(self) -> float:
-        """Seconds during which some call was generating."""
-        return self._state.busy.busy_s()
-
     @property
     def staging(self) -> bool:
         """Staging is wanted while the engine is not active (GPU path)."""

@@ -47,7 +47,7 @@ from talaria.core.calls import Call
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.preferences import SessionPreferences
-from talaria.core.protocol import status_from_dict, status_to_dict
+from talaria.core.protocol_status import status_from_dict, status_to_dict
 from talaria.proxy.callpath.gateway import call_path
 from talaria.proxy.contract.calls import PreparedCall
 from talaria.proxy.contract.identity import Identity

@@ -29,7 +29,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 
-from talaria.core.catalog import Catalog, CatalogError, ModelSpec, ServerSpec
+from talaria.core.catalog import Catalog
+from talaria.core.catalog_error import CatalogError
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 
 GROUP_SIZES = (1, 2, 4, 8)
 """The group sizes (TP degrees) a node's GPUs are split into."""

@@ -1,5 +1,5 @@
-"""The proxy ↔ runtime protocol's session control (core/protocol.py holds the rest, and the
-version rule): what the proxy tells a node of the sessions it served.
+"""The proxy ↔ runtime protocol's session control (core/protocol.py has the map of the documents
+and the version rule): what the proxy tells a node of the sessions it served.
 
 - ``POST`` :func:`session_path` (``/v1/runtime/sessions/<key>/hint`` with
   ``{"expected_gap_s": float}``, ``.../end``, ``.../moved``). A key may hold ``/``: a

@@ -25,7 +25,7 @@ from talaria.core.gap_model import GapFigures
 STATUS_TABLES = ("models", "sessions", "reserved", "tenants")
 """The keyed tables of a status document: one entry per model, session or tenant."""
 DOCUMENT_TABLES = (*STATUS_TABLES, "engines")
-"""With the node's per-model ``engines`` info (an extra of core/protocol.py's document)."""
+"""With the node's per-model ``engines`` info (an extra of core/protocol_status.py's document)."""
 
 
 class ModelState(StrEnum):

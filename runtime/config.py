@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from talaria.core.catalog import model_name_fault
+from talaria.core.model_spec import model_name_fault
 from talaria.runtime.config_fields import (
     ENGINE_FIELDS,
     NODE_FIELDS,
@@ -42,7 +42,8 @@ from talaria.runtime.config_fields import (
 from talaria.runtime.config_fields import NodeConfigError as NodeConfigError  # named here too
 
 if TYPE_CHECKING:
-    from talaria.core.catalog import Catalog, ServerSpec
+    from talaria.core.catalog import Catalog
+    from talaria.core.server_spec import ServerSpec
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from talaria.core.catalog import EfficiencyProfile, ModelSpec, ServerSpec
+from talaria.core.efficiency_profile import EfficiencyProfile
 from talaria.core.groups import kv_bytes_per_token_at, kv_fixed_bytes_per_seq_at
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 
 
 @dataclass(frozen=True)

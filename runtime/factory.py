@@ -13,9 +13,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from talaria.core.catalog import Catalog, ModelSpec, ServerSpec
+from talaria.core.catalog import Catalog
 from talaria.core.clock import Clock
 from talaria.core.groups import GroupError, check_fits, group_server
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
 from talaria.runtime.config_fields import ENGINE_FIELDS, Field
 from talaria.runtime.costmodel import CostModel

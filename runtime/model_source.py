@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from talaria.core.catalog import Catalog, ModelSpec
+from talaria.core.catalog import Catalog
+from talaria.core.model_spec import ModelSpec
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError
 
 MAX_LENGTH_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length")

@@ -46,7 +46,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from talaria.core.catalog import CatalogError
+from talaria.core.catalog_error import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
 from talaria.runtime.factory import (
     ENGINES,

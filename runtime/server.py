@@ -64,13 +64,9 @@ from talaria.core.clock import LoopClock
 from talaria.core.http_edge import BoundedConfig, EdgeBounds
 from talaria.core.loop_watchdog import ExitDeadline, LoopWatchdog
 from talaria.core.placement import DemandMeter
-from talaria.core.protocol import (
-    ErrorEvent,
-    ProtocolError,
-    event_to_dict,
-    request_from_dict,
-    status_to_dict,
-)
+from talaria.core.protocol import ProtocolError
+from talaria.core.protocol_calls import request_from_dict
+from talaria.core.protocol_events import ErrorEvent, event_to_dict
 from talaria.core.protocol_sessions import (
     ENDS_ROUTE,
     SESSION_ACTIONS,
@@ -78,6 +74,7 @@ from talaria.core.protocol_sessions import (
     ends_from_dict,
     session_key_ok,
 )
+from talaria.core.protocol_status import status_to_dict
 from talaria.core.status import status_json
 from talaria.core.types import (
     CallRejected,

@@ -4,7 +4,7 @@ Each measurement is one engine step (or the mean of a run of equal steps): the t
 processed ``n``, its attention token pairs, its sequences, whether it includes a call's intake
 (a prefill timed from admission to first token does; a decode step does not), whether it mixed
 a prefill chunk with decoding sequences, and the seconds it took. The model
-(``talaria.core.catalog.StepFit``) is linear in its six coefficients:
+(``talaria.core.efficiency_profile.StepFit``) is linear in its six coefficients:
 
     t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs + call_overhead_s·intake
         + mixed_step_s·mixed
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from talaria.core.catalog import StepFit
+from talaria.core.efficiency_profile import StepFit
 
 COEFFICIENTS = (
     "overhead_s",
@@ -136,8 +136,8 @@ def profile_toml(
     lines = [
         f"# Measured by `talaria calibrate` ({source}).",
         "# Step time t = overhead_s + s_per_token·n + s_per_pair·pairs + s_per_seq·seqs",
-        "# + mixed_step_s for a step mixing prefill and decode (talaria.core.catalog.StepFit),",
-        "# fitted by weighted least squares (sim/fit.py).",
+        "# + mixed_step_s for a step mixing prefill and decode (StepFit,",
+        "# talaria.core.efficiency_profile), fitted by weighted least squares (sim/fit.py).",
         "",
         "[profile]",
         f'name = "{name}"',

@@ -20,8 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from talaria.core.catalog import Catalog, EfficiencyProfile
+from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.efficiency_profile import EfficiencyProfile
 from talaria.core.gap_model import GapQuality
 from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig

@@ -39,7 +39,7 @@ Rules, each move with its reason:
 Bounded moves take at most ``max_moves_per_hour`` over any trailing hour and at most one per
 look; a cold start and the evictions it needs are not bounded (a call waits). A placement's
 source is a peer that hosts the model (its host memory over the fabric), else storage; the
-cost of each is the server's (core/catalog.py ``ServerSpec.placement_s``).
+cost of each is the server's (core/server_spec.py ``ServerSpec.placement_s``).
 """
 
 from __future__ import annotations

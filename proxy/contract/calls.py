@@ -54,7 +54,7 @@ class ApiCall:
 class Share:
     """A call's terms in the node's fair queue (``CallRequest``'s ``priority``,
     ``tenant_weight`` and ``deadline_s``): its class, its tenant's share weight (in (0,
-    ``core.protocol.MAX_TENANT_WEIGHT``]) and the wall seconds after its arrival by which its
+    ``core.protocol_calls.MAX_TENANT_WEIGHT``]) and the wall seconds after its arrival by which its
     caller wants it done (None: no deadline). An API key's defaults are a ``Share`` without a
     deadline; a call's headers may lower its class (never past the key's ceiling:
     ``Caller.served``) and name its deadline (proxy/sessions/identity.py)."""

@@ -39,7 +39,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 
-from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.catalog import Catalog, load_catalog
+from talaria.core.catalog_error import CatalogError
 from talaria.core.clock import Clock, LoopClock, TimeScale
 from talaria.core.loop_watchdog import LoopWatchdog
 from talaria.proxy.callpath.auth import Authenticator

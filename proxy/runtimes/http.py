@@ -37,13 +37,10 @@ import aiohttp
 import msgspec
 
 from talaria.core.http_edge import CLIENT_KEEP_ALIVE_S
-from talaria.core.protocol import (
-    ErrorEvent,
-    ProtocolError,
-    event_from_dict,
-    request_to_dict,
-    status_from_dict,
-)
+from talaria.core.protocol import ProtocolError
+from talaria.core.protocol_calls import request_to_dict
+from talaria.core.protocol_events import ErrorEvent, event_from_dict
+from talaria.core.protocol_status import status_from_dict
 from talaria.core.status import InstanceStatus, lenient_status
 from talaria.core.types import (
     CallRejected,

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from talaria.core.protocol import MAX_TENANT_WEIGHT
+from talaria.core.protocol_calls import MAX_TENANT_WEIGHT
 from talaria.core.types import Priority
 from talaria.proxy.contract.calls import Caller, RateLimits, Share
 from talaria.proxy.store.db import TableGroup

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from talaria.core.catalog import ModelSpec
 from talaria.core.clock import Clock
+from talaria.core.model_spec import ModelSpec
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Admission, EngineInfo

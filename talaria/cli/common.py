@@ -11,7 +11,8 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from talaria.core.catalog import Catalog, CatalogError, load_catalog
+from talaria.core.catalog import Catalog, load_catalog
+from talaria.core.catalog_error import CatalogError
 from talaria.core.trace import SessionTrace
 from talaria.sim.workload import WorkloadSpec, generate_sessions
 

@@ -8,7 +8,7 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from talaria.core.protocol import MAX_TENANT_WEIGHT
+from talaria.core.protocol_calls import MAX_TENANT_WEIGHT
 from talaria.core.types import Priority
 from talaria.proxy.callpath.auth import MODE_TTL_S
 from talaria.proxy.store.db import default_url, make_engine, make_sessionmaker

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from talaria.cli.common import CatalogOpt, catalog_of, console, fail, generate, progress_bar, stdout
-from talaria.core.catalog import CatalogError
+from talaria.core.catalog_error import CatalogError
 
 
 def plan(

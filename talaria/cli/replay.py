@@ -13,7 +13,8 @@ from typing import Annotated, Any
 import typer
 
 from talaria.cli.common import CatalogOpt, catalog_of, console, fail, generate, progress_bar, stdout
-from talaria.core.catalog import Catalog, CatalogError
+from talaria.core.catalog import Catalog
+from talaria.core.catalog_error import CatalogError
 from talaria.core.trace import TraceError, read_trace
 from talaria.core.types import CallResult
 

@@ -15,7 +15,8 @@ from talaria.cli.runtime import (
     ReasoningParserOpt,
     ToolParserOpt,
 )
-from talaria.core.catalog import CatalogError, load_catalog
+from talaria.core.catalog import load_catalog
+from talaria.core.catalog_error import CatalogError
 from talaria.core.routing.routers import ROUTER_NAMES, get_router
 from talaria.runtime.scheduling.flags import policy_flags
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from bench.harness.processes import ServeProcess, talaria_runtime, talaria_serve
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 
 MODEL = "glm-4.5-fp8"

@@ -21,7 +21,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from talaria.core.protocol import status_to_dict
+from talaria.core.protocol_status import status_to_dict
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.runtimes.http import HttpRuntime

@@ -17,7 +17,7 @@ import pytest
 
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.config import load_node_config

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.runtimes.http import HttpRuntime, RuntimeTokenRefused
 from talaria.runtime import placement_routes

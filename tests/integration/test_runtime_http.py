@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from bench.harness.processes import free_port
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, Finished, GenerationEvent
 from talaria.proxy.contract.settings import ProxySettings

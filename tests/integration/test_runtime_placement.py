@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime import placement_routes

@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
-from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec, load_catalog
+from talaria.core.catalog import Catalog, load_catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.efficiency_profile import EfficiencyProfile
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallRequest, CallResult, KvSource
 from talaria.runtime.scheduling.config import SchedulerConfig

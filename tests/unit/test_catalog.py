@@ -15,16 +15,16 @@ from typing import Any
 
 import pytest
 
-from talaria.core.catalog import (
+from talaria.core.catalog import load_catalog
+from talaria.core.catalog_error import CatalogError
+from talaria.core.efficiency_profile import EfficiencyProfile
+from talaria.core.model_spec import (
     BYTES_PER_PARAM,
-    CatalogError,
-    EfficiencyProfile,
     ModelSpec,
-    ServerSpec,
     kv_bytes_per_token,
     kv_bytes_per_token_tp,
-    load_catalog,
 )
+from talaria.core.server_spec import ServerSpec
 
 SHIPPED_MODELS = [
     "glm-4.5-fp8",

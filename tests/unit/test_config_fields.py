@@ -1,6 +1,6 @@
 """What a node config's entries may hold (runtime/config_fields.py, issue 46 item 4): each
 field typed, finite and in range, table by table; model names in the catalog's grammar
-(core/catalog.py ``MODEL_NAME``); a node TOML that breaks either is one line at start (exit
+(core/model_spec.py ``MODEL_NAME``); a node TOML that breaks either is one line at start (exit
 status 2) naming the file, the model and the field, never a node that starts and stops."""
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from talaria.cli import app
-from talaria.core.catalog import CatalogError, load_catalog, model_name_fault
+from talaria.core.catalog import load_catalog
+from talaria.core.catalog_error import CatalogError
+from talaria.core.model_spec import model_name_fault
 from talaria.runtime import server
 from talaria.runtime.config import NodeConfigError, load_node_config
 from talaria.runtime.config_fields import (

@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from talaria.core.catalog import EfficiencyProfile, ModelSpec, ServerSpec
+from talaria.core.efficiency_profile import EfficiencyProfile
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 from talaria.runtime.costmodel import CostModel, PrefillChunk, _attended
 
 GLM = ModelSpec(

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talaria.core.catalog import Catalog, ModelSpec
+from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, run_virtual
+from talaria.core.model_spec import ModelSpec
 from talaria.core.types import CallRequest, CallResult
 from talaria.runtime.memory.resources import DeviceShare
 from talaria.runtime.scheduling.config import SchedulerConfig

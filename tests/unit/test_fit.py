@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from talaria.core.catalog import EfficiencyProfile, StepFit, load_catalog
+from talaria.core.catalog import load_catalog
+from talaria.core.efficiency_profile import EfficiencyProfile, StepFit
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.sim.calibrate import ModelCalibration
 from talaria.sim.fit import COEFFICIENTS, FitReport, StepSample, fit_steps, profile_toml

@@ -20,7 +20,7 @@ from talaria.core.gap_model import (
     slack_hold_s,
 )
 from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict_session
-from talaria.core.protocol import status_from_dict, status_to_dict
+from talaria.core.protocol_status import status_from_dict, status_to_dict
 from talaria.runtime.scheduling.sessions import NodeSessions
 from tests.unit.test_learned_gaps_node import LEARNED, SP_SOFT
 from tests.unit.test_scheduler_scenarios import OUT, P0, Agent, Call, run_probed

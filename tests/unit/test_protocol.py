@@ -24,17 +24,10 @@ from talaria.core.calls import (
     ToolSpec,
 )
 from talaria.core.gap_model import GapFigures
-from talaria.core.protocol import (
-    PROTOCOL_VERSION,
-    ErrorEvent,
-    ProtocolError,
-    event_from_dict,
-    event_to_dict,
-    request_from_dict,
-    request_to_dict,
-    status_from_dict,
-    status_to_dict,
-)
+from talaria.core.protocol import PROTOCOL_VERSION, ProtocolError
+from talaria.core.protocol_calls import request_from_dict, request_to_dict
+from talaria.core.protocol_events import ErrorEvent, event_from_dict, event_to_dict
+from talaria.core.protocol_status import status_from_dict, status_to_dict
 from talaria.core.status import (
     InstanceStatus,
     ModelResidency,

@@ -28,10 +28,13 @@ from itertools import accumulate
 
 import pytest
 
-from talaria.core.catalog import Catalog, EfficiencyProfile, ModelSpec, ServerSpec
+from talaria.core.catalog import Catalog
 from talaria.core.clock import LoopClock, VirtualTimeDeadlock, VirtualTimeLoop, run_virtual
+from talaria.core.efficiency_profile import EfficiencyProfile
 from talaria.core.gap_model import DEFAULT_GAP_PRIOR_S
 from talaria.core.holds import DEFAULT_MAX_HINT_GAP_S, ReleaseReason
+from talaria.core.model_spec import ModelSpec
+from talaria.core.server_spec import ServerSpec
 from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantShare
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk

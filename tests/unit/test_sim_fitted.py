@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from talaria.core.catalog import EfficiencyProfile, StepFit, load_catalog
+from talaria.core.catalog import load_catalog
+from talaria.core.efficiency_profile import EfficiencyProfile, StepFit
 from talaria.core.trace import SessionTrace, TraceCall
 from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig

@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from talaria.core.protocol import ProtocolError, status_from_dict, status_to_dict
+from talaria.core.protocol import ProtocolError
+from talaria.core.protocol_status import status_from_dict, status_to_dict
 from talaria.core.status import (
     InstanceStatus,
     ModelResidency,

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 import talaria.runtime
-from talaria.core.protocol import request_to_dict
+from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import running_proxy

@@ -26,7 +26,7 @@ tool's parameters and its response format) against *one* budget: a fresh budget 
 let 1,000 tools of 4,000 items each (190 bytes apiece) cost 4 million values, 6–10 s of the
 proxy's event loop. 4,096 values and 100,000 characters for the whole request: the agents'
 whole tool sets build 20–26 values and 110–195 characters (Claude Code's 12 tools, Codex's 12,
-Qwen Code's 10, bench/fixtures/agent_tools/, measured by tests/unit/test_schema_instance.py),
+Qwen Code's 10, bench/fixtures/agent_tools/, measured by tests/unit/core/test_schema_instance.py),
 so the budget is over 150 times what they need, and at their 2–4 values a tool it holds more
 tools than a request may offer (proxy/callpath/bounds.py ``MAX_TOOLS``, 512). 100,000
 characters is ~25,000 tokens at 4 bytes a token (core/calls.py ``BYTES_PER_TOKEN``), beyond

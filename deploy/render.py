@@ -11,7 +11,7 @@ package helm-python-sdk bundles (Helm's Go SDK as a shared library; no helm bina
     .venv/bin/python deploy/render.py           # rewrite deploy/kubernetes/
     .venv/bin/python deploy/render.py --check   # exit 1 if they differ from the chart
 
-tests/unit/test_deploy_manifests.py runs the check when helm-python-sdk is installed.
+tests/unit/deploy/test_deploy_manifests.py runs the check when helm-python-sdk is installed.
 """
 
 from __future__ import annotations

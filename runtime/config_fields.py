@@ -180,7 +180,7 @@ RATE_FIELDS: Mapping[str, Field] = {
     "kv_wake_s": Field("float", 0, 3600.0, unit="s"),
     "kv_restore_s_per_token": Field("float", 0, 1.0, unit="s per token"),
 }
-"""A model's ``rates`` (``RateModel``'s fields, every one; tests/unit/test_config_fields.py
+"""A model's ``rates`` (``RateModel``'s fields, every one; tests/unit/runtime/test_config_fields.py
 holds them equal). The bounds are 10⁴× the slowest measured figures (the tiny models on a
 2-core CPU: ~1e-4 s per prefill token, ~5 ms a decode step) and keep an estimate over a
 ``TOKENS_MAX`` prompt below 2·10⁷ s: finite."""
@@ -232,4 +232,4 @@ ENGINE_FIELDS: Mapping[str, Mapping[str, Field]] = {
 }
 """The engines a node TOML may name (``engine = "..."`` of a ``[[model]]``), each with what its
 options may hold; runtime/factory.py's ``ENGINES`` builds each, under the same names
-(tests/unit/test_engine_registry.py holds them equal)."""
+(tests/unit/runtime/test_engine_registry.py holds them equal)."""

@@ -3,7 +3,9 @@
 A port on loopback that is free now is ``bench.harness.processes.free_port`` (bench/ cannot
 import the tests, and its harness needs one too); the folders' own helpers sit beside their
 tests (tests/integration/server.py, tests/real/servers.py, tests/e2e/replicas.py,
-tests/vllm/runtime_process.py, tests/sdk/support.py).
+tests/vllm/runtime_process.py, tests/sdk/support.py); the fake OpenAI-compatible upstream server
+the unit and integration tests share is tests/fake_upstream.py. Files of the repository are
+found from ``REPO_ROOT``, whatever folder a test sits in.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import httpx
@@ -23,6 +26,9 @@ from talaria.proxy.contract.records import Record, ReservationRecord
 if TYPE_CHECKING:
     from talaria.proxy.dialects.responses.tables import ResponseTables
     from talaria.proxy.store.repository import SqlStore
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root folder."""
 
 
 class ListSink:

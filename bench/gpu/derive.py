@@ -1,6 +1,6 @@
 """The pure part of the GPU check (bench/gpu/run.py): weight sizes from a model's config, the
 line fitted to sleep / wake times, the roofline efficiencies read off fitted step times, and the
-catalog files written from them. Nothing here needs a GPU; tests/unit/test_gpu_derive.py tests
+catalog files written from them. Nothing here needs a GPU; tests/unit/core/test_gpu_derive.py tests
 it on made-up measurements.
 """
 

@@ -61,8 +61,8 @@ fits the limit with the totals it read then; every other replica had synced no l
 own last admission, so what z's read missed of its calls is at most one of its intervals of
 admissions, and the settlements that raised a count past what z read add at most E. A sync is
 one transaction (add, then read); two that overlap in the database can each miss the other's
-counts: one more interval of them. tests/unit/test_rate_limits.py checks the bound over
-generated calls, cancellations and syncs in any order, and that it is reached.
+counts: one more interval of them. tests/unit/proxy/callpath/test_rate_limits.py checks the
+bound over generated calls, cancellations and syncs in any order, and that it is reached.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ The order, outermost rule first:
 taking the charges of the calls admitted meanwhile into account (the intake tells the
 accounts as it admits). Tested with hypothesis: shares converge to the weights, a lone tenant
 gets everything, every call is served within the stated bound
-(tests/unit/test_fairness.py).
+(tests/unit/runtime/scheduling/test_fairness.py).
 """
 
 from __future__ import annotations

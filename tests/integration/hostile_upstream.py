@@ -1,5 +1,5 @@
 """A hostile OpenAI-compatible server (aiohttp, loopback) for the upstream engine's bounds:
-``FakeUpstream`` (tests/unit/fake_upstream.py) for any other model, plus, by the request's
+``FakeUpstream`` (tests/fake_upstream.py) for any other model, plus, by the request's
 ``model``:
 
 - ``endless-line``: one SSE line that never ends (64 KiB pieces of ``x``);
@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.unit.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream
 
 HOSTILE = ("endless-line", "big-reply", "comments", "lying-usage")
 CAP_BYTES = 80 << 20

@@ -3,7 +3,7 @@ sign-ins on the console's form and wrong bearer tokens on /admin are throttled p
 (five a minute, then 429 with ``Retry-After``); the right token too only after five failures
 that share its first four characters, so a guesser sharing the operator's address cannot lock
 the operator out (issue 36). (A token shorter than 16 characters is refused at start:
-tests/unit/test_cli.py.)"""
+tests/unit/cli/test_cli.py.)"""
 
 from __future__ import annotations
 

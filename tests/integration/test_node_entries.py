@@ -31,8 +31,8 @@ from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
 from talaria.runtime.placement_rules import PlacementRules
 from talaria.runtime.server import create_runtime_app
+from tests.fake_upstream import fake_upstream_thread
 from tests.integration.server import running_app, running_proxy
-from tests.unit.fake_upstream import fake_upstream_thread
 
 NODE_TOML = """
 [node]

@@ -13,8 +13,8 @@ import pytest
 
 from bench.harness.processes import free_port, talaria_command, talaria_serve
 from talaria.cli.upstream import Upstream, UpstreamError, discover, node_toml
+from tests.fake_upstream import fake_upstream_thread
 from tests.integration.hostile_upstream import HostileUpstream
-from tests.unit.fake_upstream import fake_upstream_thread
 
 
 def test_serve_fronts_a_running_server_with_its_own_models(tmp_path: Path) -> None:

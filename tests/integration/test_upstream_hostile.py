@@ -33,9 +33,9 @@ from talaria.proxy.store.repository import SqlStore
 from talaria.runtime.config import load_node_config
 from talaria.runtime.placement_rules import PlacementRules
 from talaria.runtime.server import create_runtime_app
+from tests.fake_upstream import FakeUpstream, fake_upstream_thread
 from tests.integration.hostile_upstream import SECRET, HostileUpstream
 from tests.integration.server import running_app, running_proxy
-from tests.unit.fake_upstream import FakeUpstream, fake_upstream_thread
 
 MEMORY_BOUND_BYTES = 50_000_000
 BOUNDS = "line_max_bytes = 65536\ncall_timeout_s = 1.0\n"

@@ -1,5 +1,5 @@
 """Through HTTP: a ``talaria runtime --config node.toml`` process whose model is
-``engine = "openai"`` in front of a fake OpenAI-compatible server (tests/unit/fake_upstream.py),
+``engine = "openai"`` in front of a fake OpenAI-compatible server (tests/fake_upstream.py),
 reached by a proxy: the client gets the server's output (text, a tool call, cached tokens on a
 continuation), a context overflow is the client's 400 and a failing server a 503."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from bench.harness.processes import talaria_runtime
 from talaria.proxy.contract.settings import ProxySettings
+from tests.fake_upstream import FakeUpstream, fake_upstream_thread
 from tests.integration.server import running_proxy
-from tests.unit.fake_upstream import FakeUpstream, fake_upstream_thread
 
 NODE_TOML = """
 [node]

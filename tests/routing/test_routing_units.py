@@ -1,5 +1,6 @@
 """Routing on hand-built snapshots: each scorer's formula, the picker's ties and reasons, each
-router's rules. (The proxy-level reservation book: tests/unit/test_session_reservations.py.)
+router's rules. (The proxy-level reservation book:
+tests/unit/proxy/sessions/test_session_reservations.py.)
 
 Default ``RoutingConfig``: τ = 10 s, references 8,192 waiting tokens / 32 running calls /
 100 GB of others' reservations; talaria weights residency 1, KV 1, pressure 0.5, affinity 0.5

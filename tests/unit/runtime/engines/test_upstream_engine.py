@@ -1,5 +1,5 @@
 """The upstream engine (``engine = "openai"``, runtime/engines/upstream/) against a fake
-OpenAI-compatible server (tests/unit/fake_upstream.py) on a loopback port: the chat request it
+OpenAI-compatible server (tests/fake_upstream.py) on a loopback port: the chat request it
 sends, the deltas it maps (text, tool calls, reasoning), usage and cached tokens, a client
 going away, errors, start-up checks, options, and the sleep / wake endpoints it calls."""
 
@@ -33,7 +33,7 @@ from talaria.runtime.engines.upstream import (
     upstream_options,
 )
 from talaria.runtime.engines.upstream.client import served_window
-from tests.unit.fake_upstream import FakeUpstream, fake_upstream
+from tests.fake_upstream import FakeUpstream, fake_upstream
 
 T = TypeVar("T")
 USER = {"role": "user", "content": "hi"}

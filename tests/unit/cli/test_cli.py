@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.core.http_edge import EdgeBounds
-from tests.support import flat
+from tests.support import REPO_ROOT, flat
 
 runner = CliRunner()
 
@@ -132,8 +132,6 @@ def test_catalog_lists_shipped_models() -> None:
 
 # -- review findings: input validation, one-line errors, help texts -------------------------------
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _last_line(text: str) -> str:
     return [line for line in text.splitlines() if line.strip()][-1]
@@ -186,7 +184,7 @@ def test_serve_finds_models_in_the_settings_catalog_path(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     started = _no_uvicorn(monkeypatch)
-    shipped = (REPO / "core/data/models/tiny-a.toml").read_text()
+    shipped = (REPO_ROOT / "core/data/models/tiny-a.toml").read_text()
     (tmp_path / "mine.toml").write_text(shipped.replace('name = "tiny-a"', 'name = "my-model"'))
     unknown = runner.invoke(app, ["serve", "--models", "my-model"])
     assert unknown.exit_code == 2 and "unknown model(s) 'my-model'" in flat(unknown.output)
@@ -343,7 +341,7 @@ def test_help_cites_only_files_in_the_repository() -> None:
         shown = runner.invoke(app, [*path, "--help"]).output
         assert "FACTS" not in shown and "../shared" not in shown, path
         for cited in re.findall(r"(?:docs|examples)/[\w./-]+\.(?:md|toml)", shown):
-            assert (REPO / cited).is_file(), (path, cited)
+            assert (REPO_ROOT / cited).is_file(), (path, cited)
 
 
 def _serve_without_keys(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 
 
 def test_the_session_memory_bench_runs_small(tmp_path: Path) -> None:
     out = tmp_path / "sm.json"
-    command = [sys.executable, str(ROOT / "bench" / "session_memory.py"), "--sessions", "400",
+    command = [sys.executable, str(REPO_ROOT / "bench" / "session_memory.py"), "--sessions", "400",
                "--lookups", "100", "--json", str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, timeout=120)
     doc = json.loads(out.read_text())

@@ -1,4 +1,4 @@
-"""A node of two ``engine = "openai"`` models on two fake servers (tests/unit/fake_upstream.py)
+"""A node of two ``engine = "openai"`` models on two fake servers (tests/fake_upstream.py)
 with sleep endpoints, built from a node config as ``talaria runtime`` builds it: the slot
 switch sleeps the outgoing server and wakes the incoming one (vLLM's or SGLang's endpoints),
 the fakes' shared log shows the wakes in the slot order, a wake before each server's calls and
@@ -20,7 +20,7 @@ from talaria.runtime.config import ModelConfig, NodeConfig
 from talaria.runtime.engines.upstream import UpstreamEngine
 from talaria.runtime.factory import build_node_from_config
 from talaria.runtime.scheduling.node import NodeScheduler
-from tests.unit.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream
 
 Log = list[tuple[str, str, str]]
 SLEEPS = ("/sleep", "/release_memory_occupation")

@@ -16,8 +16,7 @@ from bench.gpu.derive import (
     server_toml,
 )
 from talaria.core.catalog import load_catalog
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 
 SMOLLM2 = {
     "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
@@ -95,7 +94,7 @@ def test_no_efficiencies_when_the_big_model_is_not_slower() -> None:
 
 
 def test_written_files_are_read_by_the_catalog(tmp_path: Path) -> None:
-    base = (ROOT / "core" / "data" / "servers" / "h200x8.toml").read_text()
+    base = (REPO_ROOT / "core" / "data" / "servers" / "h200x8.toml").read_text()
     measured = {"wake": 24e9, "sleep": 20e9, "pinned": 52e9}
     server = tmp_path / "server.toml"
     server.write_text(server_toml(base, "h200x8-measured", measured, "a test, 2026-12-03"))

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,8 +17,7 @@ import pytest
 from bench.harness.processes import free_port
 from talaria.core.loop_watchdog import EXIT_CODE, LoopWatchdog
 from talaria.proxy.edge.serve import EXIT_GRACE_S
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
 
 
 @pytest.mark.parametrize(
@@ -110,7 +108,7 @@ def test_sigterm_ends_a_process_whose_loop_is_blocked(script: str, deadline_s: f
     port = free_port()
     code = textwrap.dedent(script).format(port=port)
     process = subprocess.Popen(
-        [sys.executable, "-c", code], cwd=ROOT, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", code], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True
     )
     assert process.stderr is not None
     try:

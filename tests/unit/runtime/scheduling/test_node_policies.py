@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import asyncio
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 
@@ -32,8 +31,8 @@ from talaria.runtime.scheduling.policies.compose import PolicyChoice
 from talaria.runtime.scheduling.policies.planner import CoResidentPlanner, DemandPlanner
 from talaria.runtime.scheduling.policies.queue import ArrivalOrder, FairOrder, QueueOrder
 from talaria.runtime.scheduling.state import WaitingCall
+from tests.support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 GLM = "glm-4.5-fp8"
 CATALOG = load_catalog()
 
@@ -169,8 +168,8 @@ FLAG_READERS = {
 
 def _flag_reads() -> Iterator[str]:
     for folder in ("core", "runtime", "proxy", "sim", "sdk", "talaria", "bench"):
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(REPO_ROOT).as_posix()
             if rel in FLAG_READERS or path.is_symlink():
                 continue
             for node in ast.walk(ast.parse(path.read_text(), rel)):

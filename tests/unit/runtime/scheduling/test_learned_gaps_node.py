@@ -26,7 +26,7 @@ from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import replay
 from talaria.sim.tenants import TenantLoad, mixed_sessions
 from talaria.sim.workload import WorkloadSpec, generate_sessions
-from tests.unit.test_scheduler_scenarios import (
+from tests.unit.runtime.scheduling.test_scheduler_scenarios import (
     COST_A,
     COST_B,
     ONE_CALL_B,

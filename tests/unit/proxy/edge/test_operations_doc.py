@@ -3,11 +3,10 @@ there fails)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from talaria.proxy.edge.settings import setting_names
+from tests.support import REPO_ROOT
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+DOC = REPO_ROOT / "docs" / "operations.md"
 
 
 def test_every_setting_is_documented() -> None:

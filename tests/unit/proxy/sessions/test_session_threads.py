@@ -3,7 +3,7 @@ each with a new first message, opened 2,000 threads and 2,000 runtime session en
 which only 64 stayed indexed. Now a session holds at most ``max_threads`` live threads: the
 least recently used idle one is retired (out of the index and the session, its reservation
 released, its runtime entry ended), and with every thread busy the call is refused; a
-tenant's threads count against its cap (tests/unit/test_session_cap.py)."""
+tenant's threads count against its cap (tests/unit/proxy/sessions/test_session_cap.py)."""
 
 from __future__ import annotations
 

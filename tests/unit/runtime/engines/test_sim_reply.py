@@ -6,7 +6,6 @@ captured from Claude Code 2.1.328, Codex 0.169.0 and Qwen Code 0.24.4, descripti
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -27,8 +26,9 @@ from talaria.core.calls import (
 from talaria.core.schema_instance import instance
 from talaria.core.types import CallRequest
 from talaria.runtime.engines.sim_reply import ReplyPolicy, ReplyStream, pick_tool, plan_reply
+from tests.support import REPO_ROOT
 
-FIXTURES = Path(__file__).resolve().parents[2] / "bench" / "fixtures" / "agent_tools"
+FIXTURES = REPO_ROOT / "bench" / "fixtures" / "agent_tools"
 AGENTS = {p.stem: json.loads(p.read_text()) for p in sorted(FIXTURES.glob("*.json"))}
 
 

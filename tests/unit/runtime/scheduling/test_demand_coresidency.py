@@ -29,7 +29,7 @@ from talaria.runtime.scheduling.slots import (
     slot_length_s,
 )
 from talaria.sim.replay import NodeSetup, build_node
-from tests.unit.test_scheduler_scenarios import PROFILE, SERVER, _model
+from tests.unit.runtime.scheduling.test_scheduler_scenarios import PROFILE, SERVER, _model
 
 Q = 60.0
 POLICY = DemandPolicy(Q)

@@ -6,7 +6,6 @@ are built as before."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,9 +21,9 @@ from talaria.core.schema_instance import (
     check_schemas,
     instance,
 )
-from tests.support import near_budget
+from tests.support import REPO_ROOT, near_budget
 
-FIXTURES = Path(__file__).resolve().parents[2] / "bench" / "fixtures" / "agent_tools"
+FIXTURES = REPO_ROOT / "bench" / "fixtures" / "agent_tools"
 
 SELF_TWICE = {
     "$defs": {

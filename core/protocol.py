@@ -33,7 +33,8 @@ fields) instead of top-level fields of the request; 5: the session's key as ``se
 ``session_id``) in the request and the result (``session_id`` is the client's id, which the
 runtime never sees); 6: the call's tenant (an opaque key) and its weight, priority and
 deadline; 7: a sub-agent's parent (``parent_session_key``, ``parent_prefix_tokens``); 8: the
-agent's kind (``agent``)."""
+agent's kind (``agent``); 9: each model's gap-model quality in the status
+(``gap_models``)."""
 
 RUNTIME_TOKEN_ENV = "TALARIA_RUNTIME_TOKEN"
 """The environment variable holding the runtime's bearer token, on both ends."""

@@ -52,7 +52,7 @@ class ModelConfig:
     name: str
     engine: str
     """An engine a node config may name (``sim``, ``vllm``, ``openai``: docs/upstream.md;
-    runtime/config_fields.py ``ENGINE_FIELDS``, built by runtime/factory.py's ``ENGINES``)."""
+    runtime/config_fields.py ``ENGINE_FIELDS``, built by runtime/engine_kinds.py's ``ENGINES``)."""
     path: str | None = None
     """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)

@@ -48,13 +48,8 @@ from fastapi.responses import Response
 
 from talaria.core.catalog import CatalogError
 from talaria.runtime.config import NodeConfigError, model_config
-from talaria.runtime.factory import (
-    ENGINES,
-    EngineStartError,
-    engine_fields,
-    place_model,
-    unplace_model,
-)
+from talaria.runtime.engine_kinds import ENGINES, engine_fields
+from talaria.runtime.factory import EngineStartError, place_model, unplace_model
 from talaria.runtime.placement_rules import check_served, placed_model
 
 router = APIRouter()

@@ -88,7 +88,8 @@ from talaria.core.types import (
 from talaria.runtime.auth import RuntimeAuth
 from talaria.runtime.config import NodeConfig
 from talaria.runtime.engine import Engine
-from talaria.runtime.factory import BuiltNode, build_node_from_config, pinned_weight_budget_bytes
+from talaria.runtime.factory import BuiltNode, build_node_from_config
+from talaria.runtime.memory.sizing import pinned_weight_budget_bytes
 from talaria.runtime.placement_routes import DEMAND_HORIZON_S
 from talaria.runtime.placement_routes import router as placement_router
 from talaria.runtime.placement_rules import PlacementRules

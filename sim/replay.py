@@ -27,11 +27,11 @@ from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, Priority
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.state import SlotRecord
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from talaria.sim.cluster import Dispatcher
 from talaria.sim.placement_driver import PlacementDriver
 from talaria.sim.subagents import spawn_table
@@ -117,7 +117,7 @@ class ReplayOutcome:
 
 
 build_node = build_sim_node
-"""The node the replay builds: ``runtime.factory.build_sim_node`` (the proxy's embedded runtime
+"""The node the replay builds: ``runtime.sim_node.build_sim_node`` (the proxy's embedded runtime
 builds the same)."""
 
 

@@ -26,10 +26,10 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, Finished, GenerationEvent
 from talaria.runtime.engine import Admission
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 
 CATALOG = load_catalog()
 GLM = "glm-4.5-fp8"

@@ -27,9 +27,9 @@ from talaria.runtime.config_fields import (
     FieldError,
     check_fields,
 )
+from talaria.runtime.engine_kinds import ENGINES
 from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.upstream.options import KNOWN, UPSTREAM_RATES, UpstreamOptions
-from talaria.runtime.factory import ENGINES
 from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE
 from tests.support import flat
 

@@ -397,6 +397,7 @@ RUNTIME_FILE_ROOMS = {
     "__init__.py": "node",
     "auth.py": "node",
     "config.py": "node",
+    "engine_kinds.py": "node",
     "factory.py": "node",
     "gguf.py": "node",
     "instant.py": "node",
@@ -404,6 +405,7 @@ RUNTIME_FILE_ROOMS = {
     "placement_routes.py": "node",
     "placement_rules.py": "node",
     "server.py": "node",
+    "sim_node.py": "node",
 }
 """runtime/'s own modules, each in the room it serves (a new one is placed here)."""
 

@@ -16,11 +16,11 @@ from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict
 from talaria.core.holds import ReleaseReason
 from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.sessions import NodeSessions
 from talaria.runtime.scheduling.slots import CloseReason
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import replay

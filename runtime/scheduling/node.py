@@ -189,7 +189,8 @@ class NodeScheduler:
     @property
     def failure(self) -> str | None:
         """Why the scheduling loop ended while the node ran (None while it runs, and after
-        ``stop``): the node then serves nothing (its health checks say so, runtime/server.py)."""
+        ``stop``): the node then serves nothing (its health checks say so,
+        runtime/status_routes.py)."""
         return self._failure
 
     def start(self) -> None:

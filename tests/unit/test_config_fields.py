@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.core.catalog import CatalogError, load_catalog, model_name_fault
-from talaria.runtime import server
+from talaria.runtime import serve
 from talaria.runtime.config import NodeConfigError, load_node_config
 from talaria.runtime.config_fields import (
     NODE_FIELDS,
@@ -212,7 +212,7 @@ def test_a_bad_number_or_name_in_a_node_toml_is_one_line_at_start(
     reason: str,
 ) -> None:  # fmt: skip
     started: list[object] = []
-    monkeypatch.setattr(server, "serve_runtime", lambda *args: started.append(args))
+    monkeypatch.setattr(serve, "serve_runtime", lambda *args: started.append(args))
     monkeypatch.delenv("TALARIA_RUNTIME_TOKEN", raising=False)
     config = tmp_path / "node.toml"
     config.write_text(NODE.format(**({"quantum": 30, "name": "up", "rate": 2e-5} | change)))

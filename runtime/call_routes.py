@@ -34,7 +34,8 @@ from talaria.core.protocol_sessions import (
 )
 from talaria.core.types import CallRejected, CallRequest, Finished, GenerationEvent
 from talaria.runtime.app_state import json_response, runtime_of
-from talaria.runtime.scheduling.node import NodeScheduler, NodeStopped, UnknownModelError
+from talaria.runtime.scheduling.calls import NodeStopped, UnknownModelError
+from talaria.runtime.scheduling.node import NodeScheduler
 
 router = APIRouter()
 log = logging.getLogger("talaria.runtime")

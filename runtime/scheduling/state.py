@@ -12,7 +12,7 @@ through the owner's methods or a read-only view:
 | the waiting queues     | ``Intake``             | ``Intake.waiting`` (read-only)              |
 | the slot, a transition | ``SlotLoop``           | ``SlotLoop.slot`` (``SlotStateView``)       |
 | soft reservations      | ``SlotLoop``           | ``SlotLoop.reservations``                   |
-| the sessions           | ``NodeScheduler``      | ``SessionsView`` (loop, status)             |
+| the sessions           | ``SessionLifecycle``   | ``SessionsView`` (loop, status)             |
 | the wake-ups           | none: any part raises  | the loop; a wait for a call's end           |
 
 The intake reads the slot and the reservations through the ``AdmissionView`` the loop hands
@@ -22,9 +22,9 @@ change another part needs goes through the owner's method: the model set changes
 ``Intake.open_queue`` / ``close_queue``); calls join and leave the queues through
 ``Intake.enqueue`` / ``withdraw`` and its admission pass; a retired model leaves the resident
 set through ``SlotLoop.retire``, in the loop's order of events (once its calls are gone and no
-transition runs); the node's session events make and release reservations through
+transition runs); the session lifecycle makes and releases reservations through
 ``SlotLoop.reserve`` / ``release_hold``; the intake gets a call's session through the node's
-callback.
+callback (``SessionLifecycle.session_of``).
 
 ``NodeContext`` holds the rest: the name, clock and config, which never change, and
 ``NodeMemory`` (runtime/memory/resources.py), the HBM and host KV accounting the engines

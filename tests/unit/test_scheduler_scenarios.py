@@ -36,10 +36,11 @@ from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantSh
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engines.sim import STAGING_CHUNKS
+from talaria.runtime.scheduling.calls import UnknownModelError
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.intake import CallTooLargeError
-from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
+from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.replay import NodeSetup, build_node
 

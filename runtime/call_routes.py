@@ -95,7 +95,7 @@ async def ends(request: Request) -> Response:
 
 def _gap_s(raw: bytes) -> float | None:
     """A hint body's ``expected_gap_s`` in seconds, or None unless it is a finite number ≥ 0
-    (JSON parsers take ``NaN`` and ``Infinity``; neither may reach the reservation)."""
+    (JSON parsers take ``NaN`` and ``Infinity``; neither may reach the hold)."""
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):

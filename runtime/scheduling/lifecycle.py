@@ -1,13 +1,13 @@
 """A session's life on one node, from its first call here to the node forgetting it:
 ``SessionLifecycle``, the one writer of the node's sessions (``NodeSessions``, sessions.py).
 
-It takes a call's arrival (the session's reservation released: it returned) and its end
-(counted; a final call ends the session, any other lets the hold policy reserve for the next
-call, policies/holding.py), the session control a proxy sends (a tool-gap hint, a move, an
+It takes a call's arrival (the session's hold released: it returned) and its end (counted; a
+final call ends the session, any other lets the hold policy hold for the next call,
+policies/holding.py), the session control a proxy sends (a tool-gap hint, a move, an
 end), and forgets a session — its entry, what every listener of the node's events keeps of it,
 its KV unless a call holds it — when it ended and its last call here settled, when its model
-left the node, or when it idled past ``forget_idle_s`` holding no reservation. Reservations
-change only through the slot loop (``SlotLoop.reserve`` / ``release_hold``).
+left the node, or when it idled past ``forget_idle_s`` with no hold. Holds change only through
+the slot loop (``SlotLoop.hold`` / ``release_hold``).
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ class SessionLifecycle:
     # -- a call's arrival and end ----------------------------------------------------------
     def arrived(self, request: CallRequest, now_s: float) -> None:
         """A call of the session came: forget the sessions idle past their time
-        (``forget_idle``), count the call, and release the session's reservation (it
-        returned)."""
+        (``forget_idle``), count the call, and release the session's hold (it returned)."""
         self.forget_idle(now_s)
         self._sessions.arrived(request, now_s)
         self._loop.release_hold(request.session_key, ReleaseReason.RETURNED)
@@ -61,7 +60,7 @@ class SessionLifecycle:
 
     def finished(self, request: CallRequest, result: CallResult) -> None:
         """A call finished: count it for its session, end the session on a final call, else
-        take the call's gap hint and let the hold policy reserve for its next call
+        take the call's gap hint and let the hold policy hold for its next call
         (policies/holding.py)."""
         session = self._sessions.finished(result)
         if session is None:
@@ -74,7 +73,7 @@ class SessionLifecycle:
         self._policies.holds.after_call(
             session,
             self._sessions,
-            lambda gap_s, hold_s: self._loop.reserve(result, session, gap_s, hold_s),
+            lambda gap_s, hold_s: self._loop.hold(result, session, gap_s, hold_s),
         )
 
     def settled(self, session_key: str) -> None:
@@ -91,13 +90,13 @@ class SessionLifecycle:
             session.hint_gap_s = min(expected_gap_s, self._config.max_hint_gap_s)
 
     def moved(self, session_key: str) -> None:
-        """The session's next call went elsewhere: release its reservation here (its KV stays,
+        """The session's next call went elsewhere: release its hold here (its KV stays,
         evictable, in case it comes back)."""
         self._loop.release_hold(session_key, ReleaseReason.MOVED)
         self._signals.poke()
 
     def end(self, session_key: str) -> None:
-        """The session ended: release its reservation and forget it (``forget``), at once,
+        """The session ended: release its hold and forget it (``forget``), at once,
         or when its last call here settles if some are queued or running."""
         self._loop.release_hold(session_key, ReleaseReason.ENDED)
         session = self._sessions.get(session_key)
@@ -119,17 +118,17 @@ class SessionLifecycle:
             self._memory.drop(session_key)
 
     def forget_model(self, model: str) -> None:
-        """The node stops hosting ``model``: release each of its sessions' reservations (they
-        moved) and forget them."""
+        """The node stops hosting ``model``: release each of its sessions' holds (they moved)
+        and forget them."""
         for key in [k for k, s in self._sessions.sessions.items() if s.model == model]:
             self._loop.release_hold(key, ReleaseReason.MOVED)
             self.forget(key)
 
     def forget_idle(self, now_s: float) -> None:
-        """Forget the sessions idle for ``forget_idle_s`` that hold no reservation (the
+        """Forget the sessions idle for ``forget_idle_s`` that have no hold (the
         backstop for ends that never came: SchedulerConfig); one that holds one counts as
         seen now."""
-        live = self._loop.reservations.live
+        live = self._loop.holds.live
         for key in self._sessions.expired(now_s, self._config.forget_idle_s):
             if key in live:
                 self._sessions.touch(key, now_s)
@@ -137,8 +136,8 @@ class SessionLifecycle:
                 self.forget(key)
 
     def keys(self) -> set[str]:
-        """Every session key the node keeps something of: a session entry, KV, a reservation
+        """Every session key the node keeps something of: a session entry, KV, a hold
         or a fair-queue account (a walk of them all: for tests and diagnostics, not the call
         path)."""
         kept = set(self._sessions.sessions) | set(self._memory.kv)
-        return kept | set(self._loop.reservations.live) | set(self._accounts.attained)
+        return kept | set(self._loop.holds.live) | set(self._accounts.attained)

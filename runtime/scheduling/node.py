@@ -1,12 +1,12 @@
 """NodeScheduler: one node's slot scheduler driving its engines (same code live and simulated).
 
 It composes the parts of this package: a call's way in and out (calls.py), the admission pass
-over the waiting queues (intake.py), the slot loop and its transitions (loop.py), soft
-reservations (holds.py), the sessions (sessions.py) and their life here (lifecycle.py), and the
+over the waiting queues (intake.py), the slot loop and its transitions (loop.py), the holds
+(holds.py), the sessions (sessions.py) and their life here (lifecycle.py), and the
 status snapshot (node_status.py), over what they all read (state.py's ``NodeContext``). The
 slot policy and the admission rules themselves are pure functions (slots.py, admission.py).
 All time comes from the injected clock; the loop wakes on arrivals, finishes, the slot
-deadline and reservation expiries.
+deadline and hold expiries.
 
 Each piece of node state has one owner, its only writer; the others read it through the
 owner's methods or a read-only view (state.py says how each change is asked for):
@@ -16,7 +16,7 @@ owner's methods or a read-only view (state.py says how each change is asked for)
 | ``NodeScheduler``    | the model set                           | ``NodeContext``                |
 | ``SessionLifecycle`` | the sessions                            | ``SessionsView``               |
 | ``Intake``           | the waiting queues; the serving         | ``Intake.waiting`` (read-only) |
-| ``SlotLoop``         | the slot, transitions, reservations     | ``.slot``, ``.reservations``   |
+| ``SlotLoop``         | the slot, transitions, holds            | ``.slot``, ``.holds``          |
 | ``NodeCalls``        | nothing: it asks the intake, lifecycle  | —                              |
 | ``StatusReader``     | nothing: it reads the others            | —                              |
 """
@@ -64,7 +64,7 @@ class NodeScheduler:
     starving model (oldest wait ≥ S = 2Q) first. A slot has a deadline only while contended (a
     non-resident model has a waiting call): start + Q, or start + Q × clamp(n × share, ½, 2)
     under the demand planner. It closes then, or earlier when idle (nothing running, nothing
-    it may admit, no live reservation); its running calls drain (never preempted) before the
+    it may admit, no live hold); its running calls drain (never preempted) before the
     switch.
 
     Admission: a call waiting when its slot opened is admitted; a later one at once if its
@@ -72,7 +72,7 @@ class NodeScheduler:
     admission rule admits session-prefill (policies/switching.py), it is a continuation (its
     session has run here) and its budget fits: estimated service (prefill or KV restore +
     expected output × decode step) ≤ time to the deadline. Every admission needs HBM: needed
-    ≤ free + staged + evictable idle KV − other sessions' reserved bytes.
+    ≤ free + staged + evictable idle KV − other sessions' held bytes.
     """
 
     def __init__(
@@ -139,9 +139,9 @@ class NodeScheduler:
         return MappingProxyType(self._engines)
 
     @property
-    def reservations(self) -> HoldTable:
-        """The node's soft reservations (read-only here; the slot loop keeps them)."""
-        return self._loop.reservations
+    def holds(self) -> HoldTable:
+        """The node's holds (read-only here; the slot loop keeps them)."""
+        return self._loop.holds
 
     @property
     def gap_quality(self) -> Mapping[str, GapQuality]:
@@ -246,12 +246,12 @@ class NodeScheduler:
         self._lifecycle.hint(session_key, expected_gap_s)
 
     def session_moved(self, session_key: str) -> None:
-        """The session's next call went elsewhere: release its reservation here (its KV stays,
+        """The session's next call went elsewhere: release its hold here (its KV stays,
         evictable; ``SessionLifecycle.moved``)."""
         self._lifecycle.moved(session_key)
 
     def end_session(self, session_key: str) -> None:
-        """The session ended: release its reservation and forget it, at once or when its last
+        """The session ended: release its hold and forget it, at once or when its last
         call here settles (``SessionLifecycle.end``)."""
         self._lifecycle.end(session_key)
 

@@ -1,7 +1,7 @@
 """The node's view of the sessions it serves (``NodeSessions``, one ``NodeSession`` each): their
 calls here, their KV use (context and growth) and their expected tool gaps; the inputs of SP
-admission (is a call a continuation, how long will it decode), of soft reservations (the
-expected gap and KV growth) and of demand (who is in a tool gap and due back).
+admission (is a call a continuation, how long will it decode), of holds (the expected gap and
+KV growth) and of demand (who is in a tool gap and due back).
 
 ``lifecycle.SessionLifecycle`` owns it and alone changes it; the slot loop and the status reader
 read it through ``SessionsView``.

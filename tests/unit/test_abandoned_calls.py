@@ -284,7 +284,7 @@ def test_any_departures_leave_no_pin_reservation_or_running_call(calls: list[_Ca
 
         status = node.status()
         assert [e.running for e in node.engines.values()] == [0, 0]
-        assert node.reservations.live == {}
+        assert node.holds.live == {}
         assert {key: e.pins for key, e in node.memory.kv.items() if e.pins} == {}
         assert sum(m.live_sessions for m in status.models.values()) == 0  # none pending
         for session in {f"s{call.session}" for call in calls}:

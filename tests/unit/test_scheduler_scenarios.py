@@ -435,8 +435,8 @@ def test_soft_reservation_keeps_the_slot_open_through_the_tool_gap(
     )
     assert first.end_s == approx(t_fin)
     assert [s.model for s in node.slots] == ["a", "b"]  # no switch between s1's calls
-    assert node.reservations.released[ReleaseReason.RETURNED] == 1
-    assert not node.reservations.live
+    assert node.holds.released[ReleaseReason.RETURNED] == 1
+    assert not node.holds.live
 
 
 def test_without_soft_reservations_the_slot_closes_idle_in_the_tool_gap() -> None:
@@ -472,7 +472,7 @@ def test_reservation_of_a_session_that_never_returns_expires(
     assert node.slots[1].model == "b"
     b0 = ok(out["s2"], 0)
     assert b0.admitted_s == approx(t_expiry + plain_switch_s(COST_A, COST_B))
-    assert node.reservations.released == {
+    assert node.holds.released == {
         ReleaseReason.RETURNED: 0,
         ReleaseReason.ENDED: 0,
         ReleaseReason.EXPIRED: 1,
@@ -481,7 +481,7 @@ def test_reservation_of_a_session_that_never_returns_expires(
         ReleaseReason.OVER_SHARE: 0,
         ReleaseReason.STALE: 0,
     }
-    assert not node.reservations.live
+    assert not node.holds.live
 
 
 def test_a_days_hint_holds_for_the_hint_cap_at_most() -> None:
@@ -490,7 +490,7 @@ def test_a_days_hint_holds_for_the_hint_cap_at_most() -> None:
     gone = Agent("s1", "a", 0.0, (Call(P0, OUT, hint_s=86_400.0),), ends=False)
     node, out = run_scenario(SP_SOFT, (gone,))
     finished_s = ok(out["s1"], 0).finished_s
-    held = node.reservations.live["s1"]
+    held = node.holds.live["s1"]
     assert held.expected_return_s == approx(finished_s + DEFAULT_MAX_HINT_GAP_S)
     assert held.expires_s == approx(finished_s + 2 * DEFAULT_MAX_HINT_GAP_S)
 
@@ -719,7 +719,7 @@ def test_stop_right_after_the_last_call(last_ends: bool) -> None:
     assert ok(out["s0"], 0).finished_s > ok(out["s1"], 0).finished_s
     # s1 (and s0 when it did not end) still hold their reservations: neither came back
     expected = {"s1"} if last_ends else {"s1", "s0"}
-    assert set(node.reservations.live) == expected
+    assert set(node.holds.live) == expected
 
 
 def test_unknown_model_raises() -> None:

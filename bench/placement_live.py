@@ -15,7 +15,7 @@ engines, the ``talaria`` scheduler, the clock ``--time-scale`` times real time) 
 layout stays. *placement*: ``--placement-library`` lists the four models, so the controller
 (proxy/placement/loop.py, its defaults: a look every 60 s, min hold 900 s, ...) may move
 them; a model placed on a running runtime serves after ``ServerSpec.placement_s`` from
-storage on the node's clock (runtime/factory.py ``EngineKind.loads_on_clock``). The sessions
+storage on the node's clock (runtime/engine_kinds.py ``EngineKind.loads_on_clock``). The sessions
 are driven closed-loop by bench/harness/trace_drive.py ``drive``, as bench/cluster_live.py
 drives them (one agent per session, its start and tool gaps divided by the time scale), each
 reply held to the trace's 300 output tokens (``ignore_eos``: the simulated engine's own
@@ -52,9 +52,9 @@ from bench.harness.trace_drive import SessionResult, Words, drive
 from talaria.core.catalog import load_catalog
 from talaria.core.placement import PlacementConfig
 from talaria.core.trace import SessionTrace, TraceCall
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.metrics import percentile
 from talaria.sim.replay import replay
 

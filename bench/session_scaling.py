@@ -56,9 +56,9 @@ from talaria.proxy.contract.records import Record
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)
 MODEL = "glm-4.5-fp8"

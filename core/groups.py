@@ -6,7 +6,7 @@ A group is a ``ServerSpec`` of its own (``group_server``): ``gpus`` = the group'
 per-GPU figure unchanged, so the cost model's aggregates (compute, HBM bandwidth, PCIe: each
 ``gpus`` × the per-GPU figure, runtime/costmodel.py) scale with the group, and the host's
 memory is shared in proportion (``host_dram_bytes`` and ``node_share`` × size / the server's
-GPUs: runtime/factory.py's pinned-weight budget keeps that share of a node's host KV). TP
+GPUs: runtime/memory/sizing.py's pinned-weight budget keeps that share of a node's host KV). TP
 communication is not a term of its own: the efficiency profile's factors, sourced at TP = 8,
 carry it at every size (docs/sources.md §14), which overstates a small group's step time
 slightly (it talks less).

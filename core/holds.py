@@ -9,14 +9,14 @@ core/preferences.py.)
 Expected gap = the caller's hint if given, else the session's learned mean gap
 (core/gap_model.py ``MeanGaps``: ``(prior_s × prior_weight + Σ observed) / (prior_weight + n)``,
 prior the tool-gap mean ≈ 3.2 s of docs/sources.md §2, weight 1 observation; est.). A
-reservation is taken only if the session is expected back before the slot's deadline (there is
+hold is taken only if the session is expected back before the slot's deadline (there is
 no point holding a slot it will miss), and expires at ``now + max(slack_factor × gap, gap +
 min_slack_s)`` (the *slack rule*, ``core.gap_model.slack_hold_s``). With the ``learned_gaps``
 scheduler flag the node passes, for a session without a hint, the q-quantile of its learned
-log-normal gap as ``hold_gap_s`` (core/gap_model.py ``LogNormalGaps``): the reservation then
-holds the session's KV until ``now + max(hold_gap_s, slack rule)``, but keeps its model's slot
-open, and the admission budget for the session's next call (``held_bytes``), only for the slack
-rule (``Hold.slot_until_s``). A live reservation stops the slot's idle close
+log-normal gap as ``hold_gap_s`` (core/gap_model.py ``LogNormalGaps``): the hold then
+keeps the session's KV until ``now + max(hold_gap_s, slack rule)``, but its model's slot open,
+and the admission budget for the session's next call (``held_bytes``), only for the slack
+rule (``Hold.slot_until_s``). A live hold stops the slot's idle close
 (runtime/scheduling/slots.py), so holding the slot longer would keep other models waiting, and
 a budget held longer turns other calls away (docs/results.md §12 measured both); the extension
 keeps only the session's KV pinned, bytes that are resident already.
@@ -46,7 +46,7 @@ session."""
 
 
 class ReleaseReason(StrEnum):
-    """Why a node's reservation was released (the node counts each)."""
+    """Why a node's hold was released (the node counts each)."""
 
     RETURNED = "returned"
     ENDED = "ended"
@@ -94,7 +94,7 @@ def plan_hold(
     hold_gap_s: float | None = None,
     pinned_bytes: float = 0.0,
 ) -> Hold | None:
-    """The reservation to take after a call that ends in a tool gap, or None (rules above);
+    """The hold to take after a call that ends in a tool gap, or None (rules above);
     ``hold_gap_s``, when given, extends how long it is held to at least that, and the slack
     rule then bounds how long it keeps the slot open and its budget."""
     expected_return = now_s + expected_gap_s
@@ -120,7 +120,7 @@ def plan_hold(
 
 @dataclass
 class HoldTable:
-    """A node's live reservations by session, how many were released for each reason, and the
+    """A node's live holds by session, how many were released for each reason, and the
     memory they held, byte-seconds over the releases that gave their time (module docstring):
     the budget, Σ held_bytes × (min(release, slot_until_s) − creation), and the pinned KV,
     Σ pinned_bytes × (release − creation)."""
@@ -139,7 +139,7 @@ class HoldTable:
     def release(
         self, session_key: str, reason: ReleaseReason, now_s: float | None = None
     ) -> Hold | None:
-        """Drop the session's reservation, counting ``reason`` (and, given ``now_s``, its
+        """Drop the session's hold, counting ``reason`` (and, given ``now_s``, its
         held bytes × the seconds it was held); the one dropped, or None."""
         found = self.live.pop(session_key, None)
         if found is not None:
@@ -151,15 +151,15 @@ class HoldTable:
         return found
 
     def expired(self, now_s: float) -> list[Hold]:
-        """The reservations whose expiry is at or before ``now_s`` (not released here)."""
+        """The holds whose expiry is at or before ``now_s`` (not released here)."""
         return [r for r in self.live.values() if r.expires_s <= now_s]
 
     def for_model(self, model: str) -> list[Hold]:
-        """The live reservations of sessions on ``model``."""
+        """The live holds of sessions on ``model``."""
         return [r for r in self.live.values() if r.model == model]
 
     def keeping_slot(self, model: str, now_s: float) -> int:
-        """How many live reservations on ``model`` keep its slot open at ``now_s``."""
+        """How many live holds on ``model`` keep its slot open at ``now_s``."""
         return sum(1 for r in self.live.values() if r.model == model and r.keeps_slot(now_s))
 
     def held_bytes(
@@ -168,7 +168,7 @@ class HoldTable:
         counts: Callable[[str], bool] | None = None,
         now_s: float | None = None,
     ) -> float:
-        """Bytes held by live reservations, leaving out ``exclude_session``'s own, given
+        """Bytes held by live holds, leaving out ``exclude_session``'s own, given
         ``counts`` (a session key → whether its hold counts) those it refuses, and, given
         ``now_s``, those past keeping their slot (a learned hold's extension keeps the session's
         KV, not a budget for its next call)."""
@@ -182,7 +182,7 @@ class HoldTable:
 
     def next_change_s(self, now_s: float) -> float | None:
         """The earliest expiry, or end of keeping a slot open after ``now_s``, among the live
-        reservations, seconds; None when there is none."""
+        holds, seconds; None when there is none."""
         times = [r.expires_s for r in self.live.values()]
         times += [t for r in self.live.values() if (t := r.slot_until_s) is not None and t > now_s]
         return min(times, default=None)

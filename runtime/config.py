@@ -53,7 +53,7 @@ class ModelConfig:
     name: str
     engine: str
     """An engine a node config may name (``sim``, ``vllm``, ``openai``: docs/upstream.md;
-    runtime/config_fields.py ``ENGINE_FIELDS``, built by runtime/factory.py's ``ENGINES``)."""
+    runtime/config_fields.py ``ENGINE_FIELDS``, built by runtime/engine_kinds.py's ``ENGINES``)."""
     path: str | None = None
     """The vLLM model's directory (see ``NodeConfig.model_dir``)."""
     options: dict[str, Any] = field(default_factory=dict)
@@ -119,7 +119,7 @@ def model_config(
 ) -> ModelConfig:
     """One ``[[model]]`` entry (a TOML table, or the JSON body of the runtime's
     ``POST /v1/runtime/models``, which then holds it to runtime/placement_rules.py): ``name``
-    (the catalog's grammar, core/catalog.py ``MODEL_NAME``), ``engine`` (one of ``engines``,
+    (the catalog's grammar, core/model_spec.py ``MODEL_NAME``), ``engine`` (one of ``engines``,
     the engine names with their option tables; default ``sim``), ``path``, and the engine's
     options, checked against its table (runtime/config_fields.py: typed, finite, in range);
     ``NodeConfigError`` names what is wrong."""

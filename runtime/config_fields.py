@@ -18,9 +18,10 @@ line at start) and never an exception inside the node's scheduling loop:
 The tables: ``NODE_FIELDS`` (the ``[node]`` table), ``RATE_FIELDS`` (a model's ``rates``, the
 ``RateModel`` of runtime/engines/timing.py), and one per engine's ``[[model]]`` options
 (``VLLM_FIELDS``, ``UPSTREAM_FIELDS``), each under its engine's name in ``ENGINE_FIELDS``: the
-engines a node config may name, which runtime/config.py reads without the factory (the factory
-registers each with its builder, ``EngineKind.fields``). A key a table does not list is left to
-its engine's own checks (finite still). Adding an option to an engine: one row in its table.
+engines a node config may name, which runtime/config.py reads without the engine registry
+(runtime/engine_kinds.py registers each with its builder, ``EngineKind.fields``). A key a table
+does not list is left to its engine's own checks (finite still). Adding an option to an engine:
+one row in its table.
 A value that is wrong anywhere in a node config (a field here, or an engine's own check of its
 options) is a ``NodeConfigError``.
 """
@@ -231,5 +232,5 @@ ENGINE_FIELDS: Mapping[str, Mapping[str, Field]] = {
     "openai": UPSTREAM_FIELDS,
 }
 """The engines a node TOML may name (``engine = "..."`` of a ``[[model]]``), each with what its
-options may hold; runtime/factory.py's ``ENGINES`` builds each, under the same names
+options may hold; runtime/engine_kinds.py's ``ENGINES`` builds each, under the same names
 (tests/unit/runtime/test_engine_registry.py holds them equal)."""

@@ -104,7 +104,7 @@ class EngineInfo:
 class Engine(Protocol):
     """One model's executor on a node, as the slot scheduler drives it: what every engine must
     do (the module docstring says how admission is split, and which capabilities are
-    optional). runtime/factory.py's ``ENGINES`` registers the implementations a node config
+    optional). runtime/engine_kinds.py's ``ENGINES`` registers the implementations a node config
     may name."""
 
     model: str

@@ -41,69 +41,58 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from talaria.core.catalog_error import CatalogError
+from talaria.runtime.app_state import DEMAND_HORIZON_S, json_response, runtime_of
 from talaria.runtime.config import NodeConfigError, model_config
-from talaria.runtime.factory import (
-    ENGINES,
-    EngineStartError,
-    engine_fields,
-    place_model,
-    unplace_model,
-)
+from talaria.runtime.engine_kinds import ENGINES, engine_fields
+from talaria.runtime.factory import EngineStartError, place_model, unplace_model
 from talaria.runtime.placement_rules import check_served, placed_model
 
 router = APIRouter()
-DEMAND_HORIZON_S = 3600.0
-"""The longest window a placement controller may read demand over (clock seconds)."""
 LEAVE_GRACE_S = 1.0
 """Wall seconds between unlisting a model and retiring it: longer than a proxy reuses a status
 (``TALARIA_STATUS_TTL_S``, 0.05 s, plus ``TALARIA_STATUS_STALE_S``, 0 s, by default)."""
 log = logging.getLogger("talaria.runtime")
 
 
-def _json(data: Any, status: int = 200) -> Response:
-    return Response(json.dumps(data), status, media_type="application/json")
-
-
 @router.post("/v1/runtime/models")
 async def add_model(request: Request) -> Response:
     """Host one more model (module docstring)."""
-    runtime = request.app.state.runtime
+    runtime = runtime_of(request)
     if not runtime.ready or runtime.node.failure is not None:
-        return _json({"error": runtime.node.failure or "draining"}, 503)
+        return json_response({"error": runtime.node.failure or "draining"}, 503)
     try:
         entry = json.loads(await request.body())
         model = model_config(entry, "POST /v1/runtime/models", engine_fields())
         model = placed_model(model, ENGINES[model.engine].options, runtime.rules)
         check_served(model, ENGINES[model.engine].options, runtime.catalog)
     except (ValueError, NodeConfigError) as exc:
-        return _json({"error": str(exc)}, 400)
+        return json_response({"error": str(exc)}, 400)
     async with runtime.changes:
         if model.name in runtime.node.engines:
-            return _json({"error": f"model {model.name!r} is already on this node"}, 409)
+            return json_response({"error": f"model {model.name!r} is already on this node"}, 409)
         try:
             await place_model(runtime.built, runtime.config, model, runtime.catalog)
         except (CatalogError, NodeConfigError) as exc:
-            return _json({"error": str(exc)}, 400)
+            return json_response({"error": str(exc)}, 400)
         except EngineStartError as exc:
             log.error("%s", exc)
-            return _json({"error": str(exc)}, 500)
-    return _json({"ok": True, "model_names": list(runtime.node.engines)}, 201)
+            return json_response({"error": str(exc)}, 500)
+    return json_response({"ok": True, "model_names": list(runtime.node.engines)}, 201)
 
 
 @router.get("/v1/runtime/demand")
 async def demand(request: Request, window_s: float = 300.0) -> Response:
     """The models' demand over the last ``window_s`` (module docstring)."""
     if not 0 < window_s <= DEMAND_HORIZON_S:
-        return _json({"error": f"window_s must be in (0, {DEMAND_HORIZON_S:g}]"}, 400)
-    runtime = request.app.state.runtime
+        return json_response({"error": f"window_s must be in (0, {DEMAND_HORIZON_S:g}]"}, 400)
+    runtime = runtime_of(request)
     meter, now = runtime.demand, runtime.node.clock.now()
-    return _json(
+    return json_response(
         {
             "window_s": window_s,
             "demand": meter.demand(now, window_s),
@@ -116,24 +105,24 @@ async def demand(request: Request, window_s: float = 300.0) -> Response:
 @router.post("/v1/runtime/models/{name}/drain")
 async def drain_model(name: str, request: Request) -> Response:
     """Mark a model draining (module docstring)."""
-    runtime = request.app.state.runtime
+    runtime = runtime_of(request)
     if name not in runtime.node.engines:
-        return _json({"error": f"model {name!r} is not on this node"}, 404)
+        return json_response({"error": f"model {name!r} is not on this node"}, 404)
     runtime.draining.setdefault(name, runtime.node.clock.now())
-    return _json({"ok": True, "draining_models": sorted(runtime.draining)})
+    return json_response({"ok": True, "draining_models": sorted(runtime.draining)})
 
 
 @router.delete("/v1/runtime/models/{name}")
 async def remove_model(name: str, request: Request) -> Response:
     """Stop hosting a model once its calls are done (module docstring)."""
-    runtime = request.app.state.runtime
+    runtime = runtime_of(request)
     if runtime.node.failure is not None:  # no loop to retire it: restart the runtime
-        return _json({"error": runtime.node.failure}, 503)
+        return json_response({"error": runtime.node.failure}, 503)
     async with runtime.changes:
         if name not in runtime.node.engines:
-            return _json({"error": f"model {name!r} is not on this node"}, 404)
+            return json_response({"error": f"model {name!r} is not on this node"}, 404)
         if len(runtime.node.engines) == 1:
-            return _json({"error": f"model {name!r} is this node's last model"}, 409)
+            return json_response({"error": f"model {name!r} is this node's last model"}, 409)
         runtime.leaving.add(name)
         try:
             await asyncio.sleep(LEAVE_GRACE_S)
@@ -141,4 +130,4 @@ async def remove_model(name: str, request: Request) -> Response:
         finally:
             runtime.leaving.discard(name)
             runtime.draining.pop(name, None)
-    return _json({"ok": True, "model_names": list(runtime.node.engines)})
+    return json_response({"ok": True, "model_names": list(runtime.node.engines)})

@@ -5,7 +5,7 @@ The node's own TOML is the operator's and is trusted as it is. An entry that arr
 is held to these rules (``placed_model``):
 
 - **Keys**: ``name``, ``engine``, ``path`` and the options its engine lists as placeable
-  (``VLLM_PLACEABLE``, ``UPSTREAM_PLACEABLE``: ``EngineKind.options``, runtime/factory.py);
+  (``VLLM_PLACEABLE``, ``UPSTREAM_PLACEABLE``: ``EngineKind.options``, runtime/engine_kinds.py);
   any other key is refused, named.
 - **Paths**: ``path`` and every option of kind ``path`` (vLLM's ``chat_template``) must
   resolve, symlinks followed (``Path.resolve``), to something that exists inside the runtime's

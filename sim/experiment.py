@@ -23,10 +23,10 @@ from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult, KvSource
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.state import SlotRecord
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.metrics import mean, percentile, sct_summary
 from talaria.sim.oracle import oracle_sct_s
 from talaria.sim.policies import resolve_policy

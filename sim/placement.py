@@ -9,12 +9,12 @@ Demand of model m: ``D_m = Σ`` over its sessions of their calls' service time a
 1. models by demand, largest first, each onto the feasible node with the least load (ties:
    the lower index). Feasible: the model is not there yet, and the node's models' weights,
    with this one's, fit ``weight_budget_bytes`` (their pinned host copies: a node can wake
-   any model it hosts, runtime/factory.py ``node_memory``);
+   any model it hosts, runtime/memory/sizing.py ``node_memory``);
 2. then, while it lowers the largest node load, the heaviest share ``D_m / r_m`` on the most
    loaded node gets one more replica, on the least loaded feasible node.
 
 ``weight_budget_bytes``: host DRAM × (1 − reserve) less the host KV tier a node keeps
-(runtime/factory.py ``pinned_weight_budget_bytes``).
+(runtime/memory/sizing.py ``pinned_weight_budget_bytes``).
 
 ``share_group`` (issue 40) packs GPU groups instead of whole nodes: from each model on groups
 of its own (core/groups.py), a model alone on one group moves into the group of another, so
@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from talaria.core.catalog import Catalog
 from talaria.core.trace import SessionTrace
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.factory import pinned_weight_budget_bytes
+from talaria.runtime.memory.sizing import pinned_weight_budget_bytes
 from talaria.sim.oracle import oracle_sct_s
 
 

@@ -41,8 +41,9 @@ from talaria.core.placement import (
 )
 from talaria.core.types import CallRequest, CallResult
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.factory import NodeSetup, add_sim_model, pinned_weight_budget_bytes
+from talaria.runtime.memory.sizing import pinned_weight_budget_bytes
 from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.sim_node import NodeSetup, add_sim_model
 
 DRAIN_POLL_S = 15.0
 """How often a drain looks whether its node's sessions of the model have ended."""
@@ -93,7 +94,7 @@ class PlacementDriver:
         self.budget_bytes = {
             n: pinned_weight_budget_bytes(s.server_spec(catalog)) for n, s in setups.items()
         }
-        """Each node's pinned-weight budget: its GPU group's share (runtime/factory.py)."""
+        """Each node's pinned-weight budget: its GPU group's share (runtime/memory/sizing.py)."""
         self.too_small = {n: _too_small(catalog, s) for n, s in setups.items()}
         """Each node's models its GPU group cannot hold (core/groups.py): never added there."""
         server = catalog.server(next(iter(setups.values())).server)

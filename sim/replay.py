@@ -28,11 +28,11 @@ from talaria.core.placement import PlacementConfig, PlacementTable
 from talaria.core.routing import RoutingConfig
 from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, Priority
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.state import SlotRecord
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from talaria.sim.cluster import Dispatcher
 from talaria.sim.placement_driver import PlacementDriver
 from talaria.sim.subagents import spawn_table
@@ -62,7 +62,8 @@ class SessionOutcome:
 @dataclass
 class NodeOutcome:
     """One node after a replay: its slots, busy times (s), peak memory use and capacities
-    (bytes), and its reservations released by reason and the memory they held."""
+    (bytes), and its holds released by reason and the memory they held (the document keeps
+    the keys ``reservations`` and ``reservation_byte_s``)."""
 
     name: str
     models: tuple[str, ...]
@@ -75,10 +76,10 @@ class NodeOutcome:
     host_kv_capacity_bytes: float
     reservations: dict[str, int]
     reservation_byte_s: float = 0.0
-    """The admission budget its released reservations held, byte-seconds
+    """The admission budget its released holds kept, byte-seconds
     (``HoldTable.held_byte_s``)."""
     pinned_byte_s: float = 0.0
-    """The KV its released reservations kept pinned, byte-seconds (``pinned_byte_s``)."""
+    """The KV its released holds kept pinned, byte-seconds (``pinned_byte_s``)."""
     gap_quality: dict[str, GapQuality] = field(default_factory=dict)
     """Per gap model the node kept: how well it predicted its sessions' gaps."""
 
@@ -118,7 +119,7 @@ class ReplayOutcome:
 
 
 build_node = build_sim_node
-"""The node the replay builds: ``runtime.factory.build_sim_node`` (the proxy's embedded runtime
+"""The node the replay builds: ``runtime.sim_node.build_sim_node`` (the proxy's embedded runtime
 builds the same)."""
 
 
@@ -292,8 +293,9 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
         hbm_capacity_bytes=node.memory.hbm_capacity_bytes,
         peak_host_kv_bytes=node.memory.peak_host_kv_bytes,
         host_kv_capacity_bytes=node.memory.host_kv_capacity_bytes,
-        reservations={str(k): v for k, v in node.reservations.released.items()},
-        reservation_byte_s=node.reservations.held_byte_s,
-        pinned_byte_s=node.reservations.pinned_byte_s,
+        # the replay document keeps its keys: ``reservations`` are the node's holds
+        reservations={str(k): v for k, v in node.holds.released.items()},
+        reservation_byte_s=node.holds.held_byte_s,
+        pinned_byte_s=node.holds.pinned_byte_s,
         gap_quality=dict(node.gap_quality),
     )

@@ -13,9 +13,9 @@ from serving import MODELS
 
 from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace, read_trace
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.fidelity import compare, repeatability
 from talaria.sim.replay import Transport, replay
 

@@ -15,10 +15,10 @@ from talaria.core.types import CallRequest, GenerationEvent
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.runtimes.base import RuntimeUnavailable
 from talaria.runtime.engines.sim_reply import ReplyPolicy
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 
 
 class InProcessRuntime:

@@ -42,7 +42,7 @@ class Evictable(Protocol):
 
     @property
     def pinned(self) -> bool:
-        """A call or a reservation holds it."""
+        """A call or a hold keeps it."""
         ...
 
 

@@ -41,14 +41,14 @@ class SessionKv:
     nbytes: float
     location: KvLocation
     last_used_s: float
-    pins: int = 0  # > 0 while a call runs on it or a reservation holds it
+    pins: int = 0  # > 0 while a call runs on it or a hold keeps it
     rank: int = 1
     """Its session's class (``Priority.rank``: 0 interactive … 2 batch): a lower class's KV is
     evicted first (``NodeMemory.evictable``)."""
 
     @property
     def pinned(self) -> bool:
-        """A call runs on it or a reservation holds it: eviction skips it."""
+        """A call runs on it or a hold keeps it: eviction skips it."""
         return self.pins > 0
 
 

@@ -9,7 +9,7 @@ budget fits:
 - time: estimated service time (prefill or KV restore of what is not cached, plus the expected
   output tokens at the current decode step time) ≤ time left before the slot's deadline;
 - tokens: the HBM bytes it needs ≤ free HBM + staged weights + evictable idle KV − bytes held by
-  other sessions' soft reservations (checked by ``fits_memory``, for every admitted call).
+  other sessions' holds (checked by ``fits_memory``, for every admitted call).
 
 A closing slot (quantum elapsed, draining) admits nothing.
 """
@@ -78,7 +78,7 @@ def decide_admission(
 
 
 def fits_memory(
-    *, needed_bytes: float, free_bytes: float, evictable_bytes: float, reserved_bytes: float
+    *, needed_bytes: float, free_bytes: float, evictable_bytes: float, held_bytes: float
 ) -> bool:
-    """needed ≤ free + evictable − reserved (bytes held by other sessions' reservations)."""
-    return needed_bytes <= free_bytes + evictable_bytes - reserved_bytes
+    """needed ≤ free + evictable − held (bytes held by other sessions' holds)."""
+    return needed_bytes <= free_bytes + evictable_bytes - held_bytes

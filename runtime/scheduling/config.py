@@ -28,13 +28,13 @@ class SchedulerConfig:
     """With ``fair_queue``: a call that has waited this many quanta is promoted a class
     (fairness.py), so a batch call waits at most twice that behind interactive arrivals."""
     gap_quantile: float = 0.95
-    """With ``learned_gaps``: a reservation holds the session's KV at least until this quantile
+    """With ``learned_gaps``: a hold keeps the session's KV at least until this quantile
     of the session's learned log-normal gap (core/gaps.py ``predict``). 0.95: a hold that a
     calibrated fit's gaps outlast 5 % of the time, below the 4–14 % the mean rule's holds
     expire at on the §12 workloads of docs/results.md (an operator's target, not a fit)."""
     forget_idle_s: float = 3600.0
     """A session with no call here for this long (clock seconds), none queued or running and
-    no reservation, is forgotten as if it had ended (its entry, KV and fair-queue account:
+    no hold, is forgotten as if it had ended (its entry, KV and fair-queue account:
     ``NodeScheduler.end_session``): the backstop for ends that never arrive (a proxy restarted
     or unreachable meanwhile, a session its book evicted). An hour: six times the proxy's
     default idle timeout (600 s) and the learned hold's cap (core/gaps.py)."""
@@ -42,5 +42,5 @@ class SchedulerConfig:
     """The longest tool gap a client's hint may claim, clock seconds (a longer one counts as
     this): 240 s, core/holds.py ``DEFAULT_MAX_HINT_GAP_S`` says why."""
     stale_hold_gaps: float = STALE_HOLD_GAPS
-    """A soft reservation held past this many mean gaps of its session yields its memory to
+    """A hold kept past this many mean gaps of its session yields its memory to
     another tenant's call that needs it (hold_caps.py says why 4)."""

@@ -22,7 +22,8 @@ class SchedulerFlags:
     d2d_staging: bool = False
     """Prefetch the next model's weights into free HBM during a slot; switch by device copy."""
     soft_reservations: bool = False
-    """A session in a tool gap holds admission budget and its KV until it returns or expires."""
+    """A session in a tool gap holds admission budget and its KV until it returns or expires
+    (a hold: holds.py; the flag keeps its name, as do the policy names that say it)."""
     demand_slots: bool = False
     """Pick the next slot's model, and size its slot, from queued and expected work
     (``slots.next_model_by_demand``, ``slots.slot_length_s``) instead of round-robin with a
@@ -39,8 +40,8 @@ class SchedulerFlags:
     its learned log-normal tool gap (core/gaps.py), not only to the mean rule's slack. Per
     population (tenant, model, agent kind) an online fit of ln(gap) (Welford, seeded with
     docs/sources.md §2's mixture: μ0 = −0.7374, σ0 = 1.5589, as 20 observations); per session
-    μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the population's. Whether to reserve and how long the
-    reservation keeps the slot open and a budget for the next call stay the mean rule's
+    μ_s = (3 μ_pop + Σ ln g) / (3 + n), σ the population's. Whether to hold and how long the
+    hold keeps the slot open and a budget for the next call stay the mean rule's
     (core/holds.py); the KV is held until now + max(min(e^(μ_s + z_q σ), 600 s),
     e^μ_s + 1 s, the mean rule's hold), q = ``SchedulerConfig.gap_quantile`` (0.95). A hint
     still uses the mean rule alone. Not in ``talaria`` (the named policy ``talaria-learned`` is

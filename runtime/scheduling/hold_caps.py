@@ -1,8 +1,8 @@
-"""What one tenant's soft reservations may keep when another tenant's call needs the memory
+"""What one tenant's holds may keep when another tenant's call needs the memory
 (issue 46: 80 sessions hinting a day's tool gap held 99.5 % of a node's KV, and another
 tenant's new session waited until they idled out). Pure: every input is an argument.
 
-A reservation (holds.py) pins its session's KV in HBM and holds a budget for its next call;
+A hold (holds.py) pins its session's KV in HBM and keeps a budget for its next call;
 nothing else may evict it. Those are claims a client makes (a gap hint) or the node guesses
 (the mean gap), so they hold only while no *other* tenant needs the room. When a call of
 tenant ``a`` does not fit in memory, the holds of every other tenant yield, in this order, one
@@ -43,7 +43,7 @@ STALE_HOLD_GAPS = 4.0
 
 @dataclass(frozen=True)
 class HeldKv:
-    """One soft reservation as the caps read it: its session and tenant, the HBM it keeps
+    """One hold as the caps read it: its session and tenant, the HBM it keeps
     (its pinned KV plus the budget it holds for the next call, bytes), when it was taken and
     when its session is expected back (clock seconds), and its session's mean tool gap."""
 

@@ -1,11 +1,12 @@
-"""Soft reservations on one node and the KV pins they hold (the ``soft_reservations`` flag).
+"""The holds on one node and the KV pins they keep (the ``soft_reservations`` flag; the flag,
+the status's ``reserved`` and the replay document's ``reservations`` keep the older name).
 
 After a call that ends in a tool gap expected to close before its slot's deadline, the session
 holds the HBM bytes its next call will need and pins its KV (LRU eviction skips it) until it
-returns, moves, ends, its slot closes, or the reservation expires at
+returns, moves, ends, its slot closes, or the hold expires at
 ``now + max(2·gap, gap + 1 s)`` (``core.holds.plan_hold``). With
 ``learned_gaps``, a session without a hint holds its KV at least until the q-quantile of its
-learned log-normal gap (core/gaps.py), while the reservation keeps the slot open only for the
+learned log-normal gap (core/gaps.py), while the hold keeps the slot open only for the
 mean rule's hold (``Hold.slot_until_s``).
 
 Each release with the node's clock adds the budget's byte-seconds to the table's
@@ -18,7 +19,7 @@ tenant's share of the node, then those held past a few mean gaps of their sessio
 for it (``make_room``; the rules are hold_caps.py's).
 
 The slot loop (loop.py) owns the node's ``KvHolds``: the node's session events reach it through
-``SlotLoop.reserve`` / ``release_hold``, the intake's need of room through its admission view.
+``SlotLoop.hold`` / ``release_hold``, the intake's need of room through its admission view.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from talaria.runtime.scheduling.sessions import NodeSession, SessionsView
 
 
 class KvHolds:
-    """The node's reservation table, kept in step with the pins on the sessions' KV; with
+    """The node's hold table, kept in step with the pins on the sessions' KV; with
     ``sessions`` (the node's), its holds yield to other tenants' calls (``make_room``)."""
 
     def __init__(
@@ -54,7 +55,7 @@ class KvHolds:
         self._config = config or SchedulerConfig()
 
     def release(self, session_key: str, reason: ReleaseReason) -> None:
-        """Release the session's reservation, if it has one, and unpin its KV."""
+        """Release the session's hold, if it has one, and unpin its KV."""
         now = self._clock.now() if self._clock is not None else None
         if self.table.release(session_key, reason, now) is not None:
             entry = self.memory.kv.get(session_key)
@@ -62,14 +63,14 @@ class KvHolds:
                 entry.pins -= 1
 
     def release_model(self, model: str) -> None:
-        """The model's slot closed (or its weights need the room): release its reservations."""
-        for res in self.table.for_model(model):
-            self.release(res.session_key, ReleaseReason.SLOT_CLOSED)
+        """The model's slot closed (or its weights need the room): release its holds."""
+        for hold in self.table.for_model(model):
+            self.release(hold.session_key, ReleaseReason.SLOT_CLOSED)
 
     def expire(self, now_s: float) -> None:
-        """Release the reservations whose expiry has passed."""
-        for res in self.table.expired(now_s):
-            self.release(res.session_key, ReleaseReason.EXPIRED)
+        """Release the holds whose expiry has passed."""
+        for hold in self.table.expired(now_s):
+            self.release(hold.session_key, ReleaseReason.EXPIRED)
 
     def hold(
         self,
@@ -82,12 +83,12 @@ class KvHolds:
         default_output_tokens: int,
         hold_gap_s: float | None = None,
     ) -> None:
-        """Reserve for the session after its call ``result`` (``deadline_s``: its slot's, when
+        """Hold for the session after its call ``result`` (``deadline_s``: its slot's, when
         the slot is contended). Held bytes = kv_bytes(tokens + expected growth) − the bytes its
         KV already has; an engine that keeps its own KV (vLLM) leaves no entry, so 0 is held.
-        Nothing when its KV already left HBM. A reservation replacing the session's live one
-        (two of its calls ran at once and both finished) keeps that one's pin: one pin per
-        reservation, or the KV would stay pinned for good once they are released.
+        Nothing when its KV already left HBM. A hold replacing the session's live one (two of
+        its calls ran at once and both finished) keeps that one's pin: one pin per hold, or
+        the KV would stay pinned for good once they are released.
         ``hold_gap_s``: how long to hold (``learned_gaps``); None: the slack rule."""
         entry = self.memory.kv.get(result.session_key)
         if entry is not None and entry.location is not KvLocation.HBM:
@@ -114,22 +115,22 @@ class KvHolds:
 
     # -- what other tenants may take (hold_caps.py) ------------------------------------------
     def held_kv(self, now_s: float) -> list[HeldKv]:
-        """The live reservations as the caps read them: each one's tenant, the HBM it keeps
+        """The live holds as the caps read them: each one's tenant, the HBM it keeps
         (its session's KV in HBM, plus its budget while it keeps its slot) and its session's
         mean gap (the prior for a session the node no longer knows)."""
         found = []
-        for res in self.table.live.values():
-            session = self._sessions.get(res.session_key) if self._sessions else None
-            entry = self.memory.kv.get(res.session_key)
+        for hold in self.table.live.values():
+            session = self._sessions.get(hold.session_key) if self._sessions else None
+            entry = self.memory.kv.get(hold.session_key)
             pinned = entry.nbytes if entry and entry.location is KvLocation.HBM else 0.0
-            budget = res.held_bytes if res.keeps_slot(now_s) else 0.0
+            budget = hold.held_bytes if hold.keeps_slot(now_s) else 0.0
             found.append(
                 HeldKv(
-                    res.session_key,
+                    hold.session_key,
                     session.tenant if session is not None else DEFAULT_TENANT,
                     pinned + budget,
-                    res.created_s,
-                    res.expected_return_s,
+                    hold.created_s,
+                    hold.expected_return_s,
                     session.gaps.expected_s() if session is not None else DEFAULT_GAP_PRIOR_S,
                 )
             )

@@ -3,7 +3,7 @@ admitted ones.
 
 ``Intake`` owns the queues (one FIFO per hosted model): calls join them through ``enqueue``,
 leave them through ``withdraw`` or the admission pass, and the other parts read them through
-``Intake.waiting`` (read-only). It reads the slot and its reservations only through the
+``Intake.waiting`` (read-only). It reads the slot and its holds only through the
 ``AdmissionView`` the slot loop hands each pass, and returns what it admitted for the loop to
 record in the slot.
 
@@ -14,7 +14,7 @@ its measured service when it ends). Each call gets the verdict of the node's adm
 (policies/switching.py over ``admission.decide_admission``: slot batch, uncontended, SP
 budget, or wait); an admissible call
 must then fit in memory (``admission.fits_memory``: needed ≤ free HBM + staged weights + evictable
-idle KV − other sessions' reserved bytes; if it does not, other tenants' soft reservations past
+idle KV − other sessions' held bytes; if it does not, other tenants' holds past
 their share or stale are released for it, holds.py) and be taken by its engine
 (``Engine.try_admit``, which commits its memory and evicts). A call that waits for memory stops
 its model's pass: later calls (in that order) never overtake it.
@@ -47,7 +47,7 @@ class CallTooLargeError(RuntimeError):
 
 @dataclass(frozen=True)
 class AdmissionView:
-    """What every admission decision of one pass reads of the slot and its reservations (the
+    """What every admission decision of one pass reads of the slot and its holds (the
     slot loop, their owner, builds it once per pass)."""
 
     leaving: frozenset[str]
@@ -61,7 +61,7 @@ class AdmissionView:
     serving_since: Mapping[str, float]
     """Per resident model: when its activation ended (``SlotState.serving_since``)."""
     held_bytes: Callable[[str, Callable[[str], bool] | None], float]
-    """Bytes held by the soft reservations of sessions other than the given one (those a
+    """Bytes held by the holds of sessions other than the given one (those a
     predicate of their session key accepts, if one is given), at the pass's time: a learned
     hold past keeping its slot holds none (core/holds.py)."""
     make_room: Callable[[CallRequest, Callable[[], bool]], bool] = lambda _call, fits: False
@@ -190,21 +190,21 @@ class Intake:
     def _fits(
         self, engine: DrivenEngine, request: CallRequest, view: AdmissionView, rank: int
     ) -> bool:
-        """The call fits in memory (``admission.fits_memory``), counting the soft reservations
+        """The call fits in memory (``admission.fits_memory``), counting the holds
         the queue order counts against a call of class ``rank`` (the call's class now; the fair
         order: a batch session's hold never blocks an interactive call)."""
         memory = self.context.memory
         holds = self.policies.queue.counted_holds(rank, self._sessions)
         needed = engine.needed_bytes(request)
         free = memory.hbm_free_bytes() + sum(memory.staged.values())
-        reserved = view.held_bytes(request.session_key, holds)
-        short = needed - free + reserved  # the idle KV it needs: a walk of that much only
+        held = view.held_bytes(request.session_key, holds)
+        short = needed - free + held  # the idle KV it needs: a walk of that much only
         victims = memory.take_evictable(KvLocation.HBM, short, (request.session_key,))
         return fits_memory(
             needed_bytes=needed,
             free_bytes=free,
             evictable_bytes=sum(e.nbytes for e in victims),
-            reserved_bytes=reserved,
+            held_bytes=held,
         )
 
     def _is_hopeless(self, engine: DrivenEngine, request: CallRequest) -> bool:

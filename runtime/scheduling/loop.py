@@ -14,11 +14,11 @@ switch keeps and whether the next model's weights are staged during the slot its
 policy's (policies/switching.py). A transition (deactivate, make room, activate) is a task of
 its own (staying models serve on).
 
-``SlotLoop`` alone changes the slot (``SlotState``), the transition under way and the soft
-reservations (``KvHolds``); others read ``slot`` (a ``SlotStateView``) and ``reservations``;
-the intake gets both in each pass's ``AdmissionView`` and hands back what it admitted; the
-node asks through ``retire`` (a model leaves once its calls are gone and no transition runs),
-``reserve`` and ``release_hold``.
+``SlotLoop`` alone changes the slot (``SlotState``), the transition under way and the holds
+(``KvHolds``); others read ``slot`` (a ``SlotStateView``) and ``holds``; the intake gets both
+in each pass's ``AdmissionView`` and hands back what it admitted; the node asks through
+``retire`` (a model leaves once its calls are gone and no transition runs), ``hold`` and
+``release_hold``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from talaria.runtime.scheduling.state import NodeContext, SlotState, SlotStateVi
 
 class SlotLoop:
     """The node's scheduling loop (``run``): admit, plan, close or switch, stage, sleep until
-    an arrival, a finish, the slot's deadline or a reservation's expiry. It owns the slot, the
-    transition under way and the soft reservations (the module docstring)."""
+    an arrival, a finish, the slot's deadline or a hold's expiry. It owns the slot, the
+    transition under way and the holds (the module docstring)."""
 
     def __init__(
         self,
@@ -72,8 +72,8 @@ class SlotLoop:
         return self._slot
 
     @property
-    def reservations(self) -> HoldTable:
-        """The node's soft reservations (read them; they change through this loop)."""
+    def holds(self) -> HoldTable:
+        """The node's holds (read them; they change through this loop)."""
         return self._holds.table
 
     # -- demand and the plan -----------------------------------------------------------------
@@ -230,7 +230,7 @@ class SlotLoop:
             admissible_waiting=any(
                 self.intake.decide(w, view) is not False for m in leaving for w in waiting[m]
             ),
-            live_reservations=sum(self._holds.table.keeping_slot(m, now) for m in leaving),
+            live_holds=sum(self._holds.table.keeping_slot(m, now) for m in leaving),
         )
 
     def _classes(self) -> tuple[int | None, int | None]:
@@ -302,7 +302,7 @@ class SlotLoop:
             self.context.signals.poke()
 
     async def _make_room(self, engine: DrivenEngine) -> None:
-        """Wait until the engine's weights fit: release the residents' reservations on the
+        """Wait until the engine's weights fit: release the residents' holds on the
         way, and hold every admission while running calls still pin the room it needs."""
         while not engine.can_activate():
             for model in self._slot.resident:
@@ -345,10 +345,10 @@ class SlotLoop:
             await asyncio.gather(task, return_exceptions=True)
         self._transition = None
 
-    def reserve(
+    def hold(
         self, result: CallResult, session: NodeSession, gap_s: float, hold_s: float | None = None
     ) -> None:
-        """The hold policy's reservation: after ``result``, the session reserves for its next
+        """The hold policy's hold: after ``result``, the session holds for its next
         call (``KvHolds.hold``: expected in ``gap_s``, its KV held ``hold_s``: None, the slack),
         until the slot's deadline when the plan has its model leave."""
         leaving = self.leaving_in(self.plan())
@@ -364,5 +364,5 @@ class SlotLoop:
         )
 
     def release_hold(self, session_key: str, reason: ReleaseReason) -> None:
-        """Release the session's reservation, if it has one (it returned, moved or ended)."""
+        """Release the session's hold, if it has one (it returned, moved or ended)."""
         self._holds.release(session_key, reason)

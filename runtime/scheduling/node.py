@@ -1,21 +1,24 @@
 """NodeScheduler: one node's slot scheduler driving its engines (same code live and simulated).
 
-It composes the parts of this package: the admission pass over the waiting queues (intake.py),
-the slot loop and its transitions (loop.py), soft reservations (holds.py), the sessions
-(sessions.py) and the status snapshot (node_status.py), over what they all read (state.py's
-``NodeContext``). The slot policy and the admission rules themselves are pure functions
-(slots.py, admission.py). All time comes from the injected clock; the loop wakes on arrivals,
-finishes, the slot deadline and reservation expiries.
+It composes the parts of this package: a call's way in and out (calls.py), the admission pass
+over the waiting queues (intake.py), the slot loop and its transitions (loop.py), the holds
+(holds.py), the sessions (sessions.py) and their life here (lifecycle.py), and the
+status snapshot (node_status.py), over what they all read (state.py's ``NodeContext``). The
+slot policy and the admission rules themselves are pure functions (slots.py, admission.py).
+All time comes from the injected clock; the loop wakes on arrivals, finishes, the slot
+deadline and hold expiries.
 
 Each piece of node state has one owner, its only writer; the others read it through the
 owner's methods or a read-only view (state.py says how each change is asked for):
 
-| part              | owns (its only writer)               | the others read it through        |
-|-------------------|--------------------------------------|-----------------------------------|
-| ``NodeScheduler`` | the model set; the sessions          | ``NodeContext``; ``SessionsView`` |
-| ``Intake``        | the waiting queues; the serving      | ``Intake.waiting`` (read-only)    |
-| ``SlotLoop``      | the slot, transitions, reservations  | ``.slot``, ``.reservations``      |
-| ``StatusReader``  | nothing: it reads the others         | —                                 |
+| part                 | owns (its only writer)                  | the others read it through     |
+|----------------------|-----------------------------------------|--------------------------------|
+| ``NodeScheduler``    | the model set                           | ``NodeContext``                |
+| ``SessionLifecycle`` | the sessions                            | ``SessionsView``               |
+| ``Intake``           | the waiting queues; the serving         | ``Intake.waiting`` (read-only) |
+| ``SlotLoop``         | the slot, transitions, holds            | ``.slot``, ``.holds``          |
+| ``NodeCalls``        | nothing: it asks the intake, lifecycle  | —                              |
+| ``StatusReader``     | nothing: it reads the others            | —                              |
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
 
 from talaria.core.clock import Clock
 from talaria.core.gap_model import GapQuality
 from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.status import InstanceStatus
-from talaria.core.types import CallRequest, CallResult, Finished, GenerationEvent
+from talaria.core.types import CallRequest, CallResult, GenerationEvent
 from talaria.runtime.engine import Engine
 from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
+from talaria.runtime.scheduling.calls import NodeCalls, NodeStopped, UnknownModelError
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.driven import DrivenEngines
 from talaria.runtime.scheduling.events import EventFanout
@@ -40,42 +43,14 @@ from talaria.runtime.scheduling.fairness import ServiceAccounts
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.holds import KvHolds
 from talaria.runtime.scheduling.intake import Intake
+from talaria.runtime.scheduling.lifecycle import SessionLifecycle
 from talaria.runtime.scheduling.loop import SlotLoop
 from talaria.runtime.scheduling.node_status import StatusReader
 from talaria.runtime.scheduling.policies.compose import NodePolicies, PolicyChoice
-from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
-from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord, WaitingCall
-
-
-async def _next_event(
-    events: asyncio.Queue[GenerationEvent], done: asyncio.Future[Any]
-) -> GenerationEvent | None:
-    """The next queued event, or None once ``done`` resolves with nothing left queued."""
-    while True:
-        if not events.empty():
-            return events.get_nowait()
-        if done.done():
-            return None
-        getter = asyncio.ensure_future(events.get())
-        try:
-            await asyncio.wait([getter, done], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-
+from talaria.runtime.scheduling.sessions import NodeSessions
+from talaria.runtime.scheduling.state import NodeContext, Signals, SlotRecord
 
 log = logging.getLogger("talaria.runtime")
-
-
-class UnknownModelError(LookupError):
-    """The node does not host the requested model."""
-
-
-class NodeStopped(RuntimeError):
-    """The node's scheduling loop has ended (it raised, or returned): the node serves no call
-    (``NodeScheduler.failure`` says why)."""
 
 
 class NodeScheduler:
@@ -89,7 +64,7 @@ class NodeScheduler:
     starving model (oldest wait ≥ S = 2Q) first. A slot has a deadline only while contended (a
     non-resident model has a waiting call): start + Q, or start + Q × clamp(n × share, ½, 2)
     under the demand planner. It closes then, or earlier when idle (nothing running, nothing
-    it may admit, no live reservation); its running calls drain (never preempted) before the
+    it may admit, no live hold); its running calls drain (never preempted) before the
     switch.
 
     Admission: a call waiting when its slot opened is admitted; a later one at once if its
@@ -97,7 +72,7 @@ class NodeScheduler:
     admission rule admits session-prefill (policies/switching.py), it is a continuation (its
     session has run here) and its budget fits: estimated service (prefill or KV restore +
     expected output × decode step) ≤ time to the deadline. Every admission needs HBM: needed
-    ≤ free + staged + evictable idle KV − other sessions' reserved bytes.
+    ≤ free + staged + evictable idle KV − other sessions' held bytes.
     """
 
     def __init__(
@@ -127,7 +102,7 @@ class NodeScheduler:
         self.policies = NodePolicies.build(self.policy, accounts, self.config)
         self._events = EventFanout((accounts, *self.policies.listeners()))
         """Every listener of the node's session events: what it keeps per session goes with
-        the session (``_forget``)."""
+        the session (``SessionLifecycle.forget``)."""
         self._sessions = NodeSessions(self.policies.holds.population, self.config.gap_quantile)
         self._context = NodeContext(
             name=name,
@@ -138,12 +113,19 @@ class NodeScheduler:
             signals=Signals(clock),
         )
         self._signals = self._context.signals
+        # the intake's session callbacks go to the lifecycle, built after the loop it asks
         self._intake = Intake(
-            self._context, self._session_of, self._finished, self._sessions, self.policies,
-            accounts, self._events,
+            self._context,
+            lambda request: self._lifecycle.session_of(request),
+            lambda request, result: self._lifecycle.finished(request, result),
+            self._sessions, self.policies, accounts, self._events,
         )  # fmt: skip
         holds = KvHolds(memory, clock, self._sessions, self.config)
         self._loop = SlotLoop(self._context, self._intake, self._sessions, holds, self.policies)
+        self._lifecycle = SessionLifecycle(
+            self._context, self._sessions, self._loop, self.policies, accounts, self._events
+        )
+        self._calls = NodeCalls(self._context, self._intake, self._lifecycle, lambda: self._failure)
         self._status = StatusReader(self._context, self._intake, self._loop, self._sessions)
         self._task: asyncio.Task[None] | None = None
         self._failure: str | None = None
@@ -157,9 +139,9 @@ class NodeScheduler:
         return MappingProxyType(self._engines)
 
     @property
-    def reservations(self) -> HoldTable:
-        """The node's soft reservations (read-only here; the slot loop keeps them)."""
-        return self._loop.reservations
+    def holds(self) -> HoldTable:
+        """The node's holds (read-only here; the slot loop keeps them)."""
+        return self._loop.holds
 
     @property
     def gap_quality(self) -> Mapping[str, GapQuality]:
@@ -189,7 +171,8 @@ class NodeScheduler:
     @property
     def failure(self) -> str | None:
         """Why the scheduling loop ended while the node ran (None while it runs, and after
-        ``stop``): the node then serves nothing (its health checks say so, runtime/server.py)."""
+        ``stop``): the node then serves nothing (its health checks say so,
+        runtime/status_routes.py)."""
         return self._failure
 
     def start(self) -> None:
@@ -222,51 +205,13 @@ class NodeScheduler:
         self._task = None
 
     async def submit(self, request: CallRequest) -> CallResult:
-        """Queue the call and wait for its result."""
-        return await self._enqueue(request, None).result
+        """Queue the call and wait for its result (``NodeCalls.submit``)."""
+        return await self._calls.submit(request)
 
-    async def stream(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
-        """Queue the call and yield its events (``FirstToken``, ``TokenDelta``s for streaming
-        requests, ``Finished``). If the consumer stops before the call ends, the call leaves
-        the queue, or, admitted already, its generation is cancelled (the engine aborts it and
-        frees what it holds: a client that went away does not keep the engine busy)."""
-        events: asyncio.Queue[GenerationEvent] = asyncio.Queue()
-        waiting = self._enqueue(request, events)
-        try:
-            while True:
-                event = await _next_event(events, waiting.result)
-                if event is None:  # the call ended without a Finished event: it failed
-                    error = waiting.result.exception()
-                    if error is not None:
-                        raise error
-                    return
-                yield event
-                if isinstance(event, Finished):
-                    return
-        finally:
-            if self._intake.withdraw(waiting):
-                waiting.result.cancel()
-                self._signals.poke()
-            elif waiting.serving is not None and not waiting.result.done():
-                self._intake.abandon(waiting.serving)
-
-    def _enqueue(
-        self, request: CallRequest, events: asyncio.Queue[GenerationEvent] | None
-    ) -> WaitingCall:
-        if request.model not in self.engines:
-            raise UnknownModelError(f"node {self.name} does not host model {request.model!r}")
-        if self._failure is not None:
-            raise NodeStopped(self._failure)
-        now = self._clock.now()
-        self._forget_idle(now)
-        self._sessions.arrived(request, now)
-        self._loop.release_hold(request.session_key, ReleaseReason.RETURNED)
-        fut: asyncio.Future[CallResult] = asyncio.get_running_loop().create_future()
-        fut.add_done_callback(lambda _: self._settled(request.session_key))
-        waiting = WaitingCall(request, now, fut, events)
-        self._intake.enqueue(waiting)
-        self._signals.poke()
-        return waiting
+    def stream(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
+        """Queue the call and yield its events; a consumer that stops early takes the call
+        out of the queue or cancels its generation (``NodeCalls.stream``)."""
+        return self._calls.stream(request)
 
     def add_model(self, model: str, engine: Engine, host_weight_bytes: float = 0.0) -> None:
         """Host ``model`` from now on (placement): it joins the round-robin order last, its
@@ -289,9 +234,7 @@ class NodeScheduler:
         for key in [k for k, e in self.memory.kv.items() if e.model == model]:
             self._loop.release_hold(key, ReleaseReason.MOVED)
             self.memory.drop(key)
-        for key in [k for k, s in self._sessions.sessions.items() if s.model == model]:
-            self._loop.release_hold(key, ReleaseReason.MOVED)
-            self._forget(key)
+        self._lifecycle.forget_model(model)
         del self._engines[model]
         self._intake.close_queue(model)
         self.memory.resize_host_kv(host_weight_bytes)
@@ -299,60 +242,23 @@ class NodeScheduler:
 
     def hint(self, session_key: str, expected_gap_s: float) -> None:
         """A tool started: the session expects to be back in ``expected_gap_s`` (at most
-        ``max_hint_gap_s``)."""
-        session = self._sessions.get(session_key)
-        if session is not None and not session.ended:
-            session.hint_gap_s = min(expected_gap_s, self.config.max_hint_gap_s)
+        ``max_hint_gap_s``; ``SessionLifecycle.hint``)."""
+        self._lifecycle.hint(session_key, expected_gap_s)
 
     def session_moved(self, session_key: str) -> None:
-        """The session's next call went elsewhere: release its reservation here (its KV stays,
-        evictable, in case it comes back)."""
-        self._loop.release_hold(session_key, ReleaseReason.MOVED)
-        self._signals.poke()
+        """The session's next call went elsewhere: release its hold here (its KV stays,
+        evictable; ``SessionLifecycle.moved``)."""
+        self._lifecycle.moved(session_key)
 
     def end_session(self, session_key: str) -> None:
-        """The session ended: release its reservation and forget it (``_forget``), at once,
-        or when its last call here settles if some are queued or running."""
-        self._loop.release_hold(session_key, ReleaseReason.ENDED)
-        session = self._sessions.get(session_key)
-        if session is not None and session.pending:
-            session.ended = True
-        else:
-            self._forget(session_key)
-        self._signals.poke()
-
-    def _forget(self, session_key: str) -> None:
-        """Drop everything the node keeps of the session: its entry (gaps, hints, counts),
-        what every listener of the node's events keeps of it (its fair-queue account), and its
-        KV unless a call still holds it."""
-        self._sessions.forget(session_key)
-        self._events.session_ended(session_key)
-        entry = self.memory.kv.get(session_key)
-        if entry is not None and not entry.pinned:
-            self.memory.drop(session_key)
-
-    def _settled(self, session_key: str) -> None:
-        """A call of the session left the node; the last of a session that ended goes."""
-        if self._sessions.settled(session_key) is not None:
-            self._forget(session_key)
-
-    def _forget_idle(self, now_s: float) -> None:
-        """Forget the sessions idle for ``forget_idle_s`` that hold no reservation (the
-        backstop for ends that never came: SchedulerConfig); one that holds one counts as
-        seen now."""
-        live = self._loop.reservations.live
-        for key in self._sessions.expired(now_s, self.config.forget_idle_s):
-            if key in live:
-                self._sessions.touch(key, now_s)
-            else:
-                self._forget(key)
+        """The session ended: release its hold and forget it, at once or when its last
+        call here settles (``SessionLifecycle.end``)."""
+        self._lifecycle.end(session_key)
 
     def session_keys(self) -> set[str]:
-        """Every session key the node keeps something of: a session entry, KV, a reservation
-        or a fair-queue account (a walk of them all: for tests and diagnostics, not the call
-        path)."""
-        kept = set(self._sessions.sessions) | set(self.memory.kv)
-        return kept | set(self.reservations.live) | set(self._intake.accounts.attained)
+        """Every session key the node keeps something of (``SessionLifecycle.keys``: for tests
+        and diagnostics, not the call path)."""
+        return self._lifecycle.keys()
 
     def waiting_counts(self) -> dict[str, int]:
         """Per model: calls queued."""
@@ -360,28 +266,5 @@ class NodeScheduler:
 
     def status(self) -> InstanceStatus:
         """The snapshot routing reads (core/status.py)."""
-        self._forget_idle(self._clock.now())
+        self._lifecycle.forget_idle(self._clock.now())
         return self._status.status()
-
-    def _finished(self, request: CallRequest, result: CallResult) -> None:
-        """A call finished: count it for its session, end the session on a final call, else
-        take the call's gap hint and let the hold policy reserve for its next call
-        (policies/holding.py)."""
-        session = self._sessions.finished(result)
-        if session is None:
-            return
-        if request.session_final:
-            self.end_session(request.session_key)
-            return
-        if request.expected_tool_gap_s is not None:
-            session.hint_gap_s = min(request.expected_tool_gap_s, self.config.max_hint_gap_s)
-        self.policies.holds.after_call(
-            session,
-            self._sessions,
-            lambda gap_s, hold_s: self._loop.reserve(result, session, gap_s, hold_s),
-        )
-
-    def _session_of(self, request: CallRequest) -> NodeSession:
-        """The session of a call the intake decides on; a call queued before its session
-        ended (e.g. by a final call) gets a fresh record."""
-        return self._sessions.get_or_add(request.session_key, request.model)

@@ -1,7 +1,7 @@
 """The status snapshot of one node that routing reads (``core.status.InstanceStatus``): per
 model its residency, queue, live sessions and when its next slot could begin; per session where
 its KV is and what getting it back would cost; the node's queue, running calls, KV use,
-reservations and latest slots. It reads each part through its owner (state.py's table) and
+holds and latest slots. It reads each part through its owner (state.py's table) and
 changes nothing.
 
 Its cost does not grow with the sessions the node knows (issue 46: rebuilt from every session
@@ -35,7 +35,7 @@ from talaria.runtime.scheduling.state import NodeContext
 
 class StatusReader:
     """Reads a node's parts into its ``InstanceStatus``: the queues from the intake, the slot
-    and the reservations from the slot loop, the sessions through their view."""
+    and the holds from the slot loop, the sessions through their view."""
 
     def __init__(
         self, context: NodeContext, intake: Intake, loop: SlotLoop, sessions: SessionsView
@@ -104,9 +104,11 @@ class StatusReader:
             active_model=slot.active,
             models=models,
             sessions=sessions,
-            reserved={  # a learned hold's extension holds no budget (core/holds.py)
+            # the status's ``reserved`` (a kept name): each hold's budget; a learned hold's
+            # extension holds none (core/holds.py)
+            reserved={
                 r.session_key: r.held_bytes if r.keeps_slot(now) else 0.0
-                for r in self.loop.reservations.live.values()
+                for r in self.loop.holds.live.values()
             },
             waiting_calls=sum(waiting.values()),
             waiting_prompt_tokens=sum(

@@ -1,10 +1,10 @@
 """The node's view of the sessions it serves (``NodeSessions``, one ``NodeSession`` each): their
 calls here, their KV use (context and growth) and their expected tool gaps; the inputs of SP
-admission (is a call a continuation, how long will it decode), of soft reservations (the
-expected gap and KV growth) and of demand (who is in a tool gap and due back).
+admission (is a call a continuation, how long will it decode), of holds (the expected gap and
+KV growth) and of demand (who is in a tool gap and due back).
 
-``node.NodeScheduler`` owns it and alone changes it; the slot loop and the status reader read
-it through ``SessionsView``.
+``lifecycle.SessionLifecycle`` owns it and alone changes it; the slot loop and the status reader
+read it through ``SessionsView``.
 
 Nothing here is a scan of every session the node knows (issue 46: the status and the slot
 policy walked them all, so a call's cost grew with the live sessions): the sessions are kept

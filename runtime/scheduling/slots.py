@@ -14,7 +14,7 @@ long its slot lasts, and when the slot closes. Pure.
   Uncontended, the resident models run as plain continuous batching, in every policy.
 - A contended slot closes when its quantum has elapsed (``QUANTUM``), or earlier when it has
   nothing left to do (``IDLE``): no call running, no waiting call it may admit, and no live
-  soft reservation expected back before the deadline.
+  hold expected back before the deadline.
 - At the close no call is preempted: admission stops and the running calls drain.
 """
 
@@ -54,14 +54,14 @@ def close_reason(
     contended: bool,
     running: int,
     admissible_waiting: bool,
-    live_reservations: int,
+    live_holds: int,
 ) -> CloseReason | None:
     """Why the active slot closes now, or None to keep it open (rules in the module doc)."""
     if not contended:
         return None
     if now_s >= deadline_s:
         return CloseReason.QUANTUM
-    if running == 0 and not admissible_waiting and live_reservations == 0:
+    if running == 0 and not admissible_waiting and live_holds == 0:
         return CloseReason.IDLE
     return None
 

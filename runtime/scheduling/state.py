@@ -11,20 +11,20 @@ through the owner's methods or a read-only view:
 | the model set: engines | ``NodeScheduler``      | ``NodeContext.engines``, ``.order``: read-only |
 | the waiting queues     | ``Intake``             | ``Intake.waiting`` (read-only)              |
 | the slot, a transition | ``SlotLoop``           | ``SlotLoop.slot`` (``SlotStateView``)       |
-| soft reservations      | ``SlotLoop``           | ``SlotLoop.reservations``                   |
-| the sessions           | ``NodeScheduler``      | ``SessionsView`` (loop, status)             |
+| the holds              | ``SlotLoop``           | ``SlotLoop.holds``                          |
+| the sessions           | ``SessionLifecycle``   | ``SessionsView`` (loop, status)             |
 | the wake-ups           | none: any part raises  | the loop; a wait for a call's end           |
 
-The intake reads the slot and the reservations through the ``AdmissionView`` the loop hands
+The intake reads the slot and the holds through the ``AdmissionView`` the loop hands
 each admission pass, and hands back what it admitted, which the loop records in the slot. A
 change another part needs goes through the owner's method: the model set changes only in
 ``NodeScheduler.add_model`` / ``retire`` (which open and close the model's queue with
 ``Intake.open_queue`` / ``close_queue``); calls join and leave the queues through
 ``Intake.enqueue`` / ``withdraw`` and its admission pass; a retired model leaves the resident
 set through ``SlotLoop.retire``, in the loop's order of events (once its calls are gone and no
-transition runs); the node's session events make and release reservations through
-``SlotLoop.reserve`` / ``release_hold``; the intake gets a call's session through the node's
-callback.
+transition runs); the session lifecycle makes and releases holds through ``SlotLoop.hold`` /
+``release_hold``; the intake gets a call's session through the node's
+callback (``SessionLifecycle.session_of``).
 
 ``NodeContext`` holds the rest: the name, clock and config, which never change, and
 ``NodeMemory`` (runtime/memory/resources.py), the HBM and host KV accounting the engines

@@ -130,7 +130,8 @@ def runtime_server(
     calls finish, then the engines shut down."""
     from talaria.runtime.model_source import ServingChoices
     from talaria.runtime.placement_rules import PlacementRules
-    from talaria.runtime.server import create_runtime_app, serve_runtime
+    from talaria.runtime.serve import serve_runtime
+    from talaria.runtime.server import create_runtime_app
 
     token = runtime_token(host)
     catalog = catalog_of(catalog_dirs)

@@ -39,7 +39,7 @@ import httpx
 from talaria.core.protocol import RUNTIME_TOKEN_ENV
 
 ENGINE_STOP_S = 30.0
-"""What the runtime's own shutdown allows its engines past the drain (runtime/server.py)."""
+"""What the runtime's own shutdown allows its engines past the drain (runtime/serve.py)."""
 READY_POLL_S = 0.5
 
 

@@ -27,8 +27,8 @@ from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.runtimes.http import HttpRuntime
 from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine
+from talaria.runtime.engine_kinds import ENGINES, EngineKind, EngineSite
 from talaria.runtime.engines.sim import SimEngine
-from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
 from talaria.runtime.placement_rules import PlacementRules
 from talaria.runtime.server import create_runtime_app
 from tests.fake_upstream import fake_upstream_thread

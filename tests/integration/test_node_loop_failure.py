@@ -22,12 +22,13 @@ from talaria.core.types import CallRequest
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine
+from talaria.runtime.engine_kinds import ENGINES, EngineKind, EngineSite
 from talaria.runtime.engines.sim import SimEngine
-from talaria.runtime.factory import ENGINES, EngineKind, EngineSite, NodeSetup, build_sim_node
+from talaria.runtime.scheduling.calls import NodeStopped
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
-from talaria.runtime.scheduling.node import NodeStopped
 from talaria.runtime.server import create_runtime_app
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.integration.server import running_app, running_proxy
 
 NODE_TOML = """

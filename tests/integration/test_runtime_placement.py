@@ -17,8 +17,8 @@ from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime import placement_routes
 from talaria.runtime.config import load_node_config
 from talaria.runtime.engine import Engine
+from talaria.runtime.engine_kinds import ENGINES, EngineKind, EngineSite
 from talaria.runtime.engines.sim import SimEngine
-from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import running_app, running_proxy
 

@@ -14,7 +14,7 @@ import pytest
 
 from talaria.runtime.config import ModelConfig, load_node_config
 from talaria.runtime.engine import Engine
-from talaria.runtime.factory import ENGINES, EngineKind, EngineSite
+from talaria.runtime.engine_kinds import ENGINES, EngineKind, EngineSite
 from talaria.runtime.placement_rules import VLLM_PLACEABLE, PlacementRules
 from talaria.runtime.server import create_runtime_app
 from tests.integration.server import running_app

@@ -6,9 +6,9 @@ from __future__ import annotations
 from talaria.core.catalog import load_catalog
 from talaria.core.placement import PlacementConfig
 from talaria.core.trace import SessionTrace, TraceCall
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.metrics import percentile
 from talaria.sim.replay import ReplayOutcome, replay
 

@@ -40,9 +40,9 @@ from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.migrate import upgrade_async
 from talaria.proxy.store.repository import SqlStore
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.store.test_store_repository import T0, call, session
 from tests.support import ListSink
 

@@ -395,15 +395,21 @@ RUNTIME_FILE_ROOMS = {
     "costmodel.py": "seam",
     "config_fields.py": "seam",
     "__init__.py": "node",
+    "app_state.py": "node",
     "auth.py": "node",
+    "call_routes.py": "node",
     "config.py": "node",
+    "engine_kinds.py": "node",
     "factory.py": "node",
     "gguf.py": "node",
     "instant.py": "node",
     "model_source.py": "node",
     "placement_routes.py": "node",
     "placement_rules.py": "node",
+    "serve.py": "node",
     "server.py": "node",
+    "sim_node.py": "node",
+    "status_routes.py": "node",
 }
 """runtime/'s own modules, each in the room it serves (a new one is placed here)."""
 

@@ -1,9 +1,9 @@
-"""Hold policies: whether a session that finished a call keeps a soft reservation for its next
-one (admission budget and its KV: holds.py ``KvHolds``), and how long its KV is held
+"""Hold policies: whether a session that finished a call keeps a hold for its next one
+(admission budget and its KV: holds.py ``KvHolds``), and how long its KV is held
 (policies/__init__.py lists the kinds).
 
 - ``NoHolds``: nothing is held; a session's KV is idle, evictable, once its call ends.
-- ``MeanGapHolds``: the session reserves for its next call, expected after its tool-gap hint
+- ``MeanGapHolds``: the session holds for its next call, expected after its tool-gap hint
   or its mean observed gap (core/holds.py's rule decides whether, and how long the slot
   stays open for it); the hint is used once.
 - ``LearnedGapHolds``: as the mean rule, but a session without a hint holds its KV at least
@@ -21,8 +21,8 @@ from talaria.core.gaps import PopulationGaps
 from talaria.runtime.scheduling.events import SessionEvents
 from talaria.runtime.scheduling.sessions import NodeSession, NodeSessions
 
-Reserve = Callable[[float, float | None], None]
-"""``reserve(expected_gap_s, hold_s)``: the session reserves for its next call, expected in
+HoldNext = Callable[[float, float | None], None]
+"""``hold_next(expected_gap_s, hold_s)``: the session holds for its next call, expected in
 ``expected_gap_s``, its KV held ``hold_s`` (None: the mean rule's slack)."""
 
 
@@ -37,8 +37,8 @@ class HoldPolicy(SessionEvents):
     def __init__(self, gap_quantile: float) -> None:
         self.gap_quantile = gap_quantile
 
-    def after_call(self, session: NodeSession, sessions: NodeSessions, reserve: Reserve) -> None:
-        """The session finished a call (not its last): reserve for its next one, or not."""
+    def after_call(self, session: NodeSession, sessions: NodeSessions, hold_next: HoldNext) -> None:
+        """The session finished a call (not its last): hold for its next one, or not."""
         raise NotImplementedError
 
 
@@ -47,19 +47,19 @@ class NoHolds(HoldPolicy):
 
     name = "none"
 
-    def after_call(self, session: NodeSession, sessions: NodeSessions, reserve: Reserve) -> None:
+    def after_call(self, session: NodeSession, sessions: NodeSessions, hold_next: HoldNext) -> None:
         return None
 
 
 class MeanGapHolds(HoldPolicy):
-    """Reserve for the next call, expected after the hint or the mean gap."""
+    """Hold for the next call, expected after the hint or the mean gap."""
 
     name = "mean-gap"
 
-    def after_call(self, session: NodeSession, sessions: NodeSessions, reserve: Reserve) -> None:
+    def after_call(self, session: NodeSession, sessions: NodeSessions, hold_next: HoldNext) -> None:
         gap = session.expected_gap_s()
         session.hint_gap_s = None
-        reserve(gap, None)
+        hold_next(gap, None)
 
 
 class LearnedGapHolds(MeanGapHolds):
@@ -71,9 +71,9 @@ class LearnedGapHolds(MeanGapHolds):
         super().__init__(gap_quantile)
         self.population = PopulationGaps()
 
-    def after_call(self, session: NodeSession, sessions: NodeSessions, reserve: Reserve) -> None:
+    def after_call(self, session: NodeSession, sessions: NodeSessions, hold_next: HoldNext) -> None:
         if session.hint_gap_s is not None:
-            super().after_call(session, sessions, reserve)
+            super().after_call(session, sessions, hold_next)
             return
         learned = sessions.predicted_gap(session, self.gap_quantile)
-        reserve(session.expected_gap_s(), learned.hold_s)
+        hold_next(session.expected_gap_s(), learned.hold_s)

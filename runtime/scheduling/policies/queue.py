@@ -5,7 +5,7 @@ else the order decides about classes (policies/__init__.py lists the kinds).
 - ``FairOrder``: fairness.py's rules: class (with promotion after ``starvation_s``), tenant
   shares of the node's service, least attained service per session; the demand for slots is
   weighed by the tenants' shares (slots.py ``shared_work``); a slot closes for a higher class
-  waiting outside it (slots.py ``outranked``); a lower class's soft reservation never blocks a
+  waiting outside it (slots.py ``outranked``); a lower class's hold never blocks a
   higher class's call, nor may a lower-class call slow the higher classes' decode steps past
   ``class_slowdown`` (fairness.py rule 4); idle KV is evicted lowest class first.
 
@@ -75,7 +75,7 @@ class QueueOrder(SessionEvents):
         return False
 
     def counted_holds(self, rank: int, sessions: SessionsView) -> Callable[[str], bool] | None:
-        """Which sessions' soft reservations count against a call of class ``rank`` (a
+        """Which sessions' holds count against a call of class ``rank`` (a
         predicate of the session key); None: all of them."""
         return None
 

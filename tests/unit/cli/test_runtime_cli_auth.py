@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.proxy.contract.settings import ProxySettings
-from talaria.runtime import server
+from talaria.runtime import serve
 from tests.support import flat
 
 runner = CliRunner()
@@ -38,7 +38,7 @@ def started(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[dict[str, A
     def serve_runtime(app_: FastAPI, host: str, *args: object) -> None:
         seen.append({"app": app_, "host": host})
 
-    monkeypatch.setattr(server, "serve_runtime", serve_runtime)
+    monkeypatch.setattr(serve, "serve_runtime", serve_runtime)
     return seen
 
 

@@ -34,7 +34,7 @@ from talaria.proxy.sessions.identity import session_sources
 from talaria.proxy.sessions.normalise import prompt_parts
 from talaria.proxy.store.db import DATA_DIR_ENV
 from talaria.runtime.config import load_node_config
-from talaria.runtime.server import ENGINE_SHUTDOWN_S
+from talaria.runtime.serve import ENGINE_SHUTDOWN_S
 from tests.support import REPO_ROOT
 
 MANIFESTS = REPO_ROOT / "deploy" / "kubernetes"
@@ -392,7 +392,7 @@ def test_the_runtime_starts_as_the_manifest_runs_it(
     from typer.testing import CliRunner
 
     from talaria.cli import app
-    from talaria.runtime import server
+    from talaria.runtime import serve
 
     runtime = _container(_one("StatefulSet", "runtime"))
     mounts = {m["name"]: m["mountPath"] for m in runtime["volumeMounts"]}
@@ -403,7 +403,7 @@ def test_the_runtime_starts_as_the_manifest_runs_it(
     node.write_text('[node]\nname = "n"\n\n[[model]]\nname = "glm-4.5-fp8"\nengine = "sim"\n')
     here = {"/etc/talaria/$(POD_NAME).toml": str(node), mounts["models"]: str(tmp_path)}
     started: list[str] = []
-    monkeypatch.setattr(server, "serve_runtime", lambda app_, host, *_: started.append(host))
+    monkeypatch.setattr(serve, "serve_runtime", lambda app_, host, *_: started.append(host))
     monkeypatch.delenv(RUNTIME_TOKEN_ENV, raising=False)
     monkeypatch.delenv("TALARIA_RUNTIME_MODELS_DIR", raising=False)
     command = [here.get(a, a) for a in args]

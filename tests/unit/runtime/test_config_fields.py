@@ -18,7 +18,7 @@ from talaria.cli import app
 from talaria.core.catalog import load_catalog
 from talaria.core.catalog_error import CatalogError
 from talaria.core.model_spec import model_name_fault
-from talaria.runtime import server
+from talaria.runtime import serve
 from talaria.runtime.config import NodeConfigError, load_node_config
 from talaria.runtime.config_fields import (
     NODE_FIELDS,
@@ -29,9 +29,9 @@ from talaria.runtime.config_fields import (
     FieldError,
     check_fields,
 )
+from talaria.runtime.engine_kinds import ENGINES
 from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.upstream.options import KNOWN, UPSTREAM_RATES, UpstreamOptions
-from talaria.runtime.factory import ENGINES
 from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE
 from tests.support import flat
 
@@ -214,7 +214,7 @@ def test_a_bad_number_or_name_in_a_node_toml_is_one_line_at_start(
     reason: str,
 ) -> None:  # fmt: skip
     started: list[object] = []
-    monkeypatch.setattr(server, "serve_runtime", lambda *args: started.append(args))
+    monkeypatch.setattr(serve, "serve_runtime", lambda *args: started.append(args))
     monkeypatch.delenv("TALARIA_RUNTIME_TOKEN", raising=False)
     config = tmp_path / "node.toml"
     config.write_text(NODE.format(**({"quantum": 30, "name": "up", "rate": 2e-5} | change)))

@@ -1,8 +1,8 @@
-"""runtime/factory.py picks engines from its registry: a toy engine registered with one line is
-built into a node from a node config and serves calls through the ``NodeScheduler``, though it
-implements only the required ``Engine`` members (runtime/engine.py; the node gives it the
-optional capabilities' defaults, runtime/scheduling/driven.py); an unknown engine name is
-refused with the known ones listed."""
+"""runtime/factory.py picks engines from the registry of runtime/engine_kinds.py: a toy engine
+registered with one line is built into a node from a node config and serves calls through the
+``NodeScheduler``, though it implements only the required ``Engine`` members (runtime/engine.py;
+the node gives it the optional capabilities' defaults, runtime/scheduling/driven.py); an unknown
+engine name is refused with the known ones listed."""
 
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from talaria.core.types import (
     GenerationEvent,
     KvSource,
 )
-from talaria.runtime import factory
 from talaria.runtime.config import ModelConfig, NodeConfig, NodeConfigError, load_node_config
 from talaria.runtime.config_fields import ENGINE_FIELDS
 from talaria.runtime.engine import CAPABILITIES, Admission, Engine, EngineInfo, call_result
-from talaria.runtime.factory import EngineKind, EngineSite, build_node_from_config
+from talaria.runtime.engine_kinds import ENGINES, EngineKind, EngineSite, engine_fields
+from talaria.runtime.factory import build_node_from_config
 
 STEP_S = 0.01
 """The toy's time per output token."""
@@ -99,7 +99,7 @@ class ToyEngine:
 def test_a_registered_toy_engine_serves_a_call_through_the_node(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(factory.ENGINES, "toy", EngineKind(ToyEngine.build, uses_node_memory=False))
+    monkeypatch.setitem(ENGINES, "toy", EngineKind(ToyEngine.build, uses_node_memory=False))
     config = NodeConfig("toy-node", (ModelConfig("toy-model", "toy"),))
 
     async def main() -> CallResult:
@@ -134,7 +134,7 @@ def test_toy_engines_take_turns_behind_the_nodes_gate(
     """Two toy models on one node, calls for both at once: under ``round`` (one model in at a
     time) the node's gate switches between them, at no cost; under ``talaria`` both stay in
     (they hold nothing co-residency must fit). Every call is served either way."""
-    monkeypatch.setitem(factory.ENGINES, "toy", EngineKind(ToyEngine.build, uses_node_memory=False))
+    monkeypatch.setitem(ENGINES, "toy", EngineKind(ToyEngine.build, uses_node_memory=False))
     models = (ModelConfig("toy-a", "toy"), ModelConfig("toy-b", "toy"))
     config = NodeConfig("toy-node", models, policy=policy)
 
@@ -182,8 +182,9 @@ def test_an_unknown_engine_names_the_known_ones(tmp_path: Path) -> None:
         load_node_config(file)
 
 
-def test_the_config_and_the_factory_name_the_same_engines() -> None:
+def test_the_config_and_the_registry_name_the_same_engines() -> None:
     """runtime/config.py checks a node TOML's engine names and options against
-    ``ENGINE_FIELDS`` without importing the factory; the factory builds each of them."""
-    assert factory.engine_fields() == dict(ENGINE_FIELDS)
-    assert list(factory.ENGINES) == list(ENGINE_FIELDS)
+    ``ENGINE_FIELDS`` without importing the registry (runtime/engine_kinds.py); the registry
+    builds each of them."""
+    assert engine_fields() == dict(ENGINE_FIELDS)
+    assert list(ENGINES) == list(ENGINE_FIELDS)

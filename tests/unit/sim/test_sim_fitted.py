@@ -8,9 +8,9 @@ import pytest
 from talaria.core.catalog import load_catalog
 from talaria.core.efficiency_profile import EfficiencyProfile, StepFit
 from talaria.core.trace import SessionTrace, TraceCall
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.replay import replay
 
 FIT = StepFit(

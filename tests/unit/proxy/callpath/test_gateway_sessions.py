@@ -23,9 +23,9 @@ from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.contract.records import CallRecord, ReservationRecord, SessionRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.support import ListSink
 
 MODEL = "glm-4.5-fp8"

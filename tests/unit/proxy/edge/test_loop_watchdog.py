@@ -86,9 +86,9 @@ serve(app, "127.0.0.1", {port}, "info", drain_timeout_s=1.0, bounds=EdgeBounds()
 SPIN_RUNTIME = """
 import sys
 from fastapi import FastAPI
-import talaria.runtime.server as server
+import talaria.runtime.serve as serve
 
-server.ENGINE_SHUTDOWN_S = 1.0
+serve.ENGINE_SHUTDOWN_S = 1.0
 app = FastAPI()
 
 @app.get("/block")
@@ -97,7 +97,7 @@ async def block():
     while True:
         pass
 
-server.serve_runtime(app, "127.0.0.1", {port}, "info", drain_timeout_s=1.0)
+serve.serve_runtime(app, "127.0.0.1", {port}, "info", drain_timeout_s=1.0)
 """
 
 

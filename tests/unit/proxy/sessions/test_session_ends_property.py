@@ -25,9 +25,9 @@ from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation
 from talaria.proxy.sessions.state import SessionState
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.support import ListSink
 
 MODEL = "glm-4.5-fp8"

@@ -26,9 +26,9 @@ from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
 from talaria.proxy.sessions.state import SessionState, Thread
 from talaria.proxy.sessions.tenancy import ThreadLimit
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.support import ListSink
 
 NOW = datetime(2026, 12, 4, tzinfo=UTC)

@@ -26,10 +26,10 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, Finished, GenerationEvent
 from talaria.runtime.engine import Admission
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import NodeScheduler
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 
 CATALOG = load_catalog()
 GLM = "glm-4.5-fp8"
@@ -284,7 +284,7 @@ def test_any_departures_leave_no_pin_reservation_or_running_call(calls: list[_Ca
 
         status = node.status()
         assert [e.running for e in node.engines.values()] == [0, 0]
-        assert node.reservations.live == {}
+        assert node.holds.live == {}
         assert {key: e.pins for key, e in node.memory.kv.items() if e.pins} == {}
         assert sum(m.live_sessions for m in status.models.values()) == 0  # none pending
         for session in {f"s{call.session}" for call in calls}:

@@ -16,11 +16,11 @@ from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict
 from talaria.core.holds import ReleaseReason
 from talaria.core.trace import SessionTrace
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult
-from talaria.runtime.factory import NodeSetup
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import SchedulerFlags
 from talaria.runtime.scheduling.sessions import NodeSessions
 from talaria.runtime.scheduling.slots import CloseReason
+from talaria.runtime.sim_node import NodeSetup
 from talaria.sim.experiment import ExperimentSetup, run_experiment
 from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import replay
@@ -84,7 +84,7 @@ def test_a_reservation_keeps_the_slot_for_the_mean_rule_only(
     assert node.slots[0].close is CloseReason.IDLE
     assert node.slots[0].end_s == approx(t_close)
     assert ok(out["s2"], 0).admitted_s == approx(t_close + plain_switch_s(COST_A, COST_B))
-    assert node.reservations.released[reason] == 1
+    assert node.holds.released[reason] == 1
     assert PRIOR.hold_s == pytest.approx(6.2138, rel=1e-4) and PRIOR.hold_s < SLACK_S
     assert PRIOR_LONG.hold_s == pytest.approx(17.9783, rel=1e-4)
 
@@ -101,9 +101,9 @@ def test_a_longer_learned_hold_keeps_the_kv_while_the_node_is_not_contended() ->
         node, _, statuses = run_probed(
             flags, (gone, later), (T_A0 + 1.0, T_A0 + 10.0), gap_quantile=quantile
         )
-        assert node.reservations.released[ReleaseReason.EXPIRED] == 1
+        assert node.holds.released[ReleaseReason.EXPIRED] == 1
         reserved[name] = [status.reserved.get("s1") for status in statuses[:2]]
-        assert node.reservations.pinned_byte_s > 0
+        assert node.holds.pinned_byte_s > 0
     budget = reserved["mean"][0]
     assert budget is not None
     assert reserved == {"mean": [budget, None], "learned": [budget, 0.0]}
@@ -119,7 +119,7 @@ def test_whether_to_reserve_stays_the_mean_rules() -> None:
         node, _ = run_scenario(flags, (gone, ONE_CALL_B), quantum_s=quantum)
         assert node.slots[0].close is CloseReason.IDLE
         assert node.slots[0].end_s == approx(T_A0)
-        assert sum(node.reservations.released.values()) == 0
+        assert sum(node.holds.released.values()) == 0
 
 
 def test_the_node_learns_the_sessions_gaps() -> None:
@@ -146,7 +146,7 @@ def test_the_node_learns_the_sessions_gaps() -> None:
     got = population.fit((DEFAULT_TENANT, "a", ""))
     assert got.n == pytest.approx(fit.n)
     assert got.mean == pytest.approx(fit.mean)
-    assert node.reservations.released[ReleaseReason.RETURNED] == 5
+    assert node.holds.released[ReleaseReason.RETURNED] == 5
 
 
 def test_each_agent_kind_is_a_population_of_its_own() -> None:

@@ -19,12 +19,12 @@ from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.status import SessionKvStatus
 from talaria.core.types import CallRequest, CallResult, KvSource
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.memory.resources import KvLocation, NodeMemory, SessionKv
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.sessions import NodeSessions
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 
 GLM = "glm-4.5-fp8"
 CATALOG = load_catalog()

@@ -9,10 +9,10 @@ import pytest
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest
-from talaria.runtime.factory import NodeSetup, add_sim_model, build_sim_node
+from talaria.runtime.scheduling.calls import UnknownModelError
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
-from talaria.runtime.scheduling.node import UnknownModelError
+from talaria.runtime.sim_node import NodeSetup, add_sim_model, build_sim_node
 
 CATALOG = load_catalog()
 SETUP = NodeSetup("h200x8", "default", ("glm-4.5-fp8",))

@@ -16,7 +16,6 @@ import pytest
 from talaria.core.catalog import load_catalog
 from talaria.core.clock import LoopClock, run_virtual
 from talaria.core.types import CallRequest, Priority
-from talaria.runtime.factory import NodeSetup, build_sim_node
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import (
     FLAG_NAMES,
@@ -31,6 +30,7 @@ from talaria.runtime.scheduling.policies.compose import PolicyChoice
 from talaria.runtime.scheduling.policies.planner import CoResidentPlanner, DemandPlanner
 from talaria.runtime.scheduling.policies.queue import ArrivalOrder, FairOrder, QueueOrder
 from talaria.runtime.scheduling.state import WaitingCall
+from talaria.runtime.sim_node import NodeSetup, build_sim_node
 from tests.support import REPO_ROOT
 
 GLM = "glm-4.5-fp8"

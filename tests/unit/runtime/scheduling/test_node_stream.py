@@ -97,9 +97,9 @@ def test_session_moved_releases_its_reservation_but_keeps_its_kv() -> None:
     async def main() -> tuple[int, int, bool]:
         node = _node(LoopClock())
         await node.submit(CallRequest("r1", "s1", "glm-4.5-fp8", 2000, 20))
-        live_before = len(node.reservations.live)
+        live_before = len(node.holds.live)
         node.session_moved("s1")
-        moved = node.reservations.released[ReleaseReason.MOVED]
+        moved = node.holds.released[ReleaseReason.MOVED]
         kept = "s1" in node.memory.kv and not node.memory.kv["s1"].pinned
         await node.stop()
         return live_before, moved, kept

@@ -39,10 +39,11 @@ from talaria.core.status import RECENT_SLOTS, InstanceStatus, SlotView, TenantSh
 from talaria.core.types import DEFAULT_TENANT, CallRequest, CallResult, KvSource
 from talaria.runtime.costmodel import CostModel, PrefillChunk
 from talaria.runtime.engines.sim import STAGING_CHUNKS
+from talaria.runtime.scheduling.calls import UnknownModelError
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import DEFAULT_POLICIES, SchedulerFlags, policy_flags
 from talaria.runtime.scheduling.intake import CallTooLargeError
-from talaria.runtime.scheduling.node import NodeScheduler, UnknownModelError
+from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.slots import CloseReason
 from talaria.sim.replay import NodeSetup, build_node
 
@@ -437,8 +438,8 @@ def test_soft_reservation_keeps_the_slot_open_through_the_tool_gap(
     )
     assert first.end_s == approx(t_fin)
     assert [s.model for s in node.slots] == ["a", "b"]  # no switch between s1's calls
-    assert node.reservations.released[ReleaseReason.RETURNED] == 1
-    assert not node.reservations.live
+    assert node.holds.released[ReleaseReason.RETURNED] == 1
+    assert not node.holds.live
 
 
 def test_without_soft_reservations_the_slot_closes_idle_in_the_tool_gap() -> None:
@@ -474,7 +475,7 @@ def test_reservation_of_a_session_that_never_returns_expires(
     assert node.slots[1].model == "b"
     b0 = ok(out["s2"], 0)
     assert b0.admitted_s == approx(t_expiry + plain_switch_s(COST_A, COST_B))
-    assert node.reservations.released == {
+    assert node.holds.released == {
         ReleaseReason.RETURNED: 0,
         ReleaseReason.ENDED: 0,
         ReleaseReason.EXPIRED: 1,
@@ -483,7 +484,7 @@ def test_reservation_of_a_session_that_never_returns_expires(
         ReleaseReason.OVER_SHARE: 0,
         ReleaseReason.STALE: 0,
     }
-    assert not node.reservations.live
+    assert not node.holds.live
 
 
 def test_a_days_hint_holds_for_the_hint_cap_at_most() -> None:
@@ -492,7 +493,7 @@ def test_a_days_hint_holds_for_the_hint_cap_at_most() -> None:
     gone = Agent("s1", "a", 0.0, (Call(P0, OUT, hint_s=86_400.0),), ends=False)
     node, out = run_scenario(SP_SOFT, (gone,))
     finished_s = ok(out["s1"], 0).finished_s
-    held = node.reservations.live["s1"]
+    held = node.holds.live["s1"]
     assert held.expected_return_s == approx(finished_s + DEFAULT_MAX_HINT_GAP_S)
     assert held.expires_s == approx(finished_s + 2 * DEFAULT_MAX_HINT_GAP_S)
 
@@ -721,7 +722,7 @@ def test_stop_right_after_the_last_call(last_ends: bool) -> None:
     assert ok(out["s0"], 0).finished_s > ok(out["s1"], 0).finished_s
     # s1 (and s0 when it did not end) still hold their reservations: neither came back
     expected = {"s1"} if last_ends else {"s1", "s0"}
-    assert set(node.reservations.live) == expected
+    assert set(node.holds.live) == expected
 
 
 def test_unknown_model_raises() -> None:

@@ -74,14 +74,14 @@ BASE_CLOSE: dict[str, Any] = dict(
     contended=True,
     running=0,
     admissible_waiting=False,
-    live_reservations=0,
+    live_holds=0,
 )
 
 
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        # contended, nothing running, nothing admissible, no reservation: idle
+        # contended, nothing running, nothing admissible, no hold: idle
         ({}, CloseReason.IDLE),
         # uncontended never closes, whatever else holds
         ({"contended": False}, None),
@@ -90,12 +90,12 @@ BASE_CLOSE: dict[str, Any] = dict(
         # quantum: at or past the deadline, even with work in flight
         ({"now_s": 60.0}, CloseReason.QUANTUM),
         ({"now_s": 61.0, "running": 2}, CloseReason.QUANTUM),
-        ({"now_s": 60.0, "admissible_waiting": True, "live_reservations": 1}, CloseReason.QUANTUM),
+        ({"now_s": 60.0, "admissible_waiting": True, "live_holds": 1}, CloseReason.QUANTUM),
         # before the deadline, any of these keeps it open
         ({"running": 1}, None),
         ({"admissible_waiting": True}, None),
-        ({"live_reservations": 1}, None),  # a session in its tool gap, expected back
-        ({"now_s": 59.999, "live_reservations": 2}, None),
+        ({"live_holds": 1}, None),  # a session in its tool gap, expected back
+        ({"now_s": 59.999, "live_holds": 2}, None),
     ],
 )
 def test_close_reason(change: dict[str, Any], expected: CloseReason | None) -> None:
@@ -174,22 +174,20 @@ def test_every_admit_reason_is_covered() -> None:
 
 
 @pytest.mark.parametrize(
-    ("needed", "free", "evictable", "reserved", "fits"),
+    ("needed", "free", "evictable", "held", "fits"),
     [
         (10.0, 10.0, 0.0, 0.0, True),  # exactly the free bytes
         (10.0, 9.0, 0.0, 0.0, False),
         (10.0, 4.0, 6.0, 0.0, True),  # free + evictable idle KV
-        (10.0, 4.0, 6.0, 1.0, False),  # minus other sessions' reservations
+        (10.0, 4.0, 6.0, 1.0, False),  # minus other sessions' holds
         (9.0, 4.0, 6.0, 1.0, True),
         (0.0, 0.0, 0.0, 0.0, True),
-        (0.0, 0.0, 0.0, 1.0, False),  # reservations beyond what is free
+        (0.0, 0.0, 0.0, 1.0, False),  # holds beyond what is free
     ],
 )
-def test_fits_memory(
-    needed: float, free: float, evictable: float, reserved: float, fits: bool
-) -> None:
+def test_fits_memory(needed: float, free: float, evictable: float, held: float, fits: bool) -> None:
     got = fits_memory(
-        needed_bytes=needed, free_bytes=free, evictable_bytes=evictable, reserved_bytes=reserved
+        needed_bytes=needed, free_bytes=free, evictable_bytes=evictable, held_bytes=held
     )
     assert got is fits
 

@@ -6,7 +6,7 @@ the gateway (proxy/callpath/stages.py ``GatewayCall``) and adding its part:
    room for its records, the tenant's calls in flight, and an instance that hosts its model;
 2. place: with replicas, take over a session another replica held (proxy/cluster/handoff.py);
    the API layer has already forwarded a call whose owner is another replica;
-3. resolve the session (``_resolve``: proxy/sessions/book.py, by the client's id or by the
+3. resolve the session (``_resolve``: proxy/sessions/resolve.py, by the client's id or by the
    conversation it continues), and what of its prompt the session's KV already holds;
 4. route (``_route``: core/routing/) over the status of the instances hosting the model;
    settle the session's soft reservation (proxy/callpath/keeper.py); record the decision;
@@ -57,6 +57,7 @@ from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, tools_fingerprint
 from talaria.proxy.sessions.lineage import opening, parent_of
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
     DEFAULT_MAX_THREADS,
@@ -164,7 +165,8 @@ class Gateway:
         engine gets the client's own prompt: the volatile part may have changed)."""
         call, conversation, tools, now_s = ctx.call, ctx.conversation, ctx.tools, ctx.now_s
         try:
-            found = self._sessions.resolve(
+            found = resolve(
+                self._sessions,
                 tenant_id=call.tenant_id,
                 identity=call.identity,
                 model=call.model,

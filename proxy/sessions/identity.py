@@ -27,7 +27,7 @@ guessed):
   OpenCode's ``x-parent-session-id``.
 
 With no id, the call is *implicit*: the session book finds the session whose conversation it
-extends (book.py). Every id is validated the same way wherever it came from: 1 to 200
+extends (resolve.py). Every id is validated the same way wherever it came from: 1 to 200
 printable ASCII characters (no control characters), so it is safe to echo in a header.
 
 The agent's *kind* (``agent_kind``), which the node learns tool gaps by: the product name

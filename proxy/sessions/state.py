@@ -1,6 +1,6 @@
 """A live session as this replica holds it (``SessionState``), its conversations
 (``Thread``), and what resolving a call found (``Resolution``): the book's records
-(book.py keeps them; index.py finds threads)."""
+(book.py keeps them; index.py finds threads; resolve.py says which a call belongs to)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class SessionState:
     """Clock time of the first call (for SCT)."""
     parent_key: str | None = None
     """The parent's key: a live session of the same tenant that the request named, or the
-    session an implicit side call belongs to (book.py); None for a root."""
+    session an implicit side call belongs to (resolve.py); None for a root."""
     root_key: str = ""
     """The session whose client id this family shares (itself for a root)."""
     calls: int = 0

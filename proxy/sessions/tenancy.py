@@ -7,7 +7,7 @@ session book, kept as the book changes so that no call scans a tenant's sessions
   least one): the tenant's cap counts these, so a session that opens thread after thread
   uses its tenant's room as separate sessions would;
 - its implicit root sessions waiting on a reply (a call in flight): a new implicit call is
-  such a session's side call only when exactly one waits (book.py ``_side_call_of``).
+  such a session's side call only when exactly one waits (resolve.py ``_side_call_of``).
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
 beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*

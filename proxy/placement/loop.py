@@ -50,7 +50,7 @@ from talaria.core.status import InstanceStatus
 from talaria.proxy.placement.library import merge_demand
 from talaria.proxy.placement.moves import PlacementMoves
 from talaria.proxy.placement.target import GroupFloor, target_of, too_small
-from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
 log = logging.getLogger("talaria.proxy.placement")

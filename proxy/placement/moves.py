@@ -28,7 +28,7 @@ from talaria.core.clock import Clock
 from talaria.core.placement import Move, MoveKind, Reason
 from talaria.proxy.placement.library import LIBRARY_ONLY_KEYS
 from talaria.proxy.placement.target import LiveMove, target_of
-from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
 log = logging.getLogger("talaria.proxy.placement")

@@ -15,12 +15,22 @@ class PlacementTarget(Protocol):
     """A runtime client whose models the loop changes (proxy/runtimes/http.py)."""
 
     name: str
-    weight_budget_bytes: float
-    quantum_s: float | None
-    server: str | None
-    """The runtime's hardware (a catalog server), as its status says; None: not said."""
-    gpus: int | None
-    """The GPUs of its group (core/groups.py), as its status says; None: not said."""
+
+    @property
+    def weight_budget_bytes(self) -> float: ...
+
+    @property
+    def quantum_s(self) -> float | None: ...
+
+    @property
+    def server(self) -> str | None:
+        """The runtime's hardware (a catalog server), as its status says; None: not said."""
+        ...
+
+    @property
+    def gpus(self) -> int | None:
+        """The GPUs of its group (core/groups.py), as its status says; None: not said."""
+        ...
 
     @property
     def models(self) -> tuple[str, ...]: ...

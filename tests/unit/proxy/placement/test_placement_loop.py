@@ -15,7 +15,7 @@ from talaria.core.placement import MoveKind, PlacementConfig, Reason
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 from talaria.proxy.placement.library import load_library
 from talaria.proxy.placement.loop import ColdStartFailed, PlacementLoop
-from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
 GB = 1e9

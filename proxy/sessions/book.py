@@ -7,10 +7,11 @@ key, so equal client ids of two tenants are two sessions whose KV and records ne
 client's own id is ``session_id`` (for an implicit session, its key).
 
 A session holds one or more *threads*: each distinct conversation of the session, with its own
-chain values in the conversation index (index.py), its own last instance, its own reservation
-and its own key on the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>``
-for thread n, so that each conversation keeps its own KV and its own reservation). Calls,
-tokens and the session's completion time are the session's, whatever thread they ran in.
+chain values in the conversation index (index.py), its own last instance, its own route
+preference and its own key on the runtime (``runtime_key``: the session's key for thread 0,
+``<key>/<n>`` for thread n, so that each conversation keeps its own KV and its own
+preference). Calls, tokens and the session's completion time are the session's, whatever
+thread they ran in.
 
 Bounds (tenancy.py has the rules): ``capacity`` live sessions in all, ``max_threads`` a session,
 ``max_per_tenant`` threads a tenant.

@@ -61,7 +61,7 @@ MAX_USER_ID_CHARS = 1024
 characters of JSON (three ids), and parsing the client's JSON held the event loop for
 0.6 s when it was 8 MiB of empty arrays."""
 MAX_TOOL_GAP_S = 24 * 3600.0
-"""A tool gap hint beyond a day is refused (no reservation should outlive that)."""
+"""A tool gap hint beyond a day is refused (no route preference should outlive that)."""
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 """A deadline beyond a week is refused (it would order nothing, and clock seconds of a scaled
 clock must stay finite)."""

@@ -111,7 +111,7 @@ def _side_call_of(
     memory call does not) and opens with a system prompt, and exactly one of the tenant's
     implicit root sessions waits on a reply now (a call in flight), with a different first
     message (tenancy.py keeps the waiting ones: no scan). Else None. Wrong, it costs only
-    the accounting: its KV and reservation are its own either way."""
+    the accounting: its KV and route preference are its own either way."""
     if not len(conversation) or conversation.prints[0].role != "system":
         return None
     state = book.sole_waiting(tenant_id)

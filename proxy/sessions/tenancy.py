@@ -11,9 +11,9 @@ session book, kept as the book changes so that no call scans a tenant's sessions
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
 beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*
-its least recently used thread with no call in flight (out of the index, its reservation
-released and its runtime entry ended by ``on_retire``), and when every thread has a call in
-flight the call gets ``ThreadLimit`` (the gateway's 429). A tenant holds at most
+its least recently used thread with no call in flight (out of the index, its route
+preference released and its runtime entry ended by ``on_retire``), and when every thread has
+a call in flight the call gets ``ThreadLimit`` (the gateway's 429). A tenant holds at most
 ``max_per_tenant`` live threads, every session's counted (implicit, named and children alike;
 each session has one at least: tenancy.py): a call that would open one more gets
 ``SessionLimit`` (429); calls that continue, retry or take over a live session's thread

@@ -36,6 +36,7 @@ from typing import Any
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.resolve import resolve
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)
 SYSTEM = "You are a coding agent. Use the tools to read, edit and test the repository. " * 20
@@ -77,7 +78,8 @@ def identity(session: int) -> Identity:
 
 def one_call(book: SessionBook, session: int, conversation: Conversation, now_s: float) -> Any:
     """One call of ``session``, as the gateway drives the book: resolve, started, finished."""
-    found = book.resolve(
+    found = resolve(
+        book,
         tenant_id="t",
         identity=identity(session),
         model="m",

@@ -11,11 +11,11 @@ one call (and, in the same tenant, two implicit ones with a call in flight, so t
 implicit call's side-call check has waiting sessions to consider):
 
 - **book**: a new implicit session as the gateway opens it, on a ``SessionBook``
-  (proxy/sessions/book.py): ``resolve`` (the conversation index misses; an implicit call with
-  a system prompt and no tools goes through the side-call check, ``_side_call_of``, which
-  used to scan the tenant's sessions) then ``call_started``. Median and p99 of ``--probes``
-  new sessions, each forgotten after it is timed so N stays N. The call's fingerprinting
-  (``Conversation.of``) is timed apart: it does not depend on N.
+  (proxy/sessions/book.py): ``resolve`` (proxy/sessions/resolve.py: the conversation index
+  misses; an implicit call with a system prompt and no tools goes through the side-call
+  check, ``_side_call_of``, which used to scan the tenant's sessions) then ``call_started``.
+  Median and p99 of ``--probes`` new sessions, each forgotten after it is timed so N stays N.
+  The call's fingerprinting (``Conversation.of``) is timed apart: it does not depend on N.
 - **gateway**: a new implicit call end to end through ``Gateway.open_call`` with the embedded
   simulated runtime (one node of glm-4.5-fp8, ``InProcessRuntime``, records to a null sink)
   on the virtual-time loop: ``open_call`` (admission with the node's status, resolve, route,
@@ -56,6 +56,7 @@ from talaria.proxy.contract.records import Record
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.resolve import resolve
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
 from talaria.runtime.sim_node import NodeSetup, build_sim_node
@@ -103,7 +104,8 @@ def book_with(live: int, place: str, probes: int) -> SessionBook:
     reply = fingerprint({"role": "assistant", "content": "Running the tests."})
     for i in range(live):
         conversation = Conversation.of(_messages(f"live-{i}"))
-        found = book.resolve(
+        found = resolve(
+            book,
             tenant_id=_owner(place, i),
             identity=_identity(i),
             model=MODEL,
@@ -130,7 +132,8 @@ def time_book(live: int, place: str, probes: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         conversation = Conversation.of(messages)
         t1 = time.perf_counter()
-        found = book.resolve(
+        found = resolve(
+            book,
             tenant_id=PROBE_TENANT,
             identity=Identity(None, "implicit"),
             model=MODEL,

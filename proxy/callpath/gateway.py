@@ -6,20 +6,21 @@ the gateway (proxy/callpath/stages.py ``GatewayCall``) and adding its part:
    room for its records, the tenant's calls in flight, and an instance that hosts its model;
 2. place: with replicas, take over a session another replica held (proxy/cluster/handoff.py);
    the API layer has already forwarded a call whose owner is another replica;
-3. resolve the session (``_resolve``: proxy/sessions/book.py, by the client's id or by the
+3. resolve the session (``_resolve``: proxy/sessions/resolve.py, by the client's id or by the
    conversation it continues), and what of its prompt the session's KV already holds;
 4. route (``_route``: core/routing/) over the status of the instances hosting the model;
-   settle the session's soft reservation (proxy/callpath/keeper.py); record the decision;
+   settle the session's route preference (proxy/callpath/keeper.py); record the decision;
 5. run (``_run``: proxy/callpath/runner.py) in a task of its own; the runner records the outcome
-   (proxy/callpath/recorder.py) and the keeper the session's reservation or end; an instance
-   the call cannot reach is left for another (``_reroute``: steps 4 and 5 again).
+   (proxy/callpath/recorder.py) and the keeper the session's route preference or end; an
+   instance the call cannot reach is left for another (``_reroute``: steps 4 and 5 again).
 
 The services it is given (the app's container starts them: proxy/edge/services.py): the
 runtime pool (proxy/runtimes/pool.py), the recorder and the session keeper (its book of
-sessions and their reservations); its own parts: the runner and, with replicas, the hand-off.
-Sessions idle for the keeper's ``idle_timeout_s`` end at a sweep. Time: the gateway schedules
-on its ``Clock`` (clock seconds) and shows wall seconds; one ``TimeScale`` converts, for every
-part. :func:`call_path` builds the services and the gateway in one go (a test's, a bench's).
+sessions and their route preferences); its own parts: the runner and, with replicas, the
+hand-off. Sessions idle for the keeper's ``idle_timeout_s`` end at a sweep. Time: the gateway
+schedules on its ``Clock`` (clock seconds) and shows wall seconds; one ``TimeScale`` converts,
+for every part. :func:`call_path` builds the services and the gateway in one go (a test's, a
+bench's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from talaria.proxy.runtimes.base import RuntimeClient
 from talaria.proxy.runtimes.pool import RuntimePool
 from talaria.proxy.sessions.conversation import EMPTY, Conversation, tools_fingerprint
 from talaria.proxy.sessions.lineage import opening, parent_of
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
     DEFAULT_MAX_THREADS,
@@ -65,7 +67,7 @@ from talaria.proxy.sessions.tenancy import (
 )
 
 SWEEP_S = 1.0
-"""How often expired reservations and idle sessions are looked for (clock seconds)."""
+"""How often expired route preferences and idle sessions are looked for (clock seconds)."""
 STORE_RETRY_S = 2.0
 """Retry-After of a call refused because the store cannot take its records: its write queue
 is full, or (with durable acknowledgement) its writes are failing."""
@@ -96,7 +98,7 @@ class Gateway:
         self._keeper = keeper
         self._recorder = recorder
         self._sessions = keeper.sessions
-        self._reservations = keeper.reservations
+        self._preferences = keeper.preferences
         self._metrics = recorder.metrics
         self._clock = clock
         self._time = time
@@ -164,7 +166,8 @@ class Gateway:
         engine gets the client's own prompt: the volatile part may have changed)."""
         call, conversation, tools, now_s = ctx.call, ctx.conversation, ctx.tools, ctx.now_s
         try:
-            found = self._sessions.resolve(
+            found = resolve(
+                self._sessions,
                 tenant_id=call.tenant_id,
                 identity=call.identity,
                 model=call.model,
@@ -195,7 +198,7 @@ class Gateway:
 
     async def _route(self, ctx: GatewayCall) -> RoutingDecision:
         """The instance that runs the call (503 if none can), among ``ctx.statuses``; the
-        session's reservation is settled and the decision recorded."""
+        session's route preference is settled and the decision recorded."""
         call, found, now_s = ctx.call, ctx.resolution, ctx.now_s
         state = found.state
         last_instance = state.threads[found.thread].last_instance
@@ -207,7 +210,7 @@ class Gateway:
                     model=call.model,
                     prompt_tokens=ctx.prompt_tokens,
                     last_instance=last_instance,
-                    reserved_instance=self._reservations.reserved(
+                    reserved_instance=self._preferences.reserved(  # routing's name for it
                         state.runtime_key(found.thread), now_s
                     ),
                     parent_key=found.parent.key,
@@ -274,13 +277,13 @@ class Gateway:
         (tenant, client id)`` finds an open session another replica held (taken over at its
         next call here), ``generation()`` counts the changes of the live set."""
         self._handoff = Handoff(
-            self._sessions, self._reservations, self._time, owned, adopt, generation
+            self._sessions, self._preferences, self._time, owned, adopt, generation
         )
         self._keeper.served_elsewhere = self._handoff.served_elsewhere
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the sweeper (expired reservations, idle sessions, hand-offs)."""
+        """Start the sweeper (expired route preferences, idle sessions, hand-offs)."""
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     @property
@@ -294,7 +297,7 @@ class Gateway:
             await self.sweep_once()
 
     async def sweep_once(self) -> None:
-        """Release expired reservations; end sessions idle beyond the timeout; hand off the
+        """Release expired route preferences; end sessions idle beyond the timeout; hand off the
         sessions another replica owns now."""
         await self._keeper.sweep()
         if self._handoff is not None:

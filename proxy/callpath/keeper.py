@@ -1,8 +1,8 @@
-"""A session's life around its calls: its soft reservation (released when the session comes
+"""A session's life around its calls: its route preference (released when the session comes
 back, taken when a reply asks for tools or the client hints a gap), hints, and its end (the
 client's, an admin's, a final call's, or idleness), each with its records and metrics.
 
-When to reserve, for how long, and how a reservation ends are
+When to prefer an instance, for how long, and how a preference ends are
 ``core.preferences.SessionPreferences``' (the same rules as the simulator's cluster
 replay); here: their records and metrics, in wall seconds (``ReservationRecord``).
 """
@@ -34,7 +34,7 @@ log = logging.getLogger("talaria.proxy")
 
 
 class SessionKeeper:
-    """Keeps ``sessions`` and their ``reservations`` between calls (module docstring);
+    """Keeps ``sessions`` and their route ``preferences`` between calls (module docstring);
     ``idle_timeout_s``: clock seconds without a call after which a session ends. The
     gateway resolves calls' sessions in its book; the session routes (hints, ends) and the
     admin API reach it as the app's ``keeper`` service (:func:`session_keeper`)."""
@@ -42,7 +42,7 @@ class SessionKeeper:
     def __init__(
         self,
         sessions: SessionBook,
-        reservations: SessionPreferences,
+        preferences: SessionPreferences,
         recorder: Recorder,
         pool: RuntimePool,
         clock: Clock,
@@ -50,7 +50,7 @@ class SessionKeeper:
         idle_timeout_s: float,
     ) -> None:
         self.sessions = sessions
-        self.reservations = reservations
+        self.preferences = preferences
         self._recorder = recorder
         self._metrics = recorder.metrics
         self._pool = pool
@@ -66,14 +66,14 @@ class SessionKeeper:
     async def routed(
         self, state: SessionState, instance: str, now_s: float, now_at: datetime, thread: int = 0
     ) -> None:
-        """The session's call (of ``thread``) goes to ``instance``: a reservation it held is
-        settled (a hit if it came back to the reserved instance), and the instance the thread
+        """The session's call (of ``thread``) goes to ``instance``: a preference it held is
+        settled (a hit if it came back to the preferred instance), and the instance the thread
         left is told."""
-        settled = self.reservations.started(
+        settled = self.preferences.started(
             state.runtime_key(thread), instance, now_s, concurrent=state.inflight > 0
         )
         if settled is not None:
-            self._metrics.reservations.labels(settled.value).inc()
+            self._metrics.preferences.labels(settled.value).inc()
             reason = "expired" if settled is Settled.EXPIRED else "returned"
             self._release(state, thread, reason, now_at)
         held = state.threads.get(thread)
@@ -102,14 +102,14 @@ class SessionKeeper:
         finished_at: datetime, thread: int = 0,
     ) -> None:  # fmt: skip
         """After the call's records: end the session if the call was its last, else take a
-        reservation when the reply asks for tools (or the client hinted a gap); then the
+        preference when the reply asks for tools (or the client hinted a gap); then the
         session's record. A session that ended while the call ran stays ended: nothing more
-        of it is kept (no reservation, no session record that would reopen it)."""
+        of it is kept (no preference, no session record that would reopen it)."""
         if state.ended:
             return
         single = call.content.messages is None and not call.identity.explicit
         final = call.identity.final or single
-        taken = self.reservations.finished(
+        taken = self.preferences.finished(
             state.runtime_key(thread),
             instance,
             self._clock.now(),
@@ -133,28 +133,28 @@ class SessionKeeper:
 
     def thread_retired(self, state: SessionState, thread: Thread) -> None:
         """The book retired ``thread`` of the live ``state`` (book.py: past the session's
-        bound of threads): its reservation is released (``retired``), its learned gaps
+        bound of threads): its preference is released (``retired``), its learned gaps
         forgotten, and its runtime entry ended (its KV may go)."""
         now_at = datetime.now(UTC)
-        if thread.reservation is not None:
+        if thread.preference is not None:
             self._recorder.submit(
-                replace(thread.reservation, released_at=now_at, release_reason="retired")
+                replace(thread.preference, released_at=now_at, release_reason="retired")
             )
-            thread.reservation = None
-            self._metrics.reservations.labels("ended").inc()
-        self.reservations.end(state.runtime_key(thread.number))
+            thread.preference = None
+            self._metrics.preferences.labels("ended").inc()
+        self.preferences.end(state.runtime_key(thread.number))
         ends = self._ends(state, [thread])
         if ends:
             self._spawn(self._send_ends(ends))
 
-    # -- reservations -------------------------------------------------------------------------
+    # -- route preferences --------------------------------------------------------------------
     def _taken(
         self, state: SessionState, thread: int, held: RoutePreference, now_at: datetime
     ) -> None:
-        """Record a reservation just taken by ``thread`` (releasing the one it replaces)."""
+        """Record a preference just taken by ``thread`` (releasing the one it replaces)."""
         self._release(state, thread, "replaced", now_at)
         wall = self._time.wall
-        record = ReservationRecord(
+        record = ReservationRecord(  # stored as a reservation row
             reservation_id=uuid.uuid4().hex,
             session_key=state.key,
             instance=held.instance,
@@ -163,28 +163,28 @@ class SessionKeeper:
             expected_return_at=now_at + timedelta(seconds=wall(held.expected_gap_s)),
             expires_at=now_at + timedelta(seconds=wall(held.expires_s - held.created_s)),
         )
-        state.threads[thread].reservation = record
-        self._metrics.reservations.labels("taken").inc()
+        state.threads[thread].preference = record
+        self._metrics.preferences.labels("taken").inc()
         self._recorder.submit(record)
 
     def _release(self, state: SessionState, thread: int, reason: str, now_at: datetime) -> bool:
-        """Record the release of ``thread``'s reservation; False if it had none recorded."""
+        """Record the release of ``thread``'s preference; False if it had none recorded."""
         held = state.threads.get(thread)
-        if held is None or held.reservation is None:
+        if held is None or held.preference is None:
             return False
-        self._recorder.submit(replace(held.reservation, released_at=now_at, release_reason=reason))
-        held.reservation = None
+        self._recorder.submit(replace(held.preference, released_at=now_at, release_reason=reason))
+        held.preference = None
         return True
 
     async def sweep(self) -> None:
-        """Release expired reservations; end sessions idle beyond the timeout; send again the
+        """Release expired preferences; end sessions idle beyond the timeout; send again the
         ends a runtime did not take (proxy/runtimes/notices.py)."""
         now_s, now_at = self._clock.now(), datetime.now(UTC)
-        for held in self.reservations.sweep(now_s):
+        for held in self.preferences.sweep(now_s):
             key, thread = split_runtime_key(held.session)
             state = self.sessions.get(key)
             if state is not None and self._release(state, thread, "expired", now_at):
-                self._metrics.reservations.labels("expired").inc()
+                self._metrics.preferences.labels("expired").inc()
         for state in self.sessions.idle(now_s, self.idle_timeout_s):
             if self.served_elsewhere is not None and await self._asked(state):
                 self.sessions.forget(state)
@@ -206,8 +206,8 @@ class SessionKeeper:
     async def hint(
         self, session_id: str, tenant_id: str, expected_s: float | None, tool: str | None
     ) -> bool:
-        """Record a tool-gap hint (``expected_s`` in wall seconds); reserve on the session's
-        last instance. False: no live session of that id for this tenant."""
+        """Record a tool-gap hint (``expected_s`` in wall seconds); the session prefers its last
+        instance. False: no live session of that id for this tenant."""
         now_at = datetime.now(UTC)
         state = self.sessions.named(tenant_id, session_id)
         if state is None or state.ended:
@@ -217,7 +217,7 @@ class SessionKeeper:
         last = state.last_thread
         if last is not None and last.last_instance is not None and expected is not None:
             await self._pool[last.last_instance].hint(state.runtime_key(last.number), expected)
-            taken = self.reservations.hint(
+            taken = self.preferences.hint(
                 state.runtime_key(last.number), self._clock.now(), expected,
                 concurrent=state.inflight > 0,
             )  # fmt: skip
@@ -293,11 +293,11 @@ class SessionKeeper:
             log.warning("ending a session's threads on the runtime failed: %r", task.exception())
 
     def end(self, state: SessionState, reason: str, now_at: datetime) -> None:
-        """End the session for ``reason``: release its reservation, observe its completion
+        """End the session for ``reason``: release its preferences, observe its completion
         time, forget it, and record its end."""
         for thread in state.threads.values():
             if self._release(state, thread.number, "ended", now_at):
-                self._metrics.reservations.labels("ended").inc()
+                self._metrics.preferences.labels("ended").inc()
         self._metrics.sct.labels(state.model).observe(
             self._time.wall(self._clock.now() - state.started_s)
         )
@@ -318,19 +318,19 @@ def session_keeper(
 ) -> SessionKeeper:
     """A keeper with a book of its own (proxy/sessions/book.py: at most
     ``max_sessions_per_tenant`` live sessions a tenant, ``max_threads_per_session`` threads a
-    session; a retired thread's reservation released and its entry ended on its runtime) and
-    its reservations; ``idle_timeout_s``: wall seconds without a call after which a session
-    ends. The app's ``keeper`` service (proxy/edge/services.py)."""
-    reservations = SessionPreferences()
+    session; a retired thread's preference released and its entry ended on its runtime) and
+    its route preferences; ``idle_timeout_s``: wall seconds without a call after which a
+    session ends. The app's ``keeper`` service (proxy/edge/services.py)."""
+    preferences = SessionPreferences()
     sessions = SessionBook(
-        on_forget=reservations.end,
+        on_forget=preferences.end,
         max_per_tenant=max_sessions_per_tenant,
         max_threads=max_threads_per_session,
         on_retire=lambda state, thread: keeper.thread_retired(state, thread),
     )
     keeper = SessionKeeper(
         sessions,
-        reservations,
+        preferences,
         recorder,
         pool,
         clock,

@@ -207,10 +207,10 @@ class Recorder:
         self, state: SessionState, now_at: datetime, ended_reason: str | None = None
     ) -> None:
         """The session's record as of ``now_at``: ended (with ``ended_reason``), in a tool
-        (it holds a reservation) or active."""
+        (it holds a route preference) or active."""
         if ended_reason is not None:
             status = "ended"
-        elif state.reserved:
+        elif state.has_preference:
             status = "in_tool"
         else:
             status = "active"

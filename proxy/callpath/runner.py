@@ -256,7 +256,7 @@ class CallRunner:
 
     def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:
         """Keep a finished call: the session continues from its reply, its records, then the
-        session's reservation or end. Returns the sequence number of its last record."""
+        session's route preference or end. Returns the sequence number of its last record."""
         finished_at = datetime.now(UTC)
         call, found = run.call, run.found
         self._keeper.replied(

@@ -78,14 +78,14 @@ class Handoff:
     def __init__(
         self,
         sessions: SessionBook,
-        reservations: SessionPreferences,
+        preferences: SessionPreferences,
         time: TimeScale,
         owned: Owned,
         adopt: Adopt,
         generation: Generation,
     ) -> None:
         self._sessions = sessions
-        self._reservations = reservations
+        self._preferences = preferences
         self._time = time
         self._owned = owned
         self._adopt = adopt
@@ -122,7 +122,7 @@ class Handoff:
                 adopted=True,
             )
         )
-        self._reservations.adopt(stored.key, stored.last_instance)
+        self._preferences.adopt(stored.key, stored.last_instance)
 
     def _claim(self, call: PreparedCall, sid: str) -> SessionRecord | None:
         """The record of the root session ``call`` would open under its name (module

@@ -46,7 +46,7 @@ class ProxyMetrics:
             "talaria_routing_decisions", "Routing decisions by reason", ["router", "reason"],
             registry=r,
         )  # fmt: skip
-        self.reservations = Counter(
+        self.preferences = Counter(  # route preferences, exported under their old name
             "talaria_reservations",
             "Soft reservations by outcome: taken, hit (returned to the reserved instance), "
             "miss (returned elsewhere), expired, ended",

@@ -107,7 +107,8 @@ class DecisionRecord:
 
 @dataclass(frozen=True)
 class ReservationRecord:
-    """Inserted when taken; the same id is written again when released."""
+    """A session thread's route preference (the store's name: a reservation row). Inserted
+    when taken; the same id is written again when released."""
 
     reservation_id: str
     session_key: str

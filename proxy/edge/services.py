@@ -10,7 +10,7 @@ them in that order and stops them in the reverse one):
 | ``runtimes`` | the runtime clients, started | catalog | closing them |
 | ``pool`` | the runtimes by name, their models, statuses and drains | runtimes, catalog | |
 | ``recorder`` | the records and metrics of calls and sessions | store | |
-| ``keeper`` | the sessions between calls: reservations, hints, ends | recorder, pool | |
+| ``keeper`` | the sessions between calls: route preferences, hints, ends | recorder, pool | |
 | ``gateway`` | the call path's gateway, sweeping | pool, keeper, recorder | ``shutdown`` |
 | ``dialects`` | each stateful dialect's service, started | store | closing them |
 | ``auth`` | the API keys' authenticator | store | |

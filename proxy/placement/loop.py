@@ -18,19 +18,7 @@ What one look reads:
 - **weights**: a library entry's ``weight_bytes``, else the catalog's, else 0; ``w_m``, ``Q``:
   the largest ``switch_s`` of the model, ``quantum_s``, a runtime reports.
 
-Moves, each in a task of its own and recorded (``records``):
-
-- **add**: the model's ``[[model]]`` entry from the library (``weight_bytes`` left out) is
-  POSTed to the runtime; its engine starts there from the entry's ``path`` (a live runtime
-  loads from storage whatever source the controller chose), one add into a runtime at a time;
-- **evict**: ``DELETE`` at once (the runtime retires the model once its calls are done);
-- **drain**: the runtime marks the model draining (no proxy routes a new session to it there
-  while another runtime serves it: ``RuntimePool.routable``), then ``DELETE`` once its live
-  sessions there are gone or ``drain_s`` has passed. A drain this loop did not begin (the
-  replica that began it gone) is taken over at the next look (reason ``taken-over``), its
-  ``drain_s`` counted from then, so that no model is left draining for good. A ``DELETE`` of
-  a model the runtime no longer hosts (404: another replica removed it) ends the drain too;
-  one the runtime refuses otherwise is recorded as failed and not taken over again here.
+Each look's moves are carried out and recorded by moves.py (``PlacementMoves``).
 
 The controller manages the library's models only: a move of a model the library does not
 list is not made (it could not be placed again). Looks run every ``interval_s`` on the
@@ -46,7 +34,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
-from typing import Any, cast
+from typing import Any
 
 from talaria.core.clock import Clock
 from talaria.core.placement import (
@@ -59,22 +47,20 @@ from talaria.core.placement import (
     decide,
 )
 from talaria.core.status import InstanceStatus
-from talaria.proxy.placement.library import LIBRARY_ONLY_KEYS, merge_demand
-from talaria.proxy.placement.target import GroupFloor, LiveMove, PlacementTarget, too_small
-from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.placement.library import merge_demand
+from talaria.proxy.placement.moves import PlacementMoves
+from talaria.proxy.placement.target import GroupFloor, target_of, too_small
+from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
 log = logging.getLogger("talaria.proxy.placement")
 
 LEADER_KEY = "talaria-placement"
 """The key whose owner among the live replicas runs the looks."""
-DRAIN_POLL_S = 15.0
-"""How often a drain reads whether its runtime's sessions of the model have ended."""
 DEFAULT_QUANTUM_S = 60.0
 """``Q`` when no runtime reports its quantum."""
-BOUNDED = (Reason.SCALE_OUT, Reason.SCALE_IN, Reason.MOVE)
 TAKEN_OVER = "taken-over"
-"""The recorded reason of a drain this loop took over (module docstring)."""
+"""The recorded reason of a drain this loop took over (moves.py)."""
 
 
 class ColdStartFailed(RuntimeError):
@@ -114,23 +100,12 @@ class PlacementLoop:
         }
         self._catalog_weights = catalog_weights
         self._group_floor = group_floor
-        self.records: list[LiveMove] = []
+        self.moves = PlacementMoves(pool, self.library, clock, config.drain_s, self._added)
         self.looks = 0
         self._started_s = clock.now()
-        self._bounded_s: list[float] = []
-        self._adding: dict[tuple[str, str], float] = {}
-        """(runtime, model) → when this loop began adding it."""
-        self._draining: set[tuple[str, str]] = set()
-        """(runtime, model): the drains this loop began or took over and has not removed."""
-        self._placed_s: dict[tuple[str, str], float] = {}
         self._waiting: dict[str, asyncio.Future[None]] = {}
         self._look_lock = asyncio.Lock()
-        self._copy_locks: dict[str, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
-
-    def _target(self, name: str) -> PlacementTarget:
-        return cast(PlacementTarget, self.pool[name])  # checked at construction
 
     # -- the loop -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,9 +115,10 @@ class PlacementLoop:
 
     async def close(self) -> None:
         """Stop looking and cancel the moves under way."""
-        tasks = [t for t in [self._loop, *self._tasks] if t is not None]
-        for task in tasks:
-            task.cancel()
+        tasks = self.moves.cancel()
+        if self._loop is not None:
+            self._loop.cancel()
+            tasks.append(self._loop)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
@@ -165,18 +141,18 @@ class PlacementLoop:
             view = self.view(now, statuses, demand, call_s)
             moves = [m for m in decide(view, self.config) if self._may(m)]
             for move in moves:
-                self._apply(move, now)
+                self.moves.apply(move, now)
             self.looks += 1
             return moves
 
     def _take_over_drains(self, statuses: Mapping[str, InstanceStatus], now: float) -> None:
         """Carry out the drains of library models that runtimes list and this loop is not
-        carrying out (module docstring)."""
+        carrying out (moves.py)."""
         for name in statuses:
-            target = self._target(name)
+            target = target_of(self.pool, name)
             for model in sorted(target.draining_models & set(target.models)):
-                if model in self.library and (name, model) not in self._draining:
-                    self._record_and_start(
+                if model in self.library and (name, model) not in self.moves.draining:
+                    self.moves.start(
                         Move(MoveKind.DRAIN, model, name, Reason.MOVE), now, reason=TAKEN_OVER
                     )
 
@@ -196,7 +172,8 @@ class PlacementLoop:
         """``d_m`` and ``c_m`` over ``runtimes``' demand documents (module docstring)."""
         window = self.config.window_s
         answers = await asyncio.gather(
-            *(self._target(name).demand(window) for name in runtimes), return_exceptions=True
+            *(target_of(self.pool, name).demand(window) for name in runtimes),
+            return_exceptions=True,
         )
         documents = []
         for name, answer in zip(runtimes, answers, strict=True):
@@ -224,16 +201,16 @@ class PlacementLoop:
             status = statuses.get(runtime.name)
             if status is None:
                 continue
-            target = self._target(runtime.name)
+            target = target_of(self.pool, runtime.name)
             draining = target.draining_models & set(target.models)
-            adding = {m for (r, m) in self._adding if r == runtime.name}
+            adding = {m for (r, m) in self.moves.adding if r == runtime.name}
             nodes.append(
                 NodeView(
                     runtime.name,
                     frozenset((set(target.models) - draining) | adding),
                     frozenset(draining),
                     target.weight_budget_bytes,
-                    {m: t for (r, m), t in self._placed_s.items() if r == runtime.name},
+                    {m: t for (r, m), t in self.moves.placed_s.items() if r == runtime.name},
                     {m: res.live_sessions for m, res in status.models.items()},
                     too_small(target, self.library, self._group_floor),
                 )
@@ -251,7 +228,7 @@ class PlacementLoop:
             demand,
             weights,
             unplaced_waiting=frozenset(waiting),
-            recent_moves_s=tuple(self._bounded_s),
+            recent_moves_s=tuple(self.moves.bounded_s),
             measured_s=now_s - self._started_s,
             call_s=call_s,
             switch_s=switch_s,
@@ -276,7 +253,7 @@ class PlacementLoop:
                 log.exception("placement: the look for %s's cold start failed", model)
                 self._settle(model, ColdStartFailed(f"the placement look failed: {exc!r}"))
             placed_meanwhile = model in self.pool.models()  # e.g. another replica's move
-            if placed_meanwhile or not any(m == model for (_, m) in self._adding):
+            if placed_meanwhile or not any(m == model for (_, m) in self.moves.adding):
                 failed = ColdStartFailed(f"no runtime has room for {model}")
                 self._settle(model, None if placed_meanwhile else failed)
         try:
@@ -287,6 +264,10 @@ class PlacementLoop:
             ) from exc
         return True
 
+    def _added(self, model: str, refused: PlacementRefused | None) -> None:
+        """An add of ``model`` ended: placed (``refused`` None), else the runtime's refusal."""
+        self._settle(model, None if refused is None else ColdStartFailed(str(refused)))
+
     def _settle(self, model: str, error: Exception | None) -> None:
         waiting = self._waiting.pop(model, None)
         if waiting is None or waiting.done():
@@ -295,84 +276,6 @@ class PlacementLoop:
             waiting.set_result(None)
         else:
             waiting.set_exception(error)
-
-    # -- moves --------------------------------------------------------------------------------
-    def _apply(self, move: Move, now: float) -> None:
-        if move.reason in BOUNDED:
-            self._bounded_s = [t for t in self._bounded_s if now - t < 3600.0] + [now]
-        self._record_and_start(move, now, reason=move.reason.value)
-
-    def _record_and_start(self, move: Move, now: float, *, reason: str) -> None:
-        record = LiveMove(now, move.kind.value, move.model, move.node, reason)
-        self.records.append(record)
-        index = len(self.records) - 1
-        if move.kind is MoveKind.ADD:
-            self._adding[(move.node, move.model)] = now
-            self._spawn(self._add(move, index))
-        elif move.kind is MoveKind.EVICT:
-            self._spawn(self._remove(move.node, move.model, index))
-        else:
-            self._draining.add((move.node, move.model))
-            self._spawn(self._drain(move.node, move.model, index))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _ended(self, index: int, outcome: str) -> None:
-        record = self.records[index]
-        seconds = self.clock.now() - record.at_s
-        self.records[index] = LiveMove(**{**asdict(record), "outcome": outcome, "seconds": seconds})
-
-    async def _add(self, move: Move, index: int) -> None:
-        entry = {k: v for k, v in self.library[move.model].items() if k not in LIBRARY_ONLY_KEYS}
-        lock = self._copy_locks.setdefault(move.node, asyncio.Lock())
-        try:
-            async with lock:  # one add into a runtime at a time
-                await self._target(move.node).add_model(entry)
-        except PlacementRefused as exc:
-            log.error("placement: adding %s to %s failed: %s", move.model, move.node, exc)
-            self._ended(index, f"failed: {exc}")
-            self._settle(move.model, ColdStartFailed(str(exc)))
-        else:
-            self._placed_s[(move.node, move.model)] = self.clock.now()
-            self._ended(index, "ok")
-            self._settle(move.model, None)
-        finally:
-            self._adding.pop((move.node, move.model), None)
-
-    async def _drain(self, runtime: str, model: str, index: int) -> None:
-        target = self._target(runtime)
-        began = self.clock.now()
-        try:
-            await target.drain_model(model)
-        except PlacementRefused as exc:
-            log.error("placement: draining %s on %s failed: %s", model, runtime, exc)
-            self._ended(index, f"failed: {exc}")
-            return
-        while self.clock.now() - began < self.config.drain_s:
-            try:
-                live = (await target.status()).models.get(model)
-            except Exception as exc:  # unreachable for now: keep waiting out the drain
-                log.warning("placement: %s's status during a drain: %r", runtime, exc)
-                live = None
-            if live is not None and live.live_sessions == 0:
-                break
-            await self.clock.sleep(DRAIN_POLL_S)
-        await self._remove(runtime, model, index)
-
-    async def _remove(self, runtime: str, model: str, index: int) -> None:
-        try:
-            await self._target(runtime).remove_model(model)
-        except PlacementRefused as exc:
-            if exc.status != 404:  # 404: another replica removed it meanwhile
-                log.error("placement: removing %s from %s failed: %s", model, runtime, exc)
-                self._ended(index, f"failed: {exc}")  # and not taken over again
-                return
-        self._placed_s.pop((runtime, model), None)
-        self._draining.discard((runtime, model))
-        self._ended(index, "ok")
 
     # -- what the admin API shows -------------------------------------------------------------
     async def summary(self) -> dict[str, Any]:
@@ -385,14 +288,14 @@ class PlacementLoop:
                 r.name: {
                     "models": list(r.models),
                     "draining": sorted(r.draining_models),
-                    "adding": sorted(m for (n, m) in self._adding if n == r.name),
+                    "adding": sorted(m for (n, m) in self.moves.adding if n == r.name),
                 }
                 for r in self.pool.runtimes
             },
             "demand": demand,
             "call_s": call_s,
             "looks": self.looks,
-            "moves": [asdict(r) for r in self.records],
+            "moves": [asdict(r) for r in self.moves.records],
             "config": asdict(self.config),
         }
 

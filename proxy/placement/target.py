@@ -1,25 +1,36 @@
-"""What the placement loop (proxy/placement/loop.py) needs of a runtime it moves models on,
-and what it records of each move."""
+"""What the placement loop (proxy/placement/loop.py) and its moves (moves.py) need of a runtime
+they move models on (``target_of`` finds it in the pool), and what they record of each move."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from talaria.core.status import InstanceStatus
+from talaria.proxy.runtimes.pool import RuntimePool
 
 
 class PlacementTarget(Protocol):
     """A runtime client whose models the loop changes (proxy/runtimes/http.py)."""
 
     name: str
-    weight_budget_bytes: float
-    quantum_s: float | None
-    server: str | None
-    """The runtime's hardware (a catalog server), as its status says; None: not said."""
-    gpus: int | None
-    """The GPUs of its group (core/groups.py), as its status says; None: not said."""
+
+    @property
+    def weight_budget_bytes(self) -> float: ...
+
+    @property
+    def quantum_s(self) -> float | None: ...
+
+    @property
+    def server(self) -> str | None:
+        """The runtime's hardware (a catalog server), as its status says; None: not said."""
+        ...
+
+    @property
+    def gpus(self) -> int | None:
+        """The GPUs of its group (core/groups.py), as its status says; None: not said."""
+        ...
 
     @property
     def models(self) -> tuple[str, ...]: ...
@@ -36,6 +47,12 @@ class PlacementTarget(Protocol):
     async def drain_model(self, name: str) -> None: ...
 
     async def remove_model(self, name: str) -> None: ...
+
+
+def target_of(pool: RuntimePool, name: str) -> PlacementTarget:
+    """The pool's runtime ``name`` as a placement target (the loop checks at construction that
+    every runtime of its pool is one)."""
+    return cast(PlacementTarget, pool[name])
 
 
 @dataclass(frozen=True)

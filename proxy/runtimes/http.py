@@ -1,7 +1,8 @@
 """``HttpRuntime``: the ``RuntimeClient`` (base.py) of a runtime server reached over HTTP
 (runtime/server.py).
 
-Streams ``/v1/runtime/generate`` as NDJSON events. ``status()`` comes from a ``StatusCache``
+Streams ``/v1/runtime/generate`` as NDJSON events (decoding.py reads them, and the status
+and placement answers). ``status()`` comes from a ``StatusCache``
 (status_cache.py: ``status_ttl_s`` fresh, then served while one refresh runs in the
 background). Hints, ends and moves never fail the call path (a failure is logged); an end the
 server does not take is kept and sent again (notices.py). A runtime that fails a call raises
@@ -30,24 +31,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 import msgspec
 
 from talaria.core.http_edge import CLIENT_KEEP_ALIVE_S
-from talaria.core.protocol import ProtocolError
 from talaria.core.protocol_calls import request_to_dict
-from talaria.core.protocol_events import ErrorEvent, event_from_dict
-from talaria.core.protocol_status import status_from_dict
-from talaria.core.status import InstanceStatus, lenient_status
-from talaria.core.types import (
-    CallRejected,
-    CallRequest,
-    GenerationEvent,
-)
+from talaria.core.status import InstanceStatus
+from talaria.core.types import CallRequest, GenerationEvent
 from talaria.proxy.runtimes.base import RuntimeUnavailable, RuntimeUnreachable
+from talaria.proxy.runtimes.decoding import (
+    PlacementRefused,
+    StatusReader,
+    decode_event,
+    ndjson_lines,
+    placement_answer,
+)
 from talaria.proxy.runtimes.notices import SessionNotices
 from talaria.proxy.runtimes.status_cache import StatusCache
 
@@ -65,15 +66,6 @@ PLACEMENT_TIMEOUT_S = 1800.0
 build, minutes for a 100B+ model from storage) or its running calls' end."""
 
 
-class PlacementRefused(RuntimeError):
-    """The runtime did not take a placement change: ``status`` is its HTTP answer (0: it
-    could not be reached), the message its error."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class RuntimeTokenRefused(RuntimeUnavailable):
     """The runtime answered 401: it wants a runtime token, or another one."""
 
@@ -85,35 +77,6 @@ def described(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientResponseError):
         return f"{type(exc).__name__}({exc})"
     return repr(exc)
-
-
-def decode_event(data: dict[str, Any]) -> GenerationEvent:
-    """A generation event, or raise: ``CallRejected`` for the caller's fault,
-    ``RuntimeUnavailable`` for the runtime's."""
-    event = event_from_dict(data)
-    if isinstance(event, ErrorEvent):
-        if event.code is not None:
-            raise CallRejected(event.code, event.message, event.param)
-        raise RuntimeUnavailable(event.message)
-    return event
-
-
-async def ndjson_lines(chunks: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    """The non-empty lines of an NDJSON stream that arrives in ``chunks`` of any size (a line
-    may span many chunks: each byte is scanned once)."""
-    buffer = bytearray()
-    async for chunk in chunks:
-        start = len(buffer)
-        buffer += chunk
-        cut = buffer.rfind(b"\n", start)
-        if cut < 0:
-            continue
-        for line in bytes(buffer[:cut]).split(b"\n"):
-            if line.strip():
-                yield line
-        del buffer[: cut + 1]
-    if buffer.strip():
-        yield bytes(buffer)
 
 
 class HttpRuntime:
@@ -144,39 +107,49 @@ class HttpRuntime:
             total=None, connect=CONNECT_TIMEOUT_S, sock_read=timeout_s
         )
         self._session: aiohttp.ClientSession | None = None
-        self._models: tuple[str, ...] = ()
-        self._windows: dict[str, int] = {}
-        self._draining: frozenset[str] = frozenset()
-        self.weight_budget_bytes = float("inf")
-        """The pinned weights the node may hold (its status; a placement's budget)."""
-        self.quantum_s: float | None = None
-        """The node's slot quantum (its status)."""
-        self.server: str | None = None
-        """The node's hardware, a catalog server (its status)."""
-        self.gpus: int | None = None
-        """The GPUs of the node's group (its status)."""
+        self._reader = StatusReader(lambda: self.name)
+        """What its status documents say (decoding.py)."""
         self.status_cache = StatusCache(
             self._fetch_status, ttl_s=status_ttl_s, stale_s=status_stale_s, name=self.name
         )
         self._notices = SessionNotices(lambda: self._http, lambda: self.name)
         """Hints, moves and ends, and the ends the server has not taken (notices.py)."""
-        self._left_out: frozenset[str] = frozenset()
 
     @property
     def models(self) -> tuple[str, ...]:
         """The models the server hosts (empty before ``start``)."""
-        return self._models
+        return self._reader.models
 
     @property
     def context_windows(self) -> Mapping[str, int]:
         """The windows the runtime's status reported at ``start`` (its engines'
         ``max_model_len``)."""
-        return self._windows
+        return self._reader.windows
 
     @property
     def draining_models(self) -> frozenset[str]:
         """The models the server's last status read listed as draining."""
-        return self._draining
+        return self._reader.draining
+
+    @property
+    def weight_budget_bytes(self) -> float:
+        """The pinned weights the node may hold (its status; a placement's budget)."""
+        return self._reader.weight_budget_bytes
+
+    @property
+    def quantum_s(self) -> float | None:
+        """The node's slot quantum (its status)."""
+        return self._reader.quantum_s
+
+    @property
+    def server(self) -> str | None:
+        """The node's hardware, a catalog server (its status)."""
+        return self._reader.server
+
+    @property
+    def gpus(self) -> int | None:
+        """The GPUs of the node's group (its status)."""
+        return self._reader.gpus
 
     @property
     def _http(self) -> aiohttp.ClientSession:
@@ -206,8 +179,7 @@ class HttpRuntime:
                     raise RuntimeUnavailable(f"runtime {self.url} is not reachable: {exc}") from exc
                 await asyncio.sleep(0.2 * 2**attempt)
         self.name = data["instance"]
-        self._learn_models(data)
-        self.status_cache.put(self._decoded(data, dropped))
+        self.status_cache.put(self._reader.read(data, dropped))
 
     async def generate(self, request: CallRequest) -> AsyncGenerator[GenerationEvent, None]:
         """POST the call and yield its events as the server streams them; no connection to
@@ -233,49 +205,9 @@ class HttpRuntime:
         """The server's status for routing (status_cache.py says how old it may be)."""
         return await self.status_cache.get()
 
-    def _learn_models(self, data: Mapping[str, Any]) -> None:
-        """The models (and their windows) a status document lists: a placement controller may
-        add or remove models while the runtime runs (runtime/placement_routes.py), and every
-        status read picks the change up."""
-        names = data.get("model_names")
-        if isinstance(names, list):
-            self._models = tuple(str(n) for n in names)
-        draining = data.get("draining_models")
-        if isinstance(draining, list):
-            self._draining = frozenset(str(n) for n in draining)
-        server, gpus = data.get("server"), data.get("gpus")
-        if isinstance(server, str) and isinstance(gpus, int):
-            self.server, self.gpus = server, gpus
-        budget, quantum = data.get("weight_budget_bytes"), data.get("quantum_s")
-        if isinstance(budget, int | float):
-            self.weight_budget_bytes = float(budget)
-        if isinstance(quantum, int | float):
-            self.quantum_s = float(quantum)
-        engines = data.get("engines")
-        if isinstance(engines, dict):
-            self._windows = {
-                m: int(info["max_model_len"])
-                for m, info in engines.items()
-                if isinstance(info, dict) and isinstance(info.get("max_model_len"), int)
-            }
-
     async def _fetch_status(self) -> InstanceStatus:
         data, dropped = await self._get_status()
-        self._learn_models(data)
-        return self._decoded(data, dropped)
-
-    def _decoded(self, data: dict[str, Any], dropped: list[str]) -> InstanceStatus:
-        """The status less the entries that do not decode (a bad model's costs only that model,
-        never the runtime); what is left out is logged when it changes."""
-        try:
-            status = status_from_dict(data, dropped)
-        except ProtocolError as exc:
-            raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
-        if frozenset(dropped) != self._left_out:
-            self._left_out = frozenset(dropped)
-            if dropped:
-                log.error("runtime %s: status %s left out: bad entries", self.name, dropped)
-        return status
+        return self._reader.read(data, dropped)
 
     async def _get_status(self) -> tuple[dict[str, Any], list[str]]:
         try:
@@ -288,17 +220,7 @@ class HttpRuntime:
             raise RuntimeUnavailable(
                 f"runtime {self.name} status failed: {described(exc)}"
             ) from exc
-        dropped: list[str] = []
-        try:
-            data = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:  # NaN or Infinity in an entry: only that entry goes
-            try:
-                data, dropped = lenient_status(raw)
-            except ValueError:
-                raise RuntimeUnavailable(f"runtime {self.name} status: {exc}") from exc
-        if not isinstance(data, dict):
-            raise RuntimeUnavailable(f"runtime {self.name} status: not a JSON object")
-        return data, dropped
+        return self._reader.parse(raw)
 
     def _refused(self) -> str:
         """What a 401 means, for the operator (the token itself is never shown)."""
@@ -355,16 +277,7 @@ class HttpRuntime:
         except (aiohttp.ClientError, TimeoutError) as exc:
             message = f"runtime {self.name}: {method} {path}: {described(exc)}"
             raise PlacementRefused(message, 0) from exc
-        try:
-            data = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            data = {}
-        if not isinstance(data, dict):
-            data = {}
-        if status >= 300:
-            error = data.get("error") or raw[:200].decode(errors="replace")
-            raise PlacementRefused(f"runtime {self.name}: {method} {path}: {error}", status)
-        self._learn_models(data)
+        self._reader.learn(placement_answer(raw, status, f"runtime {self.name}: {method} {path}"))
         try:  # the whole status now (windows, residency), so routing sees the change at once
             self.status_cache.put(await self._fetch_status())
         except RuntimeUnavailable as exc:

@@ -1,7 +1,7 @@
 """What the proxy's HTTP runtime client tells a node of its sessions: tool-gap hints, moves and
 ends (the wire: core/protocol_sessions.py), and the ends the node did not take.
 
-Hints and moves are best effort: one lost costs a reservation's accuracy, and the node's own
+Hints and moves are best effort: one lost costs a hold's accuracy, and the node's own
 rules release what it holds. An end that never arrives leaves the session's entry, KV and
 accounts on the node (issue 46: 12,000 conversations left 14,018 entries, and another
 tenant's p50 went from 55 to 221 ms), so an end the runtime does not take (unreachable, an

@@ -1,4 +1,5 @@
-"""The live sessions: one place for a session's identity, its threads, its family, its end.
+"""The live sessions: one place for a session's identity, its threads, its family, its end
+(which session a call belongs to is resolve.py's rules, over this book).
 
 A session is keyed internally by ``key`` (``ses_<24 hex>``, ``session_key`` in the records,
 the store and the runtime protocol); the store, the runtime and the routing only ever see that
@@ -6,28 +7,11 @@ key, so equal client ids of two tenants are two sessions whose KV and records ne
 client's own id is ``session_id`` (for an implicit session, its key).
 
 A session holds one or more *threads*: each distinct conversation of the session, with its own
-chain values in the conversation index (index.py), its own last instance, its own reservation
-and its own key on the runtime (``runtime_key``: the session's key for thread 0, ``<key>/<n>``
-for thread n, so that each conversation keeps its own KV and its own reservation). Calls,
-tokens and the session's completion time are the session's, whatever thread they ran in.
-
-``resolve`` picks the session of a call:
-
-1. **Explicit id** (tenant, id): the live session of that id, whatever the call's messages.
-   The call continues the thread it matches (index.py's rules); a call that matches none
-   opens a new thread of the session (``compacted`` when it starts like one of its threads:
-   the same first message, then a history the agent rewrote; ``thread`` otherwise). A session
-   is never split because its client sent something new under its id.
-2. **Implicit**: the live implicit session of the same tenant and model whose thread the call
-   continues (a session its client named is only continued under that name); else a new one.
-3. **A new session** is a *child* when the request names a parent (identity.py) that is a
-   live session of the *same tenant* (by the client's id, or by the key the proxy sent back);
-   it joins the parent's family, which ends with its root. Any other parent (another
-   tenant's session or key, an ended or unknown one) is not kept: the session is a root, so
-   no tenant can graft sessions onto another's tree. An implicit call with a system prompt
-   of its own, arriving while exactly one implicit session of its tenant waits on a reply,
-   is that session's *side call*: a child of it (``_side_call_of`` says what the evidence is
-   and what a wrong guess costs).
+chain values in the conversation index (index.py), its own last instance, its own route
+preference and its own key on the runtime (``runtime_key``: the session's key for thread 0,
+``<key>/<n>`` for thread n, so that each conversation keeps its own KV and its own
+preference). Calls, tokens and the session's completion time are the session's, whatever
+thread they ran in.
 
 Bounds (tenancy.py has the rules): ``capacity`` live sessions in all, ``max_threads`` a session,
 ``max_per_tenant`` threads a tenant.
@@ -37,13 +21,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from datetime import datetime
 
-from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.conversation import Conversation, Fingerprint, extend
-from talaria.proxy.sessions.drift import drift_at
-from talaria.proxy.sessions.index import ConversationIndex, Entry, How, IndexKey, Kind
-from talaria.proxy.sessions.state import Resolution, SessionState, Thread, new_key
+from talaria.proxy.sessions.index import ConversationIndex, Entry, IndexKey, Kind
+from talaria.proxy.sessions.state import Resolution, SessionState, Thread
 from talaria.proxy.sessions.tenancy import (
     DEFAULT_MAX_PER_TENANT,
     DEFAULT_MAX_THREADS,
@@ -119,101 +100,74 @@ class SessionBook:
             self._sessions[k] for k in sorted(self._children.get(key, ())) if k in self._sessions
         ]
 
-    # -- resolving a call -----------------------------------------------------------------
-    def resolve(
+    def find(
         self,
-        *,
         tenant_id: str,
-        identity: Identity,
         model: str,
         conversation: Conversation,
-        now_s: float,
-        now_at: datetime,
-        match: bool = True,
-        offers_tools: bool = True,
-    ) -> Resolution:
-        """The session and thread of this call (created if need be; module docstring);
-        ``match=False`` skips conversation matching (a prompt that is not a conversation,
-        e.g. a text completion)."""
-        named = None
-        if identity.session_id is not None:
-            named = self.named(tenant_id, identity.session_id)
-        if named is not None:
-            self._touch(named, now_s)
-            if named.adopted:  # its first call here continues it; no call yet: it is new
-                named.adopted = False
-                fresh = named.calls == 0 and match
-                thread = self._thread_for(named, model, conversation if fresh else None)
-                return Resolution(named, "new" if fresh else "adopted", 0, thread)
-            return self._within(named, model, conversation if match else None)
-        if match and identity.session_id is None:
-            found = self._index.find(tenant_id, model, conversation, self._implicit)
-            if found is not None:
-                state = self._sessions[found.key]
-                self._touch(state, now_s)
-                return Resolution(state, found.how, found.shared_tokens, found.thread)
-        side_of = None
-        if match and not offers_tools and not identity.explicit:
-            side_of = (
-                None if identity.parent_session_id else self._side_call_of(tenant_id, conversation)
-            )
-        state = self._open(tenant_id, identity, model, now_s, now_at, side_of)
-        thread = self._thread_for(state, model, conversation if match else None)
-        return Resolution(state, "new" if state.is_root else "child", 0, thread)
+        accept: Callable[[SessionState], bool],
+    ) -> Resolution | None:
+        """The live session's thread that ``conversation`` continues (index.py's rules), among
+        the sessions ``accept`` takes, or None."""
 
-    def _side_call_of(self, tenant_id: str, conversation: Conversation) -> SessionState | None:
-        """The implicit session a new implicit call is a side call of, when the evidence is
-        unambiguous: the call offers no tools (an agent's own calls do; a title, summary or
-        memory call does not) and opens with a system prompt, and exactly one of the tenant's
-        implicit root sessions waits on a reply now (a call in flight), with a different first
-        message (tenancy.py keeps the waiting ones: no scan). Else None. Wrong, it costs only
-        the accounting: its KV and reservation are its own either way."""
-        waiting = self._tenants.waiting(tenant_id)
-        if len(waiting) != 1 or not len(conversation) or conversation.prints[0].role != "system":
+        def live(entry: Entry) -> bool:
+            state = self._sessions.get(entry[0])
+            return state is not None and accept(state)
+
+        found = self._index.find(tenant_id, model, conversation, live)
+        if found is None:
             return None
-        state = self._sessions[waiting[0]]
-        first = conversation.hashes[0]
-        return None if any(t.first == first for t in state.threads.values()) else state
+        return Resolution(self._sessions[found.key], found.how, found.shared_tokens, found.thread)
 
-    def _implicit(self, entry: Entry) -> bool:
-        """An implicit session's thread (a session its client named is only continued under
-        that name)."""
-        state = self._sessions.get(entry[0])
-        return state is not None and not state.ended and state.identity_source == "implicit"
+    def sole_waiting(self, tenant_id: str) -> SessionState | None:
+        """The tenant's implicit root session that waits on a reply (a call in flight), when
+        exactly one does."""
+        waiting = self._tenants.waiting(tenant_id)
+        return self._sessions[waiting[0]] if len(waiting) == 1 else None
 
-    def _within(
-        self, state: SessionState, model: str, conversation: Conversation | None
-    ) -> Resolution:
-        """A call of the named ``state``: the thread it continues, else a new thread."""
-        if conversation is None:  # nothing to match: the session's latest thread
-            last = state.last_thread
-            number = last.number if last is not None else self._thread_for(state, model, None)
-            return Resolution(state, "continued", 0, number)
-        found = self._index.find(
-            state.tenant_id, model, conversation, lambda entry: entry[0] == state.key
-        )
-        if found is not None:
-            return Resolution(state, found.how, found.shared_tokens, found.thread)
-        for thread in state.threads.values():
-            k = drift_at(thread.prompt, conversation) if thread.model == model else None
-            if k is not None:
-                return Resolution(state, "drifted", conversation.tokens[k], thread.number, k)
-        first = conversation.hashes[0] if len(conversation) else None
-        how: How = (
-            "compacted"
-            if any(t.first == first and first for t in state.threads.values())
-            else "thread"
-        )
-        if not state.threads:  # a session adopted or resumed without a conversation yet
-            how = "continued"
-        return Resolution(state, how, 0, self._thread_for(state, model, conversation))
+    # -- opening sessions and threads -----------------------------------------------------
+    def open_session(self, state: SessionState, named: bool) -> None:
+        """Hold ``state``, a new session (resolve.py makes it; no thread yet:
+        :meth:`open_thread`), if the tenant has room (else :class:`SessionLimit`): in its
+        root's family if it is a child, under its client's id if ``named``."""
+        self._require_room(state.tenant_id)
+        self._hold(state)
+        if state.parent_key is not None:
+            self._children.setdefault(state.root_key, set()).add(state.key)
+        if named:
+            self._named[(state.tenant_id, state.session_id)] = state.key
+        self._evict()
 
-    def _thread_for(
+    def has_room(self, tenant_id: str) -> bool:
+        """Whether the tenant may open one more session (below its cap of live threads)."""
+        return not self._tenants.full(tenant_id)
+
+    def adopt(self, state: SessionState) -> None:
+        """Hold ``state``, a root session another replica held before, or one this replica
+        claimed in the store (it keeps its key; past the tenant's cap too: it continues a
+        session, and a claim is made only with room: :meth:`has_room`)."""
+        self._hold(state)
+        self._named[(state.tenant_id, state.session_id)] = state.key
+        self._evict()
+
+    def touch(self, state: SessionState, now_s: float) -> None:
+        """``state`` was used at ``now_s``: the most recently used (unless forgotten)."""
+        if state.key not in self._sessions:  # forgotten while its call ran
+            return
+        state.last_activity_s = now_s
+        self._sessions.move_to_end(state.key)
+        self._tenants.touch(state.tenant_id, state.key)
+
+    def _hold(self, state: SessionState) -> None:
+        self._sessions[state.key] = state
+        self._tenants.hold(state.tenant_id, state.key)
+
+    def open_thread(
         self, state: SessionState, model: str, conversation: Conversation | None
     ) -> int:
-        """A new thread of ``state``, its number: the session's first, or one more (module
-        docstring: past ``max_threads`` the least recently used idle one is retired; none
-        idle, :class:`ThreadLimit`; the tenant at its cap, :class:`SessionLimit`)."""
+        """A new thread of ``state``, its number: the session's first, or one more (tenancy.py:
+        past ``max_threads`` the least recently used idle one is retired; none idle,
+        :class:`ThreadLimit`; the tenant at its cap, :class:`SessionLimit`)."""
         if len(state.threads) >= self._max_threads:
             idle = [t for t in state.threads.values() if t.inflight == 0]
             if not idle:
@@ -249,43 +203,6 @@ class SessionBook:
             activity = self._sessions[oldest].last_activity_s if oldest is not None else 0.0
             raise SessionLimit(tenant_id, self._tenants.max_threads, activity)
 
-    def _open(
-        self,
-        tenant_id: str,
-        identity: Identity,
-        model: str,
-        now_s: float,
-        now_at: datetime,
-        side_of: SessionState | None = None,
-    ) -> SessionState:
-        """A new session: a child of the parent the request names (or of ``side_of``, the
-        session an implicit side call belongs to), else a root."""
-        self._require_room(tenant_id)
-        key = new_key()
-        parent = side_of
-        if identity.parent_session_id is not None:  # only a live session of this tenant
-            parent = self.named(tenant_id, identity.parent_session_id)
-        state = SessionState(
-            key=key,
-            tenant_id=tenant_id,
-            session_id=identity.session_id or key,
-            identity_source=identity.source,
-            agent=identity.agent,
-            model=model,
-            started_at=now_at,
-            started_s=now_s,
-            parent_key=parent.key if parent is not None else None,
-            root_key=parent.root_key if parent is not None else key,
-            last_activity_s=now_s,
-        )
-        self._hold(state)
-        if parent is not None:
-            self._children.setdefault(state.root_key, set()).add(key)
-        if identity.session_id is not None:
-            self._named[(tenant_id, identity.session_id)] = key
-        self._evict()
-        return state
-
     # -- a thread's conversation ----------------------------------------------------------
     def call_started(
         self, state: SessionState, prompt: Conversation, now_s: float, thread: int = 0
@@ -294,7 +211,7 @@ class SessionBook:
         call finds it)."""
         state.calls += 1
         state.inflight += 1
-        self._touch(state, now_s)
+        self.touch(state, now_s)
         conversation = self._thread(state, thread)
         conversation.inflight += 1
         conversation.last_used_s = now_s
@@ -316,7 +233,7 @@ class SessionBook:
     ) -> None:
         """The call of ``thread`` got ``reply``: prompt + reply is the conversation to
         continue."""
-        self._touch(state, now_s)
+        self.touch(state, now_s)
         conversation = state.threads.get(thread)
         if conversation is not None and not state.ended:
             self._reindex(state, conversation, "history", extend(prompt.last or b"", reply))
@@ -350,29 +267,6 @@ class SessionBook:
             self._index.drop(key, (state.key, thread.number))
         thread.indexed.clear()
 
-    def _touch(self, state: SessionState, now_s: float) -> None:
-        if state.key not in self._sessions:  # forgotten while its call ran
-            return
-        state.last_activity_s = now_s
-        self._sessions.move_to_end(state.key)
-        self._tenants.touch(state.tenant_id, state.key)
-
-    def _hold(self, state: SessionState) -> None:
-        self._sessions[state.key] = state
-        self._tenants.hold(state.tenant_id, state.key)
-
-    def has_room(self, tenant_id: str) -> bool:
-        """Whether the tenant may open one more session (below its cap of live threads)."""
-        return not self._tenants.full(tenant_id)
-
-    def adopt(self, state: SessionState) -> None:
-        """Hold ``state``, a root session another replica held before, or one this replica
-        claimed in the store (it keeps its key; past the tenant's cap too: it continues a
-        session, and a claim is made only with room: :meth:`has_room`)."""
-        self._hold(state)
-        self._named[(state.tenant_id, state.session_id)] = state.key
-        self._evict()
-
     # -- ends -----------------------------------------------------------------------------
     def forget(self, state: SessionState) -> None:
         """Mark the session ended and remove it from every map (it ended, was handed off, or
@@ -395,7 +289,7 @@ class SessionBook:
 
     def idle(self, now_s: float, timeout_s: float) -> list[SessionState]:
         """Sessions with no call in flight and none for ``timeout_s``: the book is in order of
-        last activity (``_touch``), so the walk stops at the first recent one (issue 46)."""
+        last activity (``touch``), so the walk stops at the first recent one (issue 46)."""
         found: list[SessionState] = []
         for state in self._sessions.values():
             if now_s - state.last_activity_s <= timeout_s:

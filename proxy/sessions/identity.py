@@ -27,7 +27,7 @@ guessed):
   OpenCode's ``x-parent-session-id``.
 
 With no id, the call is *implicit*: the session book finds the session whose conversation it
-extends (book.py). Every id is validated the same way wherever it came from: 1 to 200
+extends (resolve.py). Every id is validated the same way wherever it came from: 1 to 200
 printable ASCII characters (no control characters), so it is safe to echo in a header.
 
 The agent's *kind* (``agent_kind``), which the node learns tool gaps by: the product name
@@ -61,7 +61,7 @@ MAX_USER_ID_CHARS = 1024
 characters of JSON (three ids), and parsing the client's JSON held the event loop for
 0.6 s when it was 8 MiB of empty arrays."""
 MAX_TOOL_GAP_S = 24 * 3600.0
-"""A tool gap hint beyond a day is refused (no reservation should outlive that)."""
+"""A tool gap hint beyond a day is refused (no route preference should outlive that)."""
 MAX_DEADLINE_S = 7 * 24 * 3600.0
 """A deadline beyond a week is refused (it would order nothing, and clock seconds of a scaled
 clock must stay finite)."""

@@ -3,7 +3,7 @@ and how many of the child's first prompt tokens equal the parent's prompt
 (``RouteRequest.parent_key`` / ``parent_prefix_tokens``, ``CallRequest.parent_session_key`` /
 ``parent_prefix_tokens``).
 
-A child session (book.py: a session whose request named a live parent of its tenant, or an
+A child session (resolve.py: a session whose request named a live parent of its tenant, or an
 implicit side call) often begins with its parent's system prompt and tools; an engine with
 prefix caching reuses the parent's KV for them where the parent ran (core/routing/scorers/
 parent_kv.py scores that; runtime/engines/sim_kv.py reuses it).
@@ -25,7 +25,7 @@ The rule:
 - **The parent's key** (``parent_of``): the runtime key of the thread that ran the parent's
   latest call (its opening's thread, whose KV holds that prompt), while that thread lives.
   No parent (``NO_PARENT``) for a root, a parent ended or forgotten, one without a call yet, a
-  thread since retired, and another tenant's session (book.py never names one; checked again).
+  thread since retired, and another tenant's session (resolve.py never names one; checked again).
 
 Cost: per call, its opening (at most ``OPENING_MAX`` digests read and kept on its session);
 per child call, a dictionary lookup and at most ``OPENING_MAX`` digest comparisons more.

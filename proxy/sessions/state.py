@@ -1,6 +1,6 @@
 """A live session as this replica holds it (``SessionState``), its conversations
 (``Thread``), and what resolving a call found (``Resolution``): the book's records
-(book.py keeps them; index.py finds threads)."""
+(book.py keeps them; index.py finds threads; resolve.py says which a call belongs to)."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ class Thread:
     prompt: tuple[bytes, ...] = ()
     """The digests of its last prompt's messages, kept for the session's latest thread only
     (drift.py compares a call with it)."""
-    reservation: ReservationRecord | None = None
-    """The record of its soft reservation until released (written again then); the
-    reservation itself, and the learned tool gaps, are the gateway's
+    preference: ReservationRecord | None = None
+    """The record of its route preference until released (written again then; stored as a
+    reservation row); the preference itself, and the learned tool gaps, are the gateway's
     ``core.preferences.SessionPreferences``, under the thread's runtime key."""
 
 
@@ -91,7 +91,7 @@ class SessionState:
     """Clock time of the first call (for SCT)."""
     parent_key: str | None = None
     """The parent's key: a live session of the same tenant that the request named, or the
-    session an implicit side call belongs to (book.py); None for a root."""
+    session an implicit side call belongs to (resolve.py); None for a root."""
     root_key: str = ""
     """The session whose client id this family shares (itself for a root)."""
     calls: int = 0
@@ -123,15 +123,15 @@ class SessionState:
         return self.root_key == self.key
 
     def runtime_key(self, thread: int) -> str:
-        """The key thread ``thread``'s KV is kept under on the runtime, and its reservation
+        """The key thread ``thread``'s KV is kept under on the runtime, and its preference
         and learned gaps in ``SessionPreferences``: the session's key for thread 0,
         ``<key>/<n>`` for thread n."""
         return self.key if thread == 0 else f"{self.key}/{thread}"
 
     @property
-    def reserved(self) -> bool:
-        """Some thread of it holds a reservation (the session is in a tool)."""
-        return any(t.reservation is not None for t in self.threads.values())
+    def has_preference(self) -> bool:
+        """Some thread of it holds a route preference (the session is in a tool)."""
+        return any(t.preference is not None for t in self.threads.values())
 
     @property
     def last_thread(self) -> Thread | None:

@@ -7,13 +7,13 @@ session book, kept as the book changes so that no call scans a tenant's sessions
   least one): the tenant's cap counts these, so a session that opens thread after thread
   uses its tenant's room as separate sessions would;
 - its implicit root sessions waiting on a reply (a call in flight): a new implicit call is
-  such a session's side call only when exactly one waits (book.py ``_side_call_of``).
+  such a session's side call only when exactly one waits (resolve.py ``_side_call_of``).
 
 Bounds: at most ``capacity`` live sessions in all (the least recently used are forgotten
 beyond it). A session holds at most ``max_threads`` live threads: opening one more *retires*
-its least recently used thread with no call in flight (out of the index, its reservation
-released and its runtime entry ended by ``on_retire``), and when every thread has a call in
-flight the call gets ``ThreadLimit`` (the gateway's 429). A tenant holds at most
+its least recently used thread with no call in flight (out of the index, its route
+preference released and its runtime entry ended by ``on_retire``), and when every thread has
+a call in flight the call gets ``ThreadLimit`` (the gateway's 429). A tenant holds at most
 ``max_per_tenant`` live threads, every session's counted (implicit, named and children alike;
 each session has one at least: tenancy.py): a call that would open one more gets
 ``SessionLimit`` (429); calls that continue, retry or take over a live session's thread

@@ -4,7 +4,7 @@ A tenant could name another tenant's session *key* (``ses_…``: sent back in
 ``x-talaria-session-key``) as its parent: the key was stored verbatim as
 ``parent_session_key`` and the admin store joined parents by key alone, so the other
 tenant's family roll-up and timeline took in the intruder's calls. Now a parent is resolved
-within the caller's tenant only (anything else opens a root: proxy/sessions/book.py), and
+within the caller's tenant only (anything else opens a root: proxy/sessions/resolve.py), and
 the admin store joins a parent by key *and* tenant (proxy/store/sessions.py), which also
 keeps rows written before the fix apart.
 

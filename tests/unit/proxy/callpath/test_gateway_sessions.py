@@ -139,9 +139,9 @@ def test_each_thread_holds_its_own_reservation() -> None:
         await side.outcome()  # thread 1 reserves its own
         state = path.keeper.sessions.named("t", "s1")
         assert state is not None
-        assert [t.reservation is not None for t in state.threads.values()] == [True, True]
-        assert path.keeper.reservations.held(state.key) is not None
-        assert path.keeper.reservations.held(state.runtime_key(1)) is not None
+        assert [t.preference is not None for t in state.threads.values()] == [True, True]
+        assert path.keeper.preferences.held(state.key) is not None
+        assert path.keeper.preferences.held(state.runtime_key(1)) is not None
         await clock.sleep(1.0)
         await (await path.gateway.open_call(_call(1))).outcome()  # the main thread comes back
 
@@ -365,7 +365,7 @@ def test_a_session_ended_while_its_call_runs_stays_ended_and_leaves_nothing(tool
         keys.append(handle.session_key)
         assert await path.keeper.end_session("s1", "client", "t")
         await handle.outcome()
-        assert handle.session_key not in path.keeper.reservations and len(path.keeper.sessions) == 0
+        assert handle.session_key not in path.keeper.preferences and len(path.keeper.sessions) == 0
         again = await (await path.gateway.open_call(_call(1, tool=tool))).outcome()
         assert again.result.session_key != handle.session_key  # a new session
 

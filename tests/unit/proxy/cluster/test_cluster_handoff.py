@@ -21,6 +21,7 @@ from talaria.proxy.contract.identity import Identity
 from talaria.proxy.contract.records import SessionRecord
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.state import SessionState
 
 STARTED = datetime(2026, 12, 3, tzinfo=UTC)
@@ -136,7 +137,8 @@ def _first_call(sid: str, parent: str | None = None) -> PreparedCall:
 
 def _resolve(world: World, call: PreparedCall) -> str:
     conversation = Conversation.of(call.content.messages or ())
-    found = world.sessions.resolve(
+    found = resolve(
+        world.sessions,
         tenant_id="t",
         identity=call.identity,
         model="m",

@@ -1,5 +1,5 @@
-"""proxy/placement/loop.py: the controller's looks at live runtimes and the moves it makes
-over their API, on a virtual clock with runtimes that keep their models in memory."""
+"""proxy/placement/loop.py and moves.py: the controller's looks at live runtimes and the moves
+it makes over their API, on a virtual clock with runtimes that keep their models in memory."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from talaria.core.placement import MoveKind, PlacementConfig, Reason
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
 from talaria.proxy.placement.library import load_library
 from talaria.proxy.placement.loop import ColdStartFailed, PlacementLoop
-from talaria.proxy.runtimes.http import PlacementRefused
+from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
 GB = 1e9
@@ -153,7 +153,7 @@ def test_a_call_for_a_library_model_cold_starts_it_with_its_entry() -> None:
         assert len(hosts) == 1
         # the entry as the library gives it, less the controller's own key
         assert hosts[0].requests == [("add", {"name": "c", "engine": "vllm", "path": "/models/c"})]
-        [record] = loop.records
+        [record] = loop.moves.records
         assert (record.kind, record.model, record.reason, record.outcome) == (
             "add",
             "c",
@@ -202,7 +202,7 @@ def test_a_model_outside_the_library_is_left_to_the_404() -> None:
         n0 = FakeRuntime("n0", ["a"])
         loop = _loop([n0])
         assert await loop.ensure("outside") is False
-        assert n0.requests == [] and loop.records == []
+        assert n0.requests == [] and loop.moves.records == []
 
     run_virtual(main())
 
@@ -248,7 +248,7 @@ def test_a_redundant_replica_is_drained_then_removed_once_its_sessions_end() -> 
         n0.live = {}
         await asyncio.sleep(20.0)  # the drain's next look at the runtime
         assert n0.requests == [("drain", "a"), ("remove", "a")]
-        assert n0.models == ("b",) and loop.records[0].outcome == "ok"
+        assert n0.models == ("b",) and loop.moves.records[0].outcome == "ok"
 
     run_virtual(main())
 
@@ -279,14 +279,14 @@ def test_a_drain_no_replica_carries_out_is_taken_over_and_ends() -> None:
         loop = _loop([n0, n1])
         assert await loop.look() == []  # no demand: the controller itself moves nothing
         await loop.look()
-        assert [(r.kind, r.model, r.runtime, r.reason) for r in loop.records] == [
+        assert [(r.kind, r.model, r.runtime, r.reason) for r in loop.moves.records] == [
             ("drain", "a", "n0", "taken-over")
         ]
         n0.live = {}
         await asyncio.sleep(20.0)
-        assert n0.models == ("b",) and loop.records[0].outcome == "ok"
+        assert n0.models == ("b",) and loop.moves.records[0].outcome == "ok"
         await loop.look()
-        assert len(loop.records) == 1
+        assert len(loop.moves.records) == 1
 
     run_virtual(main())
 
@@ -301,7 +301,7 @@ def test_a_drain_whose_model_another_replica_removed_ends_ok() -> None:
         n0.draining.clear()
         await asyncio.sleep(PlacementConfig().drain_s + 20.0)
         assert n0.requests[-1] == ("remove", "a")
-        assert loop.records[0].outcome == "ok"
+        assert loop.moves.records[0].outcome == "ok"
 
     run_virtual(main())
 
@@ -313,11 +313,11 @@ def test_a_removal_the_runtime_refuses_is_not_taken_over_again() -> None:
         loop = _loop([n0, n1], config=PlacementConfig(drain_s=30.0))
         await loop.look()
         await asyncio.sleep(60.0)
-        assert loop.records[0].outcome.startswith("failed") and "last model" in (
-            loop.records[0].outcome
+        assert loop.moves.records[0].outcome.startswith("failed") and "last model" in (
+            loop.moves.records[0].outcome
         )
         await loop.look()
-        assert len(loop.records) == 1
+        assert len(loop.moves.records) == 1
 
     run_virtual(main())
 
@@ -328,7 +328,7 @@ def test_the_view_counts_adds_under_way_and_not_draining_models() -> None:
         n0.draining = {"b"}
         n0.live = {"b": 3}
         loop = _loop([n0, n1])
-        loop._adding[("n1", "c")] = 0.0  # an add started by this loop
+        loop.moves.adding[("n1", "c")] = 0.0  # an add started by this loop
         statuses = {s.instance: s for s in await loop.pool.statuses(None)}
         view = loop.view(0.0, statuses, {}, {})
         nodes = {n.name: n for n in view.nodes}
@@ -349,7 +349,7 @@ def test_moves_of_models_outside_the_library_are_not_made() -> None:
         n0.sessions = {"outside": 1, "b": 30}
         loop = _loop([n0, n1])
         assert await loop.look() == []  # the scale-in of "outside" would be the move
-        assert n0.requests == [] and loop.records == []
+        assert n0.requests == [] and loop.moves.records == []
 
     run_virtual(main())
 

@@ -1,5 +1,5 @@
-"""The NDJSON line splitter of the runtime hop (proxy/runtimes/http.py): whatever the chunks,
-the lines come out whole, in order, blank ones dropped."""
+"""The NDJSON line splitter of the runtime hop (proxy/runtimes/decoding.py): whatever the
+chunks, the lines come out whole, in order, blank ones dropped."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from hypothesis import given
 from hypothesis import strategies as st
 
-from talaria.proxy.runtimes.http import ndjson_lines
+from talaria.proxy.runtimes.decoding import ndjson_lines
 
 LINE = st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"x"))
 

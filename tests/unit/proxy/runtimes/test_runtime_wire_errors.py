@@ -14,7 +14,7 @@ import pytest
 from talaria.core.placement import DemandMeter
 from talaria.core.types import CallRejected, CallRequest
 from talaria.proxy.runtimes.base import RuntimeUnavailable
-from talaria.proxy.runtimes.http import decode_event
+from talaria.proxy.runtimes.decoding import decode_event
 from talaria.runtime.call_routes import _events
 
 CALL = CallRequest(request_id="r", session_key="s", model="m", prompt_tokens=9, max_output_tokens=1)

@@ -20,6 +20,7 @@ from talaria.proxy.sessions.lineage import (
     parent_of,
     shared_prefix,
 )
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.state import NO_PARENT, Parent
 
 MODEL = "glm-4.5-fp8"
@@ -189,7 +190,8 @@ def test_exact_messages() -> None:
 
 def _open(book: SessionBook, sid: str, parent: str | None = None, tenant: str = "t") -> Any:
     _, conversation = _call([SYSTEM, TASK])
-    found = book.resolve(
+    found = resolve(
+        book,
         tenant_id=tenant,
         identity=Identity(sid, "talaria", parent),
         model=MODEL,
@@ -218,7 +220,8 @@ def test_the_parent_s_key_is_its_latest_call_s_thread() -> None:
 
     # The parent's latest call ran in another thread: that thread's key.
     other = _call([OTHER_SYSTEM, TASK])
-    again = book.resolve(
+    again = resolve(
+        book,
         tenant_id="t",
         identity=Identity("p", "talaria"),
         model=MODEL,
@@ -239,7 +242,7 @@ def test_no_parent_to_tell() -> None:
     assert _child_parent(book, child) == NO_PARENT  # the parent has had no call yet
     root.state.opening = opening(*_call([SYSTEM, TASK]), tools_fingerprint((BASH,)), 0)
     assert _child_parent(book, child).key == root.state.key
-    root.state.tenant_id = "another"  # never so (book.py), and never told
+    root.state.tenant_id = "another"  # never so (resolve.py), and never told
     assert _child_parent(book, child) == NO_PARENT
     root.state.tenant_id = "t"
     root.state.opening = opening(*_call([SYSTEM, TASK]), tools_fingerprint((BASH,)), 7)

@@ -14,6 +14,7 @@ import pytest
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.state import Resolution, SessionState
 from talaria.proxy.sessions.tenancy import SessionLimit
 
@@ -40,7 +41,7 @@ def _call(
 ) -> Resolution:
     """One call of ``task``'s conversation (``turns`` further exchanges), answered ``REPLY``."""
     prompt = Conversation.of(_messages(task, turns))
-    found = book.resolve(
+    found = resolve(book,
         tenant_id=tenant, identity=identity, model="m", conversation=prompt, now_s=now_s,
         now_at=NOW,
     )  # fmt: skip

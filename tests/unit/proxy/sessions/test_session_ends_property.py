@@ -24,6 +24,7 @@ from talaria.proxy.contract.metrics import ProxyMetrics
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.state import SessionState
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA
@@ -118,7 +119,7 @@ def test_the_idle_sweep_visits_the_idle_sessions_not_every_live_one() -> None:
     book._sessions = CountingBook()
     for i in range(10_000):
         prompt = Conversation.of([{"role": "user", "content": f"task {i}"}])
-        found = book.resolve(
+        found = resolve(book,
             tenant_id="t", identity=Identity(None, "implicit"), model=MODEL,
             conversation=prompt, now_s=float(i), now_at=NOW,
         )  # fmt: skip

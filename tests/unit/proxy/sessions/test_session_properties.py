@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.resolve import resolve
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -50,7 +51,7 @@ def _send(book: SessionBook, agent: Agent, prompt: list[dict[str, Any]], t: floa
     """One call of ``agent`` with ``prompt``; the proxy's reply is what the agent appends on
     a step (the same text), so a retry's or a step's reply continues the same history."""
     conversation = Conversation.of(prompt)
-    found = book.resolve(
+    found = resolve(book,
         tenant_id=agent.tenant, identity=agent.identity, model="m",
         conversation=conversation, now_s=t, now_at=NOW,
     )  # fmt: skip

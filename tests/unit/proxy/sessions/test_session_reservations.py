@@ -21,6 +21,7 @@ from talaria.core.preferences import RoutePreference, SessionPreferences, Settle
 from talaria.proxy.contract.identity import Identity
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import EMPTY
+from talaria.proxy.sessions.resolve import resolve
 
 
 def _hold_s(gap_s: float) -> float:
@@ -256,7 +257,8 @@ def test_the_gateways_session_book_takes_a_forgotten_sessions_reservations_with_
     now_at = datetime.now(UTC)
 
     def open_session(name: str) -> str:
-        found = sessions.resolve(
+        found = resolve(
+            sessions,
             tenant_id="t",
             identity=Identity(name, "talaria"),
             model="m",

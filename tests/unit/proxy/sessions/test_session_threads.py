@@ -24,6 +24,7 @@ from talaria.proxy.contract.records import ReservationRecord
 from talaria.proxy.runtimes.embedded import InProcessRuntime
 from talaria.proxy.sessions.book import SessionBook
 from talaria.proxy.sessions.conversation import Conversation, fingerprint
+from talaria.proxy.sessions.resolve import resolve
 from talaria.proxy.sessions.state import SessionState, Thread
 from talaria.proxy.sessions.tenancy import ThreadLimit
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -39,8 +40,8 @@ MODEL = "glm-4.5-fp8"
 def _start(book: SessionBook, first: str, now_s: float) -> tuple[SessionState, int]:
     """A call of the named session whose conversation starts with ``first``, sent."""
     prompt = Conversation.of([{"role": "user", "content": first}])
-    found = book.resolve(
-        tenant_id="t", identity=NAMED, model="m", conversation=prompt, now_s=now_s, now_at=NOW
+    found = resolve(
+        book, tenant_id="t", identity=NAMED, model="m", conversation=prompt, now_s=now_s, now_at=NOW
     )
     book.call_started(found.state, prompt, now_s, found.thread)
     return found.state, found.thread

@@ -24,6 +24,7 @@ from talaria.proxy.sessions.identity import (
     named_by_header,
     session_sources,
 )
+from talaria.proxy.sessions.resolve import resolve
 
 UUID = "8fd329df-62cd-4923-84ca-17ec4376a91f"
 
@@ -315,7 +316,8 @@ class Agent:
 
     def step(self, identity: Identity = IMPLICIT, reply_text: str | None = None) -> Any:
         prints = Conversation.of(self.messages)
-        found = self.book.resolve(
+        found = resolve(
+            self.book,
             tenant_id=self.tenant,
             identity=identity,
             model=self.model,
@@ -374,15 +376,15 @@ def test_a_continuation_of_its_own_reply_beats_a_repeat_of_another_sessions_prom
     first_run.step()
     first_run.step()  # a step ahead: its last prompt is [system, task, reply 0, result 0]
     opening, reply = Conversation.of(first_run.messages[:2]), first_run.messages[2]
-    second = book.resolve(
-        tenant_id="t", identity=IMPLICIT, model="m", conversation=opening, now_s=9.0,
+    second = resolve(
+        book, tenant_id="t", identity=IMPLICIT, model="m", conversation=opening, now_s=9.0,
         now_at=NOW,
     )  # fmt: skip
     book.call_started(second.state, opening, 9.0, second.thread)
     book.call_finished(second.state, opening, fingerprint(reply), 9.0, second.thread)
     assert second.how == "new"
-    again = book.resolve(
-        tenant_id="t", identity=IMPLICIT, model="m",
+    again = resolve(
+        book, tenant_id="t", identity=IMPLICIT, model="m",
         conversation=Conversation.of(first_run.messages[:4]), now_s=10.0, now_at=NOW,
     )  # fmt: skip
     assert again.state is second.state and again.how == "continued"
@@ -404,8 +406,8 @@ def test_a_discarded_reply_and_a_correction_continue_the_session(
     agent = Agent(book, "task")
     first = agent.step()
     prompt = agent.messages[:2] + appended  # the reply dropped, the prompt sent again
-    found = book.resolve(
-        tenant_id="t", identity=IMPLICIT, model="m",
+    found = resolve(
+        book, tenant_id="t", identity=IMPLICIT, model="m",
         conversation=Conversation.of(prompt), now_s=5.0, now_at=NOW,
     )  # fmt: skip
     assert found.state is first.state and found.how == how
@@ -521,8 +523,8 @@ def test_children_only_when_named() -> None:
 def _open_call(book: SessionBook, messages: list[dict[str, Any]], tools: bool = True) -> Any:
     """A call sent and not answered yet (its session waits on the reply)."""
     prompt = Conversation.of(messages)
-    found = book.resolve(
-        tenant_id="t", identity=IMPLICIT, model="m", conversation=prompt, now_s=1.0,
+    found = resolve(
+        book, tenant_id="t", identity=IMPLICIT, model="m", conversation=prompt, now_s=1.0,
         now_at=NOW, offers_tools=tools,
     )  # fmt: skip
     book.call_started(found.state, prompt, 1.0, found.thread)

@@ -23,7 +23,7 @@ from talaria.proxy.contract.settings import ProxySettings
 from talaria.proxy.store.db import make_engine, make_sessionmaker
 from talaria.proxy.store.repository import SqlStore
 from tests.integration.server import RunningProxy, running_proxy
-from tests.unit.core.test_schema_instance import SCHEMAS
+from tests.schemas import SCHEMAS
 
 ADMIN = "admin-secret-token"
 AUTH = {"Authorization": f"Bearer {ADMIN}"}

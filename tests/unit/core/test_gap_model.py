@@ -22,8 +22,15 @@ from talaria.core.gap_model import (
 from talaria.core.gaps import LogNormalFit, PopulationGaps, SessionGaps, predict_session
 from talaria.core.protocol_status import status_from_dict, status_to_dict
 from talaria.runtime.scheduling.sessions import NodeSessions
-from tests.unit.runtime.scheduling.test_learned_gaps_node import LEARNED, SP_SOFT
-from tests.unit.runtime.scheduling.test_scheduler_scenarios import OUT, P0, Agent, Call, run_probed
+from tests.unit.runtime.scheduling.scenarios import (
+    LEARNED,
+    OUT,
+    P0,
+    SP_SOFT,
+    Agent,
+    Call,
+    run_probed,
+)
 
 KEY = ("t", "m", "")
 

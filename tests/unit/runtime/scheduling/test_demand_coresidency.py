@@ -29,7 +29,7 @@ from talaria.runtime.scheduling.slots import (
     slot_length_s,
 )
 from talaria.sim.replay import NodeSetup, build_node
-from tests.unit.runtime.scheduling.test_scheduler_scenarios import PROFILE, SERVER, _model
+from tests.unit.runtime.scheduling.scenarios import PROFILE, SERVER, tiny_model
 
 Q = 60.0
 POLICY = DemandPolicy(Q)
@@ -247,7 +247,7 @@ def test_device_share_wakes_the_other_busy_engines() -> None:
 # -- the node ------------------------------------------------------------------------------------
 def _small(name: str) -> ModelSpec:
     """A test model with a 10K-token window: a 10 GB KV floor, so two fit in 100 GB."""
-    return replace(_model(name), context_window_tokens=10_000)
+    return replace(tiny_model(name), context_window_tokens=10_000)
 
 
 SMALL = Catalog(

@@ -26,12 +26,14 @@ from talaria.sim.policies import resolve_policy
 from talaria.sim.replay import replay
 from talaria.sim.tenants import TenantLoad, mixed_sessions
 from talaria.sim.workload import WorkloadSpec, generate_sessions
-from tests.unit.runtime.scheduling.test_scheduler_scenarios import (
+from tests.unit.runtime.scheduling.scenarios import (
     COST_A,
     COST_B,
+    LEARNED,
     ONE_CALL_B,
     OUT,
     P0,
+    SP_SOFT,
     Agent,
     Call,
     approx,
@@ -42,8 +44,6 @@ from tests.unit.runtime.scheduling.test_scheduler_scenarios import (
     run_scenario,
 )
 
-SP_SOFT = SchedulerFlags(sp_admission=True, soft_reservations=True)
-LEARNED = replace(SP_SOFT, learned_gaps=True)
 PRIOR = predict_session(SessionGaps(), LogNormalFit.prior())
 LONG_Q = 0.99
 """A quantile whose prior hold, exp(μ0 + 2.3263 σ0) ≈ 17.98 s, outlasts the mean rule's 6.4 s."""

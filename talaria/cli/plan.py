@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from talaria.cli.common import CatalogOpt, catalog_of, console, fail, generate, progress_bar, stdout
+from talaria.cli.common import CatalogOpt, catalog_of, console, fail, progress_bar, stdout
 from talaria.core.catalog_error import CatalogError
 
 
@@ -78,15 +77,9 @@ def plan(
     catalog = catalog_of(list(catalog_dirs or []))
     try:
         chosen = get_preset(preset)
-        workload = chosen.workload
         if sessions is not None:
-            total = (
-                round(workload.total_calls / workload.sessions * sessions)
-                if workload.total_calls
-                else None
-            )
-            workload = replace(workload, sessions=sessions, total_calls=total)
-        traces = generate(workload, catalog, seed)
+            chosen = chosen.with_sessions(sessions)
+        traces = chosen.sessions(catalog, seed)
     except (ValueError, CatalogError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     started = time.perf_counter()
@@ -104,7 +97,7 @@ def plan(
                 chosen.server,
                 chosen.profile,
                 chosen.quantum_s,
-                workload.models,
+                chosen.workload.models,
                 slo_x=slo_x,
                 slo_p95_s=slo_p95_s,
                 max_nodes=max_nodes,

@@ -1,5 +1,5 @@
 """Seeded market workloads: many listed models, a few take most of the sessions, the long tail is
-cold most of the time (issue 48; every figure's source is in docs/sources.md §13).
+cold most of the time (issue 48; every figure's source is in docs/sources.md §15).
 
 Shares. Model j of the ``models`` (in rank order) has share ``s_j``: the first ``len(head)``
 take the ``head`` shares (AI Ping, Q4 2025: 0.32, 0.20, 0.15, 0.11, 0.09 of the traffic for the
@@ -50,7 +50,7 @@ from talaria.sim.workload import (
 )
 
 AI_PING_HEAD: tuple[float, ...] = (0.32, 0.20, 0.15, 0.11, 0.09)
-"""The top five model families' shares of traffic (AI Ping, Q4 2025; docs/sources.md §13)."""
+"""The top five model families' shares of traffic (AI Ping, Q4 2025; docs/sources.md §15)."""
 
 Z90 = 1.2815515655446004
 """The standard normal's 0.9 quantile."""

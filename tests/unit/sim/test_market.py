@@ -143,3 +143,21 @@ def test_bad_markets_are_refused(kwargs: dict[str, object]) -> None:
     args: dict[str, object] = {"models": MODELS} | kwargs
     with pytest.raises(ValueError):
         MarketSpec(**args)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["market", "market-aegaeon"])
+def test_market_presets_list_every_model_and_draw_their_sessions(name: str) -> None:
+    from talaria.core.catalog import load_catalog
+    from talaria.sim.presets import get_preset
+
+    preset = get_preset(name)
+    catalog = load_catalog()
+    sessions = preset.sessions(catalog, 0)
+    assert preset.market is not None and preset.market.models == preset.workload.models
+    assert len(preset.workload.models) == 24
+    assert all(catalog.find(m) is not None for m in preset.workload.models)
+    assert {s.model for s in sessions} <= set(preset.workload.models)
+    assert sessions == preset.sessions(load_catalog(), 0)
+    fewer = preset.with_sessions(60)
+    assert fewer.market is not None
+    assert fewer.market.sessions_per_s * fewer.market.duration_s == pytest.approx(60)

@@ -9,6 +9,12 @@ may hold ``models/``, ``servers/`` and ``profiles/`` subfolders or the TOML file
 file with a ``[server]`` table is a server, one with ``[model]`` a model, one with
 ``[profile]`` a profile). A user file with the same ``name`` as a shipped one replaces it.
 
+A **variant** ``base@name`` (a fine-tune, say) is a model of its own (its own weights, its own
+KV, its own cold start) with its base's spec: ``model("base@name")`` is the base's spec under
+the variant's name, added to ``models`` the first time it is named (a workload names its
+models before it reads ``models``), so that a market of fine-tunes needs no file of its own.
+A file may still describe a variant by name, and then its spec is the file's.
+
 Each table's class is its own module's: core/model_spec.py (``[model]``), core/server_spec.py
 (``[server]``), core/efficiency_profile.py (``[profile]``); their error, core/catalog_error.py.
 """
@@ -19,7 +25,7 @@ import math
 import os
 import tomllib
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -39,12 +45,27 @@ class Catalog:
     profiles: dict[str, EfficiencyProfile] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSpec:
-        """The model named ``name``; :class:`CatalogError` listing the known ones if none."""
-        try:
-            return self.models[name]
-        except KeyError as exc:
-            known = ", ".join(sorted(self.models))
-            raise CatalogError(f"unknown model {name!r}; known: {known}") from exc
+        """The model named ``name``, or the variant ``base@name`` of a known base (module
+        docstring); :class:`CatalogError` listing the known ones if none."""
+        spec = self.find(name)
+        if spec is not None:
+            return spec
+        known = ", ".join(sorted(m for m in self.models if "@" not in m))
+        base, at, _ = name.partition("@")
+        if at:
+            raise CatalogError(
+                f"unknown model {name!r}: a variant of {base!r}, which is not in the catalog; "
+                f"known: {known}"
+            )
+        raise CatalogError(f"unknown model {name!r}; known: {known}")
+
+    def find(self, name: str) -> ModelSpec | None:
+        """The model named ``name`` (a variant of a known base included), or None."""
+        spec = self.models.get(name)
+        base, at, _ = name.partition("@")
+        if spec is None and at and base in self.models:
+            spec = self.models[name] = replace(self.models[base], name=name)
+        return spec
 
     def server(self, name: str) -> ServerSpec:
         """The server named ``name``; :class:`CatalogError` listing the known ones if none."""

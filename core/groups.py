@@ -140,7 +140,7 @@ def group_floor(catalog: Catalog, model: str, server: str) -> int | None:
     """The fewest GPUs of ``server`` that hold ``model``, by names (the proxy's placement loop
     asks it of the runtimes' models); None when the catalog knows either not; more than the
     server's GPUs when not even all of them do."""
-    if model not in catalog.models or server not in catalog.servers:
+    if catalog.find(model) is None or server not in catalog.servers:
         return None
     try:
         return smallest_group(catalog.model(model), catalog.server(server))

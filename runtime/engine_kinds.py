@@ -96,7 +96,7 @@ def _calibrated_cost(config: NodeConfig, catalog: Catalog, model: str) -> CostMo
     """The cost model of a vLLM-served ``model`` if the node's profile has a ``StepFit`` for it
     (and the catalog knows the model), else None (the engine's rate defaults apply)."""
     profile = catalog.profile(config.profile)
-    if model not in profile.fitted or model not in catalog.models:
+    if model not in profile.fitted or catalog.find(model) is None:
         return None
     return CostModel(catalog.model(model), config.server_spec(catalog), profile)
 
@@ -105,7 +105,7 @@ def _serving_defaults(config: NodeConfig, catalog: Catalog, model: ModelConfig) 
     """The catalog's tool-call and reasoning parsers and chat template for a vLLM-served
     model it knows (the node config's own options win). A catalog template is a file of vLLM's
     ``examples/`` that the node's directory must hold (docs/deploy-h200.md)."""
-    spec = catalog.models.get(model.name)
+    spec = catalog.find(model.name)
     if spec is None:
         return {}
     out: dict[str, Any] = {}

@@ -209,7 +209,7 @@ def url_allowed(url: str, prefixes: Sequence[str]) -> bool:
 def check_served(model: ModelConfig, options: Mapping[str, OptionKind], catalog: Catalog) -> None:
     """A placed ``model`` named as a catalog model serves that model (module docstring:
     "Names"), else a ``NodeConfigError`` naming both."""
-    spec = catalog.models.get(model.name)
+    spec = catalog.find(model.name)
     if spec is None:
         return
     for key in sorted(k for k, kind in options.items() if kind == "served"):

@@ -10,6 +10,7 @@ from talaria.core.catalog import Catalog
 from talaria.core.trace import SessionTrace
 from talaria.core.types import Priority
 from talaria.sim.experiment import ExperimentSetup
+from talaria.sim.market import MarketSpec, aegaeon_head, market_sessions
 from talaria.sim.placement import model_demand, pack, weight_budget_bytes
 from talaria.sim.policies import CLUSTER_POLICIES, SINGLE_NODE_POLICIES
 from talaria.sim.subagents import SubagentSpec, add_subagents
@@ -43,6 +44,9 @@ class Preset:
     their union (its models). Empty: one tenant, ``workload``'s sessions."""
     subagents: SubagentSpec | None = None
     """Sessions spawn sub-agents (sim/subagents.py); None: none do."""
+    market: MarketSpec | None = None
+    """Sessions arrive as in a market (sim/market.py): its listed models are ``workload``'s,
+    whose distributions draw each session's calls; None: ``workload``'s own arrivals."""
 
     def sessions(self, catalog: Catalog, seed: int) -> list[SessionTrace]:
         """The preset's sessions drawn with ``seed``, sized by the catalog's models."""
@@ -51,10 +55,22 @@ class Preset:
         reasoning = {m.name: m.reasoning for m in models}
         if self.tenants:
             return mixed_sessions(self.tenants, windows, reasoning, seed)
+        if self.market is not None:
+            return market_sessions(self.market, self.workload, windows, reasoning, seed)
         sessions = generate_sessions(self.workload, windows, reasoning, seed)
         if self.subagents is not None:
             return add_subagents(sessions, self.workload, self.subagents, windows, reasoning, seed)
         return sessions
+
+    def with_sessions(self, sessions: int) -> Preset:
+        """The preset with about ``sessions`` sessions: a market's rate scaled to that many
+        over its duration; a workload's count, its calls per session kept."""
+        if self.market is not None:
+            rate = sessions / self.market.duration_s
+            return replace(self, market=replace(self.market, sessions_per_s=rate))
+        w = self.workload
+        total = round(w.total_calls / w.sessions * sessions) if w.total_calls else None
+        return replace(self, workload=replace(w, sessions=sessions, total_calls=total))
 
     def experiment_setup(
         self,
@@ -175,6 +191,43 @@ swings ×(1 ± 0.8)) and four bursts put one model at 4× its share for 2 minute
 (docs/sources.md §12: the shape is an assumption)."""
 
 
+MARKET_VARIANTS: tuple[str, ...] = (
+    "gpt-oss-120b@legal",
+    "qwen3-coder-480b-a35b-fp8@acme",
+    "glm-4.5-air-fp8@support",
+    "gpt-oss-120b@sql",
+    "qwen3-235b-a22b-instruct-2507-fp8@finance",
+    "llama-4-scout-bf16@vision",
+    "glm-4.6-fp8@agent",
+    "minimax-m2@research",
+    "gpt-oss-120b@edu",
+)
+"""Nine fine-tunes (catalog variants, core/catalog.py): each a model of its own with its base's
+spec. Which bases and names is an assumption: fine-tunes of the open models tenants adapt."""
+
+MARKET_MODELS: tuple[str, ...] = FLEET_MODELS + MARKET_VARIANTS
+"""24 listed models in rank order: the fleet's fifteen (its order), then the nine fine-tunes
+(an assumption: a fine-tune draws less than its base's own listing)."""
+
+MARKET_DURATION_S = 3600.0
+MARKET_SESSIONS_PER_S = 1.0 / 6.0
+"""600 sessions an hour on average, all models together (the fleet preset's 40 a minute is 4×
+as many over a quarter of the time): an assumption sized to replay in minutes."""
+
+MARKET = MarketSpec(
+    MARKET_MODELS, sessions_per_s=MARKET_SESSIONS_PER_S, duration_s=MARKET_DURATION_S
+)
+"""The market (sim/market.py's defaults: AI Ping's head of five, a Zipf(1) tail, ServeGen's
+CVs, Prism's ×0.2–×5 windows of 600 s, one day over the hour, two bursty groups)."""
+
+MARKET_BODY = replace(
+    PAPER_WORKLOAD, sessions=round(MARKET_SESSIONS_PER_S * MARKET_DURATION_S),
+    models=MARKET_MODELS, total_calls=None,
+)  # fmt: skip
+"""What each market session's calls are drawn from: the paper's fitted agent sessions
+(docs/sources.md §2), about 32 calls each."""
+
+
 BULK = TenantLoad(
     "bulk",
     replace(PAPER_WORKLOAD, sessions=120, total_calls=120 * 32, mean_interarrival_s=2.5),
@@ -253,6 +306,26 @@ PRESETS: dict[str, Preset] = {
         "lognormal, median 16, σ 1), arriving every 2.5 s",
         SATURATED_WORKLOAD,
         policies=("round", "-fair_queue", "talaria"),
+    ),
+    "market": Preset(
+        "market",
+        "a long-tailed market: 24 listed 100B+ models (fifteen bases, nine fine-tunes) of "
+        "which five take 87% of the sessions (AI Ping's shares) and the other 19 share the "
+        "rest by Zipf(1); bursty Gamma arrivals per model, rates redrawn every 600 s, ~600 "
+        "sessions an hour; packed onto 8 nodes (--nodes) by demand",
+        MARKET_BODY,
+        policies=("round", "talaria", "placement"),
+        packed_nodes=8,
+        market=MARKET,
+    ),
+    "market-aegaeon": Preset(
+        "market-aegaeon",
+        "the market where 3 models carry 98.65% of the sessions and 21 share 1.35% "
+        "(Aegaeon's Model Studio: 94.1% of models receive 1.35% of requests)",
+        MARKET_BODY,
+        policies=("round", "talaria", "placement"),
+        packed_nodes=8,
+        market=replace(MARKET, head=aegaeon_head()),
     ),
 }
 

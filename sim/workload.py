@@ -180,6 +180,11 @@ def draw_num_calls(rng: random.Random, spec: WorkloadSpec) -> int:
     return max(1, min(spec.calls_max, round(_lognormal(rng, spec.calls_median, spec.calls_sigma))))
 
 
+def draw_first_context(rng: random.Random, spec: WorkloadSpec) -> int:
+    """``C0 = max(1, round(lognormal(c0_median, c0_sigma)))``."""
+    return max(1, round(_lognormal(rng, spec.c0_median, spec.c0_sigma)))
+
+
 def draw_output_tokens(rng: random.Random, spec: WorkloadSpec, reasoning: bool) -> int:
     """``max(1, round(lognormal(median, sigma)))`` with the reasoning or plain parameters."""
     if reasoning:
@@ -288,7 +293,7 @@ def generate_sessions(
         starts.append(round(t, 6))
         models.append(spec.models[draw_model_index(rng, spec, t, bursts)])
         counts.append(draw_num_calls(rng, spec))
-        c0s.append(max(1, round(_lognormal(rng, spec.c0_median, spec.c0_sigma))))
+        c0s.append(draw_first_context(rng, spec))
     if spec.total_calls is not None:
         counts = rescale_counts(counts, spec.total_calls)
     sessions = []

@@ -7,15 +7,18 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from talaria.cli.common import CatalogOpt, catalog_of, console, fail, generate, progress_bar, stdout
+from talaria.cli.common import CatalogOpt, catalog_of, console, fail, progress_bar, stdout
+from talaria.core.catalog import Catalog
 from talaria.core.catalog_error import CatalogError
+from talaria.core.groups import smallest_group
+from talaria.core.trace import SessionTrace, TraceError, read_trace
 
 
 def plan(
@@ -53,6 +56,20 @@ def plan(
     plot: Annotated[
         Path | None, typer.Option(help="Write a PNG: GPUs needed against the SLO, per family.")
     ] = None,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            help="Plan this JSONL trace's sessions instead of the preset's (docs/trace-format.md); "
+            "the preset gives the server, profile and quantum."
+        ),
+    ] = None,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated models listed beside the sessions' own (with no session in "
+            "the window, still served at least once by dedicated; 'base@name' is a variant)."
+        ),
+    ] = None,
     catalog_dirs: CatalogOpt = None,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
@@ -78,16 +95,16 @@ def plan(
     catalog = catalog_of(list(catalog_dirs or []))
     try:
         chosen = get_preset(preset)
-        workload = chosen.workload
         if sessions is not None:
-            total = (
-                round(workload.total_calls / workload.sessions * sessions)
-                if workload.total_calls
-                else None
-            )
-            workload = replace(workload, sessions=sessions, total_calls=total)
-        traces = generate(workload, catalog, seed)
-    except (ValueError, CatalogError) as exc:
+            chosen = chosen.with_sessions(sessions)
+        traces = read_trace(trace) if trace is not None else chosen.sessions(catalog, seed)
+        listed = _listed_models(
+            chosen.workload.models if trace is None else (), traces, models, catalog
+        )
+        server = catalog.server(chosen.server)
+        for model in listed:  # a model no group of the server holds: one line, nothing replayed
+            smallest_group(catalog.model(model), server)
+    except (ValueError, CatalogError, TraceError, OSError) as exc:
         raise typer.BadParameter(str(exc)) from exc
     started = time.perf_counter()
     with progress_bar("replays") as bar:
@@ -104,7 +121,7 @@ def plan(
                 chosen.server,
                 chosen.profile,
                 chosen.quantum_s,
-                workload.models,
+                listed,
                 slo_x=slo_x,
                 slo_p95_s=slo_p95_s,
                 max_nodes=max_nodes,
@@ -113,7 +130,13 @@ def plan(
             )
         except CatalogError as exc:
             raise fail(str(exc)) from None
-    doc.update(preset=chosen.name, seed=seed, sessions=len(traces))
+    doc.update(
+        preset=chosen.name,
+        seed=seed if trace is None else None,
+        trace=str(trace) if trace is not None else None,
+        sessions=len(traces),
+        models=list(listed),
+    )
     out = stdout()
     out.print(_plan_table(doc))
     console.print(f"planned in {time.perf_counter() - started:.1f} s wall ({jobs} at once)")
@@ -135,9 +158,14 @@ def _plan_table(doc: dict[str, Any]) -> Table:
         if slo["x"] is not None
         else f"{slo['p95_sct_s']:,.1f} s"
     )
+    source = (
+        f"trace {doc['trace']}"
+        if doc.get("trace")
+        else f"preset {doc['preset']}, seed {doc['seed']}"
+    )
     table = Table(
-        title=f"GPUs needed: every model's p95 SCT ≤ {how}; preset {doc['preset']}, seed "
-        f"{doc['seed']}, {doc['sessions']} sessions; memory minimum "
+        title=f"GPUs needed: every model's p95 SCT ≤ {how}; {source}, {doc['sessions']} "
+        f"sessions, {len(doc['models'])} models; memory minimum "
         f"{doc['memory_minimum']['gpus']} GPUs"
     )
     columns = ("layout", "GPUs", "groups (GPUs × count)", "p50 SCT s", "p95 SCT s",
@@ -160,6 +188,24 @@ def _plan_table(doc: dict[str, Any]) -> Table:
             share,
         )
     return table
+
+
+def _listed_models(
+    preset_models: Sequence[str],
+    traces: Sequence[SessionTrace],
+    extra: str | None,
+    catalog: Catalog,
+) -> tuple[str, ...]:
+    """The models the plan serves: the preset's listed ones (none for a trace), the sessions',
+    then ``--models``' (comma-separated), each once and in the catalog (a variant of a known
+    base included: ``Catalog.model`` says which name it does not know)."""
+    named = [m.strip() for m in (extra or "").split(",") if m.strip()]
+    listed = tuple(dict.fromkeys([*preset_models, *(s.model for s in traces), *named]))
+    for model in listed:
+        catalog.model(model)
+    if not listed:
+        raise ValueError("no model to plan: the trace has no session and --models names none")
+    return listed
 
 
 def _group_counts(gpus_per_node: list[int]) -> str:

@@ -181,9 +181,7 @@ def replay(
     if quantum_s is not None:
         chosen = replace(chosen, quantum_s=quantum_s)
     if sessions is not None:
-        w = chosen.workload
-        total = round(w.total_calls / w.sessions * sessions) if w.total_calls else None
-        chosen = replace(chosen, workload=replace(w, sessions=sessions, total_calls=total))
+        chosen = chosen.with_sessions(sessions)
     try:
         if trace is not None:
             traced = read_trace(trace)

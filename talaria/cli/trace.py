@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from talaria.cli.common import CatalogOpt, catalog_of, console, generate
+from talaria.cli.common import CatalogOpt, catalog_of, console
+from talaria.core.catalog_error import CatalogError
 from talaria.core.trace import TraceError, write_trace
 
 trace_app = typer.Typer(help="Make and inspect replay traces (JSONL, one call per line).")
@@ -22,7 +22,8 @@ def trace_generate(
     sessions: Annotated[int | None, typer.Option(min=1, help="Override the session count.")] = None,
     catalog_dirs: CatalogOpt = None,
 ) -> None:
-    """Generate SWE-bench-like sessions (docs/sources.md §2 distributions) as a replayable trace.
+    """Generate a preset's sessions (SWE-bench-like agent sessions, docs/sources.md §2; a
+    market's arrivals, sim/market.py) as a replayable trace.
 
     The generator and the file format: docs/trace-format.md.
     """
@@ -33,15 +34,12 @@ def trace_generate(
         chosen = get_preset(preset)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    workload = chosen.workload
     if sessions is not None:
-        total = (
-            round(workload.total_calls / workload.sessions * sessions)
-            if workload.total_calls
-            else None
-        )
-        workload = replace(workload, sessions=sessions, total_calls=total)
-    traced = generate(workload, catalog, seed)
+        chosen = chosen.with_sessions(sessions)
+    try:
+        traced = chosen.sessions(catalog, seed)
+    except (ValueError, CatalogError) as exc:
+        raise typer.BadParameter(str(exc)) from exc
     write_trace(out, traced)
     console.print(
         f"wrote {len(traced)} sessions, {sum(s.num_calls for s in traced)} calls to {out}"

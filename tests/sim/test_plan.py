@@ -202,3 +202,51 @@ def test_an_slo_tighter_than_one_node_per_model_adds_dedicated_nodes(tmp_path: P
     added = [p for p in doc["points"] if p["family"] == "dedicated_node"]
     assert [p["nodes"] for p in added] == list(range(6, 6 + len(added)))  # one at a time
     assert len(added) > 1
+
+
+def test_a_trace_plans_as_its_preset_and_listed_models_without_sessions_are_served(
+    tmp_path: Path,
+) -> None:
+    """A market's trace plans the same as the preset it came from; a model ``--models`` lists
+    with no session is still on the dedicated plan (once, on its smallest group)."""
+    trace, by_preset, by_trace = tmp_path / "m.jsonl", tmp_path / "p.json", tmp_path / "t.json"
+    common = ["--sessions", "12", "--jobs", "2", "--no-progress"]
+    made = CliRunner().invoke(
+        app, ["trace", "generate", "--preset", "market", "--sessions", "12", "--out", str(trace)]
+    )
+    assert made.exit_code == 0, made.output
+    result = CliRunner().invoke(
+        app, ["plan", "--preset", "market", "--seed", "0", *common, "--json", str(by_preset)]
+    )
+    assert result.exit_code == 0, result.output
+    preset_doc = json.loads(by_preset.read_text())
+    traced = {line.split('"model": "')[1].split('"')[0] for line in trace.read_text().splitlines()}
+    listed = sorted(set(preset_doc["models"]) - traced)[:2]
+    result = CliRunner().invoke(
+        app,
+        ["plan", "--preset", "market", "--trace", str(trace), "--models", ",".join(listed),
+         *common, "--json", str(by_trace)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    trace_doc = json.loads(by_trace.read_text())
+    assert set(trace_doc["models"]) == traced | set(listed)
+    assert len(preset_doc["models"]) == 24
+    dedicated = trace_doc["plans"]["dedicated"]
+    served = {m for node in dedicated["layout"] for m in node}
+    assert set(listed) <= served
+    assert trace_doc["sessions"] == preset_doc["sessions"]
+    same = trace_doc["reference"]["p95_by_model"]
+    assert same == preset_doc["reference"]["p95_by_model"]
+
+
+def test_bad_plan_inputs_are_one_clear_error_each() -> None:
+    cases = {
+        "--models=nosuch": "unknown model 'nosuch'",
+        "--models=nosuch@acme": "a variant of 'nosuch'",
+        "--models=kimi-k2-instruct": "kimi-k2-instruct needs",
+    }
+    for arg, message in cases.items():
+        result = CliRunner().invoke(app, ["plan", "--preset", "small", arg, "--no-progress"])
+        assert result.exit_code == 2, (arg, result.output)
+        assert message in " ".join(result.output.split()), (arg, result.output)
+        assert "GPUs needed" not in result.output  # nothing was replayed

@@ -421,3 +421,28 @@ def test_placing_a_model_costs_its_weights_at_the_sources_rate_plus_the_engine_s
     assert h200.placement_s(weights, from_peer=False) > h200.placement_s(weights, from_peer=True)
     with pytest.raises(CatalogError, match="storage_read_bytes_per_s"):
         catalog.server("cpu-vllm").placement_s(1e9, from_peer=False)
+
+
+def test_a_variant_is_its_base_spec_under_its_own_name() -> None:
+    catalog = load_catalog()
+    assert catalog.find("gpt-oss-120b@acme") is not None
+    variant = catalog.model("gpt-oss-120b@acme")
+    base = catalog.model("gpt-oss-120b")
+    assert variant.name == "gpt-oss-120b@acme"
+    assert dataclasses.replace(variant, name=base.name) == base
+    assert "gpt-oss-120b@acme" in catalog.models  # listed once named (module docstring)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nosuch@acme", "a variant of 'nosuch', which is not in the catalog"),
+        ("nosuch", "unknown model 'nosuch'"),
+    ],
+)
+def test_a_variant_of_an_unknown_base_is_one_clear_error(name: str, message: str) -> None:
+    catalog = load_catalog()
+    assert catalog.find(name) is None
+    with pytest.raises(CatalogError, match=message):
+        catalog.model(name)
+    assert name not in catalog.models

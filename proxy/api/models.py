@@ -1,7 +1,14 @@
 """``GET /v1/models``: the models some instance hosts, and with a placement controller those
 of its library (a call starts one no instance hosts: proxy/placement/loop.py; its
 ``instances`` list is empty until then), in OpenAI's list shape or, when the caller sends
-``anthropic-version``, in Anthropic's."""
+``anthropic-version``, in Anthropic's.
+
+In OpenAI's shape each model also says its ``state``: ``warm`` when some instance hosts it,
+``cold`` when none does (a library model: its first call waits for its cold start, bounded by
+``TALARIA_PLACEMENT_COLD_START_TIMEOUT_S``, and a start that fails is a 503 with Retry-After
+and the reason, never a 404), and a cold one its ``cold_start_s``: the placement loop's
+expected cold start (``PlacementLoop.expected_cold_start_s``; null when no runtime says its
+server)."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ from fastapi.responses import Response
 
 from talaria.proxy.callpath.context import context, json_response
 from talaria.proxy.callpath.door import tenant_of
+from talaria.proxy.placement.loop import PlacementLoop
 
 router = APIRouter()
 
@@ -45,7 +53,16 @@ async def models(request: Request) -> Response:
             "owned_by": "talaria",
             "context_window": ctx.pool.context_window(m),
             "instances": residency.get(m, []),
+            **_warmth(ctx.placement, m, bool(residency.get(m))),
         }
         for m in names
     ]
     return json_response({"object": "list", "data": data})
+
+
+def _warmth(placement: PlacementLoop | None, model: str, hosted: bool) -> dict[str, object]:
+    """``state`` (warm, cold) and, for a cold model, its expected ``cold_start_s``."""
+    if hosted or placement is None:
+        return {"state": "warm" if hosted else "cold"}
+    expected = placement.expected_cold_start_s(model)
+    return {"state": "cold", "cold_start_s": None if expected is None else round(expected, 1)}

@@ -93,11 +93,22 @@ def start_placement(
             leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
             cold_start_timeout_s=cfg.placement_cold_start_timeout_s,
             group_floor=lambda model, server: group_floor(catalog, model, server),
+            placement_s=lambda weight, server: placement_s(catalog, weight, server),
         )
     except ValueError as exc:  # a library that does not load, runtimes that cannot place
         raise RuntimeError(f"placement: {exc}") from exc
     loop.start()
     return loop
+
+
+def placement_s(catalog: Catalog, weight_bytes: float, server: str) -> float | None:
+    """Seconds to place ``weight_bytes`` of weights from storage on a ``server`` runtime
+    (core/server_spec.py ``placement_s``); None for a server the catalog does not know or one
+    without a storage rate."""
+    spec = catalog.servers.get(server)
+    if spec is None or spec.storage_read_bytes_per_s <= 0:
+        return None
+    return spec.placement_s(weight_bytes, from_peer=False)
 
 
 STALE_SWEEP_S = 60.0

@@ -49,7 +49,7 @@ from talaria.core.placement import (
 from talaria.core.status import InstanceStatus
 from talaria.proxy.placement.library import merge_demand
 from talaria.proxy.placement.moves import PlacementMoves
-from talaria.proxy.placement.target import GroupFloor, target_of, too_small
+from talaria.proxy.placement.target import GroupFloor, PlacementTime, target_of, too_small
 from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
 
@@ -79,6 +79,7 @@ class PlacementLoop:
         clock: Clock,
         *,
         group_floor: GroupFloor = lambda model, server: None,
+        placement_s: PlacementTime = lambda weight, server: None,
         leads: Callable[[], bool] = lambda: True,
         cold_start_timeout_s: float = 900.0,
     ) -> None:
@@ -100,6 +101,7 @@ class PlacementLoop:
         }
         self._catalog_weights = catalog_weights
         self._group_floor = group_floor
+        self._placement_s = placement_s
         self.moves = PlacementMoves(pool, self.library, clock, config.drain_s, self._added)
         self.looks = 0
         self._started_s = clock.now()
@@ -236,6 +238,23 @@ class PlacementLoop:
         )
 
     # -- cold starts --------------------------------------------------------------------------
+    def expected_cold_start_s(self, model: str) -> float | None:
+        """What a cold start of library ``model`` is expected to take: the fastest of the
+        runtimes' ``placement_s`` for its weights (weights ÷ the server's storage rate + the
+        engine's start), over those whose status says their server; None when none does or
+        the library does not list it. A bound below, not a promise: the look, a runtime's
+        queue of adds and a real engine's start come on top."""
+        if model not in self.library:
+            return None
+        weight = self._weights.get(model, 0.0)
+        times = [
+            t
+            for runtime in self.pool.runtimes
+            if (server := target_of(self.pool, runtime.name).server) is not None
+            and (t := self._placement_s(weight, server)) is not None
+        ]
+        return min(times, default=None)
+
     async def ensure(self, model: str) -> bool:
         """For a call of ``model``, which no runtime hosts: False if the library does not
         list it; else True once a runtime serves it, after a cold start (``ColdStartFailed``

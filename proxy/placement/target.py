@@ -69,6 +69,10 @@ class LiveMove:
     seconds: float = 0.0
 
 
+PlacementTime = Callable[[float, str], float | None]
+"""(weight bytes, server) → seconds to place a model of those weights from storage on a runtime
+of that server (core/server_spec.py ``ServerSpec.placement_s``); None: not known."""
+
 GroupFloor = Callable[[str, str], int | None]
 """(model, server) → the fewest GPUs of a group of that server that hold the model
 (core/groups.py ``smallest_group``); None: not known (no constraint)."""

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from talaria.core.catalog import load_catalog
 from talaria.proxy.contract.settings import ProxySettings
 from talaria.runtime.config import load_node_config
 from talaria.runtime.server import create_runtime_app
@@ -79,6 +80,13 @@ def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> No
         listed = {m.id: m.model_extra for m in client.models.list()}
         assert sorted(listed) == ["glm-4.5-air-fp8", "glm-4.5-fp8", "gpt-oss-120b", "minimax-m2"]
         assert listed["gpt-oss-120b"]["instances"] == []  # servable: a call starts it
+        h200 = load_catalog().server("h200x8")  # the sim nodes' server (their status says it)
+        weights = load_catalog().model("gpt-oss-120b").weight_bytes
+        assert listed["gpt-oss-120b"]["state"] == "cold"
+        assert listed["gpt-oss-120b"]["cold_start_s"] == round(h200.placement_s(weights, False), 1)
+        assert (
+            listed["glm-4.5-fp8"]["state"] == "warm" and "cold_start_s" not in listed["glm-4.5-fp8"]
+        )
         counted = httpx.post(
             proxy.base_url + "/v1/messages/count_tokens",
             json={"model": "gpt-oss-120b", "messages": [{"role": "user", "content": "cold"}]},
@@ -96,6 +104,7 @@ def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> No
         assert [i["instance"] for i in listed["gpt-oss-120b"]["instances"]] == [
             reply.headers["x-talaria-instance"]
         ]
+        assert listed["gpt-oss-120b"]["state"] == "warm"
 
         admin = httpx.get(
             proxy.base_url + "/admin/placement", headers={"authorization": f"Bearer {ADMIN}"}

@@ -50,7 +50,7 @@ from talaria.sim.placement import (
     movers,
     share_group,
     static_layouts,
-    weight_budget_bytes,
+    weight_room_bytes,
 )
 
 POLICY = "talaria"
@@ -79,6 +79,8 @@ class Point:
     mean_sct_s: float
     p95_by_model: Mapping[str, float]
     sct_s: Mapping[str, float] = field(default_factory=dict)
+    weight_loads: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per model, its weights' loads into HBM by the tier read from (the replay's)."""
 
     @property
     def nodes(self) -> int:
@@ -101,7 +103,30 @@ class Point:
             "p95_sct_s": self.p95_sct_s,
             "mean_sct_s": self.mean_sct_s,
             "p95_by_model": dict(self.p95_by_model),
+            "weight_loads": {m: dict(tiers) for m, tiers in self.weight_loads.items()},
+            "loads_by_tier": loads_by_tier(self.weight_loads),
         }
+
+
+def loads_by_tier(weight_loads: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """The loads of every model's weights, by the tier read from."""
+    total: dict[str, int] = {}
+    for tiers in weight_loads.values():
+        for tier, n in tiers.items():
+            total[tier] = total.get(tier, 0) + n
+    return dict(sorted(total.items()))
+
+
+def attainment(point: Point, bounds: Mapping[str, float]) -> dict[str, dict[str, Any]]:
+    """Each model's p95 SCT against its bound, and whether it meets it."""
+    return {
+        m: {
+            "p95_sct_s": point.p95_by_model[m],
+            "bound_s": bound,
+            "met": point.p95_by_model[m] <= bound,
+        }
+        for m, bound in sorted(bounds.items())
+    }
 
 
 def groups_of(layout: Layout, gpus: Sequence[int]) -> list[dict[str, Any]]:
@@ -142,6 +167,7 @@ def replay_layout(
         result["mean_sct_s"],
         p95_by_model(result["sct_s"], sessions),
         result["sct_s"],
+        result["weight_loads"],
     )
 
 
@@ -231,7 +257,7 @@ def plan(
     demand = {m: 0.0 for m in models}
     demand.update(model_demand(sessions, catalog, server, profile))
     weights = {m: catalog.model(m).weight_bytes for m in models}
-    budget = weight_budget_bytes(catalog, server)
+    budget = weight_room_bytes(catalog, server)
     spec = catalog.server(server)
 
     def together(names: Sequence[str], size: int) -> bool:
@@ -241,10 +267,12 @@ def plan(
         return share_group(layout, gpus, model, demand, weights, minimum, budget, whole, together)
 
     families["talaria"] = search_shared(start_from, demand, move, bounds, jobs, run)
-    plans = {}
+    plans: dict[str, dict[str, Any] | None] = {}
     for family in FAMILIES:
         chosen = cheapest(_candidates(family, families), bounds)
-        plans[family] = chosen.summary() if chosen is not None else None
+        plans[family] = None
+        if chosen is not None:
+            plans[family] = {**chosen.summary(), "slo_by_model": attainment(chosen, bounds)}
     return {
         "slo": {
             "x": None if slo_p95_s is not None else slo_x,

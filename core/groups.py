@@ -5,8 +5,9 @@ the smallest group that holds it rather than on a whole 8-GPU node (issue 40).
 A group is a ``ServerSpec`` of its own (``group_server``): ``gpus`` = the group's size, every
 per-GPU figure unchanged, so the cost model's aggregates (compute, HBM bandwidth, PCIe: each
 ``gpus`` × the per-GPU figure, runtime/costmodel.py) scale with the group, and the host's
-memory is shared in proportion (``host_dram_bytes`` and ``node_share`` × size / the server's
-GPUs: runtime/memory/sizing.py's pinned-weight budget keeps that share of a node's host KV). TP
+memory and local NVMe are shared in proportion (``host_dram_bytes``, ``nvme_read_bytes_per_s``,
+``nvme_bytes`` and ``node_share`` × size / the server's GPUs: runtime/memory/sizing.py's
+pinned-weight budget keeps that share of a node's host KV). TP
 communication is not a term of its own: the efficiency profile's factors, sourced at TP = 8,
 carry it at every size (docs/sources.md §14), which overstates a small group's step time
 slightly (it talks less).
@@ -63,6 +64,8 @@ def group_server(server: ServerSpec, size: int) -> ServerSpec:
         name=f"{server.name}/{size}",
         gpus=size,
         host_dram_bytes=server.host_dram_bytes * size / server.gpus,
+        nvme_read_bytes_per_s=server.nvme_read_bytes_per_s * size / server.gpus,
+        nvme_bytes=server.nvme_bytes * size / server.gpus,
         node_share=server.node_share * size / server.gpus,
     )
 

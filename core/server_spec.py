@@ -31,6 +31,11 @@ class ServerSpec:
     """Weights read from storage by the engine's loader, the whole node; 0: not known."""
     engine_init_s: float = 0.0
     """Starting a new engine beyond reading its weights (process, compile, CUDA graphs)."""
+    nvme_read_bytes_per_s: float = 0.0
+    """Weights read from the node's local NVMe by a fast loader, the whole node; 0: not known
+    (the node then keeps no weights there, core/weight_tiers.py)."""
+    nvme_bytes: float = 0.0
+    """The node's local NVMe for weights, the whole node."""
     node_share: float = 1.0
     """The fraction of a physical server this is: a GPU group's GPUs ÷ the server's
     (core/groups.py ``group_server``); 1 for a whole server."""

@@ -20,6 +20,7 @@ from talaria.core.efficiency_profile import EfficiencyProfile
 from talaria.core.groups import kv_bytes_per_token_at, kv_fixed_bytes_per_seq_at
 from talaria.core.model_spec import ModelSpec
 from talaria.core.server_spec import ServerSpec
+from talaria.core.weight_tiers import WeightTier, load_s
 
 
 @dataclass(frozen=True)
@@ -219,6 +220,12 @@ class CostModel:
         s = self.server
         size = self.model.weight_bytes if nbytes is None else nbytes
         return size / s.gpus / s.weight_wake_bytes_per_s_per_gpu
+
+    def weight_read_time_s(self, tier: WeightTier, nbytes: float | None = None) -> float:
+        """Weights (or ``nbytes`` of them) read into HBM from ``tier`` by an engine kept
+        initialised (core/weight_tiers.py ``load_s``: nbytes ÷ the tier's rate)."""
+        size = self.model.weight_bytes if nbytes is None else nbytes
+        return load_s(self.server, size, tier, fresh=False)
 
     def d2d_switch_time_s(self) -> float:
         """Staged weights copied into place on the device: 2 (read + write) × weight_bytes /

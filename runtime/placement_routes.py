@@ -98,6 +98,8 @@ async def demand(request: Request, window_s: float = 300.0) -> Response:
             "demand": meter.demand(now, window_s),
             "call_s": meter.call_s(now, window_s),
             "finished_calls": meter.finished_calls(now, window_s),
+            "idle_s": meter.idle_s(now),
+            "gap_p99_s": meter.gap_p99_s(now, window_s),
         }
     )
 

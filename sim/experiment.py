@@ -123,6 +123,7 @@ def _summary(outcome: ReplayOutcome) -> dict[str, Any]:
         reservation_pinned_gb_s=sum(n.pinned_byte_s for n in outcome.nodes) / 1e9,
         reservations_expired_share=_expired_share(reservations),
         gap_models=_gap_models(outcome.nodes),
+        weight_loads=_weight_loads(outcome.nodes),
         **_subagents(outcome.sessions),
         sct_s={s.session_id: s.sct_s for s in outcome.sessions},
         timeline=[
@@ -172,6 +173,18 @@ def _gap_models(nodes: Sequence[NodeOutcome]) -> dict[str, dict[str, Any]]:
         for name, quality in node.gap_quality.items():
             merged.setdefault(name, GapQuality(quality.quantile)).merge(quality)
     return {name: asdict(quality.figures()) for name, quality in merged.items()}
+
+
+def _weight_loads(nodes: Sequence[NodeOutcome]) -> dict[str, dict[str, int]]:
+    """Per model, its weights' loads into HBM by the tier read from, over all the nodes (the
+    first load of a node's slot included: a cold start counts)."""
+    loads: dict[str, dict[str, int]] = {}
+    for node in nodes:
+        for model, tiers in node.weight_loads.items():
+            mine = loads.setdefault(model, {})
+            for tier, n in tiers.items():
+                mine[tier] = mine.get(tier, 0) + n
+    return dict(sorted(loads.items()))
 
 
 def _expired_share(reservations: dict[str, int]) -> float | None:

@@ -25,8 +25,10 @@ tries the movers in turn and keeps each move whose replay still meets the SLO:
    it alone;
 2. its host: of the other groups, those at least its smallest group (its weights and one
    full-context sequence fit: ``minimum``) whose models' weights, with its own, fit the
-   group's share of the node's pinned-weight budget (``budget_bytes`` × size ÷ the node's
-   GPUs); first those where all can stay resident together (``together``: no switch, only
+   group's share of the weights a node keeps to wake from (``weight_room_bytes``: its local
+   NVMe, else its pinned-weight budget; ``budget_bytes`` × size ÷ the node's GPUs; which of
+   them keep host-DRAM copies is the node's, runtime/memory/host_weights.py); first those
+   where all can stay resident together (``together``: no switch, only
    the GPUs shared), then the one with the least load (ties: the lower index); none: the
    model stays alone;
 3. its own group is freed: each step needs its group's GPUs fewer.
@@ -67,6 +69,16 @@ def model_demand(
 def weight_budget_bytes(catalog: Catalog, server: str) -> float:
     """The pinned weights a node can hold (module docstring)."""
     return pinned_weight_budget_bytes(catalog.server(server))
+
+
+def weight_room_bytes(catalog: Catalog, server: str) -> float:
+    """The weights a node can keep for its models to wake from (``share_group``): its local
+    NVMe when the server has that tier (core/weight_tiers.py; models past the pinned budget
+    wake from there, runtime/memory/host_weights.py), else its pinned-weight budget."""
+    spec = catalog.server(server)
+    if spec.nvme_read_bytes_per_s > 0:
+        return spec.nvme_bytes
+    return weight_budget_bytes(catalog, server)
 
 
 Layout = tuple[tuple[str, ...], ...]

@@ -8,11 +8,17 @@ replay independent, ``jobs`` at a time), and each family's plan is its evaluated
 fewest GPUs that meets the SLO (Talaria's: of its shared groups, the whole-node packings and
 the dedicated groups, all served under its policy):
 
-- ``talaria``: GPU groups shared (sim/placement.py ``share_group``): from the ``dedicated``
-  plan's groups, each model alone on a group, coldest first, moves into the group of another
+- ``talaria``: GPU groups shared: first the market's tail pooled on a few whole nodes
+  (sim/plan_pool.py: the coldest models that leave the ``dedicated`` plan's groups for k
+  nodes, the most that still meet the SLO for each k); then, from the cheapest of those and
+  the ``dedicated`` plan (sim/placement.py ``share_group``), each model alone on a group,
+  coldest first, moves into the group of another
   (resident together where their memory allows, else time-sharing it in slots with SP
   admission, host KV and staging: the ``talaria`` policy); a move is kept when the replay
   still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
+- ``serverless``: request-level instances (the ``serverless`` policy, sim/policies.py): its own
+  right-sizing of dedicated groups (as ``dedicated``, under its policy), then its tail pooled
+  on a node or two (sim/plan_pool.py), as Talaria's;
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
   counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the GPUs
@@ -50,12 +56,18 @@ from talaria.sim.placement import (
     movers,
     share_group,
     static_layouts,
-    weight_budget_bytes,
+    weight_room_bytes,
 )
+from talaria.sim.plan_figures import attainment, groups_of, loads_by_tier
+from talaria.sim.plan_pool import search_pools
 
 POLICY = "talaria"
-"""The replay policy of every layout (sim/policies.py): its router and node scheduler."""
-FAMILIES = ("talaria", "static", "dedicated", "dedicated_node")
+"""The replay policy of every layout but ``serverless``'s (sim/policies.py): its router and
+node scheduler."""
+SERVERLESS = "serverless"
+"""The ``serverless`` family's replay policy: request-level instances with a fixed keep-alive,
+no session awareness (sim/policies.py)."""
+FAMILIES = ("talaria", "serverless", "static", "dedicated", "dedicated_node")
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,13 @@ class Candidate:
     family: str
     layout: Layout
     gpus: tuple[int, ...]
+    search: str = ""
+    """Which search of its family made it (``pool``: sim/plan_pool.py; ``moves``)."""
+
+    @property
+    def policy(self) -> str:
+        """The replay policy of its family."""
+        return SERVERLESS if self.family == SERVERLESS else POLICY
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,10 @@ class Point:
     mean_sct_s: float
     p95_by_model: Mapping[str, float]
     sct_s: Mapping[str, float] = field(default_factory=dict)
+    weight_loads: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per model, its weights' loads into HBM by the tier read from (the replay's)."""
+    search: str = ""
+    """Which search of its family made it (``Candidate.search``)."""
 
     @property
     def nodes(self) -> int:
@@ -92,6 +115,7 @@ class Point:
         """The point without its per-session SCTs (for documents and tables)."""
         return {
             "family": self.family,
+            "search": self.search,
             "nodes": self.nodes,
             "gpus": self.gpus,
             "layout": [list(models) for models in self.layout],
@@ -101,18 +125,9 @@ class Point:
             "p95_sct_s": self.p95_sct_s,
             "mean_sct_s": self.mean_sct_s,
             "p95_by_model": dict(self.p95_by_model),
+            "weight_loads": {m: dict(tiers) for m, tiers in self.weight_loads.items()},
+            "loads_by_tier": loads_by_tier(self.weight_loads),
         }
-
-
-def groups_of(layout: Layout, gpus: Sequence[int]) -> list[dict[str, Any]]:
-    """Each hosted set of models with its group size and how many groups host it."""
-    counts: dict[tuple[tuple[str, ...], int], int] = {}
-    for models, size in zip(layout, gpus, strict=True):
-        counts[(models, size)] = counts.get((models, size), 0) + 1
-    return [
-        {"models": list(models), "group_gpus": size, "replicas": n}
-        for (models, size), n in counts.items()
-    ]
 
 
 def replay_layout(
@@ -123,16 +138,17 @@ def replay_layout(
     profile: str,
     quantum_s: float,
 ) -> Point:
-    """Replay ``sessions`` on the candidate's layout (the ``talaria`` policy)."""
+    """Replay ``sessions`` on the candidate's layout under its family's policy."""
     layout, gpus = candidate.layout, candidate.gpus
     models = tuple(dict.fromkeys(m for node in layout for m in node))
     whole = catalog.server(server).gpus
     groups = None if all(g == whole for g in gpus) else gpus
     setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout, groups)
+    policy = candidate.policy
     doc = run_experiment(
-        sessions, catalog, setup, [POLICY], include_dedicated=False, include_oracle=False
+        sessions, catalog, setup, [policy], include_dedicated=False, include_oracle=False
     )
-    result = doc["policies"][POLICY]
+    result = doc["policies"][policy]
     return Point(
         candidate.family,
         layout,
@@ -142,6 +158,8 @@ def replay_layout(
         result["mean_sct_s"],
         p95_by_model(result["sct_s"], sessions),
         result["sct_s"],
+        result["weight_loads"],
+        candidate.search,
     )
 
 
@@ -231,7 +249,7 @@ def plan(
     demand = {m: 0.0 for m in models}
     demand.update(model_demand(sessions, catalog, server, profile))
     weights = {m: catalog.model(m).weight_bytes for m in models}
-    budget = weight_budget_bytes(catalog, server)
+    budget = weight_room_bytes(catalog, server)
     spec = catalog.server(server)
 
     def together(names: Sequence[str], size: int) -> bool:
@@ -240,11 +258,30 @@ def plan(
     def move(layout: Layout, gpus: Sequence[int], model: str) -> Moved | None:
         return share_group(layout, gpus, model, demand, weights, minimum, budget, whole, together)
 
-    families["talaria"] = search_shared(start_from, demand, move, bounds, jobs, run)
-    plans = {}
+    own = search_dedicated(minimum, bounds, whole, limit * whole, run, SERVERLESS)
+    starts = {"talaria": start_from, SERVERLESS: cheapest(own, bounds)}
+    pools: dict[str, list[Point]] = {"talaria": [], SERVERLESS: []}
+    for family, first in ((f, p) for f, p in starts.items() if p is not None):
+
+        def pool_meets(candidates: Sequence[Moved], family: str = family) -> list[bool]:
+            points = run([Candidate(family, lay, gpus, "pool") for lay, gpus in candidates])
+            pools[family].extend(points)
+            return [meets(p, bounds) for p in points]
+
+        layout, gpus = first.layout, first.gpus_per_node
+        search_pools(layout, gpus, demand, weights, budget, whole, pool_meets)
+    families[SERVERLESS] = own + pools[SERVERLESS]
+    seed = cheapest([p for p in (start_from, *pools["talaria"]) if p is not None], bounds)
+    families["talaria"] = pools["talaria"] + search_shared(seed, demand, move, bounds, jobs, run)
+    plans: dict[str, dict[str, Any] | None] = {}
     for family in FAMILIES:
         chosen = cheapest(_candidates(family, families), bounds)
-        plans[family] = chosen.summary() if chosen is not None else None
+        plans[family] = None
+        if chosen is not None:
+            plans[family] = {
+                **chosen.summary(),
+                "slo_by_model": attainment(chosen.p95_by_model, bounds),
+            }
     return {
         "slo": {
             "x": None if slo_p95_s is not None else slo_x,
@@ -259,6 +296,7 @@ def plan(
         "static_max_nodes": most,
         "gpus_per_node": whole,
         "policy": POLICY,
+        "serverless_policy": SERVERLESS,
     }
 
 
@@ -300,7 +338,7 @@ def search_shared(
     meet, the one with the fewest GPUs is kept and the others are tried again from it."""
     if start is None:
         return []
-    kept = replace(start, family="talaria")
+    kept = replace(start, family="talaria", search="moves")
     points, queue = [kept], movers(kept.layout, demand)
     while queue:
         batch: list[tuple[str, Moved]] = []
@@ -309,7 +347,7 @@ def search_shared(
             moved = move(kept.layout, kept.gpus_per_node, model)
             if moved is not None:
                 batch.append((model, moved))
-        tried = run([Candidate("talaria", *moved) for _, moved in batch])
+        tried = run([Candidate("talaria", *moved, "moves") for _, moved in batch])
         points += tried
         passed = [i for i, point in enumerate(tried) if meets(point, bounds)]
         if passed:
@@ -322,15 +360,16 @@ def search_shared(
 
 def search_dedicated(
     minimum: Mapping[str, int], bounds: Mapping[str, float], whole: int, max_gpus: int,
-    run: Replayer,
+    run: Replayer, family: str = "dedicated",
 ) -> list[Point]:  # fmt: skip
-    """``dedicated``: from every model on one group of its memory minimum, more for the model
-    furthest over its bound (module docstring) until the SLO is met or ``max_gpus`` would be
-    passed. Its ``r`` groups of ``s`` GPUs become ``r + 1`` groups, or ``⌈r/2⌉`` groups of
-    ``2s`` (never more GPUs than ``r + 1`` of ``s``); both are replayed and the layout whose
-    worst model is better off is kept. Groups only grow, so the halved replicas never loop."""
+    """``dedicated`` (or ``family``'s own right-sizing, under its policy): from every model on
+    one group of its memory minimum, more for the model furthest over its bound (module
+    docstring) until the SLO is met or ``max_gpus`` would be passed. Its ``r`` groups of ``s``
+    GPUs become ``r + 1`` groups, or ``⌈r/2⌉`` groups of ``2s`` (never more GPUs than ``r + 1``
+    of ``s``); both are replayed and the layout whose worst model is better off is kept.
+    Groups only grow, so the halved replicas never loop."""
     sizes, replicas = dict(minimum), {m: 1 for m in minimum}
-    [point] = run([Candidate("dedicated", *dedicated_layout(replicas, sizes))])
+    [point] = run([Candidate(family, *dedicated_layout(replicas, sizes), "groups")])
     points = [point]
     while not meets(point, bounds):
         worst = worst_model(point, bounds)
@@ -340,7 +379,7 @@ def search_dedicated(
         if 2 * sizes[worst] <= whole:
             larger = {**replicas, worst: -(-replicas[worst] // 2)}
             options.append(({**sizes, worst: 2 * sizes[worst]}, larger))
-        tried = run([Candidate("dedicated", *dedicated_layout(r, s)) for s, r in options])
+        tried = run([Candidate(family, *dedicated_layout(r, s), "groups") for s, r in options])
         points += tried
         best = min(range(len(tried)), key=lambda i: max(overage(tried[i], bounds).values()))
         point, (sizes, replicas) = tried[best], options[best]

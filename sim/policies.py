@@ -8,13 +8,16 @@ mapped.
 | ``talaria-learned`` | ``talaria`` | ``talaria`` + ``learned_gaps`` | learned tool gaps |
 | ``talaria-no-parent`` | ``talaria``, ``parent_kv`` 0 | all on | sub-agents near their parent |
 | ``placement`` | ``talaria`` | all on | ``talaria`` with the placement controller moving models |
+| ``serverless`` | ``load-only`` | ``serverless_instances`` | request-level instances |
 | ``load-only``, ``sticky``, ``kv-aware`` | that router | all on | the router |
 | ``+<flag>`` | ``talaria`` | one flag over ``round`` | one scheduler flag |
 | ``-<flag>`` | ``talaria`` | ``talaria`` with one flag off | what one flag adds to the rest |
 
-``round`` is what a per-request stack does: least outstanding work per call, and a round
-scheduler on each node. The other routers run with ``talaria``'s node flags, so they differ
-from it only in routing. ``+<flag>`` names are the single-node ablations.
+``serverless`` is what a serverless platform does (ServerlessLLM's model, a fixed
+keep-alive): no session awareness. ``round`` is what a per-request stack does: least
+outstanding work per call, and a round scheduler on each node. The other routers run with
+``talaria``'s node flags, so they differ from it only in routing. ``+<flag>`` names are the
+single-node ablations.
 
 On one node (or when only one node hosts a model) every router sends every call to the only
 candidate, so the single-node results depend on the flags alone.
@@ -30,6 +33,7 @@ from talaria.runtime.scheduling.flags import (
     DEFAULT_POLICIES,
     FLAG_NAMES,
     ROUND,
+    SERVERLESS,
     TALARIA,
     TALARIA_LEARNED,
     SchedulerFlags,
@@ -75,6 +79,8 @@ def resolve_policy(name: str) -> Policy:
         return Policy(name, "talaria", TALARIA, unweighted=("parent_kv",))
     if name == "placement":
         return Policy(name, "talaria", TALARIA, placement=True)
+    if name == "serverless":
+        return Policy(name, "load-only", SERVERLESS)
     if name in ROUTER_NAMES:
         return Policy(name, name, TALARIA)
     try:
@@ -82,6 +88,7 @@ def resolve_policy(name: str) -> Policy:
     except ValueError:
         flags = [*(f"+{f}" for f in FLAG_NAMES), *(f"-{f}" for f in FLAG_NAMES)]
         names = ["round", "talaria", "talaria-learned", "talaria-no-parent", "placement"]
+        names += ["serverless"]
         names += [*ROUTER_NAMES, *flags]
         choices = ", ".join(dict.fromkeys(names))
         raise ValueError(

@@ -82,6 +82,9 @@ class NodeOutcome:
     """The KV its released holds kept pinned, byte-seconds (``pinned_byte_s``)."""
     gap_quality: dict[str, GapQuality] = field(default_factory=dict)
     """Per gap model the node kept: how well it predicted its sessions' gaps."""
+    weight_loads: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per model, its weights' loads into HBM by the tier read from (core/weight_tiers.py;
+    simulated engines count them)."""
 
 
 @dataclass(frozen=True)
@@ -298,4 +301,10 @@ def _node_outcome(node: NodeScheduler) -> NodeOutcome:
         reservation_byte_s=node.holds.held_byte_s,
         pinned_byte_s=node.holds.pinned_byte_s,
         gap_quality=dict(node.gap_quality),
+        weight_loads={m: dict(loads) for m, e in node.engines.items() if (loads := _loads(e))},
     )
+
+
+def _loads(engine: object) -> dict[str, int]:
+    loads: dict[str, int] = getattr(engine, "loads", {})
+    return loads

@@ -23,6 +23,10 @@ Terms, for one look (``decide``) at the fleet:
 
 Rules, each move with its reason:
 
+0. **scale to zero** (not bounded): a replica of a model with a keep-alive (learned from its
+   own calls, core/placement/keep_alive.py) is evicted from its node once the model has had
+   no call for that long, has no live session there and was placed at least that long ago;
+   the model stays listed and its next call is a cold start (rule 1);
 1. **cold start** (not bounded): a model with calls waiting and no replica is placed on the
    node where it adds the least wait, among those where its weights fit the node's budget
    after evicting *idle* models there (no call in a whole window, no live session on that
@@ -63,6 +67,7 @@ class Reason(StrEnum):
     """Why a move was made (the module docstring's rules)."""
 
     COLD_START = "cold-start"
+    SCALE_TO_ZERO = "scale-to-zero"
     SCALE_OUT = "scale-out"
     SCALE_IN = "scale-in"
     MOVE = "move"
@@ -126,6 +131,11 @@ class FleetView:
     """Model → seconds to switch it in on a node (``w_m``; absent: 0)."""
     quantum_s: float = 60.0
     """The nodes' slot quantum ``Q``."""
+    idle_s: Mapping[str, float] = field(default_factory=dict)
+    """Model → seconds since its last call (absent: none since demand was measured)."""
+    keep_alive_s: Mapping[str, float] = field(default_factory=dict)
+    """Model → its keep-alive (core/placement/keep_alive.py); absent: it never scales to
+    zero."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,7 @@ def node_wait(
 def decide(view: FleetView, config: PlacementConfig) -> list[Move]:
     """The moves of one look (module docstring), in the order they should be made."""
     plan = _Plan(view, config)
+    plan.scale_to_zero()
     for model in sorted(view.unplaced_waiting):
         if plan.replicas.get(model, 0) == 0:
             plan.cold_start(model)
@@ -249,6 +260,22 @@ class _Plan:
         self.hosted[node].discard(model)
         self.replicas[model] -= 1
         self.moves.append(Move(MoveKind.DRAIN, model, node, reason))
+
+    def scale_to_zero(self) -> None:
+        """Rule 0: evict each replica idle for its model's keep-alive."""
+        view = self.view
+        for node in sorted(self.hosted):
+            live, placed = self.nodes[node].live, self.nodes[node].placed_s
+            for model in sorted(self.hosted[node]):
+                keep = view.keep_alive_s.get(model)
+                if keep is None or model in view.unplaced_waiting or live.get(model, 0) > 0:
+                    continue
+                idle = view.idle_s.get(model, view.measured_s)
+                since = view.now_s - placed.get(model, view.now_s - view.measured_s)
+                if idle >= keep and since >= keep:
+                    self.hosted[node].discard(model)
+                    self.replicas[model] -= 1
+                    self.moves.append(Move(MoveKind.EVICT, model, node, Reason.SCALE_TO_ZERO))
 
     def cold_start(self, model: str) -> None:
         """Rule 1: the node where ``model`` adds the least wait, if it fits anywhere."""

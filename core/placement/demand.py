@@ -4,7 +4,10 @@ caller passes the time, so the simulator's virtual clock and a live proxy's cloc
 - ``d_m`` (:meth:`DemandMeter.demand`): the distinct sessions that sent model ``m`` a call
   that arrived within the last ``window_s``;
 - ``c_m`` (:meth:`DemandMeter.call_s`): the mean duration (admitted to finished) of ``m``'s
-  calls that finished within it.
+  calls that finished within it;
+- its idleness (:meth:`DemandMeter.idle_s`, :meth:`DemandMeter.gap_p99_s`): how long since
+  ``m``'s last call, and the 99th percentile of the times between its calls (what its
+  keep-alive is learned from, core/placement/keep_alive.py).
 
 Both may be read over a shorter window than the meter keeps (``window_s`` of the read); the
 meter forgets what fell out of its own window as calls come and as it is read, so its memory
@@ -14,6 +17,8 @@ is bounded by the calls of one window.
 from __future__ import annotations
 
 from collections import deque
+
+from talaria.core.placement.keep_alive import gap_quantile
 
 
 class DemandMeter:
@@ -55,6 +60,30 @@ class DemandMeter:
     def call_s(self, now_s: float, window_s: float | None = None) -> dict[str, float]:
         """``c_m``: mean duration of the calls that finished in the last ``window_s``."""
         return {m: total / n for m, (n, total) in self._calls(now_s, window_s).items()}
+
+    def idle_s(self, now_s: float) -> dict[str, float]:
+        """Seconds since each model's last call, for the models with a call in the window."""
+        self._forget(now_s)
+        last: dict[str, float] = {}
+        for at_s, model, _ in self._arrivals:
+            last[model] = at_s
+        return {m: now_s - at_s for m, at_s in last.items()}
+
+    def gap_p99_s(self, now_s: float, window_s: float | None = None) -> dict[str, float]:
+        """The 99th percentile of the times between consecutive calls of each model in the
+        last ``window_s``, for the models with two calls or more there."""
+        self._forget(now_s)
+        horizon = now_s - min(window_s or self.window_s, self.window_s)
+        previous: dict[str, float] = {}
+        gaps: dict[str, list[float]] = {}
+        for at_s, model, _ in self._arrivals:
+            if at_s < horizon:
+                continue
+            if model in previous:
+                gaps.setdefault(model, []).append(at_s - previous[model])
+            previous[model] = at_s
+        quantiles = {m: gap_quantile(g) for m, g in gaps.items()}
+        return {m: q for m, q in quantiles.items() if q is not None}
 
     def finished_calls(self, now_s: float, window_s: float | None = None) -> dict[str, int]:
         """How many calls of each model finished in the last ``window_s`` (the weights that

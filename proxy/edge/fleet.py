@@ -92,6 +92,7 @@ def start_placement(
             clock,
             leads=(lambda: membership.owner_of(LEADER_KEY) is None) if membership else lambda: True,
             cold_start_timeout_s=cfg.placement_cold_start_timeout_s,
+            keep_alive_floor_s=cfg.placement_keep_alive_s,
             group_floor=lambda model, server: group_floor(catalog, model, server),
             placement_s=lambda weight, server: placement_s(catalog, weight, server),
         )

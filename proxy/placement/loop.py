@@ -46,8 +46,9 @@ from talaria.core.placement import (
     Reason,
     decide,
 )
+from talaria.core.placement.keep_alive import keep_alive_s
 from talaria.core.status import InstanceStatus
-from talaria.proxy.placement.library import merge_demand
+from talaria.proxy.placement.library import FleetDemand, merge_demand
 from talaria.proxy.placement.moves import PlacementMoves
 from talaria.proxy.placement.target import GroupFloor, PlacementTime, target_of, too_small
 from talaria.proxy.runtimes.decoding import PlacementRefused
@@ -82,6 +83,7 @@ class PlacementLoop:
         placement_s: PlacementTime = lambda weight, server: None,
         leads: Callable[[], bool] = lambda: True,
         cold_start_timeout_s: float = 900.0,
+        keep_alive_floor_s: float | None = None,
     ) -> None:
         for runtime in pool.runtimes:
             if not hasattr(runtime, "add_model"):
@@ -95,6 +97,9 @@ class PlacementLoop:
         self.clock = clock
         self._leads = leads
         self.cold_start_timeout_s = cold_start_timeout_s
+        self.keep_alive_floor_s = keep_alive_floor_s
+        """The least keep-alive of a library model (core/placement/keep_alive.py); None: no
+        model scales to zero."""
         self._weights = {
             name: float(entry.get("weight_bytes") or catalog_weights.get(name, 0.0))
             for name, entry in self.library.items()
@@ -137,10 +142,10 @@ class PlacementLoop:
         """One look: read the fleet, decide, start the moves; returns those started."""
         async with self._look_lock:
             statuses = {s.instance: s for s in await self.pool.statuses(None)}
-            demand, call_s = await self.demand(list(statuses))
+            demand = await self.demand(list(statuses))
             now = self.clock.now()
             self._take_over_drains(statuses, now)
-            view = self.view(now, statuses, demand, call_s)
+            view = self.view(now, statuses, demand)
             moves = [m for m in decide(view, self.config) if self._may(m)]
             for move in moves:
                 self.moves.apply(move, now)
@@ -170,8 +175,9 @@ class PlacementLoop:
         )
         return False
 
-    async def demand(self, runtimes: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-        """``d_m`` and ``c_m`` over ``runtimes``' demand documents (module docstring)."""
+    async def demand(self, runtimes: list[str]) -> FleetDemand:
+        """``d_m``, ``c_m`` and idleness over ``runtimes``' demand documents (module
+        docstring)."""
         window = self.config.window_s
         answers = await asyncio.gather(
             *(target_of(self.pool, name).demand(window) for name in runtimes),
@@ -191,8 +197,7 @@ class PlacementLoop:
         self,
         now_s: float,
         statuses: Mapping[str, InstanceStatus],
-        demand: Mapping[str, float],
-        call_s: Mapping[str, float],
+        demand: FleetDemand,
     ) -> FleetView:
         """The controller's view of the runtimes whose ``statuses`` answered, with the
         demand they measured (module docstring)."""
@@ -227,15 +232,26 @@ class PlacementLoop:
         return FleetView(
             now_s,
             nodes,
-            demand,
+            demand.demand,
             weights,
             unplaced_waiting=frozenset(waiting),
             recent_moves_s=tuple(self.moves.bounded_s),
             measured_s=now_s - self._started_s,
-            call_s=call_s,
+            call_s=demand.call_s,
             switch_s=switch_s,
             quantum_s=max(quanta, default=DEFAULT_QUANTUM_S),
+            idle_s=demand.idle_s,
+            keep_alive_s=self.keep_alive(demand),
         )
+
+    def keep_alive(self, demand: FleetDemand) -> dict[str, float]:
+        """Each library model's keep-alive, learned from its gaps (core/placement/
+        keep_alive.py); none without a floor (``keep_alive_floor_s`` None)."""
+        floor = self.keep_alive_floor_s
+        if floor is None:
+            return {}
+        window = self.config.window_s
+        return {m: keep_alive_s(demand.gap_p99_s.get(m), floor, window) for m in self.library}
 
     # -- cold starts --------------------------------------------------------------------------
     def expected_cold_start_s(self, model: str) -> float | None:
@@ -300,7 +316,7 @@ class PlacementLoop:
     async def summary(self) -> dict[str, Any]:
         """The library, each runtime's models (and those draining or being added), the
         demand now, the looks and every move."""
-        demand, call_s = await self.demand([r.name for r in self.pool.runtimes])
+        fleet = await self.demand([r.name for r in self.pool.runtimes])
         return {
             "library": sorted(self.library),
             "runtimes": {
@@ -311,8 +327,10 @@ class PlacementLoop:
                 }
                 for r in self.pool.runtimes
             },
-            "demand": demand,
-            "call_s": call_s,
+            "demand": fleet.demand,
+            "call_s": fleet.call_s,
+            "idle_s": fleet.idle_s,
+            "keep_alive_s": dict(sorted(self.keep_alive(fleet).items())),
             "looks": self.looks,
             "moves": [asdict(r) for r in self.moves.records],
             "config": asdict(self.config),

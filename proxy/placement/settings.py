@@ -35,6 +35,14 @@ class PlacementSettings(PluginSettings):
         description="A drained model's sessions keep its runtime this long at most, then it "
         "is removed (s)",
     )
+    placement_keep_alive_s: float | None = Field(
+        None,
+        gt=0,
+        description="Scale to zero: a library model without calls for its keep-alive (learned "
+        "from its own calls, at least this many seconds, at most the demand window) and "
+        "without live sessions on a runtime is removed there, and cold-started again by its "
+        "next call; unset: placed models stay",
+    )
     placement_cold_start_timeout_s: float = Field(
         900.0, gt=0, description="How long a call waits for its model's cold start (s)"
     )

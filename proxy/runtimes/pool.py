@@ -54,10 +54,15 @@ class RuntimePool:
         return min(reported) if reported else self._catalog_windows.get(model)
 
     async def residency(self) -> dict[str, list[dict[str, Any]]]:
-        """model → [{instance, state, next_slot_in_s}] (for /v1/models; wall seconds)."""
+        """model → [{instance, state, next_slot_in_s}] (for /v1/models; wall seconds): the
+        models each instance takes calls of (a model it is retiring is left out)."""
+        statuses = await self.statuses(None)
         out: dict[str, list[dict[str, Any]]] = {m: [] for m in self.models()}
-        for status in await self.statuses(None):
+        serving = {r.name: set(r.models) for r in self.runtimes}
+        for status in statuses:
             for name, res in status.models.items():
+                if name not in serving.get(status.instance, {name}):
+                    continue  # leaving it: its runtime no longer takes its calls
                 out.setdefault(name, []).append(
                     {
                         "instance": status.instance,

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from talaria.core.clock import Clock
 from talaria.core.model_spec import ModelSpec
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
+from talaria.core.weight_tiers import WeightTier
 from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import Admission, EngineInfo
 from talaria.runtime.engines.sim_kv import SimKv
@@ -68,6 +69,8 @@ class SimEngine:
         self._staging_task: asyncio.Task[None] | None = None
         self._staged_bytes_done = 0.0
         self._recompute_cache: dict[int, float] = {}
+        self.loads: dict[str, int] = {}
+        """Its weights' loads into HBM (wakes and stagings), by the tier read from."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -107,6 +110,23 @@ class SimEngine:
         """The model's weights (catalog)."""
         return self._spec.weight_bytes
 
+    @property
+    def weight_tier(self) -> WeightTier:
+        """Where its weights are read from when it wakes: a pinned host copy, else the node's
+        NVMe (runtime/memory/host_weights.py)."""
+        copy = self._memory.host_weights.has_copy(self.model)
+        return WeightTier.HOST if copy else WeightTier.NVME
+
+    def _read_s(self, nbytes: float | None = None) -> float:
+        """Reading its weights (or ``nbytes`` of them) into HBM from ``weight_tier``: host DRAM
+        at the calibrated wake rate (runtime/costmodel.py), NVMe at the loader's."""
+        if self.weight_tier is WeightTier.HOST:
+            return self._cost.weight_stage_time_s(nbytes)
+        return self._cost.weight_read_time_s(WeightTier.NVME, nbytes)
+
+    def _loaded_from(self, tier: WeightTier) -> None:
+        self.loads[tier.value] = self.loads.get(tier.value, 0) + 1
+
     def kv_floor_bytes(self) -> float:
         """KV of one sequence of the model's whole context window (vLLM refuses to start with
         less room than that, docs/sources.md §4)."""
@@ -137,8 +157,8 @@ class SimEngine:
             return 0.0
         if self.staging:
             remaining = self._spec.weight_bytes - self._staged_bytes_done
-            return self._cost.weight_stage_time_s(remaining) + self._cost.d2d_switch_time_s()
-        return self._cost.weight_wake_time_s()
+            return self._read_s(remaining) + self._cost.d2d_switch_time_s()
+        return self._read_s()
 
     def kv_restore_s(self, tokens: int) -> float:
         """The PCIe transfer of ``tokens`` tokens' KV."""
@@ -193,6 +213,7 @@ class SimEngine:
         now = self._clock.now()
         self._kv.commit(request, entry, now, self._steps.runs(request.session_key))
         admission = Admission(request, arrival_s, now, sp_admitted, source, cached)
+        self._memory.host_weights.observe(self.model, now)
         idle = self._steps.idle_s(now)
         shared = request.shared_prefix_tokens or request.parent_prefix_tokens
         if request.output_tokens is not None:
@@ -221,8 +242,10 @@ class SimEngine:
     # -- switching -------------------------------------------------------------------------
     async def activate(self) -> float:
         """Make the model servable. Staged weights: pay what staging has not yet moved, then
-        the device-to-device copy; otherwise a full wake (host→HBM at the sleep-mode rate)."""
+        the device-to-device copy; otherwise a full wake (its weights read from
+        ``weight_tier``: host→HBM at the sleep-mode rate, or NVMe→HBM)."""
         start = self._clock.now()
+        self._loaded_from(self.weight_tier)
         weights = self._spec.weight_bytes
         offloaded = 0.0 if self.staging else self._kv.evict_for(weights)
         if offloaded is None:
@@ -235,12 +258,11 @@ class SimEngine:
             remaining = weights - self._staged_bytes_done
             self._stop_staging_task()
             if remaining > 0:
-                seconds = self._cost.weight_stage_time_s(remaining)
-                await self._pcie.transfer(seconds, remaining, priority=0)
+                await self._pcie.transfer(self._read_s(remaining), remaining, priority=0)
             await self._clock.sleep(self._cost.d2d_switch_time_s())
             self._memory.load_weights(self.model, weights)
         else:
-            await self._pcie.transfer(self._cost.weight_wake_time_s(), weights, priority=0)
+            await self._pcie.transfer(self._read_s(), weights, priority=0)
         self._staged_bytes_done = 0.0
         self._active = True
         return self._clock.now() - start
@@ -248,7 +270,9 @@ class SimEngine:
     async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
         """Put the model to sleep. Session KV goes to host DRAM (most recent first, while room
         lasts) or is dropped; weights are copied to host (vLLM sleep level 1) unless a pinned
-        host copy is kept, in which case they are simply released."""
+        host copy is kept, in which case they are simply released. A model whose weights are
+        only on NVMe gets a host copy if its expected demand earns one (the sleep's copy),
+        else its weights are discarded (sleep level 2)."""
         if self._steps.seqs:
             raise RuntimeError(f"deactivating {self.model} with {self.running} calls running")
         start = self._clock.now()
@@ -256,7 +280,9 @@ class SimEngine:
         moved = self._kv.put_away(keep_kv_on_host)
         if moved:
             await self._pcie.transfer(self._cost.kv_transfer_time_s(moved), moved, priority=0)
-        if not keep_host_weight_copy:
+        on_nvme = not self._memory.host_weights.has_copy(self.model)
+        copied = on_nvme and self._memory.keep_host_copy(self.model, self._clock.now())
+        if (not keep_host_weight_copy and not on_nvme) or copied:
             weights = self._spec.weight_bytes
             await self._pcie.transfer(self._cost.weight_sleep_time_s(), weights, priority=0)
         self._memory.unload_weights(self.model)
@@ -275,7 +301,7 @@ class SimEngine:
     async def _stage(self, weights: float) -> None:
         chunk = weights / STAGING_CHUNKS
         for _ in range(STAGING_CHUNKS):
-            await self._pcie.transfer(self._cost.weight_stage_time_s(chunk), chunk, priority=1)
+            await self._pcie.transfer(self._read_s(chunk), chunk, priority=1)
             self._staged_bytes_done += chunk
 
     def _stop_staging_task(self) -> None:

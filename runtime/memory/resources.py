@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from talaria.core.clock import Clock
 from talaria.runtime.memory.eviction import EvictionOrder
+from talaria.runtime.memory.host_weights import HostWeights
 
 
 class CapacityError(RuntimeError):
@@ -67,6 +68,9 @@ class NodeMemory:
         self.peak_host_kv_bytes = 0.0
         self._changes: set[str] | None = None
         self._order = EvictionOrder()
+        self.host_weights = HostWeights()
+        """The pinned host weight copies (host_weights.py); every model has one unless
+        ``node_memory`` found them over the budget."""
 
     def watch(self) -> set[str]:
         """A set that collects, from now on, the key of every session whose KV entry is put,
@@ -136,6 +140,15 @@ class NodeMemory:
     def unload_weights(self, model: str) -> None:
         """The model's weights left HBM."""
         self.weights.pop(model, None)
+
+    def keep_host_copy(self, model: str, now: float) -> bool:
+        """Try to give ``model``, whose weights are only on NVMe, a pinned host copy (by
+        expected demand, ``HostWeights.keep``); the host KV tier shrinks by what it takes."""
+        change = self.host_weights.keep(model, now, self.host_free_bytes())
+        if change is None:
+            return False
+        self.resize_host_kv(change)
+        return True
 
     def stage(self, model: str, nbytes: float) -> None:
         """``nbytes`` of the model's weights are staged in free HBM (``d2d_staging``)."""

@@ -3,9 +3,11 @@
 the capacity of a node whose engines keep their own memory (``device_memory``).
 
 Host DRAM is laid out as: a reserve for the OS and the serving processes
-(``HOST_RESERVE_FRACTION``), the pinned weight copies of every hosted model (so each can be
-woken), and the rest the host KV tier, of which a node keeps at least ``HOST_KV_FLOOR_BYTES``
-for paused sessions when a placement packs models onto it.
+(``HOST_RESERVE_FRACTION``), the pinned weight copies of the hosted models (so each can be
+woken from host DRAM) while ``pinned_weight_budget_bytes`` lasts — a model past it reads its
+weights from the node's local NVMe on each wake (host_weights.py decides, by demand, which
+models keep copies) — and the rest the host KV tier, of which a node keeps at least
+``HOST_KV_FLOOR_BYTES`` for paused sessions.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from talaria.core.model_spec import ModelSpec
 from talaria.core.server_spec import ServerSpec
+from talaria.runtime.memory.host_weights import HostWeights
 from talaria.runtime.memory.resources import NodeMemory
 
 HOST_RESERVE_FRACTION = 0.1
@@ -35,11 +38,20 @@ def pinned_weight_budget_bytes(server: ServerSpec) -> float:
 
 def node_memory(server: ServerSpec, models: Sequence[ModelSpec]) -> NodeMemory:
     """HBM: the server's usable HBM. Host KV tier: host DRAM × (1 − reserve) − the pinned weight
-    copies of every hosted model (so each can be woken)."""
-    host_kv = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION) - sum(
-        m.weight_bytes for m in models
-    )
-    return NodeMemory(server.usable_hbm_bytes, host_kv)
+    copies. Every hosted model gets a copy when they all fit host DRAM × (1 − reserve), or
+    when the server knows no NVMe rate (as before the tiers); otherwise one per model in order
+    while ``pinned_weight_budget_bytes`` lasts (the host KV floor kept), the others on NVMe."""
+    weight_bytes = {m.name: m.weight_bytes for m in models}
+    room = server.host_dram_bytes * (1 - HOST_RESERVE_FRACTION)
+    if server.nvme_read_bytes_per_s <= 0:
+        weights = HostWeights()
+    elif sum(weight_bytes.values()) <= room:
+        weights = HostWeights(room)
+    else:
+        weights = HostWeights(pinned_weight_budget_bytes(server))
+    memory = NodeMemory(server.usable_hbm_bytes, room - weights.start(weight_bytes))
+    memory.host_weights = weights
+    return memory
 
 
 def device_memory(engines: Iterable[object]) -> NodeMemory:

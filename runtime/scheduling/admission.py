@@ -11,7 +11,9 @@ budget fits:
 - tokens: the HBM bytes it needs ≤ free HBM + staged weights + evictable idle KV − bytes held by
   other sessions' holds (checked by ``fits_memory``, for every admitted call).
 
-A closing slot (quantum elapsed, draining) admits nothing.
+A closing slot (quantum elapsed, draining) admits nothing. Under request-level instances
+(``instances``: a serverless platform's model, flags.py ``serverless_instances``) every call of
+a resident model is admitted while its slot is open, session or not.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class AdmitReason(StrEnum):
     SLOT_BATCH = "slot-batch"
     UNCONTENDED = "uncontended"
     SP_BUDGET = "sp-budget"
+    INSTANCE = "instance"
     WAIT_CLOSING = "wait-closing"
     WAIT_NEXT_SLOT = "wait-next-slot"
     WAIT_NOT_CONTINUATION = "wait-not-continuation"
@@ -55,10 +58,12 @@ def decide_admission(
     is_continuation: bool,
     remaining_s: float,
     estimate_service_s: Callable[[], float],
+    instances: bool = False,
 ) -> AdmissionDecision:
     """Admit or wait, in this order: closing → wait; in the slot's batch → admit; uncontended
-    → admit; ``sp_admission`` off → wait for the next slot; not a continuation → wait;
-    estimate_service_s() > remaining_s → wait; else admit by the SP budget.
+    → admit; ``instances`` → admit; ``sp_admission`` off → wait for the next slot; not a
+    continuation → wait; estimate_service_s() > remaining_s → wait; else admit by the SP
+    budget.
 
     ``estimate_service_s`` is called only when the time budget decides (it costs a prefill and
     decode estimate; most calls are decided without it)."""
@@ -68,6 +73,8 @@ def decide_admission(
         return AdmissionDecision(True, AdmitReason.SLOT_BATCH)
     if not contended:
         return AdmissionDecision(True, AdmitReason.UNCONTENDED)
+    if instances:
+        return AdmissionDecision(True, AdmitReason.INSTANCE)
     if not sp_admission:
         return AdmissionDecision(False, AdmitReason.WAIT_NEXT_SLOT)
     if not is_continuation:

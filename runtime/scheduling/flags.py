@@ -47,6 +47,13 @@ class SchedulerFlags:
     still uses the mean rule alone. Not in ``talaria`` (the named policy ``talaria-learned`` is
     ``talaria`` with it on), and not among the ``+flag`` ablations of ``DEFAULT_POLICIES``."""
 
+    serverless_instances: bool = False
+    """Request-level instances, as a serverless platform runs them (ServerlessLLM's model):
+    the model of the oldest waiting call gets the node's GPUs next, keeps them until it has
+    had no call for a fixed keep-alive (``SERVERLESS_KEEP_ALIVE_S``, no quantum), and admits
+    every call of it meanwhile, session or not. The named policy ``serverless``; not in
+    ``talaria``."""
+
     def enabled(self) -> list[str]:
         """The names of the flags that are on, in declaration order."""
         return [f.name for f in fields(self) if getattr(self, f.name)]
@@ -57,6 +64,8 @@ ROUND = SchedulerFlags()
 TALARIA = SchedulerFlags(True, True, True, True, True, True, True)
 TALARIA_LEARNED = replace(TALARIA, learned_gaps=True)
 """``talaria`` with ``learned_gaps`` (the named policy ``talaria-learned``)."""
+SERVERLESS = SchedulerFlags(serverless_instances=True)
+"""The named policy ``serverless``: request-level instances, every Talaria feature off."""
 ABLATION_FLAGS: tuple[str, ...] = tuple(f for f in FLAG_NAMES if getattr(TALARIA, f))
 """The flags ``talaria`` has on, whose ``+flag`` policies are the default ablations."""
 
@@ -71,6 +80,8 @@ def policy_flags(name: str) -> SchedulerFlags:
         return TALARIA
     if name == "talaria-learned":
         return TALARIA_LEARNED
+    if name == "serverless":
+        return SERVERLESS
     sign = name[:1]
     names = name[1:].split(sign) if sign in ("+", "-") else []
     if names and all(f in FLAG_NAMES for f in names):
@@ -81,6 +92,7 @@ def policy_flags(name: str) -> SchedulerFlags:
             "round",
             "talaria",
             "talaria-learned",
+            "serverless",
             *(f"+{f}" for f in FLAG_NAMES),
             *(f"-{f}" for f in FLAG_NAMES),
         ]

@@ -24,6 +24,7 @@ in each pass's ``AdmissionView`` and hands back what it admitted; the node asks 
 from __future__ import annotations
 
 import asyncio
+import math
 
 from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.types import CallResult
@@ -65,6 +66,9 @@ class SlotLoop:
         self._holds = holds
         self._clock = context.clock
         self._transition: asyncio.Task[None] | None = None
+        self._idle_from: dict[str, float] = {}
+        """With a planner's keep-alive: each resident model's time since it has had no call
+        running (the pass a call ends in runs at its end: the call's end wakes the loop)."""
 
     @property
     def slot(self) -> SlotStateView:
@@ -149,6 +153,8 @@ class SlotLoop:
                 self._begin_transition(self.plan() or [model])
                 continue
             self._admit(self.leaving_in(self.plan()))
+            if self.policies.planner.keep_alive_s > 0:
+                self._note_idle()
             plan = self.plan()
             if self._step_slot(plan):
                 continue
@@ -208,11 +214,29 @@ class SlotLoop:
         self._begin_transition(plan)
         return True
 
+    def _note_idle(self) -> None:
+        """Keep ``_idle_from`` for the resident models (a planner's keep-alive)."""
+        now = self._clock.now()
+        for model in self._slot.resident:
+            if self.context.engines[model].running:
+                self._idle_from.pop(model, None)
+            else:
+                self._idle_from.setdefault(model, now)
+
+    def _kept_alive_until(self, leaving: frozenset[str]) -> float | None:
+        """When the keep-alive of the leaving models ends (the last of them to go idle): None
+        without a planner's keep-alive or while one of them runs a call."""
+        keep = self.policies.planner.keep_alive_s
+        if keep <= 0 or any(m not in self._idle_from for m in leaving):
+            return None
+        return max(self._idle_from[m] for m in leaving) + keep
+
     def _next_timer_s(self, plan: list[str] | None) -> float | None:
         timers = [self._holds.table.next_change_s(self._clock.now())]
         if plan is not None and self._slot.active is not None and not self._slot.leaving:
             timers.append(self._slot.deadline_s())  # a closed slot waits for its drain instead
-        pending = [t for t in timers if t is not None]
+            timers.append(self._kept_alive_until(self.leaving_in(plan)))
+        pending = [t for t in timers if t is not None and t < math.inf]
         return max(0.0, min(pending) - self._clock.now()) if pending else None
 
     def _close_reason(self, leaving: frozenset[str]) -> CloseReason | None:
@@ -222,6 +246,9 @@ class SlotLoop:
         if self.policies.queue.closes_slot(self._classes, elapsed):
             return CloseReason.OUTRANKED
         now = self._clock.now()
+        kept = self._kept_alive_until(leaving)
+        if kept is not None and now < kept:
+            return None  # a serverless instance's keep-alive: it keeps the GPUs
         return close_reason(
             now_s=now,
             deadline_s=self._slot.deadline_s(),
@@ -257,6 +284,8 @@ class SlotLoop:
         now = self._clock.now()
         length = self.policies.planner.slot_length_s(plan[0], lambda: self.demands(now))
         self._slot.open(plan, now, length, switch_s, activated)
+        for model in activated:
+            self._idle_from.pop(model, None)
 
     def _begin_transition(self, plan: list[str]) -> None:
         self._transition = asyncio.get_running_loop().create_task(self._switch(plan))

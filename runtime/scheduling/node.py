@@ -226,8 +226,9 @@ class NodeScheduler:
     async def retire(self, model: str, host_weight_bytes: float = 0.0) -> None:
         """Stop hosting ``model`` (placement): wait until no call of it waits or runs and no
         transition is under way, put it to sleep if resident (its weights released, its
-        sessions' KV dropped), and give its pinned host copy back to the host KV tier. The
-        caller has stopped sending it calls."""
+        sessions' KV dropped), and give its pinned host copy back to the host KV tier (none
+        for a model whose weights were only on NVMe). The caller has stopped sending it
+        calls."""
         if model not in self._engines:
             raise UnknownModelError(f"node {self.name} does not host model {model!r}")
         await self._loop.retire(model)
@@ -237,7 +238,9 @@ class NodeScheduler:
         self._lifecycle.forget_model(model)
         del self._engines[model]
         self._intake.close_queue(model)
-        self.memory.resize_host_kv(host_weight_bytes)
+        on_nvme = not self.memory.host_weights.has_copy(model)
+        held = self.memory.host_weights.forget(model)
+        self.memory.resize_host_kv(0.0 if on_nvme else held or host_weight_bytes)
         self._signals.poke()
 
     def hint(self, session_key: str, expected_gap_s: float) -> None:

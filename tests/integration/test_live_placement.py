@@ -4,7 +4,8 @@ after its cold start; a model a runtime drains takes only its own sessions there
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -46,9 +47,12 @@ def _node(tmp_path: Path, name: str, *models: str) -> Path:
 
 
 @contextmanager
-def _fleet(tmp_path: Path, *nodes: tuple[str, ...]) -> Iterator[tuple[RunningProxy, list[str]]]:
+def _fleet(
+    tmp_path: Path, *nodes: tuple[str, ...], **placement: float
+) -> Iterator[tuple[RunningProxy, list[str]]]:
     """Runtime servers hosting ``nodes``' models, and a proxy with the placement library
-    over them (its periodic looks an hour apart: only cold starts move models here)."""
+    over them (its periodic looks an hour apart unless ``placement`` says otherwise: only
+    cold starts move models here)."""
     library = tmp_path / "library.toml"
     library.write_text(LIBRARY.format(absent=tmp_path / "absent"))
     with ExitStack() as stack:
@@ -64,7 +68,7 @@ def _fleet(tmp_path: Path, *nodes: tuple[str, ...]) -> Iterator[tuple[RunningPro
             runtimes=urls,
             status_ttl_s=0.0,  # every call reads the runtimes' drains afresh
             placement_library=str(library),
-            placement_interval_s=3600.0,
+            **({"placement_interval_s": 3600.0} | placement),  # type: ignore[arg-type]
         )
         yield stack.enter_context(running_proxy(settings)), urls
 
@@ -134,6 +138,64 @@ def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> No
         assert "absent" in failed.value.message  # the runtime's reason: no such directory
         assert failed.value.response.headers["retry-after"] == "30"
         assert all("minimax-m2" not in _models(url) for url in urls)
+
+
+def _wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Poll ``condition`` (each poll an HTTP read) until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.05)
+
+
+def test_an_idle_library_model_scales_to_zero_stays_listed_and_comes_back(
+    tmp_path: Path,
+) -> None:
+    """Scale to zero, live: the runtimes and the proxy run at 500× (clock seconds), the
+    controller looks every 100 s and keeps an idle model at least 1,500 s."""
+    fleet = _fleet(
+        tmp_path, ("glm-4.5-fp8",), ("glm-4.5-air-fp8",),
+        time_scale=500.0, placement_interval_s=100.0, placement_keep_alive_s=1500.0,
+    )  # fmt: skip
+    with fleet as (proxy, urls):
+        client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+
+        def ask(model: str, session: str) -> str:
+            reply = client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=[{"role": "user", "content": f"task {session}"}],
+                extra_headers={"x-talaria-session-id": session},
+            )
+            assert reply.parse().model == model
+            return reply.headers["x-talaria-instance"]
+
+        def moves() -> list[tuple[str, str, str, str]]:
+            admin = httpx.get(
+                proxy.base_url + "/admin/placement", headers={"authorization": f"Bearer {ADMIN}"}
+            ).json()
+            return [(m["kind"], m["model"], m["reason"], m["outcome"]) for m in admin["moves"]]
+
+        def hosted() -> bool:
+            return any("gpt-oss-120b" in _models(url) for url in urls)
+
+        def state() -> str:
+            listed = {m.id: m.model_extra for m in client.models.list()}
+            return str(listed["gpt-oss-120b"]["state"])
+
+        ask("gpt-oss-120b", "first")  # its cold start
+        assert hosted() and state() == "warm"
+        evicted = ("evict", "gpt-oss-120b", "scale-to-zero", "ok")
+        _wait_until(lambda: evicted in moves(), "gpt-oss-120b scaled to zero")
+        assert not hosted() and state() == "cold"  # still listed, with its expected cold start
+        assert ask("glm-4.5-fp8", "meanwhile") == "rt0"  # the others serve on
+        ask("gpt-oss-120b", "second")  # answered after a second cold start
+        assert hosted()
+        started = ("add", "gpt-oss-120b", "cold-start", "ok")
+        assert moves()[:3] == [started, evicted, started]
+        admin = httpx.get(
+            proxy.base_url + "/admin/placement", headers={"authorization": f"Bearer {ADMIN}"}
+        ).json()
+        assert admin["keep_alive_s"] == {"gpt-oss-120b": 1500.0, "minimax-m2": 1500.0}
 
 
 def test_a_draining_model_keeps_its_sessions_and_takes_no_new_one(tmp_path: Path) -> None:

@@ -17,12 +17,12 @@ from talaria.sim.plan import (
     Point,
     cheapest,
     dedicated_layout,
-    groups_of,
     meets,
     search_dedicated,
     search_shared,
     worst_model,
 )
+from talaria.sim.plan_figures import groups_of
 
 
 def _point(family: str, gpus: tuple[int, ...], p95: dict[str, float]) -> Point:
@@ -166,13 +166,29 @@ def test_talaria_plan_writes_the_gpus_each_family_needs(tmp_path: Path) -> None:
     talaria = plans["talaria"]
     assert meets(talaria) and talaria["gpus"] <= min(dedicated["gpus"], static["gpus"])
     shared = [p for p in doc["points"] if p["family"] == "talaria"]
-    assert shared[0]["layout"] == dedicated["layout"]  # from the dedicated plan's groups
-    for i, moved in enumerate(shared[1:], 1):  # one model moved from a layout kept before
-        kept = [p["nodes"] for p in shared[:i] if meets(p)]
+    # first the pools (sim/plan_pool.py), then the moves from the cheapest layout that meets
+    # the SLO among them and the dedicated plan's (its replay again: the moves' first point)
+    searches = [p["search"] for p in shared]
+    start = searches.index("moves")
+    assert set(searches[:start]) <= {"pool"} and set(searches[start:]) == {"moves"}
+    for pool in shared[:start]:  # the coldest models on whole nodes, the others on their groups
+        assert {m for node in pool["layout"] for m in node} == models
+        sizes = zip(pool["layout"], pool["gpus_per_node"], strict=True)
+        assert any(size == 8 and len(node) > 1 for node, size in sizes)
+    assert meets(shared[start])
+    moves = shared[start:]
+    for i, moved in enumerate(moves[1:], 1):  # one model moved from a layout kept before
+        kept = [p["nodes"] for p in moves[:i] if meets(p)]
         assert moved["nodes"] + 1 in kept and moved["gpus"] < dedicated["gpus"]
         assert sorted(m for node in moved["layout"] for m in node) == sorted(models)
+    serverless = plans["serverless"]  # its pools under request-level instances, or dedicated
+    assert meets(serverless) and serverless["gpus"] <= dedicated["gpus"]
+    assert all(p["weight_loads"] for p in doc["points"])  # every replay counts its loads by tier
+    assert set(talaria["slo_by_model"]) == set(bounds) and all(
+        v["met"] for v in talaria["slo_by_model"].values()
+    )
     assert png.stat().st_size > 0
-    for family in ("talaria", "static", "dedicated", "dedicated_node", "memory minimum 77"):
+    for family in ("talaria", "serverless", "static", "dedicated", "dedicated_node", "minimum 77"):
         assert family in result.output
 
 

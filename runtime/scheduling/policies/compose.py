@@ -11,6 +11,8 @@ built with.
 | ``demand_slots``   | planner   | ``demand``                               | ``round-robin``   |
 | ``co_residency``   | planner   | ``<planner>+co-residency``               | the planner alone |
 | ``fair_queue``     | queue     | ``fair``                                 | ``arrival``       |
+| ``serverless_instances`` | planner | ``keep-alive``                     | as above          |
+| ``serverless_instances`` | admission | every call of a resident model   | as above          |
 
 This module alone reads the flags (``PolicyChoice.of``); the node reads its objects. A new
 queue order, planner or hold policy is a class in its kind's module and a line in its table
@@ -35,6 +37,7 @@ from talaria.runtime.scheduling.policies.holding import (
 from talaria.runtime.scheduling.policies.planner import (
     CoResidentPlanner,
     DemandPlanner,
+    KeepAlivePlanner,
     RoundRobinPlanner,
     SlotPlanner,
 )
@@ -51,6 +54,7 @@ PLANNERS: dict[str, Callable[[float, QueueOrder], SlotPlanner]] = {
     "demand": DemandPlanner,
     "round-robin+co-residency": lambda q, queue: CoResidentPlanner(RoundRobinPlanner(q, queue)),
     "demand+co-residency": lambda q, queue: CoResidentPlanner(DemandPlanner(q, queue)),
+    "keep-alive": KeepAlivePlanner,
 }
 """Slot planner name → its constructor (the quantum, the node's queue order)."""
 HOLD_POLICIES: dict[str, Callable[[float], HoldPolicy]] = {
@@ -77,6 +81,8 @@ class PolicyChoice:
     """Switch: the outgoing model's session KV moves to host DRAM (else it is dropped)."""
     stage_weights: bool = False
     """Switch: the next model's weights are staged during the slot."""
+    instances: bool = False
+    """Admission: every call of a resident model enters (request-level instances)."""
 
     def __post_init__(self) -> None:
         for kind, name, table in (
@@ -91,6 +97,8 @@ class PolicyChoice:
     def of(cls, flags: SchedulerFlags) -> PolicyChoice:
         """The composition of a named policy's flags (the module docstring's table)."""
         planner = "demand" if flags.demand_slots else "round-robin"
+        if flags.serverless_instances:
+            planner = "keep-alive"
         holds = "none"
         if flags.soft_reservations:
             holds = "learned-gap" if flags.learned_gaps else "mean-gap"
@@ -101,6 +109,7 @@ class PolicyChoice:
             session_prefill=flags.sp_admission,
             kv_on_host=flags.host_kv,
             stage_weights=flags.d2d_staging,
+            instances=flags.serverless_instances,
         )
 
     @property
@@ -129,7 +138,7 @@ class NodePolicies:
             queue=queue,
             planner=PLANNERS[choice.planner](config.quantum_s, queue),
             holds=HOLD_POLICIES[choice.holds](config.gap_quantile),
-            admission=AdmissionRule(choice.session_prefill),
+            admission=AdmissionRule(choice.session_prefill, choice.instances),
             switch=SwitchPolicy(choice.kv_on_host, choice.stage_weights),
         )
 

@@ -9,10 +9,15 @@ functions).
   a slot of Q × clamp(n × share, ½, 2) (``slot_length_s``).
 - ``CoResidentPlanner(inner)``: ``inner``'s model first, then every model whose weights fit
   beside it (slots.py ``resident_set``); only the models that do not fit are switched.
+- ``KeepAlivePlanner``: a serverless platform's request-level instances (flags.py
+  ``serverless_instances``): the model whose oldest waiting call has waited longest; its slot
+  has no quantum and closes only once the model has had no call running or admissible for
+  ``keep_alive_s`` (the loop keeps the slot that long, runtime/scheduling/loop.py).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -57,10 +62,18 @@ class PlanView:
         return self._demands
 
 
+SERVERLESS_KEEP_ALIVE_S = 60.0
+"""A serverless instance's fixed keep-alive after its last call: Knative's default stable
+window (docs/sources.md §16)."""
+
+
 class SlotPlanner(SessionEvents):
     """Plans the next resident set; ``first`` is required."""
 
     name: ClassVar[str]
+    keep_alive_s: ClassVar[float] = 0.0
+    """A contended slot stays open this long after its models' last call (0: it closes once
+    they are idle)."""
 
     def __init__(self, quantum_s: float, queue: QueueOrder) -> None:
         self.quantum_s = quantum_s
@@ -135,3 +148,20 @@ class CoResidentPlanner(SlotPlanner):
 
     def slot_length_s(self, model: str, demand_of: Callable[[], Mapping[str, Demand]]) -> float:
         return self.inner.slot_length_s(model, demand_of)
+
+
+class KeepAlivePlanner(SlotPlanner):
+    """Request-level instances (module docstring): the oldest waiting call's model first, a
+    slot without a quantum, kept ``SERVERLESS_KEEP_ALIVE_S`` after the last call."""
+
+    name = "keep-alive"
+    keep_alive_s = SERVERLESS_KEEP_ALIVE_S
+
+    def first(self, view: PlanView) -> str:
+        waiting = {m: d for m, d in view.demands().items() if view.outside.get(m, 0) > 0}
+        assert waiting, "a plan is asked for only with calls waiting outside"
+        rank = {m: i for i, m in enumerate(view.order)}
+        return max(waiting, key=lambda m: (waiting[m].oldest_wait_s, -rank.get(m, 0)))
+
+    def slot_length_s(self, model: str, demand_of: Callable[[], Mapping[str, Demand]]) -> float:
+        return math.inf

@@ -49,6 +49,8 @@ class AdmissionRule(SessionEvents):
     """Whether a waiting call enters now (the module docstring)."""
 
     session_prefill: bool
+    instances: bool = False
+    """Request-level instances: every call of a resident model enters (admission.py)."""
 
     def decide(
         self,
@@ -69,4 +71,5 @@ class AdmissionRule(SessionEvents):
             is_continuation=is_continuation,
             remaining_s=remaining_s,
             estimate_service_s=estimate_service_s,
+            instances=self.instances,
         )

@@ -418,7 +418,11 @@ def test_a_short_admin_token_is_refused_at_start(monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("TALARIA_RESPONSES_TTL_S", "0"), ("TALARIA_PLACEMENT_INTERVAL_S", "-1")],
+    [
+        ("TALARIA_RESPONSES_TTL_S", "0"),
+        ("TALARIA_PLACEMENT_INTERVAL_S", "-1"),
+        ("TALARIA_PLACEMENT_KEEP_ALIVE_S", "0"),
+    ],
 )
 def test_a_plugins_bad_setting_is_refused_at_start(
     monkeypatch: pytest.MonkeyPatch, name: str, value: str

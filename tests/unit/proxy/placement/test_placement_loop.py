@@ -13,7 +13,7 @@ import pytest
 from talaria.core.clock import LoopClock, TimeScale, run_virtual
 from talaria.core.placement import MoveKind, PlacementConfig, Reason
 from talaria.core.status import InstanceStatus, ModelResidency, ModelState
-from talaria.proxy.placement.library import load_library
+from talaria.proxy.placement.library import FleetDemand, load_library
 from talaria.proxy.placement.loop import ColdStartFailed, PlacementLoop
 from talaria.proxy.runtimes.decoding import PlacementRefused
 from talaria.proxy.runtimes.pool import RuntimePool
@@ -55,6 +55,8 @@ class FakeRuntime:
         self.calls: dict[str, tuple[int, float]] = {}
         """Model → (calls finished in the window, their mean engine seconds)."""
         self.demand_fails = False
+        self.idle_s: dict[str, float] = {}
+        self.gap_p99_s: dict[str, float] = {}
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -89,6 +91,8 @@ class FakeRuntime:
             "demand": dict(self.sessions),
             "call_s": {m: mean for m, (_, mean) in self.calls.items()},
             "finished_calls": {m: n for m, (n, _) in self.calls.items()},
+            "idle_s": dict(self.idle_s),
+            "gap_p99_s": dict(self.gap_p99_s),
         }
 
     async def add_model(self, entry: Mapping[str, Any]) -> None:
@@ -330,7 +334,7 @@ def test_the_view_counts_adds_under_way_and_not_draining_models() -> None:
         loop = _loop([n0, n1])
         loop.moves.adding[("n1", "c")] = 0.0  # an add started by this loop
         statuses = {s.instance: s for s in await loop.pool.statuses(None)}
-        view = loop.view(0.0, statuses, {}, {})
+        view = loop.view(0.0, statuses, FleetDemand({}, {}, {}, {}))
         nodes = {n.name: n for n in view.nodes}
         assert nodes["n0"].hosted == {"a", "outside"} and nodes["n0"].draining == {"b"}
         assert nodes["n0"].live["b"] == 3 and nodes["n0"].budget_bytes == 1_000 * GB
@@ -435,11 +439,15 @@ def test_demand_is_summed_over_the_runtimes_and_call_times_weighted_by_their_cal
         )
         n0.sessions, n1.sessions = {"a": 3}, {"a": 2, "b": 1}
         n0.calls, n1.calls = {"a": (1, 10.0)}, {"a": (3, 2.0), "b": (2, 5.0)}
+        n0.idle_s, n0.gap_p99_s = {"a": 70.0}, {"a": 30.0}
+        n1.idle_s, n1.gap_p99_s = {"a": 40.0, "b": 7.0}, {"a": 12.0, "b": 9.0}
         n2.sessions, n2.demand_fails = {"b": 50}, True  # left out, not fatal
         loop = _loop([n0, n1, n2])
-        assert await loop.demand(["n0", "n1", "n2"]) == (
+        assert await loop.demand(["n0", "n1", "n2"]) == FleetDemand(
             {"a": 5.0, "b": 1.0},
             {"a": (10.0 + 3 * 2.0) / 4, "b": 5.0},
+            {"a": 40.0, "b": 7.0},  # the least since a call: n1's a, n1's b
+            {"a": 30.0, "b": 9.0},  # the largest gap quantile: n0's a, n1's b
         )
 
     run_virtual(main())

@@ -140,6 +140,13 @@ ADMIT_TABLE: list[tuple[dict[str, Any], bool, AdmitReason]] = [
     ({"remaining_s": -1.0, "estimated_service_s": 0.0}, False, AdmitReason.WAIT_OVER_TIME_BUDGET),
     ({}, True, AdmitReason.SP_BUDGET),
     ({"estimated_service_s": 10.0}, True, AdmitReason.SP_BUDGET),  # exactly fits
+    # request-level instances (serverless): every call of a resident model, session or not
+    (
+        {"instances": True, "sp_admission": False, "is_continuation": False},
+        True,
+        AdmitReason.INSTANCE,
+    ),
+    ({"instances": True, "closing": True}, False, AdmitReason.WAIT_CLOSING),
 ]
 
 
@@ -334,7 +341,8 @@ def test_reservation_table_queries() -> None:
     [
         ("round", []),
         ("talaria", list(ABLATION_FLAGS)),
-        ("talaria-learned", list(FLAG_NAMES)),
+        ("talaria-learned", [*ABLATION_FLAGS, "learned_gaps"]),
+        ("serverless", ["serverless_instances"]),
         ("+learned_gaps", ["learned_gaps"]),
         ("+sp_admission", ["sp_admission"]),
         ("+host_kv", ["host_kv"]),
@@ -360,8 +368,9 @@ def test_named_policies() -> None:
         "co_residency",
         "fair_queue",
         "learned_gaps",
+        "serverless_instances",
     )
-    assert FLAG_NAMES[:-1] == ABLATION_FLAGS
+    assert FLAG_NAMES[:-2] == ABLATION_FLAGS
     assert all(getattr(TALARIA, f) for f in ABLATION_FLAGS) and not TALARIA.learned_gaps
     assert policy_flags("talaria-learned") == TALARIA_LEARNED == replace(TALARIA, learned_gaps=True)
     assert policy_flags("-co_residency") == replace(TALARIA, co_residency=False)

@@ -190,6 +190,11 @@ def test_an_idle_library_model_scales_to_zero_stays_listed_and_comes_back(
         assert ask("glm-4.5-fp8", "meanwhile") == "rt0"  # the others serve on
         ask("gpt-oss-120b", "second")  # answered after a second cold start
         assert hosted()
+        with pytest.raises(openai.InternalServerError) as failed:  # its engine cannot start
+            ask("minimax-m2", "broken")
+        assert failed.value.status_code == 503 and "could not be started" in failed.value.message
+        assert failed.value.response.headers["retry-after"] == "30"
+        assert ask("glm-4.5-fp8", "after") == "rt0"  # the node serves the others on
         started = ("add", "gpt-oss-120b", "cold-start", "ok")
         assert moves()[:3] == [started, evicted, started]
         admin = httpx.get(

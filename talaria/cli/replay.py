@@ -86,10 +86,10 @@ def replay(
         typer.Option(
             help="Comma-separated policies (default: the preset's): round (load-only router, "
             "all flags off), talaria (talaria router, all flags on), placement (talaria "
-            "with the placement controller moving models between nodes by demand), load-only, "
-            "sticky, "
-            "kv-aware (that router, all flags on), +sp_admission, +host_kv, +d2d_staging, "
-            "+soft_reservations (one flag over round)."
+            "with the placement controller moving models between nodes by demand), serverless "
+            "(request-level instances with a fixed keep-alive, no session awareness), "
+            "load-only, sticky, kv-aware (that router, all flags on), +sp_admission, "
+            "+host_kv, +d2d_staging, +soft_reservations (one flag over round)."
         ),
     ] = None,
     quantum_s: Annotated[

@@ -4,7 +4,10 @@ GPUs until it has had no call for the keep-alive, however long others wait."""
 
 from __future__ import annotations
 
-from talaria.core.types import KvSource
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from talaria.core.types import CallResult, KvSource
 from talaria.runtime.scheduling.admission import AdmitReason, decide_admission
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.policies.compose import PolicyChoice
@@ -18,6 +21,8 @@ from tests.unit.runtime.scheduling.scenarios import (
     OUT,
     P0,
     TWO_CALLS_A,
+    Agent,
+    Call,
     approx,
     lone_call_s,
     ok,
@@ -50,3 +55,34 @@ def test_an_instance_keeps_the_node_for_its_keep_alive_then_the_waiting_model_lo
     assert first.end_s == approx(a1.finished_s + SERVERLESS_KEEP_ALIVE_S)  # b waited it out
     assert b0.admitted_s == approx(first.end_s + plain_switch_s(COST_A, COST_B))
     assert b0.finished_s == approx(b0.admitted_s + lone_call_s(COST_B, P0, OUT))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    agents=st.lists(
+        st.tuples(
+            st.sampled_from(("a", "b")),
+            st.floats(0, 300),
+            st.lists(st.tuples(st.integers(100, 3_000), st.floats(0, 120)), min_size=1, max_size=4),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_every_call_of_every_session_finishes_under_instances(
+    agents: list[tuple[str, float, list[tuple[int, float]]]],
+) -> None:
+    """No call is lost or left waiting: an instance's keep-alive ends, and the waiting model
+    gets the node; a slot closes only once idle (never on a quantum)."""
+    built = [
+        Agent(
+            f"s{i}", model, start,
+            tuple(Call(prompt + 100 * k, 20, gap_s=gap) for k, (prompt, gap) in enumerate(calls)),
+        )
+        for i, (model, start, calls) in enumerate(agents)
+    ]  # fmt: skip
+    node, out = run_scenario(policy_flags("serverless"), built)
+    for agent in built:
+        assert len(out[agent.session]) == len(agent.calls)
+        assert all(isinstance(r, CallResult) for r in out[agent.session])
+    assert all(s.close in (None, CloseReason.IDLE) for s in node.slots)

@@ -75,18 +75,22 @@ def plan(
 ) -> None:
     """Find how many GPUs the preset's sessions need to meet a p95 SCT SLO on every model.
 
-    Replays the sessions on four families of layouts and prints the fewest GPUs of each that
+    Replays the sessions on five families of layouts and prints the fewest GPUs of each that
     meets the SLO: dedicated_node (every model on whole 8-GPU nodes of its own, one more for the
     model worst off); dedicated (every model on GPU groups of the right size: from the fewest
     GPUs that hold its weights and one full-context sequence, 1, 2, 4 or 8, the model worst off
-    gets one more replica or groups twice as large); static (the models packed by demand onto
-    whole nodes, fewest first, up to the GPUs of the dedicated plan); talaria (the dedicated
-    groups with models moved, coldest first, into another model's group, each move kept only
-    while the SLO is still met; or any other layout above that the talaria policy serves with
-    fewer GPUs). The JSON document has plans.{talaria,static,dedicated,dedicated_node}.gpus (a
-    plan is null when nothing up to --max-nodes' GPUs meets it) with each plan's groups (models,
-    group GPUs, replicas), the SLO's bound per model, the memory minimum, and every replay's p95
-    per model.
+    gets one more replica or groups twice as large); serverless (request-level instances with
+    a fixed 60 s keep-alive and no session awareness: its own right-sized groups, then its
+    coldest models pooled on one or two whole nodes); static (the models packed by demand onto
+    whole nodes, fewest first, up to the GPUs of the dedicated plan); talaria (the coldest
+    models pooled on one or two whole nodes, their weights woken from host DRAM or local NVMe,
+    then models moved, coldest first, into another model's group, each move kept only while the
+    SLO is still met; or any other layout above that the talaria policy serves with fewer
+    GPUs). The JSON document has plans.{talaria,serverless,static,dedicated,dedicated_node}.gpus
+    (a plan is null when nothing up to --max-nodes' GPUs meets it) with each plan's groups
+    (models, group GPUs, replicas), its weights' loads by tier (loads_by_tier) and each model's
+    SLO attainment (slo_by_model), the SLO's bound per model, the listed models, the memory
+    minimum, and every replay's p95 per model.
     """
     from talaria.sim.plan import Point
     from talaria.sim.plan import plan as make_plan

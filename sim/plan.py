@@ -10,9 +10,9 @@ the dedicated groups, all served under its policy):
 
 - ``talaria``: GPU groups shared: first the market's tail pooled on a few whole nodes
   (sim/plan_pool.py: the coldest models that leave the ``dedicated`` plan's groups for k
-  nodes, the most that still meet the SLO for each k); then, from the cheapest of those and
-  the ``dedicated`` plan (sim/placement.py ``share_group``), each model alone on a group,
-  coldest first, moves into the group of another
+  nodes, the most that still meet the SLO for each k); then, from the ``dedicated`` plan, or
+  the cheapest of those pools where it has fewer GPUs (sim/placement.py ``share_group``),
+  each model alone on a group, coldest first, moves into the group of another
   (resident together where their memory allows, else time-sharing it in slots with SP
   admission, host KV and staging: the ``talaria`` policy); a move is kept when the replay
   still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
@@ -271,7 +271,8 @@ def plan(
         layout, gpus = first.layout, first.gpus_per_node
         search_pools(layout, gpus, demand, weights, budget, whole, pool_meets)
     families[SERVERLESS] = own + pools[SERVERLESS]
-    seed = cheapest([p for p in (start_from, *pools["talaria"]) if p is not None], bounds)
+    pooled = cheapest(pools["talaria"], bounds)  # the moves start there if it saves GPUs
+    seed = pooled if pooled and (not start_from or pooled.gpus < start_from.gpus) else start_from
     families["talaria"] = pools["talaria"] + search_shared(seed, demand, move, bounds, jobs, run)
     plans: dict[str, dict[str, Any] | None] = {}
     for family in FAMILIES:

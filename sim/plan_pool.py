@@ -10,8 +10,9 @@ of the time, is what a node or two should hold, and larger pools are the whole-n
 ground (sim/plan.py's ``static`` family). For each ``k`` the largest ``j`` whose
 replay meets the SLO is found by bisection (pooling one more model only adds to the pool's
 load: meeting is taken as monotone in ``j``), the ``k`` searches stepping together, ``jobs``
-replays at a time. Each pooled layout is a Talaria point (family ``talaria``), and the
-cheapest that meets the SLO is where sim/plan.py's move search starts.
+replays at a time, each layout once. Each pooled layout is a Talaria point (family
+``talaria``); the cheapest that meets the SLO is where sim/plan.py's move search starts when
+it has fewer GPUs than the dedicated plan.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ the dedicated groups, all served under its policy):
   (resident together where their memory allows, else time-sharing it in slots with SP
   admission, host KV and staging: the ``talaria`` policy); a move is kept when the replay
   still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
-- ``serverless``: request-level instances (the ``serverless`` policy, sim/policies.py): its own
-  right-sizing of dedicated groups (as ``dedicated``, under its policy), then its tail pooled
-  on a node or two (sim/plan_pool.py), as Talaria's;
+- ``serverless``: request-level instances (sim/policies.py): right-sized as ``dedicated`` under
+  its policy (up to twice that plan's GPUs; past them, None), then pooled as Talaria's;
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
   counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the GPUs
@@ -258,7 +257,8 @@ def plan(
     def move(layout: Layout, gpus: Sequence[int], model: str) -> Moved | None:
         return share_group(layout, gpus, model, demand, weights, minimum, budget, whole, together)
 
-    own = search_dedicated(minimum, bounds, whole, limit * whole, run, SERVERLESS)
+    most_gpus = 2 * start_from.gpus if start_from is not None else limit * whole
+    own = search_dedicated(minimum, bounds, whole, most_gpus, run, SERVERLESS)
     starts = {"talaria": start_from, SERVERLESS: cheapest(own, bounds)}
     pools: dict[str, list[Point]] = {"talaria": [], SERVERLESS: []}
     for family, first in ((f, p) for f, p in starts.items() if p is not None):
@@ -295,6 +295,7 @@ def plan(
         "points": [p.summary() for family in FAMILIES for p in families[family]],
         "max_nodes": limit,
         "static_max_nodes": most,
+        "serverless_max_gpus": most_gpus,
         "gpus_per_node": whole,
         "policy": POLICY,
         "serverless_policy": SERVERLESS,
@@ -316,9 +317,8 @@ def _more_nodes(
 
 
 def _candidates(family: str, families: Mapping[str, list[Point]]) -> list[Point]:
-    """The points a family's plan is chosen from: its own; Talaria's all the layouts it can
-    serve under its policy: its shared groups, the whole-node packings (groups of 8 are groups
-    too) and the dedicated groups (a group of one model is a group too)."""
+    """The points a family's plan is chosen from: its own; Talaria's every layout its policy
+    serves: its shared groups, the whole-node packings and the dedicated groups."""
     if family == "talaria":
         return [*families["talaria"], *families["static"], *families["dedicated"]]
     return families[family]

@@ -180,7 +180,9 @@ def _plan_table(doc: dict[str, Any]) -> Table:
     for family, found in doc["plans"].items():
         if found is None:  # nothing evaluated meets it, up to the family's bound
             nodes = doc["static_max_nodes"] if family == "static" else doc["max_nodes"]
-            table.add_row(family, f"> {nodes * doc['gpus_per_node']}", "–", "–", "–", "–")
+            most = nodes * doc["gpus_per_node"]
+            most = doc["serverless_max_gpus"] if family == "serverless" else most
+            table.add_row(family, f"> {most}", "–", "–", "–", "–")
             continue
         share = f"{found['gpus'] / dedicated['gpus']:.2f}" if dedicated else "–"
         table.add_row(

@@ -16,8 +16,10 @@ the dedicated groups, all served under its policy):
   (resident together where their memory allows, else time-sharing it in slots with SP
   admission, host KV and staging: the ``talaria`` policy); a move is kept when the replay
   still meets the SLO and dropped when not, and the next mover is tried (``jobs`` at a time);
-- ``serverless``: request-level instances (sim/policies.py): right-sized as ``dedicated`` under
-  its policy (up to twice that plan's GPUs; past them, None), then pooled as Talaria's;
+- ``serverless``: request-level instances (the ``serverless`` policy, sim/policies.py): its own
+  right-sizing of dedicated groups (as ``dedicated``, under its policy, up to twice the
+  ``dedicated`` plan's GPUs: past that its plan is None), then its tail pooled on a node or
+  two (sim/plan_pool.py), as Talaria's;
 - ``static``: the models packed onto ``n`` whole nodes by demand (sim/placement.py ``pack``),
   the ``talaria`` policy, the layout fixed for the whole trace (Talaria before GPU groups);
   counts are tried fewest first, ``jobs`` at a time, until one meets the SLO, up to the GPUs
@@ -33,22 +35,18 @@ the dedicated groups, all served under its policy):
   a time for the model furthest over its bound.
 
 Every layout evaluated is kept (``points``), so the GPUs needed for any other SLO are read off
-the same replays (``cheapest``).
+the same replays (``cheapest``). One replay and its verdict: sim/plan_replay.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field, replace
-from multiprocessing import get_context
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from talaria.core.catalog import Catalog
 from talaria.core.groups import fit_together, smallest_group
 from talaria.core.trace import SessionTrace
-from talaria.sim.experiment import ExperimentSetup, run_experiment
-from talaria.sim.metrics import percentile
 from talaria.sim.placement import (
     Layout,
     model_demand,
@@ -57,152 +55,24 @@ from talaria.sim.placement import (
     static_layouts,
     weight_room_bytes,
 )
-from talaria.sim.plan_figures import attainment, groups_of, loads_by_tier
+from talaria.sim.plan_figures import attainment
 from talaria.sim.plan_pool import search_pools
+from talaria.sim.plan_replay import (
+    POLICY,
+    SERVERLESS,
+    Candidate,
+    Moved,
+    Point,
+    Replayer,
+    cheapest,
+    dedicated_layout,
+    meets,
+    overage,
+    runner,
+    worst_model,
+)
 
-POLICY = "talaria"
-"""The replay policy of every layout but ``serverless``'s (sim/policies.py): its router and
-node scheduler."""
-SERVERLESS = "serverless"
-"""The ``serverless`` family's replay policy: request-level instances with a fixed keep-alive,
-no session awareness (sim/policies.py)."""
 FAMILIES = ("talaria", "serverless", "static", "dedicated", "dedicated_node")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A layout to replay: its family, the models of each node and each node's GPUs."""
-
-    family: str
-    layout: Layout
-    gpus: tuple[int, ...]
-    search: str = ""
-    """Which search of its family made it (``pool``: sim/plan_pool.py; ``moves``)."""
-
-    @property
-    def policy(self) -> str:
-        """The replay policy of its family."""
-        return SERVERLESS if self.family == SERVERLESS else POLICY
-
-
-@dataclass(frozen=True)
-class Point:
-    """One replay of the plan: a layout, its nodes' GPUs and the SCTs it gave."""
-
-    family: str
-    layout: Layout
-    gpus_per_node: tuple[int, ...]
-    p50_sct_s: float
-    p95_sct_s: float
-    mean_sct_s: float
-    p95_by_model: Mapping[str, float]
-    sct_s: Mapping[str, float] = field(default_factory=dict)
-    weight_loads: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
-    """Per model, its weights' loads into HBM by the tier read from (the replay's)."""
-    search: str = ""
-    """Which search of its family made it (``Candidate.search``)."""
-
-    @property
-    def nodes(self) -> int:
-        return len(self.layout)
-
-    @property
-    def gpus(self) -> int:
-        return sum(self.gpus_per_node)
-
-    def summary(self) -> dict[str, Any]:
-        """The point without its per-session SCTs (for documents and tables)."""
-        return {
-            "family": self.family,
-            "search": self.search,
-            "nodes": self.nodes,
-            "gpus": self.gpus,
-            "layout": [list(models) for models in self.layout],
-            "gpus_per_node": list(self.gpus_per_node),
-            "groups": groups_of(self.layout, self.gpus_per_node),
-            "p50_sct_s": self.p50_sct_s,
-            "p95_sct_s": self.p95_sct_s,
-            "mean_sct_s": self.mean_sct_s,
-            "p95_by_model": dict(self.p95_by_model),
-            "weight_loads": {m: dict(tiers) for m, tiers in self.weight_loads.items()},
-            "loads_by_tier": loads_by_tier(self.weight_loads),
-        }
-
-
-def replay_layout(
-    candidate: Candidate,
-    sessions: Sequence[SessionTrace],
-    catalog: Catalog,
-    server: str,
-    profile: str,
-    quantum_s: float,
-) -> Point:
-    """Replay ``sessions`` on the candidate's layout under its family's policy."""
-    layout, gpus = candidate.layout, candidate.gpus
-    models = tuple(dict.fromkeys(m for node in layout for m in node))
-    whole = catalog.server(server).gpus
-    groups = None if all(g == whole for g in gpus) else gpus
-    setup = ExperimentSetup(server, profile, models, len(layout), quantum_s, layout, groups)
-    policy = candidate.policy
-    doc = run_experiment(
-        sessions, catalog, setup, [policy], include_dedicated=False, include_oracle=False
-    )
-    result = doc["policies"][policy]
-    return Point(
-        candidate.family,
-        layout,
-        gpus,
-        result["p50_sct_s"],
-        result["p95_sct_s"],
-        result["mean_sct_s"],
-        p95_by_model(result["sct_s"], sessions),
-        result["sct_s"],
-        result["weight_loads"],
-        candidate.search,
-    )
-
-
-def p95_by_model(sct_s: Mapping[str, float], sessions: Sequence[SessionTrace]) -> dict[str, float]:
-    """Each model's sessions' p95 SCT."""
-    by_model: dict[str, list[float]] = {}
-    for session in sessions:
-        by_model.setdefault(session.model, []).append(sct_s[session.session_id])
-    return {m: percentile(scts, 95) for m, scts in sorted(by_model.items())}
-
-
-def dedicated_layout(
-    replicas: Mapping[str, int], sizes: Mapping[str, int]
-) -> tuple[Layout, tuple[int, ...]]:
-    """Each model on ``replicas[m]`` groups of ``sizes[m]`` GPUs of its own."""
-    nodes = [(m, sizes[m]) for m, count in replicas.items() for _ in range(count)]
-    return tuple((m,) for m, _ in nodes), tuple(size for _, size in nodes)
-
-
-def overage(point: Point, bounds: Mapping[str, float]) -> dict[str, float]:
-    """Each model's p95 ÷ its bound (≤ 1: the model meets the SLO)."""
-    return {m: point.p95_by_model[m] / bound for m, bound in bounds.items()}
-
-
-def meets(point: Point, bounds: Mapping[str, float]) -> bool:
-    """Every model's p95 within its bound."""
-    return all(ratio <= 1.0 for ratio in overage(point, bounds).values())
-
-
-def cheapest(points: Iterable[Point], bounds: Mapping[str, float]) -> Point | None:
-    """The evaluated point with the fewest GPUs (then nodes) that meets ``bounds`` (None:
-    none does)."""
-    meeting = [p for p in points if meets(p, bounds)]
-    return min(meeting, key=lambda p: (p.gpus, p.nodes)) if meeting else None
-
-
-def worst_model(point: Point, bounds: Mapping[str, float]) -> str:
-    """The model furthest over its bound (ties: the first by name)."""
-    ratios = overage(point, bounds)
-    return max(sorted(ratios), key=lambda m: ratios[m])
-
-
-Replayer = Callable[[Sequence[Candidate]], list[Point]]
-Moved = tuple[Layout, tuple[int, ...]]
 
 
 def plan(
@@ -225,7 +95,7 @@ def plan(
     (default: twice the model count)."""
     limit = max_nodes or 2 * len(models)
     whole = catalog.server(server).gpus
-    run = _runner(sessions, catalog, server, profile, quantum_s, jobs, on_point)
+    run = runner(sessions, catalog, server, profile, quantum_s, jobs, on_point)
     one_each = {m: 1 for m in models}
     node_sizes = {m: whole for m in models}
     [reference] = run([Candidate("dedicated_node", *dedicated_layout(one_each, node_sizes))])
@@ -317,8 +187,9 @@ def _more_nodes(
 
 
 def _candidates(family: str, families: Mapping[str, list[Point]]) -> list[Point]:
-    """The points a family's plan is chosen from: its own; Talaria's every layout its policy
-    serves: its shared groups, the whole-node packings and the dedicated groups."""
+    """The points a family's plan is chosen from: its own; Talaria's all the layouts it can
+    serve under its policy: its shared groups, the whole-node packings (groups of 8 are groups
+    too) and the dedicated groups (a group of one model is a group too)."""
     if family == "talaria":
         return [*families["talaria"], *families["static"], *families["dedicated"]]
     return families[family]
@@ -385,36 +256,3 @@ def search_dedicated(
         best = min(range(len(tried)), key=lambda i: max(overage(tried[i], bounds).values()))
         point, (sizes, replicas) = tried[best], options[best]
     return points
-
-
-def _runner(
-    sessions: Sequence[SessionTrace],
-    catalog: Catalog,
-    server: str,
-    profile: str,
-    quantum_s: float,
-    jobs: int,
-    on_point: Callable[[Point], None] | None,
-) -> Replayer:
-    """Replays of candidates, ``jobs`` at a time in worker processes."""
-
-    def run(candidates: Sequence[Candidate]) -> list[Point]:
-        args = [(c, sessions, catalog, server, profile, quantum_s) for c in candidates]
-        if jobs <= 1 or len(args) <= 1:
-            points = []
-            for a in args:
-                points.append(replay_layout(*a))
-                if on_point:
-                    on_point(points[-1])
-            return points
-        # spawned, not forked: the parent may hold threads (a progress bar's, a test's loop)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = [pool.submit(replay_layout, *a) for a in args]
-            points = []
-            for future in futures:
-                points.append(future.result())
-                if on_point:
-                    on_point(points[-1])
-            return points
-
-    return run

@@ -92,8 +92,8 @@ def plan(
     SLO attainment (slo_by_model), the SLO's bound per model, the listed models, the memory
     minimum, and every replay's p95 per model.
     """
-    from talaria.sim.plan import Point
     from talaria.sim.plan import plan as make_plan
+    from talaria.sim.plan_replay import Point
     from talaria.sim.presets import get_preset
 
     catalog = catalog_of(list(catalog_dirs or []))

@@ -11,18 +11,17 @@ from typer.testing import CliRunner
 
 from talaria.cli import app
 from talaria.sim.placement import Layout, share_group
-from talaria.sim.plan import (
+from talaria.sim.plan import search_dedicated, search_shared
+from talaria.sim.plan_figures import groups_of
+from talaria.sim.plan_replay import (
     Candidate,
     Moved,
     Point,
     cheapest,
     dedicated_layout,
     meets,
-    search_dedicated,
-    search_shared,
     worst_model,
 )
-from talaria.sim.plan_figures import groups_of
 
 
 def _point(family: str, gpus: tuple[int, ...], p95: dict[str, float]) -> Point:

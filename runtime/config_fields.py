@@ -195,6 +195,7 @@ VLLM_FIELDS: Mapping[str, Field] = {
     "kv_offloading_size": Field("float", 0, 1e5, unit="GiB"),
     "dtype": Field("str"),
     "kv_offloading_backend": Field("str"),
+    "sleep_level": Field("int", 1, 2),
     "tool_parser": Field("str"),
     "reasoning_parser": Field("str"),
     "tool_strict_level": Field("str"),

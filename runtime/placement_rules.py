@@ -52,7 +52,7 @@ VLLM_PLACEABLE: dict[str, OptionKind] = {
     **dict.fromkeys(
         ("max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "dtype",
          "kv_offloading_size", "kv_offloading_backend", "tool_parser", "reasoning_parser",
-         "tool_strict_level", "rates"),
+         "tool_strict_level", "sleep_level", "rates"),
         "value",
     ),
     "chat_template": "path",

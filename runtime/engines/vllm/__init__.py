@@ -16,11 +16,14 @@ after it starts (``start``), so the next engine's start finds the memory free (v
 memory at start: start engines one at a time, awaiting each ``start``).
 
 - ``deactivate``: only with nothing running (the scheduler drains first; checked), then
-  ``sleep(level=1)``: weights are copied to pinned host memory, the KV cache is discarded.
-  Level 1 always keeps the host copy, so ``keep_host_weight_copy`` changes nothing here.
+  ``sleep(level)``, the KV cache discarded. Level 1 (the default) copies the weights to pinned
+  host memory and always keeps them there, so ``keep_host_weight_copy`` changes nothing here;
+  level 2 (``VLLMEngineOptions.sleep_level``, a node TOML's ``sleep_level = 2``) discards
+  them, the engine staying initialised.
 - ``activate``: ``wake_up()`` — weights *and* ``kv_cache`` (waking only the weights leaves
   vLLM paused: the pitfall of docs/sources.md §5). After staging, only
-  ``wake_up(tags=["kv_cache"])``.
+  ``wake_up(tags=["kv_cache"])``. After a level-2 sleep the weights are reallocated and
+  reloaded from the model's files first (``collective_rpc("reload_weights")``, switching.py).
 - ``start_staging``: if the weights fit in the free device memory now (``free_device_bytes``
   ≥ ``weight_bytes_per_device``), ``wake_up(tags=["weights"])`` in the background; vLLM stays
   paused until ``kv_cache`` is woken too. ``cancel_staging`` puts the weights back to sleep.

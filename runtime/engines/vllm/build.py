@@ -149,6 +149,7 @@ def build_vllm_engine(
     node: str,
     *,
     sleep_mode: bool | None = None,
+    sleep_level: int = 1,
     max_model_len: int = 2048,
     rates: RateModel | Mapping[str, float] | None = None,
     ignore_eos: bool | None = None,
@@ -167,6 +168,8 @@ def build_vllm_engine(
 ) -> VLLMEngine:
     """A ``VLLMEngine`` for ``model_dir`` (not started: ``await engine.start()``, one engine at
     a time). ``sleep_mode=None`` asks vLLM's platform (GPU: sleep mode; CPU: the gate).
+    ``sleep_level`` 2 discards the weights at each sleep and reloads them from ``model_dir``
+    at the wake (no pinned host copy; switching.py).
     ``rates`` may be a mapping of ``RateModel`` fields (a node TOML's ``rates = {...}``).
     ``engine_args`` go to ``AsyncEngineArgs`` (``tensor_parallel_size``,
     ``gpu_memory_utilization``, ``kv_offloading_size``, ``kv_offloading_backend``, ...).
@@ -229,6 +232,7 @@ def build_vllm_engine(
         )
     options = VLLMEngineOptions(
         sleep_mode=gpu,
+        sleep_level=sleep_level,
         max_model_len=max_model_len,
         ignore_eos=dummy if ignore_eos is None else ignore_eos,
         rates=rates if isinstance(rates, RateModel) else RateModel(**(rates or {})),

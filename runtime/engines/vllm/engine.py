@@ -66,6 +66,7 @@ class VLLMEngine(ServedEngine):
             clock,
             weight_bytes_per_device=options.weight_bytes_per_device,
             free_device_bytes=options.free_device_bytes,
+            level=options.sleep_level,
         )
         self._state = ServingState(name, clock)
         self.last_keep_kv_on_host: bool | None = None
@@ -296,9 +297,10 @@ class VLLMEngine(ServedEngine):
 
     async def deactivate(self, keep_kv_on_host: bool, keep_host_weight_copy: bool) -> float:
         """Close the engine; it must have drained (the scheduler waits for running calls).
-        GPU path: ``sleep(level=1)`` (weights to pinned host memory, always kept there, so
-        ``keep_host_weight_copy`` changes nothing; KV discarded — a host tier keeps sessions
-        only if ``host_kv_survives_sleep``). CPU path: a gate, ~0 s; KV stays resident."""
+        GPU path: ``sleep(level)`` (level 1: weights to pinned host memory, always kept
+        there, so ``keep_host_weight_copy`` changes nothing; level 2: weights discarded, the
+        wake reloads them; KV discarded — a host tier keeps sessions only if
+        ``host_kv_survives_sleep``). CPU path: a gate, ~0 s; KV stays resident."""
         self._state.close()
         start = self._clock.now()
         self.last_keep_kv_on_host = keep_kv_on_host

@@ -18,6 +18,9 @@ class VLLMEngineOptions:
 
     sleep_mode: bool
     """GPU path (sleep / wake at switches) if True; CPU gate if False."""
+    sleep_level: int = 1
+    """vLLM's sleep level on the GPU path: 1 keeps the weights in pinned host memory, 2
+    discards them and a wake reloads them from the model's files (switching.py)."""
     max_model_len: int = 2048
     ignore_eos: bool = True
     """Generate exactly ``max_output_tokens`` (replay semantics; right for random weights)."""

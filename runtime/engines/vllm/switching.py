@@ -5,9 +5,16 @@ and the ``kv_cache``. The engine wants one of three states — active (both awak
 (weights awake ahead of a switch; vLLM stays paused until ``kv_cache`` is woken too), or asleep
 — and ``converge`` brings vLLM there with serialised calls: ``wake_up()`` for what is missing
 (all of it at once: waking only the weights leaves vLLM paused, the pitfall of
-docs/sources.md §5), or ``sleep(level=1)`` when something awake is not wanted (weights to
-pinned host memory, KV discarded: ``epoch`` counts those sleeps, so KV from an earlier epoch is
-known to be gone from the device).
+docs/sources.md §5), or ``sleep(level)`` when something awake is not wanted, KV discarded either
+way (``epoch`` counts those sleeps, so KV from an earlier epoch is known to be gone from the
+device):
+
+- **level 1** copies the weights to pinned host memory, and ``wake_up`` copies them back;
+- **level 2** discards them (host memory keeps only the model's buffers): the engine stays
+  initialised, and a wake reallocates the weights (``wake_up(tags=["weights"])``), reloads them
+  from the model's files (``collective_rpc("reload_weights")``), then wakes the KV pool — the
+  sequence vLLM documents for level 2 (docs/sources.md §16). For a node whose host DRAM cannot
+  hold every model's copy: its wake reads the checkpoint (NVMe, core/weight_tiers.py) instead.
 
 Staging needs the weights to fit in free device memory now: ``free_device_bytes`` (asked at
 most once per ``PROBE_INTERVAL_S``) ≥ ``weight_bytes_per_device``.
@@ -39,8 +46,13 @@ class SleepStates:
         *,
         weight_bytes_per_device: float | None,
         free_device_bytes: Callable[[], float] | None,
+        level: int = 1,
     ) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, not {level}")
         self._clock = clock
+        self.level = level
+        """vLLM's sleep level at every sleep (the module docstring)."""
         self._weights = weight_bytes_per_device
         self._probe = free_device_bytes
         self._ctl = asyncio.Lock()
@@ -50,6 +62,9 @@ class SleepStates:
         self.want_staged = False
         self.epoch = 0
         """Sleeps so far: KV in the device prefix cache is from the current epoch only."""
+        self.reloads = 0
+        """Weight reloads from the model's files (level 2 wakes)."""
+        self._discarded = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._probe_at: float | None = None
         self._probe_free = 0.0
@@ -62,8 +77,7 @@ class SleepStates:
     async def put_to_sleep_after_start(self, llm: AsyncLLMLike) -> None:
         """Right after the engine starts: sleep, so the next engine's start finds the memory
         free."""
-        await llm.sleep(level=1)
-        self.awake = frozenset()
+        await self._sleep(llm)
 
     async def activate(self, llm: AsyncLLMLike) -> None:
         """Wake whatever is asleep (weights and KV cache)."""
@@ -72,7 +86,7 @@ class SleepStates:
         await self.converge(llm)
 
     async def deactivate(self, llm: AsyncLLMLike) -> None:
-        """Put everything awake to sleep (``sleep(level=1)``)."""
+        """Put everything awake to sleep (``sleep(level)``)."""
         self.want_active = False
         self.want_staged = False
         await self.converge(llm)
@@ -128,13 +142,29 @@ class SleepStates:
                 if want == have:
                     return
                 if have <= want:
-                    missing = want - have
-                    if missing == ALL_TAGS:
-                        await llm.wake_up()
-                    else:
-                        await llm.wake_up(tags=sorted(missing))
+                    await self._wake(llm, want - have)
                     self.awake = want
                 else:
-                    await llm.sleep(level=1)
-                    self.awake = frozenset()
+                    await self._sleep(llm)
                     self.epoch += 1
+
+    async def _sleep(self, llm: AsyncLLMLike) -> None:
+        await llm.sleep(level=self.level)
+        self.awake = frozenset()
+        self._discarded = self.level == 2
+
+    async def _wake(self, llm: AsyncLLMLike, missing: frozenset[str]) -> None:
+        """Wake ``missing``: at once while the weights wait in host memory; after a level-2
+        sleep the weights first, reloaded from the model's files, then the KV pool."""
+        if WEIGHTS in missing and self._discarded:
+            await llm.wake_up(tags=[WEIGHTS])
+            await llm.collective_rpc("reload_weights")
+            self._discarded = False
+            self.reloads += 1
+            missing = missing - {WEIGHTS}
+            if missing:
+                await llm.wake_up(tags=sorted(missing))
+        elif missing == ALL_TAGS:
+            await llm.wake_up()
+        else:
+            await llm.wake_up(tags=sorted(missing))

@@ -110,6 +110,9 @@ def test_an_upstream_entry_is_refused_by_the_field_that_fails(
 def test_good_entries_and_every_default_pass() -> None:
     check_fields(UPSTREAM_FIELDS, {"url": "http://h:1", "rates": {"wake_s": 5}, "timeout_s": 60})
     check_fields(VLLM_FIELDS, {"max_model_len": 2048, "gpu_memory_utilization": 0.45})
+    check_fields(VLLM_FIELDS, {"sleep_level": 2})
+    with pytest.raises(FieldError, match=r"sleep_level must be in \[1, 2\], not 3"):
+        check_fields(VLLM_FIELDS, {"sleep_level": 3})
     check_fields(NODE_FIELDS, {"name": "n", "quantum_s": 30, "time_scale": 500, "gpus": "0-3"})
     for rates in (RateModel(), UPSTREAM_RATES):
         check_fields(RATE_FIELDS, dataclasses.asdict(rates))

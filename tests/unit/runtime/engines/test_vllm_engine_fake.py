@@ -52,6 +52,7 @@ T = TypeVar("T")
 STEP_S = 0.01
 SLEEP_S = 0.03
 WAKE_S_PER_TAG = 0.02
+RELOAD_S = 0.2
 BLOCK = 16
 REPLY = "ok, done. "
 SHAPE = KvShape(layers=2, kv_heads=2, head_dim=32, dtype_bytes=2, block_tokens=BLOCK)
@@ -113,6 +114,11 @@ class FakeLLM:
         self.calls.append(("wake_up", tags))
         await self.clock.sleep(WAKE_S_PER_TAG * (len(tags) if tags else 2))
         return True
+
+    async def collective_rpc(self, method: str) -> list[None]:
+        self.calls.append(("collective_rpc", method))
+        await self.clock.sleep(RELOAD_S)
+        return [None]
 
     async def abort(self, request_id: str) -> None:
         self.calls.append(("abort", request_id))
@@ -180,10 +186,12 @@ def make_engine(
     rates: RateModel | None = None,
     device_bytes: float | None = None,
     memory_share: float = 0.9,
+    sleep_level: int = 1,
 ) -> tuple[VLLMEngine, FakeLLM]:
     llm = FakeLLM(clock, keep_cache_on_sleep=host_kv)
     options = VLLMEngineOptions(
         sleep_mode=sleep_mode,
+        sleep_level=sleep_level,
         max_model_len=2048,
         rates=rates or RateModel(wake_s=2.0, kv_wake_s=0.5),
         host_kv_survives_sleep=host_kv,
@@ -257,7 +265,7 @@ def gens(llm: FakeLLM) -> list[tuple[Any, ...]]:
 
 
 def switches(llm: FakeLLM) -> list[tuple[Any, ...]]:
-    return [c for c in llm.calls if c[0] in ("sleep", "wake_up")]
+    return [c for c in llm.calls if c[0] in ("sleep", "wake_up", "collective_rpc")]
 
 
 SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 4}
@@ -285,6 +293,44 @@ def test_gpu_start_sleeps_activate_wakes_deactivate_sleeps() -> None:
         assert llm.shut and not engine.started
 
     virtual(body)
+
+
+def test_sleep_level_2_discards_the_weights_and_each_wake_reloads_them() -> None:
+    async def body(clock: LoopClock) -> None:
+        engine, llm = make_engine("a", clock, sleep_mode=True, free_bytes=5e9, sleep_level=2)
+        await engine.start()
+        assert switches(llm) == [("sleep", 2)]
+        woke = await engine.activate()
+        reload = [("wake_up", ["weights"]), ("collective_rpc", "reload_weights")]
+        assert switches(llm)[1:] == [*reload, ("wake_up", ["kv_cache"])]
+        assert woke == pytest.approx(2 * WAKE_S_PER_TAG + RELOAD_S)
+        _, result = await serve(engine, request("r1", messages=(SYSTEM, USER)))
+        assert result.output_tokens == 12
+        await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=True)
+        assert switches(llm)[-1] == ("sleep", 2) and engine.epoch == 1
+        # staged ahead of the next slot: the reload happens then, the switch wakes the KV only
+        del llm.calls[:]
+        assert engine.start_staging()
+        await clock.sleep(1.0)
+        assert switches(llm) == reload
+        await engine.activate()
+        assert switches(llm) == [*reload, ("wake_up", ["kv_cache"])]
+        # a cancelled staging discards the reloaded weights again: the next wake reloads
+        await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=True)
+        del llm.calls[:]
+        assert engine.start_staging()
+        await clock.sleep(1.0)
+        engine.cancel_staging()
+        await clock.sleep(1.0)
+        await engine.activate()
+        assert switches(llm) == [*reload, ("sleep", 2), *reload, ("wake_up", ["kv_cache"])]
+
+    virtual(body)
+
+
+def test_a_sleep_level_other_than_1_or_2_is_refused() -> None:
+    with pytest.raises(ValueError, match="sleep level must be 1 or 2, not 3"):
+        make_engine("a", LoopClock(), sleep_mode=True, sleep_level=3)
 
 
 def test_deactivate_requires_a_drained_engine() -> None:

@@ -1,7 +1,9 @@
 """Placement on the CPU build with real vLLM: a running ``talaria runtime`` process gains a
 tiny model's engine when the proxy's placement controller cold-starts it for its first call
-(proxy/placement/loop.py), serves it through the proxy, and lets it go; an engine that fails
-to start is a JSON 500 and leaves the node as it was (runtime/placement_routes.py)."""
+(proxy/placement/loop.py), serves it through the proxy, scales it to zero when it has been idle
+for its keep-alive (its engine process ends; the model stays listed, ``cold``) and starts it
+afresh for its next call; an engine that fails to start is a JSON 500 and leaves the node as it
+was (runtime/placement_routes.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from talaria.core.protocol_calls import request_to_dict
 from talaria.core.types import CallRequest
 from talaria.proxy.contract.settings import ProxySettings
 from tests.integration.server import running_proxy
+from tests.support import until
 from tests.vllm.runtime_process import running_runtime
 
 pytestmark = pytest.mark.vllm
@@ -61,11 +64,13 @@ def _models_dir(tmp_path: Path) -> Path:
 
 def _engine_cores() -> int:
     """vLLM EngineCore processes running on this machine (their name, /proc/PID/comm, is cut
-    to 15 characters: ``VLLM::EngineCor``)."""
+    to 15 characters: ``VLLM::EngineCor``); a zombie (state ``Z``: ended, its exit status not
+    yet read by its parent, which vLLM's process manager leaves after killing it) runs nothing."""
     count = 0
-    for comm in Path("/proc").glob("[0-9]*/comm"):
+    for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):  # a process that ended meanwhile
-            count += "EngineCor" in comm.read_text()
+            running = (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
+            count += running and "EngineCor" in (proc / "comm").read_text()
     return count
 
 
@@ -90,32 +95,45 @@ def test_a_vllm_engine_is_cold_started_on_a_running_node_served_and_removed(tmp_
         assert _engine_cores() == engine_cores  # nothing of the failed engine left running
 
         # the proxy's placement controller starts tiny-b's engine for its first call (a
-        # cold start over POST /v1/runtime/models), and learns its window from the status
+        # cold start over POST /v1/runtime/models), and learns its window from the status;
+        # it looks every second and scales a library model to zero after 5 s idle
         library = tmp_path / "library.toml"
         library.write_text(LIBRARY)
-        update = {"runtimes": [runtime], "placement_library": str(library)}
+        update = {
+            "runtimes": [runtime],
+            "placement_library": str(library),
+            "placement_interval_s": 1.0,
+            "placement_keep_alive_s": 5.0,
+            "status_ttl_s": 0.0,
+        }
         with running_proxy(settings.model_copy(update=update)) as proxy:
             client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0, timeout=600)
-            for model in ("tiny-b", "tiny-a"):
+
+            def ask(model: str) -> None:
                 reply = client.chat.completions.create(
                     model=model,
                     messages=[{"role": "user", "content": "placed " * 20}],
                     max_tokens=8,
                 )
                 assert reply.model == model and reply.usage.completion_tokens > 0
+
+            def moves() -> list[tuple[str, str, str, str]]:
+                admin = httpx.get(
+                    proxy.base_url + "/admin/placement",
+                    headers={"authorization": "Bearer admin-secret-token"},
+                ).json()
+                return [(m["kind"], m["model"], m["reason"], m["outcome"]) for m in admin["moves"]]
+
+            def state() -> str:
+                return str({m.id: m.model_extra for m in client.models.list()}["tiny-b"]["state"])
+
+            ask("tiny-a")
+            ask("tiny-b")
             status = httpx.get(runtime + "/v1/runtime/status").json()
             assert status["model_names"] == ["tiny-a", "tiny-b"]
             assert status["engines"]["tiny-b"]["max_model_len"] == 2048
-            placement = httpx.get(
-                proxy.base_url + "/admin/placement",
-                headers={"authorization": "Bearer admin-secret-token"},
-            ).json()
-            [move] = placement["moves"]
-            assert (move["model"], move["reason"], move["outcome"]) == (
-                "tiny-b",
-                "cold-start",
-                "ok",
-            )
+            started = ("add", "tiny-b", "cold-start", "ok")
+            assert moves()[0] == started
             # the placed engine's window (its max_model_len) holds: the proxy refuses a
             # prompt past it with its 400, as for a model hosted from the start
             with pytest.raises(
@@ -127,6 +145,16 @@ def test_a_vllm_engine_is_cold_started_on_a_running_node_served_and_removed(tmp_
                     messages=[{"role": "user", "content": "placed " * 3000}],
                     max_tokens=8,
                 )
+            # idle past its keep-alive: evicted, its engine process gone, still listed
+            evicted = ("evict", "tiny-b", "scale-to-zero", "ok")
+            assert until(lambda: evicted in moves(), seconds=120), moves()
+            assert httpx.get(runtime + "/v1/runtime/status").json()["model_names"] == ["tiny-a"]
+            assert until(lambda: _engine_cores() == engine_cores, seconds=120)
+            assert state() == "cold"
+            ask("tiny-a")  # the node serves on
+            ask("tiny-b")  # a fresh engine, started for this call
+            assert moves()[:3] == [started, evicted, started]
+            assert state() == "warm"
 
         removed = httpx.delete(models + "/tiny-b", timeout=300)
         assert removed.status_code == 200 and removed.json()["model_names"] == ["tiny-a"]

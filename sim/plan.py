@@ -99,10 +99,9 @@ def plan(
     one_each = {m: 1 for m in models}
     node_sizes = {m: whole for m in models}
     [reference] = run([Candidate("dedicated_node", *dedicated_layout(one_each, node_sizes))])
-    reach = reference.p95_by_model
-    bounds = {m: slo_p95_s if slo_p95_s is not None else slo_x * reach[m] for m in reach}
+    bounds = slo_bounds(reference.p95_by_model, slo_x, slo_p95_s)
     families: dict[str, list[Point]] = {"static": []}
-    families["dedicated_node"] = _more_nodes(reference, bounds, node_sizes, limit, run)
+    families["dedicated_node"] = more_nodes(reference, bounds, node_sizes, limit, run)
     minimum = {m: smallest_group(catalog.model(m), catalog.server(server)) for m in models}
     families["dedicated"] = search_dedicated(minimum, bounds, whole, limit * whole, run)
     start_from = cheapest(families["dedicated"], bounds)
@@ -172,7 +171,15 @@ def plan(
     }
 
 
-def _more_nodes(
+def slo_bounds(
+    reach: Mapping[str, float], slo_x: float, slo_p95_s: float | None
+) -> dict[str, float]:
+    """Each model's p95 SCT bound: ``slo_p95_s`` for every model if given, else ``slo_x`` × its
+    p95 on the reference (a whole node of its own, ``reach``)."""
+    return {m: slo_p95_s if slo_p95_s is not None else slo_x * reach[m] for m in reach}
+
+
+def more_nodes(
     reference: Point, bounds: Mapping[str, float], sizes: Mapping[str, int], limit: int,
     run: Replayer,
 ) -> list[Point]:  # fmt: skip

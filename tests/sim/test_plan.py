@@ -10,8 +10,9 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from talaria.cli import app
+from talaria.core.catalog import load_catalog
 from talaria.sim.placement import Layout, share_group
-from talaria.sim.plan import search_dedicated, search_shared
+from talaria.sim.plan import more_nodes, search_dedicated, search_shared, slo_bounds
 from talaria.sim.plan_figures import groups_of
 from talaria.sim.plan_replay import (
     Candidate,
@@ -20,8 +21,10 @@ from talaria.sim.plan_replay import (
     cheapest,
     dedicated_layout,
     meets,
+    runner,
     worst_model,
 )
+from talaria.sim.presets import get_preset
 
 
 def _point(family: str, gpus: tuple[int, ...], p95: dict[str, float]) -> Point:
@@ -191,32 +194,29 @@ def test_talaria_plan_writes_the_gpus_each_family_needs(tmp_path: Path) -> None:
         assert family in result.output
 
 
-def test_an_slo_tighter_than_one_node_per_model_adds_dedicated_nodes(tmp_path: Path) -> None:
-    out = tmp_path / "plan.json"
-    result = CliRunner().invoke(
-        app,
-        ["plan", "--preset", "cluster", "--sessions", "24", "--slo-x", "1.0", "--jobs", "1",
-         "--max-nodes", "9", "--json", str(out), "--no-progress"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    doc = json.loads(out.read_text())
-    whole = [p for p in doc["points"] if p["family"] == "dedicated_node"]
-    assert whole[0]["nodes"] == 6  # the reference: one node per model
-    # ×1.0 is met by the reference itself: no node added
-    assert doc["plans"]["dedicated_node"]["nodes"] == 6 and len(whole) == 1
-    tight = tmp_path / "tight.json"
-    p95 = min(doc["reference"]["p95_by_model"].values())
-    result = CliRunner().invoke(
-        app,
-        ["plan", "--preset", "cluster", "--sessions", "24", "--slo-p95-s", str(0.9 * p95),
-         "--jobs", "1", "--max-nodes", "9", "--json", str(tight), "--no-progress"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    doc = json.loads(tight.read_text())
-    assert doc["slo"]["by_model"] == {m: 0.9 * p95 for m in doc["reference"]["p95_by_model"]}
-    added = [p for p in doc["points"] if p["family"] == "dedicated_node"]
-    assert [p["nodes"] for p in added] == list(range(6, 6 + len(added)))  # one at a time
-    assert len(added) > 1
+def test_an_slo_tighter_than_one_node_per_model_adds_dedicated_nodes() -> None:
+    """``dedicated_node`` on the cluster preset's replays: ×1.0 is met by the reference itself
+    (one node per model, none added); a bound below every model's p95 there adds whole nodes
+    one at a time, up to the limit."""
+    catalog = load_catalog()
+    preset = get_preset("cluster").with_sessions(24)
+    models = preset.workload.models
+    run = runner(preset.sessions(catalog, 0), catalog, preset.server, preset.profile,
+                 preset.quantum_s, 1, None)  # fmt: skip
+    sizes = {m: 8 for m in models}
+    [reference] = run(
+        [Candidate("dedicated_node", *dedicated_layout(dict.fromkeys(models, 1), sizes))]
+    )
+    assert reference.nodes == 6
+    assert more_nodes(reference, slo_bounds(reference.p95_by_model, 1.0, None), sizes, 9, run) == [
+        reference
+    ]
+    p95 = min(reference.p95_by_model.values())
+    tight = slo_bounds(reference.p95_by_model, 1.5, 0.9 * p95)
+    assert tight == dict.fromkeys(reference.p95_by_model, 0.9 * p95)  # seconds win over ×
+    added = more_nodes(reference, tight, sizes, 9, run)
+    assert [p.nodes for p in added] == list(range(6, 6 + len(added)))  # one at a time
+    assert 1 < len(added) <= 4  # up to the limit, 9 nodes
 
 
 def test_a_trace_plans_as_its_preset_and_listed_models_without_sessions_are_served(

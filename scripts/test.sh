@@ -12,8 +12,9 @@
 # for Debian's nginx (TALARIA_NGINX), the ingress in front of the replicas in one e2e test.
 # The real-model stage also builds llama.cpp's server (scripts/llama-server.sh, once, cached).
 # The vLLM stages' installs (vLLM's venv, the converted model, llama-server) run beside the main
-# stage, which leaves part of the CPU idle (it mostly waits on the processes it starts); their
-# output goes to a log printed if they fail. Both vLLM stages then run as one pytest session on
+# stage, which leaves part of the CPU idle (it mostly waits on the processes it starts), at a
+# lower CPU priority (nice 10), so the main stage's own processes go first; their output goes to
+# a log printed if they fail. Both vLLM stages then run as one pytest session on
 # two workers, but for the tests that fit CPU timings, which run alone after it.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
@@ -88,6 +89,7 @@ if [ "$VLLM_STAGE" = "1" ]; then
     PREP=$(mktemp -d -t talaria-prep.XXXXXX)
     CLEANUP+=("pkill -P \$PREP_PID 2>/dev/null; kill \$PREP_PID 2>/dev/null || true; rm -rf '$PREP'")
     (
+        renice -n 10 -p "$BASHPID" >/dev/null # before any child: they inherit it
         bash scripts/vllm-venv.sh
         bash scripts/real-model.sh >"$PREP/real-model"
         if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then

@@ -73,7 +73,9 @@ def serve(
             "--upstream",
             help="URL of an OpenAI-compatible server that already runs (vllm serve, SGLang, "
             "llama.cpp), repeatable: its models (from its /v1/models) are served through a "
-            "runtime of upstream engines that this command starts (docs/upstream.md).",
+            "runtime of upstream engines that this command starts (docs/upstream.md). Servers "
+            "of the same model are its replicas: a runtime each, and each session's calls stay "
+            "on one.",
         ),
     ] = None,
     upstream_sleep: Annotated[
@@ -256,23 +258,32 @@ def _runtime_args(
 def _serve_upstreams(
     settings: ProxySettings, urls: list[str], sleep: str, host: str, port: int, log_level: str
 ) -> None:
-    """Serve the models of running servers (cli/upstream.py) through a child runtime."""
+    """Serve the models of running servers (cli/upstream.py) through child runtimes: one, or
+    one per replica node when a model has several servers (``replica_nodes``)."""
     import tempfile
 
-    from talaria.cli.upstream import UpstreamError, discover, node_toml
+    from talaria.cli.upstream import UpstreamError, discover, node_toml, replica_nodes
 
     try:
         found = discover(urls)
-        config = node_toml(found, sleep, settings.policy)
+        nodes = replica_nodes(found)
+        names = ["upstream"] if len(nodes) == 1 else [f"upstream-{i}" for i in range(len(nodes))]
+        configs = [
+            node_toml(node, sleep, settings.policy, name)
+            for node, name in zip(nodes, names, strict=True)
+        ]
     except UpstreamError as exc:
         raise typer.BadParameter(str(exc), param_hint="'--upstream'") from exc
-    for upstream in found:
-        console.print(f"upstream {upstream.url}: {', '.join(upstream.models)}")
+    for name, node in zip(names, nodes, strict=True):
+        for upstream in node:
+            console.print(f"upstream {upstream.url}: {', '.join(upstream.models)} (node {name})")
     with tempfile.TemporaryDirectory(prefix="talaria-upstream-") as folder:
-        path = Path(folder) / "node.toml"
-        path.write_text(config)
-        args = ["--config", str(path), "--log-level", log_level]
-        _serve_over_child(settings, args, host, port, log_level, "'--upstream'")
+        arg_lists = []
+        for name, config in zip(names, configs, strict=True):
+            path = Path(folder) / f"{name}.toml"
+            path.write_text(config)
+            arg_lists.append(["--config", str(path), "--log-level", log_level])
+        _serve_over_children(settings, arg_lists, host, port, log_level, "'--upstream'")
 
 
 def _serve_over_child(
@@ -283,8 +294,22 @@ def _serve_over_child(
     log_level: str,
     option: str = "'--model'",
 ) -> None:
-    """Start the ``--model`` runtime (cli/supervised.py) with a runtime token (the operator's
-    TALARIA_RUNTIME_TOKEN, else a random one), serve the proxy over it, stop it."""
+    """The proxy over one child runtime (``_serve_over_children``)."""
+    _serve_over_children(settings, [args], host, port, log_level, option)
+
+
+def _serve_over_children(
+    settings: ProxySettings,
+    arg_lists: list[list[str]],
+    host: str,
+    port: int,
+    log_level: str,
+    option: str,
+) -> None:
+    """Start the child runtimes (cli/supervised.py; one after another, each ready before the
+    next) with one runtime token (the operator's TALARIA_RUNTIME_TOKEN, else a random one),
+    serve the proxy over them, stop them."""
+    import contextlib
     import secrets
 
     from pydantic import SecretStr
@@ -294,9 +319,16 @@ def _serve_over_child(
     token = settings.runtime_token or SecretStr(secrets.token_urlsafe(32))
     secret = token.get_secret_value()
     try:
-        with supervised_runtime(args, settings.drain_timeout_s, RUNTIME_READY_S, secret) as child:
-            served = settings.model_copy(update={"runtimes": [child.url], "runtime_token": token})
-            console.print(f"talaria proxy on http://{host}:{port}/v1 — runtime {child.url}")
+        with contextlib.ExitStack() as children:
+            urls = [
+                children.enter_context(
+                    supervised_runtime(args, settings.drain_timeout_s, RUNTIME_READY_S, secret)
+                ).url
+                for args in arg_lists
+            ]
+            served = settings.model_copy(update={"runtimes": urls, "runtime_token": token})
+            listed = ", ".join(urls)
+            console.print(f"talaria proxy on http://{host}:{port}/v1 — runtime {listed}")
             _serve(served, host, port, log_level)
     except RuntimeStartError as exc:
         raise typer.BadParameter(str(exc), param_hint=option) from exc

@@ -1,6 +1,8 @@
 """``talaria serve --upstream URL`` (talaria/cli/upstream.py): the servers' models are read from
-their ``/v1/models`` and served through a child runtime of upstream engines; a URL that does not
-answer, serves nothing, or repeats another's model is one clear error naming it."""
+their ``/v1/models`` and served through a child runtime of upstream engines; servers of one
+model are its replicas, a child runtime each, a session's calls kept on one; a URL that does not
+answer, serves nothing or is given twice, and replicas that differ, are one clear error naming
+them."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import openai
 import pytest
 
 from bench.harness.processes import free_port, talaria_command, talaria_serve
-from talaria.cli.upstream import Upstream, UpstreamError, discover, node_toml
+from talaria.cli.upstream import Upstream, UpstreamError, discover, node_toml, replica_nodes
 from tests.fake_upstream import fake_upstream_thread
 from tests.integration.hostile_upstream import HostileUpstream
 
@@ -45,18 +47,84 @@ def test_a_server_that_does_not_answer_is_named_and_nothing_starts(tmp_path: Pat
     assert dead in done.stderr and "did not list its models" in done.stderr
 
 
-def test_discovery_refuses_empty_and_duplicate_servers() -> None:
-    with fake_upstream_thread(model="m") as one, fake_upstream_thread(model="m") as two:
-        with pytest.raises(UpstreamError, match="served by"):
-            discover([one.url, two.url + "/v1/"])
-        (found,) = discover([one.url + "/"])
-        assert found == Upstream(one.url.rstrip("/") + "/v1", ("m",))
+def test_servers_of_one_model_are_replicas_unless_they_differ() -> None:
+    with (
+        fake_upstream_thread(model="m", max_model_len=4096) as one,
+        fake_upstream_thread(model="m", max_model_len=4096) as two,
+        fake_upstream_thread(model="m", max_model_len=2048) as short,
+    ):
+        found = discover([one.url, two.url + "/v1/"])
+        assert [u.url for u in found] == [one.url + "/v1", two.url + "/v1"]
+        assert [u.models for u in found] == [("m",), ("m",)]
+        with pytest.raises(UpstreamError, match=f"upstream {one.url}/v1 is given twice"):
+            discover([one.url, one.url + "/v1"])
+        with pytest.raises(UpstreamError) as differ:
+            discover([one.url, short.url])
+    assert str(differ.value) == (
+        f"model 'm': {one.url}/v1 reports context window 4096 and {short.url}/v1 2048: "
+        "replicas of one model must be alike"
+    )
+
+
+@pytest.mark.parametrize(
+    ("servers", "nodes"),
+    [
+        ({"a": ("x",)}, [["a"]]),
+        ({"a": ("x",), "b": ("y",)}, [["a", "b"]]),  # no model twice: one node
+        ({"a": ("x",), "b": ("x",)}, [["a"], ["b"]]),  # replicas: a node each
+        # a server stays whole; the next replica goes to the first node without its model
+        ({"a": ("x", "y"), "b": ("x",), "c": ("y",), "d": ("z",)}, [["a", "d"], ["b", "c"]]),
+        ({"a": ("x",), "b": ("x",), "c": ("x",), "d": ("y",)}, [["a", "d"], ["b"], ["c"]]),
+    ],
+)
+def test_replica_nodes_put_no_model_twice_on_a_node(
+    servers: dict[str, tuple[str, ...]], nodes: list[list[str]]
+) -> None:
+    found = [Upstream(url, models) for url, models in servers.items()]
+    assert [[u.url for u in node] for node in replica_nodes(found)] == nodes
+
+
+def test_two_replicas_share_the_sessions_and_keep_each_on_one(tmp_path: Path) -> None:
+    """Two servers of one model behind ``serve``: a runtime each (``upstream-0``,
+    ``upstream-1``); every session's calls stay on one, and the sessions use both."""
+    with (
+        fake_upstream_thread(model="m", max_model_len=4096) as one,
+        fake_upstream_thread(model="m", max_model_len=4096) as two,
+    ):
+        args = ["--upstream", one.url, "--upstream", two.url,
+                "--database-url", f"sqlite+aiosqlite:///{tmp_path}/p.db"]  # fmt: skip
+        with talaria_serve(args, {}, tmp_path) as proxy:
+            client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
+            assert [m.id for m in client.models.list()] == ["m"]
+            where: dict[str, set[str]] = {}
+            talks = {f"s{i}": [{"role": "user", "content": f"task {i} " * 30}] for i in range(6)}
+            for _ in range(3):
+                for session, messages in talks.items():
+                    reply = client.chat.completions.with_raw_response.create(
+                        model="m",
+                        messages=messages,  # type: ignore[arg-type]
+                        extra_headers={"x-session-id": session},
+                    )
+                    text = reply.parse().choices[0].message.content
+                    assert text == "Hello from m."
+                    where.setdefault(session, set()).add(reply.headers["x-talaria-instance"])
+                    messages += [
+                        {"role": "assistant", "content": text},
+                        {"role": "user", "content": "go on"},
+                    ]
+    assert all(len(instances) == 1 for instances in where.values()), where
+    assert set().union(*where.values()) == {"upstream-0", "upstream-1"}, where
+    calls = [sum(1 for c in f.log if c == ("POST", "/v1/chat/completions")) for f in (one, two)]
+    assert sum(calls) == 18 and min(calls) > 0
 
 
 def test_the_node_config_has_one_upstream_model_per_served_model() -> None:
     upstreams = [Upstream("http://a/v1", ("x", "y")), Upstream("http://b/v1", ('q"uote',))]
     config = tomllib.loads(node_toml(upstreams, "vllm", "-co_residency"))
     assert config["node"] == {"name": "upstream", "policy": "-co_residency"}
+    assert tomllib.loads(node_toml(upstreams, "vllm", None, "upstream-1"))["node"] == {
+        "name": "upstream-1"
+    }
     assert [(m["name"], m["url"], m["engine"], m["sleep"]) for m in config["model"]] == [
         ("x", "http://a/v1", "openai", "vllm"),
         ("y", "http://a/v1", "openai", "vllm"),

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import subprocess
 import tomllib
+from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -17,6 +19,8 @@ from bench.harness.processes import free_port, talaria_command, talaria_serve
 from talaria.cli.upstream import Upstream, UpstreamError, discover, node_toml, replica_nodes
 from tests.fake_upstream import fake_upstream_thread
 from tests.integration.hostile_upstream import HostileUpstream
+
+ADMIN = "admin-token-" + "x" * 24
 
 
 def test_serve_fronts_a_running_server_with_its_own_models(tmp_path: Path) -> None:
@@ -86,36 +90,57 @@ def test_replica_nodes_put_no_model_twice_on_a_node(
 
 def test_two_replicas_share_the_sessions_and_keep_each_on_one(tmp_path: Path) -> None:
     """Two servers of one model behind ``serve``: a runtime each (``upstream-0``,
-    ``upstream-1``); every session's calls stay on one, and the sessions use both."""
-    with (
-        fake_upstream_thread(model="m", max_model_len=4096) as one,
-        fake_upstream_thread(model="m", max_model_len=4096) as two,
-    ):
+    ``upstream-1``); every session's calls stay on one, and the sessions use both. When one
+    server stops, only its sessions' calls fail (503, ``Retry-After``); drained, its sessions
+    go on on the other."""
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    with fake_upstream_thread(model="m", max_model_len=4096) as one, ExitStack() as second:
+        two = second.enter_context(fake_upstream_thread(model="m", max_model_len=4096))
         args = ["--upstream", one.url, "--upstream", two.url,
                 "--database-url", f"sqlite+aiosqlite:///{tmp_path}/p.db"]  # fmt: skip
-        with talaria_serve(args, {}, tmp_path) as proxy:
+        with talaria_serve(args, {"TALARIA_ADMIN_TOKEN": ADMIN}, tmp_path) as proxy:
             client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
             assert [m.id for m in client.models.list()] == ["m"]
             where: dict[str, set[str]] = {}
             talks = {f"s{i}": [{"role": "user", "content": f"task {i} " * 30}] for i in range(6)}
+
+            def turn(session: str) -> str:
+                messages = talks[session]
+                reply = client.chat.completions.with_raw_response.create(
+                    model="m",
+                    messages=messages,  # type: ignore[arg-type]
+                    extra_headers={"x-session-id": session},
+                )
+                text = reply.parse().choices[0].message.content
+                assert text == "Hello from m."
+                messages += [
+                    {"role": "assistant", "content": text},
+                    {"role": "user", "content": "go on"},
+                ]
+                return reply.headers["x-talaria-instance"]
+
             for _ in range(3):
-                for session, messages in talks.items():
-                    reply = client.chat.completions.with_raw_response.create(
-                        model="m",
-                        messages=messages,  # type: ignore[arg-type]
-                        extra_headers={"x-session-id": session},
-                    )
-                    text = reply.parse().choices[0].message.content
-                    assert text == "Hello from m."
-                    where.setdefault(session, set()).add(reply.headers["x-talaria-instance"])
-                    messages += [
-                        {"role": "assistant", "content": text},
-                        {"role": "user", "content": "go on"},
-                    ]
-    assert all(len(instances) == 1 for instances in where.values()), where
-    assert set().union(*where.values()) == {"upstream-0", "upstream-1"}, where
-    calls = [sum(1 for c in f.log if c == ("POST", "/v1/chat/completions")) for f in (one, two)]
-    assert sum(calls) == 18 and min(calls) > 0
+                for session in talks:
+                    where.setdefault(session, set()).add(turn(session))
+            assert all(len(instances) == 1 for instances in where.values()), where
+            assert set().union(*where.values()) == {"upstream-0", "upstream-1"}, where
+            calls = [sum(c == ("POST", "/v1/chat/completions") for c in f.log) for f in (one, two)]
+            assert sum(calls) == 18 and min(calls) > 0
+
+            second.close()  # the second server stops; its runtime stays up
+            on_dead = [s for s, i in where.items() if i == {"upstream-1"}]
+            for session in talks:
+                if session in on_dead:
+                    with pytest.raises(openai.APIStatusError) as failed:
+                        turn(session)
+                    assert failed.value.status_code == 503
+                    assert "retry-after" in failed.value.response.headers
+                else:
+                    assert turn(session) == "upstream-0"
+            drained = httpx.post(proxy.base_url + "/admin/instances/upstream-1/drain",
+                                 headers=admin)  # fmt: skip
+            assert drained.status_code == 200, drained.text
+            assert all(turn(session) == "upstream-0" for session in on_dead)
 
 
 def test_the_node_config_has_one_upstream_model_per_served_model() -> None:

@@ -270,5 +270,17 @@ class OwnKv(Protocol):
         ...
 
 
-CAPABILITIES: tuple[type, ...] = (Switching, Staging, MemoryAccounting, KvTiming, OwnKv)
+@runtime_checkable
+class Health(Protocol):
+    """An engine that can find itself unable to serve (an upstream server that does not
+    answer) and says so: the node's status then leaves the model out, so the proxy routes its
+    calls to other instances, until the engine finds it can serve again. Without it an engine
+    always can."""
+
+    def fault(self) -> str | None:
+        """Why the engine cannot serve now; None when it can."""
+        ...
+
+
+CAPABILITIES: tuple[type, ...] = (Switching, Staging, MemoryAccounting, KvTiming, OwnKv, Health)
 """The optional capabilities, in the order the docs list them."""

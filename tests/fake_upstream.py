@@ -43,9 +43,11 @@ class FakeUpstream:
     def __init__(
         self, model: str = "fake-model", max_model_len: int = 256, api_key: str | None = None,
         asleep: bool = False, slow_chunks: int = 200,
-        shared: list[tuple[str, str, str]] | None = None,
+        shared: list[tuple[str, str, str]] | None = None, port: int = 0,
     ) -> None:  # fmt: skip
         self.model = model
+        self.port = port
+        """The port to listen on (0: any free one)."""
         self.max_model_len = max_model_len
         self.api_key = api_key
         self.asleep = asleep
@@ -84,7 +86,7 @@ class FakeUpstream:
     async def start(self) -> str:
         self._runner = web.AppRunner(self.app(), handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
         port = self._runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"

@@ -10,7 +10,8 @@ whole interface, and an engine implements only what it does.
 - ``MemoryAccounting``, else ``SelfManaged``: the engine's memory is its own; no call or switch
   waits for memory on its behalf;
 - ``KvTiming``, else ``Untimed``: its sessions' KV counts for routing only while in HBM;
-- ``OwnKv``, else ``NoOwnKv``: it holds no KV outside ``NodeMemory``.
+- ``OwnKv``, else ``NoOwnKv``: it holds no KV outside ``NodeMemory``;
+- ``Health``, else ``AlwaysHealthy``: it can always serve.
 
 Each capability is detected once, when the view is made (``isinstance`` on the
 ``runtime_checkable`` protocols).
@@ -25,6 +26,7 @@ from talaria.runtime.engine import (
     Admission,
     Engine,
     EngineInfo,
+    Health,
     KvTiming,
     MemoryAccounting,
     OwnKv,
@@ -114,10 +116,19 @@ class NoOwnKv:
         return {}
 
 
+class AlwaysHealthy:
+    """``Health`` for an engine without it: it can always serve."""
+
+    def fault(self) -> str | None:
+        """None: no fault."""
+        return None
+
+
 NOT_STAGED = NotStaged()
 SELF_MANAGED = SelfManaged()
 UNTIMED = Untimed()
 NO_OWN_KV = NoOwnKv()
+ALWAYS_HEALTHY = AlwaysHealthy()
 
 
 class DrivenEngine:
@@ -135,6 +146,7 @@ class DrivenEngine:
         )
         self._timing: KvTiming = engine if isinstance(engine, KvTiming) else UNTIMED
         self._own: OwnKv = engine if isinstance(engine, OwnKv) else NO_OWN_KV
+        self._health: Health = engine if isinstance(engine, Health) else ALWAYS_HEALTHY
 
     # -- Engine ------------------------------------------------------------------------------
     @property
@@ -239,6 +251,10 @@ class DrivenEngine:
     def session_kv(self) -> Mapping[str, tuple[int, KvSource]]:
         """``OwnKv.session_kv``."""
         return self._own.session_kv()
+
+    def fault(self) -> str | None:
+        """``Health.fault``."""
+        return self._health.fault()
 
 
 class DrivenEngines(Mapping[str, DrivenEngine]):

@@ -76,6 +76,7 @@ class StatusReader:
                 live_sessions=live.get(name, 0),
             )
             for name, engine in ctx.engines.items()
+            if engine.fault() is None  # a faulty engine's model is left out (``Health``)
         }
         sessions = self.kv_map()
         copied = False

@@ -47,6 +47,7 @@ from talaria.runtime.engines.upstream.reading import (
     LineSplitter,
     ReadBounds,
     UpstreamUnavailable,
+    UpstreamUnreachable,
     raw_chunks,
     read_body,
     read_head,
@@ -142,6 +143,15 @@ def refusal(status: int, message: str | None, url: str) -> Exception:
     return UpstreamUnavailable(f"upstream {url} answered {status}")
 
 
+def unavailable(url: str, exc: httpx.HTTPError) -> UpstreamUnavailable:
+    """What a transport failure of a request to ``url`` is: ``UpstreamUnreachable`` when no
+    connection was made (refused, unresolvable, timed out connecting), else
+    ``UpstreamUnavailable``; the message names the URL and the error's kind only."""
+    unreachable = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    kind = UpstreamUnreachable if unreachable else UpstreamUnavailable
+    return kind(f"upstream {url}: {type(exc).__name__}")
+
+
 class UpstreamClient:
     """One server's HTTP client (``httpx.AsyncClient``, made on first use in the loop)."""
 
@@ -203,7 +213,7 @@ class UpstreamClient:
             finally:
                 await answer.aclose()
         except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"upstream {url}: {type(exc).__name__}") from exc
+            raise unavailable(url, exc) from exc
         except CallRejected as exc:  # a 4xx of a plain request is not a caller's
             raise UpstreamUnavailable(f"upstream {url}: refused ({exc.code})") from exc
         try:
@@ -268,6 +278,6 @@ class UpstreamClient:
             finally:
                 await answer.aclose()
         except httpx.HTTPError as exc:
-            raise UpstreamUnavailable(f"upstream {url}: {type(exc).__name__}") from exc
+            raise unavailable(url, exc) from exc
         if not done:
             raise UpstreamUnavailable(f"upstream {url}: the stream ended before [DONE]")

@@ -12,6 +12,10 @@ What it cannot know, it does not claim:
   (``prompt_tokens_details.cached_tokens``): ``HBM`` when > 0, else ``RECOMPUTE`` for a
   session it served before, ``NEW`` for a first call; the cached tokens the caller sees
   depend on ``cache_isolation`` (generation.py, which runs each call).
+- A server that cannot be reached during a call (no connection: ``UpstreamUnreachable``) makes
+  the engine faulty (``Health.fault``): the node's status leaves the model out, so the proxy
+  sends its calls to other replicas, and the engine asks the server's ``GET /v1/models`` every
+  ``PROBE_S`` until it answers, then serves again. The call that found it down fails (503).
 - Nothing the server sends is trusted to be small, quick or honest: every read is bounded
   (reading.py), the output is cut at the call's limit and the usage checked (usage.py).
 - Timing is a linear rate model (options.py ``UPSTREAM_RATES``, est.); the switch-in estimate
@@ -21,6 +25,7 @@ What it cannot know, it does not claim:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
@@ -39,13 +44,15 @@ from talaria.runtime.engines.serving import ServedEngine, ServingState
 from talaria.runtime.engines.upstream.client import LOGGED_CHARS, UpstreamClient, served_window
 from talaria.runtime.engines.upstream.generation import CallSite, generate
 from talaria.runtime.engines.upstream.options import UpstreamOptions
-from talaria.runtime.engines.upstream.reading import UpstreamUnavailable
+from talaria.runtime.engines.upstream.reading import UpstreamUnavailable, UpstreamUnreachable
 from talaria.runtime.engines.upstream.sleep import SleepControl
 
 log = logging.getLogger(__name__)
 
 SESSIONS_KEPT = 4096
 """Sessions whose last call the engine remembers (for ``session_kv`` and KV sources)."""
+PROBE_S = 2.0
+"""How often a faulty engine asks its server whether it answers again (clock seconds)."""
 BLOCK_TOKENS = 16
 """Reported in ``info`` only: the server's block size is not visible over HTTP (vLLM's GPU
 default)."""
@@ -73,6 +80,9 @@ class UpstreamEngine(ServedEngine):
         self._wake_s: float | None = None
         self._fault: str | None = None
         """Why the last wake failed (None: it did not): the next call wakes again first."""
+        self._down: str | None = None
+        """Why the server could not be reached (None: it could): ``fault``."""
+        self._probe: asyncio.Task[None] | None = None
 
     @property
     def options(self) -> UpstreamOptions:
@@ -112,6 +122,9 @@ class UpstreamEngine(ServedEngine):
     async def shutdown(self) -> None:
         """Close the HTTP client. A server the engine put to sleep stays asleep (waking it
         could find another server awake in its memory)."""
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         await self._sleep.stop()
         await self._client.close()
         self._started = False
@@ -132,6 +145,26 @@ class UpstreamEngine(ServedEngine):
         """Kind ``openai``; switches cost when the server has sleep endpoints; its context
         window (0 before ``start`` when not given)."""
         return EngineInfo("openai", self._sleep.switches, BLOCK_TOKENS, None, self._window or 0)
+
+    def fault(self) -> str | None:
+        """Why the server cannot be reached now (``Health``; the module docstring)."""
+        return self._down
+
+    def _found_down(self, why: str) -> None:
+        """The server could not be reached: faulty until a probe finds it answering."""
+        if self._down is None:
+            log.warning("%s: %s; left out until it answers", self.model, why)
+        self._down = why
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._wait_until_up())
+
+    async def _wait_until_up(self) -> None:
+        while self._down is not None:
+            await self._clock.sleep(PROBE_S)
+            with contextlib.suppress(UpstreamUnavailable):
+                await self._client.models()
+                log.warning("%s: the server answers again", self.model)
+                self._down = None
 
     def session_kv(self) -> dict[str, tuple[int, KvSource]]:
         """Sessions served since the server last slept: (last prompt + output tokens,
@@ -221,15 +254,19 @@ class UpstreamEngine(ServedEngine):
             self._fault = None
         held = self._sessions.pop(request.session_key, None)
         events = generate(self._site, admission, held)
-        async with contextlib.aclosing(events):
-            async for event in events:
-                if isinstance(event, Finished):  # remembered at the current sleep epoch
-                    done = event.result
-                    tokens = done.prompt_tokens + done.output_tokens
-                    self._sessions[request.session_key] = (tokens, self._sleep.epoch)
-                    while len(self._sessions) > SESSIONS_KEPT:
-                        self._sessions.popitem(last=False)
-                yield event
+        try:
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if isinstance(event, Finished):  # remembered at the current sleep epoch
+                        done = event.result
+                        tokens = done.prompt_tokens + done.output_tokens
+                        self._sessions[request.session_key] = (tokens, self._sleep.epoch)
+                        while len(self._sessions) > SESSIONS_KEPT:
+                            self._sessions.popitem(last=False)
+                    yield event
+        except UpstreamUnreachable as exc:
+            self._found_down(str(exc))
+            raise
 
     # -- switching -------------------------------------------------------------------------
     async def activate(self) -> float:

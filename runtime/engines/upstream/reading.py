@@ -29,6 +29,11 @@ class UpstreamUnavailable(RuntimeError):
     the status or the bound, never what the server sent."""
 
 
+class UpstreamUnreachable(UpstreamUnavailable):
+    """The server could not be reached at all (no connection): the engine counts it down
+    (``Health``) until it answers again."""
+
+
 class UpstreamBoundExceeded(UpstreamUnavailable):
     """An answer passed one of the read bounds (its message names the option and its value)."""
 

@@ -32,7 +32,9 @@ from talaria.runtime.engines.upstream import (
     normalise_url,
     upstream_options,
 )
+from talaria.runtime.engines.upstream import engine as upstream_engine
 from talaria.runtime.engines.upstream.client import served_window
+from talaria.runtime.engines.upstream.reading import UpstreamUnreachable
 from tests.fake_upstream import FakeUpstream, fake_upstream
 
 T = TypeVar("T")
@@ -254,13 +256,35 @@ def test_upstream_errors_map_to_the_callers_fault_or_a_runtime_fault(
         assert "maximum context length" in str(exc)
 
 
-def test_an_upstream_that_went_down_is_a_runtime_fault() -> None:
+def test_an_upstream_that_went_down_is_a_runtime_fault_until_it_answers_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that finds the server gone fails (503) and the engine turns faulty (``Health``:
+    the node's status leaves its model out); it asks the server every ``PROBE_S`` and serves
+    again once it answers."""
+    monkeypatch.setattr(upstream_engine, "PROBE_S", 0.05)
+
     async def main() -> None:
         async with fake_upstream() as fake:
             engine = await started(fake)
+            port = int(fake.url.rsplit(":", 1)[1])
         try:
-            with pytest.raises(UpstreamUnavailable, match=r"upstream http://127\.0\.0\.1"):
+            assert engine.fault() is None
+            with pytest.raises(UpstreamUnreachable, match=r"upstream http://127\.0\.0\.1"):
                 await serve(engine, request("hi"))
+            assert (
+                engine.fault()
+                == f"upstream http://127.0.0.1:{port}/v1/chat/completions: ConnectError"
+            )
+            await asyncio.sleep(0.2)
+            assert engine.fault() is not None  # still down: every probe failed
+            async with fake_upstream(port=port):
+                for _ in range(100):
+                    if engine.fault() is None:
+                        break
+                    await asyncio.sleep(0.05)
+                assert engine.fault() is None
+                assert result_of(await serve(engine, request("hi again"))).output_tokens > 0
         finally:
             await engine.shutdown()
 

@@ -5,9 +5,10 @@ and ``anthropic`` clients ask the proxy. What is asserted is what the path guara
 server's own text, a stream, cached tokens on a continuation, one session per run, a well-formed
 tool answer, an aborted request, the sleep endpoints used), not the 135M model's wisdom.
 
-The server starts once for the module (70 s to 2.5 minutes on 2 cores): the CPU build's ``vllm``
+The server starts once for the module (43 s on an idle 2-core machine): the CPU build's ``vllm``
 console script does not work, so it is ``python -m vllm.entrypoints.openai.api_server`` of the
-venv that runs the stage, with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and
+venv that runs the stage, in eager mode as Talaria's own CPU engines run (``--enforce-eager``;
+without it the CPU build compiles the model with torch.compile at start: 125–300 s here), with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and
 ``/is_sleeping`` (on CPU a sleep pauses the scheduler and drops the prefix cache; the weights
 stay). The converted directory's own chat template renders tools in the hermes format, so the
 server parses tool calls with ``--tool-call-parser hermes``. docs/upstream.md records a run.
@@ -109,7 +110,7 @@ def upstream(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--model", str(real_dir), "--served-model-name", SERVED,
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(WINDOW),
         "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes",
+        "--tool-call-parser", "hermes", "--enforce-eager",
     ]  # fmt: skip
     root = f"http://127.0.0.1:{port}"
     with logged_server(

@@ -8,10 +8,11 @@ tool answer, an aborted request, the sleep endpoints used), not the 135M model's
 The server starts once for the module (43 s on an idle 2-core machine): the CPU build's ``vllm``
 console script does not work, so it is ``python -m vllm.entrypoints.openai.api_server`` of the
 venv that runs the stage, in eager mode as Talaria's own CPU engines run (``--enforce-eager``;
-without it the CPU build compiles the model with torch.compile at start: 125–300 s here), with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and
-``/is_sleeping`` (on CPU a sleep pauses the scheduler and drops the prefix cache; the weights
-stay). The converted directory's own chat template renders tools in the hermes format, so the
-server parses tool calls with ``--tool-call-parser hermes``. docs/upstream.md records a run.
+without it the CPU build compiles the model with torch.compile at start: 125–300 s here),
+with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and ``/is_sleeping`` (on CPU a
+sleep pauses the scheduler and drops the prefix cache; the weights stay). The converted
+directory's own chat template renders tools in the hermes format, so the server parses tool
+calls with ``--tool-call-parser hermes``. docs/upstream.md records a run.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class Gateway:
         self._max_inflight = max_inflight_per_tenant
         self._closing = False
         self._schemas = SchemaCheck()
-        self._runner = CallRunner(recorder, keeper, self._reroute)
+        self._runner = CallRunner(recorder, keeper, self._reroute, self._pool.settled)
         self._handoff: Handoff | None = None
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -216,14 +216,22 @@ class Gateway:
                     parent_key=found.parent.key,
                     parent_prefix_tokens=found.parent.prefix_tokens,
                 ),
-                self._pool.routable(call.model, list(ctx.statuses), last_instance),
+                self._pool.routable(
+                    call.model, self._pool.with_own_calls(ctx.statuses), last_instance
+                ),
                 self._routing,
                 self._rng,
             )
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
-        await self._keeper.routed(state, decision.instance, now_s, ctx.now_at, found.thread)
-        self._recorder.decision(call, state, decision, found.how, ctx.now_at)
+        # counted on its instance from now (the next call's routing sees it) to its end
+        self._pool.dispatched(decision.instance)
+        try:
+            await self._keeper.routed(state, decision.instance, now_s, ctx.now_at, found.thread)
+            self._recorder.decision(call, state, decision, found.how, ctx.now_at)
+        except BaseException:
+            self._pool.settled(decision.instance)
+            raise
         return decision
 
     def _run(self, ctx: GatewayCall, instance: str) -> CallHandle:

@@ -10,11 +10,12 @@
 # The browser tests drive Debian's Chromium with Playwright: unless TALARIA_CHROMIUM is already
 # set, it is installed with apt if missing (scripts/browser.sh) and its path exported; the same
 # for Debian's nginx (TALARIA_NGINX), the ingress in front of the replicas in one e2e test.
-# The real-model stage also builds llama.cpp's server (scripts/llama-server.sh, once, cached).
-# The vLLM stages' installs (vLLM's venv, the converted model, llama-server) run beside the main
-# stage, which leaves part of the CPU idle (it mostly waits on the processes it starts), at a
-# lower CPU priority (nice 10), so the main stage's own processes go first; their output goes to
-# a log printed if they fail. Both vLLM stages then run as one pytest session on
+# The real-model stage also builds llama.cpp's server (scripts/llama-server.sh, once, cached)
+# and installs NVIDIA's aiperf in .venv-aiperf (scripts/aiperf-venv.sh).
+# The vLLM stages' installs (vLLM's venv, the converted model, llama-server, aiperf) run beside
+# the main stage, which leaves part of the CPU idle (it mostly waits on the processes it
+# starts), at a lower CPU priority (nice 10), so the main stage's own processes go first; their
+# output goes to a log printed if they fail. Both vLLM stages then run as one pytest session on
 # two workers, but for the tests that fit CPU timings, which run alone after it.
 # The store tests also run on PostgreSQL: unless TALARIA_TEST_PG_URL is already set, a throwaway
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
@@ -95,6 +96,9 @@ if [ "$VLLM_STAGE" = "1" ]; then
         if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
             bash scripts/llama-server.sh >"$PREP/llama-server" || true
         fi
+        if [ -z "${TALARIA_AIPERF:-}" ]; then
+            bash scripts/aiperf-venv.sh >"$PREP/aiperf" || true
+        fi
     ) >"$PREP/log" 2>&1 &
     PREP_PID=$!
 fi
@@ -130,6 +134,19 @@ if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
         exit 1
     else
         echo "test.sh: could not install llama.cpp's llama-server; its tests will be skipped" >&2
+    fi
+fi
+# NVIDIA's aiperf, pinned, in a venv of its own, replaying agent sessions against the stage's
+# `talaria serve` (tests/real/test_aiperf.py)
+if [ -z "${TALARIA_AIPERF:-}" ]; then
+    if [ -s "$PREP/aiperf" ]; then
+        TALARIA_AIPERF=$(cat "$PREP/aiperf")
+        export TALARIA_AIPERF
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not install aiperf (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not install aiperf; its test will be skipped" >&2
     fi
 fi
 # tests/vllm (tiny random-weight models; proxy → runtime server → vLLM) and tests/real, one

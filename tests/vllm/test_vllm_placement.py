@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import httpx
@@ -62,15 +63,40 @@ def _models_dir(tmp_path: Path) -> Path:
     return models
 
 
+def _parent(pid: str) -> str | None:
+    """The parent's PID of process ``pid`` (/proc/PID/stat, the field after the state), or
+    None if it ended."""
+    try:
+        return (Path("/proc") / pid / "stat").read_text().rpartition(")")[2].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
+def _mine(pid: str) -> bool:
+    """Whether process ``pid`` descends from this test process (not from another pytest
+    worker's runtimes, which start and stop engines of their own meanwhile)."""
+    me, seen = str(os.getpid()), 0
+    while pid not in ("0", "1") and seen < 64:
+        parent = _parent(pid)
+        if parent is None:
+            return False
+        if parent == me:
+            return True
+        pid, seen = parent, seen + 1
+    return False
+
+
 def _engine_cores() -> int:
-    """vLLM EngineCore processes running on this machine (their name, /proc/PID/comm, is cut
-    to 15 characters: ``VLLM::EngineCor``); a zombie (state ``Z``: ended, its exit status not
-    yet read by its parent, which vLLM's process manager leaves after killing it) runs nothing."""
+    """vLLM EngineCore processes this test started (its runtime's descendants) that run: their
+    name, /proc/PID/comm, is cut to 15 characters (``VLLM::EngineCor``); a zombie (state
+    ``Z``: ended, its exit status not yet read by its parent, which vLLM's process manager
+    leaves after killing it) runs nothing."""
     count = 0
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):  # a process that ended meanwhile
             running = (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z"
-            count += running and "EngineCor" in (proc / "comm").read_text()
+            if running and "EngineCor" in (proc / "comm").read_text():
+                count += _mine(proc.name)
     return count
 
 

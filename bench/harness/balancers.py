@@ -82,17 +82,32 @@ def replica(
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     server = Replica(process, f"http://127.0.0.1:{port}", computed)
+
+    def listed() -> bool:
+        models = httpx.get(server.root + "/v1/models", timeout=5).json()["data"]
+        return any(m["id"] == SERVED for m in models)
+
+    with _waited(process, listed, log, startup_s):
+        yield server
+
+
+@contextlib.contextmanager
+def _waited(
+    process: subprocess.Popen[bytes], ready: Callable[[], bool], log: Path, startup_s: float
+) -> Iterator[None]:
+    """Until ``ready()`` (an HTTP error or a malformed answer: not yet), at most ``startup_s``;
+    the process stopped at the end (killed if SIGTERM does not end it within 60 s)."""
     try:
         deadline = time.monotonic() + startup_s
         while True:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                listed = httpx.get(server.root + "/v1/models", timeout=5).json()["data"]
-                if any(m["id"] == SERVED for m in listed):
+                if ready():
                     break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{kind} server did not start: {log.read_text()[-2000:]}")
-            threading.Event().wait(1.0)
-        yield server
+                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                raise RuntimeError(f"{process.args!r} did not start: {tail}")
+            threading.Event().wait(0.3)
+        yield
     finally:
         process.terminate()
         try:
@@ -101,26 +116,9 @@ def replica(
             process.kill()
 
 
-@contextlib.contextmanager
-def _waited(process: subprocess.Popen[bytes], base: str, probe: str, log: Path) -> Iterator[str]:
-    """``base`` once ``base + probe`` answers (any status), the process stopped at the end."""
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(base + probe, timeout=2)
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-                raise RuntimeError(f"{process.args!r} did not start: {tail}")
-            threading.Event().wait(0.3)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def _answers(url: str) -> Callable[[], bool]:
+    """Ready once ``url`` answers at all (any status)."""
+    return lambda: httpx.get(url, timeout=2).status_code > 0
 
 
 @contextlib.contextmanager
@@ -144,7 +142,8 @@ def round_robin(hosts: list[str], folder: Path) -> Iterator[str]:
         "      add_header X-Upstream $upstream_addr always;\n    }\n  }\n}\n"
     )
     process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
-    with _waited(process, f"http://127.0.0.1:{port}", "/", folder / "error.log") as url:
+    url = f"http://127.0.0.1:{port}"
+    with _waited(process, _answers(url + "/"), folder / "error.log", 180):
         yield url
 
 
@@ -179,6 +178,6 @@ def litellm_router(roots: list[str], folder: Path) -> Iterator[str]:
                "--port", str(port), "--num_workers", "1"]  # fmt: skip
     with (folder / "litellm.log").open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base, log = f"http://127.0.0.1:{port}", folder / "litellm.log"
-    with _waited(process, base, "/health/liveliness", log) as url:
+    url = f"http://127.0.0.1:{port}"
+    with _waited(process, _answers(url + "/health/liveliness"), folder / "litellm.log", 180):
         yield url

@@ -27,6 +27,9 @@ Fronts, measured one after the other over the same replicas:
   admin API;
 - ``round-robin``: Debian's nginx, ``upstream { server A; server B; }`` (nginx's default, round
   robin), the replica of each call from ``$upstream_addr``;
+- ``sticky``: HAProxy 2.6 (Debian's), sticky sessions by the ``x-session-id`` header with a
+  lifetime (``--sticky-s``): a session idle that long is balanced round robin afresh, as an
+  operator's sticky balancer with a fixed lifetime does; the replica from ``X-Upstream``;
 - ``litellm``: LiteLLM's proxy (``litellm --config``; the ``bench`` extra, or
   out/litellm-venv as docs/proxy-overhead.md installs it) with the two as deployments of one
   model name, its default routing (``simple-shuffle``), the replica from its
@@ -40,10 +43,13 @@ Load: ``--sessions`` agent-like sessions at once, each ``--turns`` calls long, e
 whole conversation so far, as coding agents send it: a system prompt every session shares
 (``--system-kb``), the session's own task with a map of its repository (``--task-lines``,
 ~15 tokens a line), then per turn the reply and a tool result of its own (``--tool-lines``),
-``--gap-s`` of tool time between calls. Streamed, 16 output tokens, temperature 0. Every
-front's sessions have their own text (their names seed it), and before each front one call of
-the shared system prompt goes to each replica: every front starts with the shared prefix
-cached on both and nothing else.
+``--gap-s`` of tool time between calls, and after every ``--idle-every``-th call an idle
+gap of ``--idle-s`` instead (the user reading, a long tool run): longer than ``--sticky-s``,
+it expires a sticky balancer's entry. ``--kv-cache-mib`` sizes each vLLM replica's KV cache
+(default 1 GiB): smaller than every session's prefix held twice, it makes the servers evict.
+Streamed, 16 output tokens, temperature 0. Every front's sessions have their own text (their
+names seed it), and before each front one call of the shared system prompt goes to each
+replica: every front starts with the shared prefix cached on both and nothing else.
 
 Figures per front: the **prefix-cache hit share**, from the servers' own counters — 1 −
 (prompt tokens the servers computed) ÷ (prompt tokens the calls carried, their
@@ -83,6 +89,7 @@ from bench.harness.balancers import (
     litellm_router,
     replica,
     round_robin,
+    sticky,
 )
 from bench.harness.processes import talaria_serve
 
@@ -109,7 +116,8 @@ def _lines(rng: random.Random, count: int) -> str:
 class Shape:
     """What the sessions send: a system prompt all share (``system_kb`` KB), a task of
     ``task_lines`` lines of its own, then per turn a reply and ``tool_lines`` lines of tool
-    output; ``turns`` calls, ``gap_s`` of tool time between them; ``sessions`` at once."""
+    output; ``turns`` calls, ``gap_s`` of tool time between them but ``idle_s`` after every
+    ``idle_every``-th call (0: never); ``sessions`` at once."""
 
     sessions: int
     turns: int
@@ -117,6 +125,14 @@ class Shape:
     system_kb: float
     task_lines: int
     tool_lines: int
+    idle_s: float = 0.0
+    idle_every: int = 0
+
+    def gap_before(self, turn: int) -> float:
+        """The wait before call ``turn`` (0-based; none before the first)."""
+        if turn == 0:
+            return 0.0
+        return self.idle_s if self.idle_every and turn % self.idle_every == 0 else self.gap_s
 
     @property
     def system(self) -> str:
@@ -146,8 +162,7 @@ def session(base: str, name: str, shape: Shape, run: Run, lock: threading.Lock) 
     messages = [{"role": "system", "content": shape.system}, {"role": "user", "content": task}]
     with httpx.Client(base_url=base, timeout=600) as http:
         for turn in range(shape.turns):
-            if turn:
-                threading.Event().wait(shape.gap_s)
+            threading.Event().wait(shape.gap_before(turn))
             body = {"model": SERVED, "messages": messages, "max_tokens": 16, "temperature": 0,
                     "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
             start, first, text, usage = time.perf_counter(), None, "", None
@@ -245,7 +260,7 @@ def figures(run: Run, computed: float) -> dict[str, Any]:
 
 
 def measure(
-    front: str, replicas: list[Replica], folder: Path, shape: Shape, tag: str
+    front: str, replicas: list[Replica], folder: Path, shape: Shape, tag: str, sticky_s: float
 ) -> dict[str, Any]:
     """One front over the running replicas (``one`` and ``talaria-one``: replica A only), its
     sessions named ``tag-i`` (their text seeded by the name)."""
@@ -259,6 +274,9 @@ def measure(
         elif front == "round-robin":
             hosts = [r.root.removeprefix("http://") for r in used]
             base = stack.enter_context(round_robin(hosts, folder))
+        elif front == "sticky":
+            hosts = [r.root.removeprefix("http://") for r in used]
+            base = stack.enter_context(sticky(hosts, folder, sticky_s, "x-session-id"))
         elif front == "litellm":
             base = stack.enter_context(litellm_router([r.root for r in used], folder))
         elif front.startswith("talaria"):
@@ -309,12 +327,16 @@ def main() -> None:
     parser.add_argument("--system-kb", type=float, default=4.5, help="the shared system prompt")
     parser.add_argument("--task-lines", type=int, default=80, help="each session's own start")
     parser.add_argument("--tool-lines", type=int, default=25, help="each turn's tool output")
+    parser.add_argument("--idle-s", type=float, default=0.0, help="an idle gap instead of --gap-s")
+    parser.add_argument("--idle-every", type=int, default=0, help="after every Nth call (0: none)")
+    parser.add_argument("--sticky-s", type=float, default=5.0, help="sticky: entries' lifetime")
+    parser.add_argument("--kv-cache-mib", type=int, help="vLLM: each replica's KV cache")
     parser.add_argument("--window", type=int, default=8192, help="tokens per sequence")
     parser.add_argument(
         "--fronts",
         default="talaria,round-robin,litellm,one",
-        help="talaria, round-robin, litellm, one (replica A alone), talaria-one (Talaria in "
-        "front of replica A alone: its own cost, against one)",
+        help="talaria, round-robin, sticky (HAProxy, --sticky-s), litellm, one (replica A "
+        "alone), talaria-one (Talaria in front of replica A alone: its own cost, against one)",
     )
     parser.add_argument("--llama-server", default=os.environ.get("TALARIA_LLAMA_SERVER"))
     parser.add_argument("--model-dir", help="--server vllm: the model directory")
@@ -322,17 +344,24 @@ def main() -> None:
     args = parser.parse_args()
     source, binary = sources(args, parser)
     shape = Shape(args.sessions, args.turns, args.gap_s, args.system_kb, args.task_lines,
-                  args.tool_lines)  # fmt: skip
+                  args.tool_lines, args.idle_s, args.idle_every)  # fmt: skip
     results = {}
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="talaria-replicas-")))
-        a = stack.enter_context(replica(args.server, source, binary, 0, args.window, tmp / "a"))
-        b = stack.enter_context(replica(args.server, source, binary, 1, args.window, tmp / "b"))
+        a, b = (
+            stack.enter_context(
+                replica(
+                    args.server, source, binary, core, args.window, tmp / name, args.kv_cache_mib
+                )
+            )
+            for core, name in ((0, "a"), (1, "b"))
+        )
         for front in args.fronts.split(","):
             tag = front if front not in results else f"{front}-r{len(results)}"  # a repeat
-            results[tag] = measure(front, [a, b], tmp / tag, shape, tag)
+            results[tag] = measure(front, [a, b], tmp / tag, shape, tag, args.sticky_s)
             print(tag, json.dumps(results[tag]), flush=True)
     doc = {"server": args.server, "shape": asdict(shape), "window": args.window,
+           "sticky_s": args.sticky_s, "kv_cache_mib": args.kv_cache_mib,
            "fronts": results}  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """The servers and balancers of bench/replicas_live.py: a replica (``llama-server`` or ``vllm
 serve`` of SmolLM2-135M-Instruct) and how it counts the prompt tokens it computed, nginx round
-robin in front of replicas, and LiteLLM's proxy router in front of them."""
+robin in front of replicas, HAProxy's sticky sessions with a lifetime in front of them, and
+LiteLLM's proxy router in front of them."""
 
 from __future__ import annotations
 
@@ -59,10 +60,18 @@ def _vllm_computed(m: dict[str, float]) -> float:
 
 @contextlib.contextmanager
 def replica(
-    kind: str, source: Path, binary: str, core: int, window: int, log: Path
+    kind: str,
+    source: Path,
+    binary: str,
+    core: int,
+    window: int,
+    log: Path,
+    kv_cache_mib: int | None = None,
 ) -> Iterator[Replica]:
     """A server of ``source`` on a free port (a ``window`` of tokens per sequence), until it
-    lists the model."""
+    lists the model; a vLLM model directory without weights gets random ones. vLLM's KV
+    cache is ``kv_cache_mib`` MiB (``--kv-cache-memory-bytes``), else 1 GiB
+    (``VLLM_CPU_KVCACHE_SPACE``, which takes whole GiB only)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     if kind == "llama":
@@ -75,9 +84,16 @@ def replica(
                    "--model", str(source), "--served-model-name", SERVED, "--host", "127.0.0.1",
                    "--port", str(port), "--max-model-len", str(window),
                    "--enforce-eager"]  # fmt: skip
-        env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(core),
-                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        if not any(source.glob("*.safetensors")) and not any(source.glob("*.bin")):
+            command += ["--load-format", "dummy"]  # a tiny test model: random weights
+        env |= {"VLLM_CPU_OMP_THREADS_BIND": str(core), "HF_HUB_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
                 "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # fmt: skip
+        if kv_cache_mib is None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+        else:  # the variable, when set, overrides the flag (vllm/platforms/cpu.py)
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            command += ["--kv-cache-memory-bytes", str(kv_cache_mib * 2**20)]
         computed, startup_s = _vllm_computed, 600.0
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -144,6 +160,34 @@ def round_robin(hosts: list[str], folder: Path) -> Iterator[str]:
     process = subprocess.Popen([binary, "-c", str(conf)], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     with _waited(process, _answers(url + "/"), folder / "error.log", 180):
+        yield url
+
+
+@contextlib.contextmanager
+def sticky(hosts: list[str], folder: Path, lifetime_s: float, key: str) -> Iterator[str]:
+    """HAProxy sticky sessions in front of ``hosts`` (``host:port``); its base URL. A session
+    (header ``key``) goes to the replica it went to last, unless it has been idle for
+    ``lifetime_s`` or more: its stick-table entry expires (an entry lives ``expire`` since it
+    was last created or matched, HAProxy 2.6's ``stick-table`` documentation) and the call is
+    balanced round robin like a new session. ``X-Upstream`` names the replica."""
+    binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin")
+    if binary is None:
+        raise RuntimeError("no haproxy: bash scripts/apt-provide.sh haproxy haproxy")
+    port = free_port()
+    servers = "".join(f"  server r{i} {h}\n" for i, h in enumerate(hosts))
+    conf = folder / "haproxy.cfg"
+    conf.write_text(
+        "global\n  maxconn 1024\ndefaults\n  mode http\n  timeout connect 5s\n"
+        "  timeout client 600s\n  timeout server 600s\n"
+        f"frontend bench\n  bind 127.0.0.1:{port}\n  default_backend replicas\n"
+        "backend replicas\n  balance roundrobin\n"
+        f"  stick-table type string len 128 size 100k expire {max(1, round(lifetime_s * 1000))}ms\n"
+        f"  stick on req.hdr({key})\n"
+        "  http-response set-header X-Upstream %[srv_name]\n" + servers
+    )
+    process = subprocess.Popen([binary, "-db", "-f", str(conf)], stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    with _waited(process, _answers(url + "/v1/models"), conf, 60):
         yield url
 
 

@@ -225,12 +225,12 @@ class Gateway:
         except NoInstanceError as exc:
             raise unavailable(str(exc)) from exc
         # counted on its instance from now (the next call's routing sees it) to its end
-        self._pool.dispatched(decision.instance)
+        self._pool.dispatched(decision.instance, call.model)
         try:
             await self._keeper.routed(state, decision.instance, now_s, ctx.now_at, found.thread)
             self._recorder.decision(call, state, decision, found.how, ctx.now_at)
         except BaseException:
-            self._pool.settled(decision.instance)
+            self._pool.settled(decision.instance, call.model)
             raise
         return decision
 

@@ -150,13 +150,14 @@ class CallRunner:
         recorder: Recorder,
         keeper: SessionKeeper,
         reroute: Reroute,
-        settled: Callable[[str], None],
+        settled: Callable[[str, str], None],
     ) -> None:
         self._recorder = recorder
         self._keeper = keeper
         self._reroute = reroute
         self._settled = settled
-        """Told the instance a call routed there ended or left (the pool's own-call count)."""
+        """Told the instance and model of a call routed there that ended or left (the pool's
+        own-call count)."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self._inflight: dict[str, int] = {}
         self._abandoned: set[asyncio.Task[Any]] = set()
@@ -226,7 +227,7 @@ class CallRunner:
         finally:
             self._keeper.call_ended(run.found.state, run.found.thread)
             self._inflight[call.tenant_id] -= 1
-            self._settled(run.runtime.name)
+            self._settled(run.runtime.name, run.call.model)
         _settle(run, result.prompt_tokens + result.output_tokens)
         output = result.output or ModelOutput(finish_reason="stop")
         outcome = CallOutcome(result, run.runtime.name, output)
@@ -259,11 +260,11 @@ class CallRunner:
                 elsewhere = await self._reroute(run, frozenset(tried))
                 if elsewhere is None or elsewhere.name in tried:
                     if elsewhere is not None:  # routed (and counted) there: not going
-                        self._settled(elsewhere.name)
+                        self._settled(elsewhere.name, run.call.model)
                     raise
                 log.warning("call %s: %s; routed again to %s", run.call.request_id, exc,
                             elsewhere.name)  # fmt: skip
-                self._settled(run.runtime.name)
+                self._settled(run.runtime.name, run.call.model)
                 run.runtime = elsewhere
 
     def _finish(self, run: RunningCall, outcome: CallOutcome) -> int:

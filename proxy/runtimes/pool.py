@@ -33,7 +33,8 @@ class RuntimePool:
         self._catalog_windows = catalog_windows or {}
         self._drained: frozenset[str] = frozenset()
         self._failures: dict[str, str] = {}
-        self._dispatched: dict[str, int] = {}
+        self._dispatched: dict[tuple[str, str], int] = {}
+        """(instance, model) → calls routed there that have not ended."""
 
     def __getitem__(self, name: str) -> RuntimeClient:
         """The runtime instance called ``name``."""
@@ -103,33 +104,59 @@ class RuntimePool:
         self._drained = frozenset(names)
 
     # -- this proxy's own calls ---------------------------------------------------------------
-    def dispatched(self, instance: str) -> None:
-        """A call was routed to ``instance``: it counts there until :meth:`settled`."""
-        self._dispatched[instance] = self._dispatched.get(instance, 0) + 1
+    def dispatched(self, instance: str, model: str) -> None:
+        """A call of ``model`` was routed to ``instance``: it counts there until
+        :meth:`settled`."""
+        key = (instance, model)
+        self._dispatched[key] = self._dispatched.get(key, 0) + 1
 
-    def settled(self, instance: str) -> None:
-        """A call routed to ``instance`` ended (or went elsewhere)."""
-        left = self._dispatched.get(instance, 0) - 1
+    def settled(self, instance: str, model: str) -> None:
+        """A call of ``model`` routed to ``instance`` ended (or went elsewhere)."""
+        key = (instance, model)
+        left = self._dispatched.get(key, 0) - 1
         if left > 0:
-            self._dispatched[instance] = left
+            self._dispatched[key] = left
         else:
-            self._dispatched.pop(instance, None)
+            self._dispatched.pop(key, None)
 
     def with_own_calls(self, statuses: Sequence[InstanceStatus]) -> list[InstanceStatus]:
-        """``statuses`` with each instance's running calls raised to at least the calls this
-        proxy routed there that have not ended. A status is read before the call is routed
-        (at its admission, or cached for ``status_ttl_s``), so it counts none of the calls
-        routed since: new sessions arriving together would all see the same idle instances,
-        tie, and pile onto one of them (7 of 8 on one of two replicas, measured:
-        docs/results.md §15)."""
+        """``statuses`` with the calls this proxy routed and has not seen end counted as a
+        fresh status would count them. A status is read before the call is routed (at its
+        admission, or cached for ``status_ttl_s``), so it counts none of the calls routed
+        since: new sessions arriving together would all see the same idle instances, tie, and
+        pile onto one of them (7 of 8 on one of two replicas, measured: docs/results.md §15).
+
+        The calls the status does not show, ``unseen = max(0, own calls − running_calls)``,
+        are added as the instance will report them once admitted: each a running call and a
+        live session of its model (``instance_pressure`` counts both; a status read after the
+        calls already does). Counting them as running calls alone made a status read before
+        them look lighter than a fresh one of the same instance. Per model, at most its own
+        calls there are added as live sessions (a continuing session's call adds one it
+        already counts: 1 / ``pressure_ref_sessions``, against ``kv_locality``'s 1)."""
         if not self._dispatched:
             return list(statuses)
-        return [
-            replace(s, running_calls=mine)
-            if (mine := self._dispatched.get(s.instance, 0)) > s.running_calls
-            else s
-            for s in statuses
-        ]
+        mine: dict[str, dict[str, int]] = {}
+        for (instance, model), count in self._dispatched.items():
+            mine.setdefault(instance, {})[model] = count
+        out = []
+        for s in statuses:
+            own = mine.get(s.instance, {})
+            unseen = sum(own.values()) - s.running_calls
+            if unseen <= 0:
+                out.append(s)
+                continue
+            models = dict(s.models)
+            left = unseen
+            for model, count in sorted(own.items()):
+                if left <= 0:
+                    break
+                add = min(count, left)
+                left -= add
+                if model in models:
+                    residency = models[model]
+                    models[model] = replace(residency, live_sessions=residency.live_sessions + add)
+            out.append(replace(s, running_calls=s.running_calls + unseen, models=models))
+        return out
 
     def routable(
         self, model: str, statuses: list[InstanceStatus], last_instance: str | None

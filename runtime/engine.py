@@ -22,9 +22,9 @@ seconds they took, for the slot timeline.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from talaria.core.calls import ModelOutput
 from talaria.core.types import CallRequest, CallResult, EngineTimes, GenerationEvent, KvSource
@@ -255,6 +255,58 @@ class KvTiming(Protocol):
 
     def recompute_s(self, tokens: int) -> float:
         """Seconds to prefill ``tokens`` again if their KV is gone."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClassStepRule:
+    """The fair queue's rule 5 (runtime/scheduling/fairness.py), as the node hands it to an
+    engine with ``StepsByClass``: lower-class calls already running take an iteration only
+    while it stays ≤ ``class_slowdown`` × the best class's alone, each preempted at most
+    ``preempt_limit`` times (``class_steps``)."""
+
+    class_slowdown: float
+    preempt_limit: int
+
+
+Step = TypeVar("Step")
+
+
+def class_steps(
+    ready: Sequence[Step],
+    rank: Callable[[Step], int],
+    preempted: Callable[[Step], int],
+    step_s: Callable[[Sequence[Step]], float],
+    class_slowdown: float,
+    preempt_limit: int,
+) -> list[Step]:
+    """Rule 5: of ``ready`` (in admission order), the calls that take the next iteration:
+    every call of the best ``rank``, every call already preempted ``preempt_limit`` times,
+    and each other call (best rank first, then admission order) while ``step_s`` of the
+    chosen ones with it ≤ ``class_slowdown`` × ``step_s`` of the best rank's calls alone.
+    Returned in admission order. One class: ``ready`` as it is."""
+    if not ready:
+        return []
+    best = min(rank(c) for c in ready)
+    if all(rank(c) == best for c in ready):
+        return list(ready)
+    chosen = {i for i, c in enumerate(ready) if rank(c) == best or preempted(c) >= preempt_limit}
+    bound = class_slowdown * step_s([c for c in ready if rank(c) == best])
+    others = sorted((i for i in range(len(ready)) if i not in chosen), key=lambda i: rank(ready[i]))
+    for i in others:
+        if step_s([ready[j] for j in sorted(chosen | {i})]) <= bound:
+            chosen.add(i)
+    return [ready[i] for i in sorted(chosen)]
+
+
+@runtime_checkable
+class StepsByClass(Protocol):
+    """An engine that applies the fair queue's rule 5 to its own iterations: the calls of a
+    lower class already running yield their steps to a higher class's (fairness.py
+    ``class_steps``). Without it every running call takes every step."""
+
+    def step_by_class(self, rule: ClassStepRule | None) -> None:
+        """Apply ``rule`` from now on (None: every call takes every step)."""
         ...
 
 

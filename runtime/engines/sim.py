@@ -21,7 +21,7 @@ from talaria.core.model_spec import ModelSpec
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
 from talaria.core.weight_tiers import WeightTier
 from talaria.runtime.costmodel import CostModel
-from talaria.runtime.engine import Admission, EngineInfo
+from talaria.runtime.engine import Admission, ClassStepRule, EngineInfo
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import DEFAULT_REPLIES, ReplyPolicy, ReplyStream, plan_reply
 from talaria.runtime.engines.sim_steps import SimSeq, StepLoop
@@ -71,6 +71,15 @@ class SimEngine:
         self._recompute_cache: dict[int, float] = {}
         self.loads: dict[str, int] = {}
         """Its weights' loads into HBM (wakes and stagings), by the tier read from."""
+
+    def step_by_class(self, rule: ClassStepRule | None) -> None:
+        """Rule 5 of the fair queue for this engine's iterations (``StepsByClass``)."""
+        self._steps.rule = rule
+
+    @property
+    def preemptions(self) -> int:
+        """Times a running call was held out of the steps for a higher class."""
+        return self._steps.preemptions
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.costmodel import CostModel, PrefillChunk
-from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engine import Admission, ClassStepRule, call_result, class_steps
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import ReplyStream
 from talaria.runtime.memory.resources import DeviceShare, PcieLink
@@ -51,6 +51,10 @@ class SimSeq:
     restored_bytes: float
     recomputed_tokens: int
     ready: bool = False
+    preempted: int = 0
+    """Times it was held out of the steps for a higher class (``ClassStepRule``)."""
+    held: bool = False
+    """Held out of the last iteration for a higher class."""
     output_done: int = 0
     first_token_s: float | None = None
     queued_s: float | None = None
@@ -102,6 +106,10 @@ class StepLoop:
         """When the engine last ran out of work (−inf: never ran)."""
         self._step_shapes: set[int] = set()
         """Token counts of the steps run so far (``_shape_s``)."""
+        self.rule: ClassStepRule | None = None
+        """Rule 5 of the fair queue (runtime/engine.py ``class_steps``), or every call steps."""
+        self.preemptions = 0
+        """Times a running call was held out of the steps for a higher class."""
 
     def runs(self, session_key: str) -> bool:
         """Whether a call of the session is admitted and not finished here."""
@@ -213,7 +221,7 @@ class StepLoop:
 
     async def _serve_ready(self) -> None:
         while True:
-            ready = [s for s in self.seqs if s.ready]
+            ready = self._by_class([s for s in self.seqs if s.ready])
             if not ready:
                 return
             self._device.set_busy(self._model, True, self._wake)
@@ -231,6 +239,46 @@ class StepLoop:
             else:
                 await self._decode_steps(decoding)
             self._finish_done()
+
+    def _by_class(self, ready: list[SimSeq]) -> list[SimSeq]:
+        """The ready sequences that take the next iteration (``self.rule``); the others are
+        held, a preemption counted each time one that was not held is."""
+        rule = self.rule
+        if rule is None or len(ready) < 2:
+            return ready
+        chosen = class_steps(
+            ready,
+            lambda s: s.admission.request.priority.rank,
+            lambda s: s.preempted,
+            self._iteration_s,
+            rule.class_slowdown,
+            rule.preempt_limit,
+        )
+        if len(chosen) == len(ready):
+            for seq in ready:
+                seq.held = False
+            return ready
+        stepping = {id(s) for s in chosen}
+        for seq in ready:
+            held = id(seq) not in stepping
+            if held and not seq.held:
+                seq.preempted += 1
+                self.preemptions += 1
+            seq.held = held
+        return chosen
+
+    def _iteration_s(self, seqs: Sequence[SimSeq]) -> float:
+        """The cost model's time of the next iteration if only ``seqs`` took it (their decode
+        tokens, then prefill chunks in admission order within the token budget)."""
+        decoding = [s for s in seqs if s.prefill_left == 0]
+        budget = self._cost.profile.max_num_batched_tokens - len(decoding)
+        chunks: list[PrefillChunk] = []
+        for seq in seqs:
+            if seq.prefill_left > 0 and budget > 0:
+                take = min(seq.prefill_left, budget)
+                chunks.append(PrefillChunk(take, seq.context))
+                budget -= take
+        return self._cost.step_time_s(chunks, sum(s.context for s in decoding), len(decoding))
 
     async def _mixed_step(self, decoding: list[SimSeq], chunks: list[tuple[SimSeq, int]]) -> None:
         prefill = [PrefillChunk(take, seq.context) for seq, take in chunks]

@@ -24,6 +24,10 @@ class SchedulerConfig:
     higher class's calls running on the same engine (fairness.py ``lower_class_fits``): an
     operator's latency objective, not a fitted figure; 1.2 is the bound issue 38 sets for an
     interactive tenant beside a bulk one."""
+    preempt_limit: int = 3
+    """With ``fair_queue``: the most times a running lower-class call is held out of an
+    engine's steps for a higher class (fairness.py rule 5; 0: never). An operator's bound on
+    how often a bulk call may be paused, not a fitted figure."""
     starvation_quanta: float = 2.0
     """With ``fair_queue``: a call that has waited this many quanta is promoted a class
     (fairness.py), so a batch call waits at most twice that behind interactive arrivals."""

@@ -33,7 +33,7 @@ from talaria.core.gap_model import GapQuality
 from talaria.core.holds import HoldTable, ReleaseReason
 from talaria.core.status import InstanceStatus
 from talaria.core.types import CallRequest, CallResult, GenerationEvent
-from talaria.runtime.engine import Engine
+from talaria.runtime.engine import ClassStepRule, Engine, StepsByClass
 from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.scheduling.calls import NodeCalls, NodeStopped, UnknownModelError
 from talaria.runtime.scheduling.config import SchedulerConfig
@@ -98,6 +98,14 @@ class NodeScheduler:
         self.config = config or SchedulerConfig()
         self._clock = clock
         self._engines = dict(engines)  # the model set: changed in add_model and retire only
+        self._step_rule = (
+            ClassStepRule(self.config.class_slowdown, self.config.preempt_limit)
+            if self.policy.evicts_by_class and self.config.preempt_limit > 0
+            else None
+        )
+        """Rule 5 of the fair queue for the engines that apply it (``StepsByClass``)."""
+        for engine in self._engines.values():
+            self._rule_steps(engine)
         accounts = ServiceAccounts()
         self.policies = NodePolicies.build(self.policy, accounts, self.config)
         self._events = EventFanout((accounts, *self.policies.listeners()))
@@ -219,9 +227,15 @@ class NodeScheduler:
         if model in self.engines:
             raise ValueError(f"node {self.name} already hosts {model!r}")
         self.memory.resize_host_kv(-host_weight_bytes)
+        self._rule_steps(engine)
         self._engines[model] = engine
         self._intake.open_queue(model)
         self._signals.poke()
+
+    def _rule_steps(self, engine: Engine) -> None:
+        """Give ``engine`` the node's rule 5, if it applies one (``StepsByClass``)."""
+        if isinstance(engine, StepsByClass):
+            engine.step_by_class(self._step_rule)
 
     async def retire(self, model: str, host_weight_bytes: float = 0.0) -> None:
         """Stop hosting ``model`` (placement): wait until no call of it waits or runs and no

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -55,8 +56,18 @@ def admin(served: ServeProcess, path: str) -> Any:
 
 
 def statuses(served: ServeProcess, session: str) -> list[str]:
-    """The statuses of ``session``'s calls, in order."""
-    return [c["status"] for c in admin(served, f"/admin/sessions/{session}")["calls"]]
+    """The statuses of ``session``'s calls, in order; none while the session is not recorded
+    yet (the proxy writes its records behind the calls: the admin API answers 404 until the
+    first one lands — a fresh-clone CI run once asked before it had)."""
+    reply = httpx.get(
+        f"{served.base_url}/admin/sessions/{session}",
+        headers={"authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    if reply.status_code == 404:
+        return []
+    assert reply.status_code == 200, reply.text
+    return [c["status"] for c in reply.json()["calls"]]
 
 
 class Fronts:

@@ -123,32 +123,28 @@ tail -n 3 "$PREP/log" >&2
 # `talaria serve --model` and asked by the real clients (tests/real/, docs/models.md).
 TALARIA_REAL_MODEL=$(cat "$PREP/real-model")
 export TALARIA_REAL_MODEL
+# VAR from what the prep subshell installed ($PREP/FILE holds its path), unless the caller set
+# VAR: required under CI, else the tests that need WHAT are skipped.
+prepared() { # VAR FILE WHAT
+    local var=$1 file=$2 what=$3
+    if [ -n "${!var:-}" ]; then
+        return
+    fi
+    if [ -s "$PREP/$file" ]; then
+        export "$var=$(cat "$PREP/$file")"
+    elif [ -n "${CI:-}" ]; then
+        echo "test.sh: could not install $what (required under CI)" >&2
+        exit 1
+    else
+        echo "test.sh: could not install $what; the tests that need it will be skipped" >&2
+    fi
+}
 # llama.cpp's own server, built once (~5 min) into the user's cache, fronting the same model's
 # GGUF file (tests/real/test_upstream_llama_server.py)
-if [ -z "${TALARIA_LLAMA_SERVER:-}" ]; then
-    if [ -s "$PREP/llama-server" ]; then
-        TALARIA_LLAMA_SERVER=$(cat "$PREP/llama-server")
-        export TALARIA_LLAMA_SERVER
-    elif [ -n "${CI:-}" ]; then
-        echo "test.sh: could not install llama.cpp's llama-server (required under CI)" >&2
-        exit 1
-    else
-        echo "test.sh: could not install llama.cpp's llama-server; its tests will be skipped" >&2
-    fi
-fi
+prepared TALARIA_LLAMA_SERVER llama-server "llama.cpp's llama-server"
 # NVIDIA's aiperf, pinned, in a venv of its own, replaying agent sessions against the stage's
 # `talaria serve` (tests/real/test_aiperf.py)
-if [ -z "${TALARIA_AIPERF:-}" ]; then
-    if [ -s "$PREP/aiperf" ]; then
-        TALARIA_AIPERF=$(cat "$PREP/aiperf")
-        export TALARIA_AIPERF
-    elif [ -n "${CI:-}" ]; then
-        echo "test.sh: could not install aiperf (required under CI)" >&2
-        exit 1
-    else
-        echo "test.sh: could not install aiperf; its test will be skipped" >&2
-    fi
-fi
+prepared TALARIA_AIPERF aiperf "aiperf"
 # tests/vllm (tiny random-weight models; proxy → runtime server → vLLM) and tests/real, one
 # session on two workers, a file on one; then, alone, the tests that fit CPU timings (marker
 # cpu_timing: a calibration beside another test's engine fits that engine's load too)

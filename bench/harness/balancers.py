@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from bench.harness.nginx import nginx_binary
-from bench.harness.processes import ROOT, free_port
+from bench.harness.processes import ROOT, free_port, stopped
 
 SERVED = "smollm2"
 """The name both replicas serve the model under."""
@@ -125,11 +125,7 @@ def _waited(
             threading.Event().wait(0.3)
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stopped(process, 60)
 
 
 def _answers(url: str) -> Callable[[], bool]:

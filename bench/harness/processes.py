@@ -61,6 +61,19 @@ def free_port() -> int:
         return port
 
 
+def stopped(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """Stop ``process`` if it still runs: SIGTERM, and SIGKILL if it has not exited within
+    ``grace_s``; reaped either way."""
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @dataclass
 class ServeProcess:
     """A running ``talaria serve``; ``output`` collects its stderr lines."""
@@ -167,13 +180,7 @@ def _listening(
                 base_url = match.group(1)
         yield ServeProcess(process, base_url, seen)
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stopped(process, 60)
 
 
 @dataclass

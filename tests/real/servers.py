@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 
-from bench.harness.processes import ServeProcess
+from bench.harness.processes import ServeProcess, stopped
 from tests.support import admin_get
 
 ADMIN = "real-admin-token"
@@ -133,9 +133,4 @@ def logged_server(
             threading.Event().wait(every_s)
         yield server
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stopped(process, 30)

@@ -3,7 +3,8 @@ upstream (issue 39, item 4): ``talaria runtime --config node.toml`` fronts the s
 ``sleep = "vllm"``, ``talaria serve --runtime URL`` fronts the runtime, and the real ``openai``
 and ``anthropic`` clients ask the proxy. What is asserted is what the path guarantees (the
 server's own text, a stream, cached tokens on a continuation, one session per run, a well-formed
-tool answer, an aborted request, the sleep endpoints used), not the 135M model's wisdom.
+tool answer, an aborted request, the sleep endpoints used, each call's class as vLLM's
+priority), not the 135M model's wisdom.
 
 The server starts once for the module (43 s on an idle 2-core machine): the CPU build's ``vllm``
 console script does not work, so it is ``python -m vllm.entrypoints.openai.api_server`` of the
@@ -12,7 +13,10 @@ without it the CPU build compiles the model with torch.compile at start: 125–3
 with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and ``/is_sleeping`` (on CPU a
 sleep pauses the scheduler and drops the prefix cache; the weights stay). The converted
 directory's own chat template renders tools in the hermes format, so the server parses tool
-calls with ``--tool-call-parser hermes``. docs/upstream.md records a run.
+calls with ``--tool-call-parser hermes``. It schedules by priority (``--scheduling-policy
+priority``) and the node passes each call's class on (``priority = "vllm"``): a server without
+that policy answers any priority but 0 with an error, so every call here shows that it took
+one (a standard call's is 3). docs/upstream.md records a run.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ name = "{name}"
 engine = "openai"
 url = "{url}"
 sleep = "vllm"
+priority = "vllm"
 """
 
 
@@ -111,7 +116,7 @@ def upstream(real_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "--model", str(real_dir), "--served-model-name", SERVED,
         "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(WINDOW),
         "--enable-prompt-tokens-details", "--enable-auto-tool-choice",
-        "--tool-call-parser", "hermes", "--enforce-eager",
+        "--tool-call-parser", "hermes", "--enforce-eager", "--scheduling-policy", "priority",
     ]  # fmt: skip
     root = f"http://127.0.0.1:{port}"
     with logged_server(
@@ -152,6 +157,23 @@ def test_a_chat_call_gets_the_real_models_answer(stack: Stack) -> None:
     text = real_text(reply.choices[0].message.content)
     assert "Paris" in text, text
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 24
+
+
+def test_a_calls_class_reaches_the_server_as_its_priority(stack: Stack) -> None:
+    """A batch call carries vLLM priority 5 (runtime/engines/priorities.py): the server
+    takes it (under another scheduling policy it would answer 400) and answers with the real
+    model; the proxy records the class it was served in."""
+    client = stack.client(session="up-batch")
+    reply = client.chat.completions.create(
+        model=SERVED,
+        messages=[{"role": "user", "content": "What is the capital of Spain?"}],
+        temperature=0,
+        max_tokens=16,
+        extra_headers={"X-Talaria-Priority": "batch"},
+    )
+    real_text(reply.choices[0].message.content)
+    calls = stack.admin("/admin/sessions/up-batch")["calls"]
+    assert [(c["status"], c["priority_served"]) for c in calls] == [("ok", "batch")]
 
 
 def test_a_stream_comes_in_pieces(stack: Stack) -> None:

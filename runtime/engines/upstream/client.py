@@ -94,17 +94,24 @@ def served_window(entry: Mapping[str, Any]) -> int | None:
 
 
 def chat_body(
-    call: Call, model: str, max_tokens: int | None, cache_salt: str | None = None
+    call: Call,
+    model: str,
+    max_tokens: int | None,
+    cache_salt: str | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """The chat completion request for ``call`` (vLLM's ``chat_fields``, see the module
     docstring); ``max_tokens``: None leaves the limit to the server (the rest of the model's
     window); ``cache_salt``: the tenant's prefix-cache salt (vLLM's ``cache_salt``), sent only
-    when given."""
+    when given; ``priority``: the server's ``priority`` field (runtime/engines/priorities.py),
+    sent only when given."""
     body: dict[str, Any] = {"model": model, **chat_fields(call)}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    if priority is not None:
+        body["priority"] = priority
     return body
 
 

@@ -1,7 +1,8 @@
 """One call on an upstream server, from its request to its ``CallResult`` (the engine's
 ``run``, engine.py): the request sent (with the tenant's ``cache_salt`` where the server
-isolates by it), the stream read within its bounds (client.py, reading.py), the output cut
-at the call's limit and the usage checked against what was sent (usage.py).
+isolates by it, and the call's class as the server's ``priority`` where it takes one), the
+stream read within its bounds (client.py, reading.py), the output cut at the call's limit and
+the usage checked against what was sent (usage.py).
 
 What is recorded of the server's answer:
 
@@ -37,6 +38,7 @@ from talaria.core.types import (
 )
 from talaria.runtime.engine import Admission, call_result
 from talaria.runtime.engines.openai_wire import ChatTotals, parse_chunk
+from talaria.runtime.engines.priorities import server_priority
 from talaria.runtime.engines.timing import BusyMeter
 from talaria.runtime.engines.upstream.client import (
     LOGGED_CHARS,
@@ -106,7 +108,8 @@ async def generate(
     limited = call.max_output_tokens is not None or request.output_tokens is not None
     limit = request.output_tokens or request.max_output_tokens
     salt = request.cache_salt if opt.cache_isolation == "salt" else None
-    body = chat_body(call, opt.served_model, limit if limited else None, salt)
+    rank = server_priority(opt.priority, request.priority, admission.sp_admitted)
+    body = chat_body(call, opt.served_model, limit if limited else None, salt, rank)
     raw = json.dumps(body).encode()
     prompt = prompt_bounds(body["messages"], len(raw))
     budget = OutputBudget(limit)

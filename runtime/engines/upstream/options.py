@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from talaria.runtime.config_fields import NodeConfigError
+from talaria.runtime.engines.priorities import SERVER_PRIORITIES, ServerPriority
 from talaria.runtime.engines.timing import RateModel
 
 SleepKind = Literal["vllm", "sglang", "none"]
@@ -79,6 +80,15 @@ class UpstreamOptions:
       tenants may learn each other's prefixes (one tenant, or tenants that trust each other).
 
     Whatever the mode, timing (a cached prefix answers sooner) is visible without a salt."""
+    priority: ServerPriority = "none"
+    """Whether each call carries its class as the server's ``priority`` field, and in whose
+    convention (runtime/engines/priorities.py): ``vllm`` for a vLLM server started with
+    ``--scheduling-policy priority`` (any other vLLM answers a priority other than 0 with an
+    error), ``sglang`` for an SGLang server started with ``--enable-priority-scheduling``
+    (its default polarity and preemption threshold), ``none`` (the default): not sent. The
+    server then orders its own waiting queue by class, and SGLang preempts a running
+    lower-class request for a higher one; the node's fair queue orders what it sends either
+    way."""
     models_timeout_s: float = 30.0
     """The whole of ``GET /v1/models`` (at start and at placement): a list of a few models is
     a few kilobytes served from memory; 30 s is generous on any network and bounds how long
@@ -135,7 +145,7 @@ BOUNDS = ("timeout_s", "models_timeout_s", "call_timeout_s", "models_max_bytes",
 """The options that bound what is read from the server (all positive; the byte ones whole)."""
 KNOWN = frozenset(
     {"url", "served_model", "api_key_env", "sleep", "context_window", "weight_bytes",
-     "device_bytes", "staging", "rates", "cache_isolation", *BOUNDS}
+     "device_bytes", "staging", "rates", "cache_isolation", "priority", *BOUNDS}
 )  # fmt: skip
 
 
@@ -174,6 +184,11 @@ def upstream_options(model: str, options: Mapping[str, Any]) -> UpstreamOptions:
         raise NodeConfigError(
             f"model {model}: cache_isolation must be one of {CACHE_ISOLATIONS}, not {isolation!r}"
         )
+    priority = options.get("priority", "none")
+    if priority not in SERVER_PRIORITIES:
+        raise NodeConfigError(
+            f"model {model}: priority must be one of {SERVER_PRIORITIES}, not {priority!r}"
+        )
     defaults = UpstreamOptions("", "")
     bounds = {
         name: _number(name, model, options.get(name, getattr(defaults, name)),
@@ -191,6 +206,7 @@ def upstream_options(model: str, options: Mapping[str, Any]) -> UpstreamOptions:
         staging=bool(options.get("staging", False)) and sleep == "vllm",
         rates=rate_model,
         cache_isolation=isolation,
+        priority=priority,
         timeout_s=bounds["timeout_s"],
         models_timeout_s=bounds["models_timeout_s"],
         call_timeout_s=bounds["call_timeout_s"],

@@ -67,8 +67,8 @@ does), else from ``RateModel``, a per-token rate model with rough defaults.
 
 from __future__ import annotations
 
+from talaria.runtime.engines.priorities import PRIORITY_DEFAULT, PRIORITY_SP, vllm_priority
 from talaria.runtime.engines.timing import RateModel
-from talaria.runtime.engines.vllm.adapter import PRIORITY_DEFAULT, PRIORITY_SP, vllm_priority
 from talaria.runtime.engines.vllm.build import (
     MODELS_DIR,
     build_vllm_engine,

@@ -8,21 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from talaria.core.types import EngineTimes, Priority
-
-PRIORITY_SP = 0
-"""Within a class, the vLLM priority offset of an SP-admitted call (lower runs first under
-``scheduling_policy="priority"``): it was admitted on a time budget that ends at the slot
-deadline."""
-PRIORITY_DEFAULT = 1
-
-
-def vllm_priority(priority: Priority, sp_admitted: bool) -> int:
-    """The priority vLLM gets for a call: ``2 · rank + (0 if SP-admitted else 1)`` (rank:
-    interactive 0, standard 1, batch 2), so when vLLM must choose (its waiting queue, and the
-    running request it preempts when KV runs out: the largest value first) a lower class
-    yields first, and within a class the SP-admitted call runs first."""
-    return 2 * priority.rank + (PRIORITY_SP if sp_admitted else PRIORITY_DEFAULT)
+from talaria.core.types import EngineTimes
 
 
 class AsyncLLMLike(Protocol):

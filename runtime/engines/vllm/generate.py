@@ -30,6 +30,7 @@ from talaria.core.types import (
 )
 from talaria.runtime.engine import Admission, call_result
 from talaria.runtime.engines.openai_wire import ChatTotals, decoding_params
+from talaria.runtime.engines.priorities import vllm_priority
 from talaria.runtime.engines.timing import BusyMeter
 from talaria.runtime.engines.tokenizer import IncrementalDecoder, Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
@@ -37,7 +38,6 @@ from talaria.runtime.engines.vllm.adapter import (
     VllmApi,
     aclose,
     engine_times,
-    vllm_priority,
 )
 from talaria.runtime.engines.vllm.chat import VllmChat, to_vllm_request
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory

@@ -10,7 +10,10 @@ several tenants, each tenant's sessions alone under ``talaria``. Printed per see
 median over seeds:
 
 - noisy neighbours (several tenants): per tenant, p50 / p95 / mean SCT beside the others ÷
-  alone, with and without the fair queue;
+  alone, with and without the fair queue (ours: each tenant against itself alone); and the
+  peers' yardstick, as llm-d reports its flow control (premium against standard at
+  saturation): per tenant, its calls' p50 / p95 time to first token and mean queue wait beside
+  the others, in seconds (``peers``);
 - one tenant (``saturated``): the fair queue's mean, p95 and calls completed ÷ without it,
   and the p50 SCT of the short sessions (the quarter with the fewest calls) without ÷ with.
 """
@@ -21,6 +24,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +46,14 @@ def _ratios(beside: dict[str, float], alone: dict[str, float]) -> dict[str, floa
     return {k: beside[f"{k}_sct_s"] / alone[f"{k}_sct_s"] for k in ("p50", "p95", "mean")}
 
 
+PEERS = ("p50_ttft_s", "p95_ttft_s", "mean_queue_s")
+"""The peers' yardstick: a tenant's calls' time to first token and queue wait beside the
+others, seconds (sim/experiment.py ``_groups``)."""
+
+
 def noisy(preset: Any, catalog: Any, seed: int) -> dict[str, Any]:
-    """Per tenant: SCT beside the others ÷ alone, with and without the fair queue."""
+    """Per tenant: SCT beside the others ÷ alone, with and without the fair queue, and the
+    peers' yardstick beside the others (``peers``)."""
     sessions = preset.sessions(catalog, seed)
     mixed = _replay(sessions, preset, catalog)["policies"]
     out: dict[str, Any] = {}
@@ -53,6 +63,7 @@ def noisy(preset: Any, catalog: Any, seed: int) -> dict[str, Any]:
         out[tenant] = {
             "alone": alone,
             **{p: _ratios(mixed[p]["tenants"][tenant], alone) for p in POLICIES},
+            "peers": {p: {k: mixed[p]["tenants"][tenant][k] for k in PEERS} for p in POLICIES},
         }
     return out
 
@@ -103,14 +114,19 @@ def _median(runs: dict[int, dict[str, Any]], tenants: bool) -> dict[str, Any]:
         return {k: statistics.median(r[k] for r in runs.values()) for k in first}
     return {
         tenant: {
-            p: {
-                k: statistics.median(r[tenant][p][k] for r in runs.values())
-                for k in first[tenant][p]
-            }
-            for p in POLICIES
+            **{p: _median_of(r[tenant][p] for r in runs.values()) for p in POLICIES},
+            "peers": {
+                p: _median_of(r[tenant]["peers"][p] for r in runs.values()) for p in POLICIES
+            },
         }
         for tenant in first
     }
+
+
+def _median_of(rows: Iterable[dict[str, float]]) -> dict[str, float]:
+    """Each key's median over ``rows``."""
+    rows = list(rows)
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
 
 def _short(value: Any) -> Any:

@@ -19,8 +19,12 @@ Each reply runs to the trace's output tokens (vLLM's ``ignore_eos``, which the s
 honours), as the replay's calls do.
 
 Printed: per tenant, p50 / p95 / mean SCT (wall seconds × the time scale: simulated seconds)
-beside the other ÷ alone, live and as the simulator predicts for the same sessions. Every
-process is stopped and every temporary folder removed on exit.
+beside the other ÷ alone, live and as the simulator predicts for the same sessions (ours: each
+tenant against itself alone); and the peers' yardstick, as llm-d reports its flow control
+(premium against standard at saturation): per tenant, its calls' p50 / p95 time to first token
+and mean queue wait beside the other, seconds on the runtime's clock (live: the proxy's stored
+calls, ``queue_s + prefill_s`` and ``queue_s``). Every process is stopped and every temporary
+folder removed on exit.
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +49,7 @@ from bench.harness.trace_drive import Words, drive
 from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace
 from talaria.sim.experiment import run_experiment
-from talaria.sim.metrics import sct_summary
+from talaria.sim.metrics import percentile, sct_summary
 from talaria.sim.presets import get_preset
 
 TENANT_KEYS = {"bulk": ("--priority", "standard"), "ide": ("--priority", "interactive")}
@@ -109,10 +115,34 @@ def run_live(
     if failures:
         log(f"{len(failures)} calls failed, first: {failures[0]}")
     tenant_of = {s.session_id: s.tenant for s in sessions}
+    peers = stored_peers(data / "talaria.db")
     out: dict[str, dict[str, float]] = {}
     for tenant in sorted(set(tenant_of.values())):
         scts = [r.sct_wall_s * scale for r in results if tenant_of[r.session_id] == tenant]
-        out[tenant] = {**sct_summary(scts), "failed_calls": float(len(failures))}
+        out[tenant] = {**sct_summary(scts), **peers[tenant], "failed_calls": float(len(failures))}
+    return out
+
+
+def stored_peers(database: Path) -> dict[str, dict[str, float]]:
+    """Per tenant, the peers' yardstick from the proxy's stored calls (written before the
+    proxy stopped): p50 / p95 of ``queue_s + prefill_s`` (time to first token) and the mean
+    ``queue_s``, on the runtime's clock."""
+    query = (
+        "SELECT t.name, c.queue_s, c.prefill_s FROM calls c "
+        "JOIN sessions s ON s.session_key = c.session_key JOIN tenants t ON t.id = s.tenant_id "
+        "WHERE c.status = 'ok' AND c.queue_s IS NOT NULL AND c.prefill_s IS NOT NULL"
+    )
+    with closing(sqlite3.connect(database)) as db:
+        rows = db.execute(query).fetchall()
+    out: dict[str, dict[str, float]] = {}
+    for tenant in sorted({r[0] for r in rows}):
+        mine = [(q, p) for t, q, p in rows if t == tenant]
+        ttft = [q + p for q, p in mine]
+        out[tenant] = {
+            "p50_ttft_s": percentile(ttft, 50),
+            "p95_ttft_s": percentile(ttft, 95),
+            "mean_queue_s": statistics.fmean(q for q, _ in mine),
+        }
     return out
 
 
@@ -170,6 +200,12 @@ def main() -> None:
     for t in ("ide", "bulk"):
         print(f"{t} alone: live p50 {alone_live[t]['p50_sct_s']:.1f} s, "
               f"simulated {sim_alone[t]['p50_sct_s']:.1f} s")  # fmt: skip
+    print("peers' yardstick beside the other: TTFT p50 / p95 and mean queue, seconds")
+    print("tenant  policy        live                      simulated")
+    for tenant in ("ide", "bulk"):
+        for policy in ("talaria", "-fair_queue"):
+            got, want = live[policy][tenant], sim[policy][tenant]
+            print(f"{tenant:6}  {policy:12}  {_peers(got):24}  {_peers(want)}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         document = {"seed": args.seed, "scale": args.time_scale, "live": live, "rows": rows}
@@ -177,6 +213,11 @@ def main() -> None:
 
 
 KINDS = ("p50", "p95", "mean")
+
+
+def _peers(figures: dict[str, Any]) -> str:
+    return " / ".join(f"{figures[k]:.2f}" for k in ("p50_ttft_s", "p95_ttft_s", "mean_queue_s"))
+
 
 if __name__ == "__main__":
     main()

@@ -199,8 +199,8 @@ def _groups(
     sessions: Sequence[SessionOutcome], key: Callable[[SessionOutcome], str]
 ) -> dict[str, dict[str, float]]:
     """Per tenant (or class): its sessions, p50/p95/mean SCT, its calls' mean queue wait
-    (arrival to admission, slot wait included) and their service seconds in all (admission
-    to finish on the engine)."""
+    (arrival to admission, slot wait included), their p50/p95 time to first token (arrival to
+    first token) and their service seconds in all (admission to finish on the engine)."""
     grouped: dict[str, list[SessionOutcome]] = {}
     for session in sessions:
         grouped.setdefault(key(session), []).append(session)
@@ -212,6 +212,10 @@ def _groups(
             "sessions": len(members),
             **sct_summary([s.sct_s for s in members]),
             "mean_queue_s": mean([c.queue_s for c in calls]),
+            **{
+                f"p{q}_ttft_s": percentile([c.first_token_s - c.arrival_s for c in calls], q)
+                for q in (50, 95)
+            },
             "service_s": sum(c.finished_s - c.admitted_s for c in calls),
         }
     return out

@@ -22,9 +22,9 @@ Printed: per tenant, p50 / p95 / mean SCT (wall seconds × the time scale: simul
 beside the other ÷ alone, live and as the simulator predicts for the same sessions (ours: each
 tenant against itself alone); and the peers' yardstick, as llm-d reports its flow control
 (premium against standard at saturation): per tenant, its calls' p50 / p95 time to first token
-and mean queue wait beside the other, seconds on the runtime's clock (live: the proxy's stored
-calls, ``queue_s + prefill_s`` and ``queue_s``). Every process is stopped and every temporary
-folder removed on exit.
+and mean queue wait beside the other, simulated seconds (live: the proxy's stored calls,
+``queue_s + prefill_s`` and ``queue_s``, which it stores in wall seconds, × the time scale).
+Every process is stopped and every temporary folder removed on exit.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def run_live(
     if failures:
         log(f"{len(failures)} calls failed, first: {failures[0]}")
     tenant_of = {s.session_id: s.tenant for s in sessions}
-    peers = stored_peers(data / "talaria.db")
+    peers = stored_peers(data / "talaria.db", scale)
     out: dict[str, dict[str, float]] = {}
     for tenant in sorted(set(tenant_of.values())):
         scts = [r.sct_wall_s * scale for r in results if tenant_of[r.session_id] == tenant]
@@ -123,10 +123,10 @@ def run_live(
     return out
 
 
-def stored_peers(database: Path) -> dict[str, dict[str, float]]:
+def stored_peers(database: Path, scale: float) -> dict[str, dict[str, float]]:
     """Per tenant, the peers' yardstick from the proxy's stored calls (written before the
     proxy stopped): p50 / p95 of ``queue_s + prefill_s`` (time to first token) and the mean
-    ``queue_s``, on the runtime's clock."""
+    ``queue_s``, stored in wall seconds, × ``scale``: simulated seconds."""
     query = (
         "SELECT t.name, c.queue_s, c.prefill_s FROM calls c "
         "JOIN sessions s ON s.session_key = c.session_key JOIN tenants t ON t.id = s.tenant_id "
@@ -137,11 +137,11 @@ def stored_peers(database: Path) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for tenant in sorted({r[0] for r in rows}):
         mine = [(q, p) for t, q, p in rows if t == tenant]
-        ttft = [q + p for q, p in mine]
+        ttft = [(q + p) * scale for q, p in mine]
         out[tenant] = {
             "p50_ttft_s": percentile(ttft, 50),
             "p95_ttft_s": percentile(ttft, 95),
-            "mean_queue_s": statistics.fmean(q for q, _ in mine),
+            "mean_queue_s": statistics.fmean(q for q, _ in mine) * scale,
         }
     return out
 

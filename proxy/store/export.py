@@ -32,10 +32,10 @@ Rules, for the calls of one stored session:
 - A trace session has one model: a stored session whose exported calls name several models is
   an :class:`ExportError`, as is an exported call with no prompt or no output tokens.
 
-Units: ``arrived_at`` / ``finished_at`` are the proxy's wall clock; ``queue_s`` / ``prefill_s``
-come from the runtime's clock. On real engines (and the embedded simulated runtime at time
-scale 1) both are seconds; at ``--time-scale k`` the runtime's (so ``ttft_s``) are simulated
-seconds, while offsets, gaps and ``latency_s`` stay wall seconds (one is k simulated seconds).
+Units: wall seconds throughout. ``arrived_at`` / ``finished_at`` are the proxy's wall clock;
+``queue_s`` / ``prefill_s`` are the runtime's times, which the proxy stores divided by its
+``--time-scale`` (proxy/callpath/recorder.py), so at ``--time-scale k`` they, ``ttft_s``,
+offsets, gaps and ``latency_s`` are all wall seconds (one is k simulated seconds).
 
 Sessions come back ordered by start (call 0's offset), then id, as ``write_trace`` writes them.
 """

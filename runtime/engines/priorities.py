@@ -1,7 +1,7 @@
 """The priority an engine's server gets for a call, in its own convention.
 
 - **vLLM** (its ``priority`` field; the engine started with ``--scheduling-policy priority``,
-  else a value other than 0 is an error, docs/sources.md §13): lower runs first.
+  else vLLM 0.32 ignores it, docs/sources.md §13): lower runs first.
   ``vllm_priority = 2 · rank + (0 if SP-admitted else 1)`` (rank: interactive 0, standard 1,
   batch 2), so when vLLM must choose (its waiting queue, and the running request it preempts
   when KV runs out: the largest value first) a lower class yields first, and within a class

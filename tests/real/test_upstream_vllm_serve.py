@@ -14,9 +14,10 @@ with ``VLLM_SERVER_DEV_MODE=1`` for ``/sleep``, ``/wake_up`` and ``/is_sleeping`
 sleep pauses the scheduler and drops the prefix cache; the weights stay). The converted
 directory's own chat template renders tools in the hermes format, so the server parses tool
 calls with ``--tool-call-parser hermes``. It schedules by priority (``--scheduling-policy
-priority``) and the node passes each call's class on (``priority = "vllm"``): a server without
-that policy answers any priority but 0 with an error, so every call here shows that it took
-one (a standard call's is 3). docs/upstream.md records a run.
+priority``) and the node passes each call's class on (``priority = "vllm"``), so every call
+here goes to the server with its priority (a standard call's is 3): what is shown is that the
+server takes them and answers; the order vLLM makes of them is vLLM's (docs/upstream.md).
+docs/upstream.md records a run.
 """
 
 from __future__ import annotations
@@ -160,9 +161,9 @@ def test_a_chat_call_gets_the_real_models_answer(stack: Stack) -> None:
 
 
 def test_a_calls_class_reaches_the_server_as_its_priority(stack: Stack) -> None:
-    """A batch call carries vLLM priority 5 (runtime/engines/priorities.py): the server
-    takes it (under another scheduling policy it would answer 400) and answers with the real
-    model; the proxy records the class it was served in."""
+    """A batch call carries vLLM priority 5 (runtime/engines/priorities.py): the server,
+    scheduling by priority, takes it and answers with the real model; the proxy records the
+    class it was served in."""
     client = stack.client(session="up-batch")
     reply = client.chat.completions.create(
         model=SERVED,

@@ -83,12 +83,12 @@ class UpstreamOptions:
     priority: ServerPriority = "none"
     """Whether each call carries its class as the server's ``priority`` field, and in whose
     convention (runtime/engines/priorities.py): ``vllm`` for a vLLM server started with
-    ``--scheduling-policy priority`` (any other vLLM answers a priority other than 0 with an
-    error), ``sglang`` for an SGLang server started with ``--enable-priority-scheduling``
-    (its default polarity and preemption threshold), ``none`` (the default): not sent. The
-    server then orders its own waiting queue by class, and SGLang preempts a running
-    lower-class request for a higher one; the node's fair queue orders what it sends either
-    way."""
+    ``--scheduling-policy priority`` (vLLM 0.32 under its default first-come policy takes the
+    field and ignores it; its field's description says an error), ``sglang`` for an SGLang
+    server started with ``--enable-priority-scheduling`` (its default polarity and preemption
+    threshold), ``none`` (the default): not sent. The server then orders its own waiting
+    queue by class, and SGLang preempts a running lower-class request for a higher one; the
+    node's fair queue orders what it sends either way."""
     models_timeout_s: float = 30.0
     """The whole of ``GET /v1/models`` (at start and at placement): a list of a few models is
     a few kilobytes served from memory; 30 s is generous on any network and bounds how long

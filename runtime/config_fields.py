@@ -218,6 +218,7 @@ UPSTREAM_FIELDS: Mapping[str, Field] = {
     "rates": RATES,
     "timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
     "cache_isolation": Field("str"),
+    "priority": Field("str"),
     "models_timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
     "call_timeout_s": Field("float", 0, DAY_S, above=True, unit="s"),
     "models_max_bytes": Field("int", 1, BYTES_MAX, unit="bytes"),

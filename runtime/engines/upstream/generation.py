@@ -108,8 +108,8 @@ async def generate(
     limited = call.max_output_tokens is not None or request.output_tokens is not None
     limit = request.output_tokens or request.max_output_tokens
     salt = request.cache_salt if opt.cache_isolation == "salt" else None
-    rank = server_priority(opt.priority, request.priority, admission.sp_admitted)
-    body = chat_body(call, opt.served_model, limit if limited else None, salt, rank)
+    priority = server_priority(opt.priority, request.priority, admission.sp_admitted)
+    body = chat_body(call, opt.served_model, limit if limited else None, salt, priority)
     raw = json.dumps(body).encode()
     prompt = prompt_bounds(body["messages"], len(raw))
     budget = OutputBudget(limit)

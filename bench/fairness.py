@@ -3,6 +3,7 @@ beside the others with and without the fair queue (runtime/scheduling/fairness.p
 
     .venv/bin/python bench/fairness.py --preset noisy --seeds 5 [--json out/fairness.json]
     .venv/bin/python bench/fairness.py --preset saturated --seeds 5
+    .venv/bin/python bench/fairness.py --preset noisy --preempt-limit 1000000   # no count limit
 
 For each seed: the preset's sessions are replayed (``talaria replay``'s experiment, one node)
 under ``talaria`` and ``-fair_queue`` (the same scheduler with the fair queue off), and, with
@@ -30,16 +31,23 @@ from typing import Any
 
 from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace
+from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.sim.experiment import run_experiment
 from talaria.sim.metrics import percentile
 from talaria.sim.presets import get_preset
 
 POLICIES = ("talaria", "-fair_queue")
+LIMIT = SchedulerConfig().preempt_limit
 
 
-def _replay(sessions: list[SessionTrace], preset: Any, catalog: Any) -> dict[str, Any]:
+def _replay(
+    sessions: list[SessionTrace], preset: Any, catalog: Any, preempt_limit: int
+) -> dict[str, Any]:
     setup = preset.experiment_setup(1, sessions, catalog)
-    return run_experiment(sessions, catalog, setup, POLICIES, include_dedicated=False)
+    config = SchedulerConfig(quantum_s=setup.quantum_s, preempt_limit=preempt_limit)
+    return run_experiment(
+        sessions, catalog, setup, POLICIES, include_dedicated=False, config=config
+    )
 
 
 def _ratios(beside: dict[str, float], alone: dict[str, float]) -> dict[str, float]:
@@ -51,15 +59,16 @@ PEERS = ("p50_ttft_s", "p95_ttft_s", "mean_queue_s")
 others, seconds (sim/experiment.py ``_groups``)."""
 
 
-def noisy(preset: Any, catalog: Any, seed: int) -> dict[str, Any]:
+def noisy(preset: Any, catalog: Any, seed: int, preempt_limit: int = LIMIT) -> dict[str, Any]:
     """Per tenant: SCT beside the others ÷ alone, with and without the fair queue, and the
     peers' yardstick beside the others (``peers``)."""
     sessions = preset.sessions(catalog, seed)
-    mixed = _replay(sessions, preset, catalog)["policies"]
+    mixed = _replay(sessions, preset, catalog, preempt_limit)["policies"]
     out: dict[str, Any] = {}
     for tenant in sorted({s.tenant for s in sessions}):
         own = [s for s in sessions if s.tenant == tenant]
-        alone = _replay(own, preset, catalog)["policies"]["talaria"]["tenants"][tenant]
+        alone = _replay(own, preset, catalog, preempt_limit)["policies"]["talaria"]
+        alone = alone["tenants"][tenant]
         out[tenant] = {
             "alone": alone,
             **{p: _ratios(mixed[p]["tenants"][tenant], alone) for p in POLICIES},
@@ -68,10 +77,10 @@ def noisy(preset: Any, catalog: Any, seed: int) -> dict[str, Any]:
     return out
 
 
-def saturated(preset: Any, catalog: Any, seed: int) -> dict[str, Any]:
+def saturated(preset: Any, catalog: Any, seed: int, preempt_limit: int = LIMIT) -> dict[str, Any]:
     """The fair queue against ``-fair_queue`` on one tenant's saturating sessions."""
     sessions = preset.sessions(catalog, seed)
-    doc = _replay(sessions, preset, catalog)["policies"]
+    doc = _replay(sessions, preset, catalog, preempt_limit)["policies"]
     on, off = doc["talaria"], doc["-fair_queue"]
     cut = percentile([float(s.num_calls) for s in sessions], 25)
     short = [s.session_id for s in sessions if s.num_calls <= cut]
@@ -91,13 +100,19 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--preempt-limit", type=int, default=LIMIT,
+        help=f"the nodes' SchedulerConfig.preempt_limit: how many times a running call may be "
+        f"held out of an engine's steps for a higher class (fairness rule 5; 0: never; "
+        f"default {LIMIT})",
+    )  # fmt: skip
     args = parser.parse_args()
     catalog = load_catalog([])
     preset = get_preset(args.preset)
     runs: dict[int, dict[str, Any]] = {}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         measure = noisy if preset.tenants else saturated
-        runs[seed] = measure(preset, catalog, seed)
+        runs[seed] = measure(preset, catalog, seed, args.preempt_limit)
         print(f"seed {seed}: {json.dumps(runs[seed], default=_short)}", file=sys.stderr)
     summary = _median(runs, bool(preset.tenants))
     print(json.dumps(summary, indent=2, default=_short))

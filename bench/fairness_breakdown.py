@@ -8,13 +8,15 @@ three ways: the tenant's own sessions alone, the other tenants' alone, and all o
 together (``bench/fairness.py``'s replays). Printed per way, for the tenant's calls (none for
 the others-alone replay): calls; seconds of queue (arrival to admission) and of it the wait
 for the model's slot; admission to first token; first token to finish (decode); KV restored
-from host memory (GB); and the node's switches (activations after the first slot's) and their
-seconds.
+from host memory (GB); the node's switches (activations after the first slot's) and their
+seconds; and its slots closed for a higher class (``outranked``) with the seconds from those
+closes to the next slot's switch (``drain_s``: the running calls the closed slot lets finish).
 """
 
 from __future__ import annotations
 
 import argparse
+from itertools import pairwise
 from typing import Any
 
 from talaria.core.catalog import load_catalog
@@ -22,6 +24,17 @@ from talaria.core.trace import SessionTrace
 from talaria.core.types import CallResult
 from talaria.sim.experiment import run_experiment
 from talaria.sim.presets import get_preset
+
+
+def outranked_drains(timeline: list[dict[str, Any]]) -> list[float]:
+    """Per slot closed for a higher class (one node's ``timeline``, in order), the seconds from
+    its close to the next slot's switch: ``next.start_s − next.switch_s − end_s`` (a slot opens
+    once its switch is done)."""
+    return [
+        max(0.0, after["start_s"] - after["switch_s"] - slot["end_s"])
+        for slot, after in pairwise(timeline)
+        if slot["close"] == "outranked"
+    ]
 
 
 def breakdown(
@@ -41,6 +54,7 @@ def breakdown(
         sessions, catalog, setup, (policy,), on_call=heard, include_dedicated=False,
         include_oracle=False,
     )["policies"][policy]  # fmt: skip
+    drains = outranked_drains(doc["timeline"])
     return {
         "calls": float(len(mine)),
         "queue_s": sum(c.queue_s for c in mine),
@@ -50,6 +64,8 @@ def breakdown(
         "restored_gb": sum(c.restored_bytes for c in mine) / 1e9,
         "switches": float(doc["switches"]),
         "switch_s": float(doc["switch_s_total"]),
+        "outranked": float(len(drains)),
+        "drain_s": sum(drains),
     }
 
 

@@ -4,6 +4,7 @@ beside the others with and without the fair queue (runtime/scheduling/fairness.p
     .venv/bin/python bench/fairness.py --preset noisy --seeds 5 [--json out/fairness.json]
     .venv/bin/python bench/fairness.py --preset saturated --seeds 5
     .venv/bin/python bench/fairness.py --preset noisy --preempt-limit 1000000   # no count limit
+    .venv/bin/python bench/fairness.py --preset noisy --class-slowdown 1.4
 
 For each seed: the preset's sessions are replayed (``talaria replay``'s experiment, one node)
 under ``talaria`` and ``-fair_queue`` (the same scheduler with the fair queue off), and, with
@@ -37,14 +38,17 @@ from talaria.sim.metrics import percentile
 from talaria.sim.presets import get_preset
 
 POLICIES = ("talaria", "-fair_queue")
-LIMIT = SchedulerConfig().preempt_limit
+DEFAULTS = SchedulerConfig()
+Overrides = dict[str, Any]
+"""SchedulerConfig fields the nodes take other than their defaults (``--preempt-limit``,
+``--class-slowdown``)."""
 
 
 def _replay(
-    sessions: list[SessionTrace], preset: Any, catalog: Any, preempt_limit: int
+    sessions: list[SessionTrace], preset: Any, catalog: Any, overrides: Overrides
 ) -> dict[str, Any]:
     setup = preset.experiment_setup(1, sessions, catalog)
-    config = SchedulerConfig(quantum_s=setup.quantum_s, preempt_limit=preempt_limit)
+    config = SchedulerConfig(quantum_s=setup.quantum_s, **overrides)
     return run_experiment(
         sessions, catalog, setup, POLICIES, include_dedicated=False, config=config
     )
@@ -59,15 +63,17 @@ PEERS = ("p50_ttft_s", "p95_ttft_s", "mean_queue_s")
 others, seconds (sim/experiment.py ``_groups``)."""
 
 
-def noisy(preset: Any, catalog: Any, seed: int, preempt_limit: int = LIMIT) -> dict[str, Any]:
+def noisy(
+    preset: Any, catalog: Any, seed: int, overrides: Overrides | None = None
+) -> dict[str, Any]:
     """Per tenant: SCT beside the others ÷ alone, with and without the fair queue, and the
     peers' yardstick beside the others (``peers``)."""
     sessions = preset.sessions(catalog, seed)
-    mixed = _replay(sessions, preset, catalog, preempt_limit)["policies"]
+    mixed = _replay(sessions, preset, catalog, overrides or {})["policies"]
     out: dict[str, Any] = {}
     for tenant in sorted({s.tenant for s in sessions}):
         own = [s for s in sessions if s.tenant == tenant]
-        alone = _replay(own, preset, catalog, preempt_limit)["policies"]["talaria"]
+        alone = _replay(own, preset, catalog, overrides or {})["policies"]["talaria"]
         alone = alone["tenants"][tenant]
         out[tenant] = {
             "alone": alone,
@@ -77,10 +83,12 @@ def noisy(preset: Any, catalog: Any, seed: int, preempt_limit: int = LIMIT) -> d
     return out
 
 
-def saturated(preset: Any, catalog: Any, seed: int, preempt_limit: int = LIMIT) -> dict[str, Any]:
+def saturated(
+    preset: Any, catalog: Any, seed: int, overrides: Overrides | None = None
+) -> dict[str, Any]:
     """The fair queue against ``-fair_queue`` on one tenant's saturating sessions."""
     sessions = preset.sessions(catalog, seed)
-    doc = _replay(sessions, preset, catalog, preempt_limit)["policies"]
+    doc = _replay(sessions, preset, catalog, overrides or {})["policies"]
     on, off = doc["talaria"], doc["-fair_queue"]
     cut = percentile([float(s.num_calls) for s in sessions], 25)
     short = [s.session_id for s in sessions if s.num_calls <= cut]
@@ -101,18 +109,25 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
-        "--preempt-limit", type=int, default=LIMIT,
+        "--preempt-limit", type=int, default=DEFAULTS.preempt_limit,
         help=f"the nodes' SchedulerConfig.preempt_limit: how many times a running call may be "
         f"held out of an engine's steps for a higher class (fairness rule 5; 0: never; "
-        f"default {LIMIT})",
+        f"default {DEFAULTS.preempt_limit})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--class-slowdown", type=float, default=DEFAULTS.class_slowdown,
+        help=f"the nodes' SchedulerConfig.class_slowdown: the most a lower class may slow a "
+        f"higher class's decode steps (fairness rules 4 and 5; default "
+        f"{DEFAULTS.class_slowdown})",
     )  # fmt: skip
     args = parser.parse_args()
+    overrides = {"preempt_limit": args.preempt_limit, "class_slowdown": args.class_slowdown}
     catalog = load_catalog([])
     preset = get_preset(args.preset)
     runs: dict[int, dict[str, Any]] = {}
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         measure = noisy if preset.tenants else saturated
-        runs[seed] = measure(preset, catalog, seed, args.preempt_limit)
+        runs[seed] = measure(preset, catalog, seed, overrides)
         print(f"seed {seed}: {json.dumps(runs[seed], default=_short)}", file=sys.stderr)
     summary = _median(runs, bool(preset.tenants))
     print(json.dumps(summary, indent=2, default=_short))

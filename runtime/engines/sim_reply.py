@@ -189,6 +189,8 @@ def plan_reply(request: CallRequest, policy: ReplyPolicy) -> tuple[ModelOutput, 
     count = min(drawn, room)
     text, stopped = _cut_at_stop(words(0, count), asked.sampling.stop)
     finish: FinishReason = "stop" if stopped or drawn <= room else "length"
+    if asked.sampling.ignore_eos and not stopped:
+        finish = "length"  # it runs on to the limit past its answer's end, as vLLM's would
     tokens = min(limit, reasoning_tokens + max(1, estimate_tokens(text) if stopped else count))
     return ModelOutput(text, reasoning, (), finish), tokens
 

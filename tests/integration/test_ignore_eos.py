@@ -33,7 +33,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningProxy]:
 def test_a_call_that_ignores_eos_runs_to_its_limit(proxy: RunningProxy, stream: bool) -> None:
     client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
     messages = [{"role": "user", "content": "explain the build"}]
-    usage, seeded = {}, {}
+    usage, seeded, finish = {}, {}, {}
     for ignore in (False, True):
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
@@ -49,11 +49,13 @@ def test_a_call_that_ignores_eos_runs_to_its_limit(proxy: RunningProxy, stream: 
             chunks = list(reply)  # type: ignore[arg-type]
             text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
             usage[ignore] = chunks[-1].usage.completion_tokens  # type: ignore[union-attr]
+            finish[ignore] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
         else:
             text = reply.choices[0].message.content or ""  # type: ignore[union-attr]
             usage[ignore] = reply.usage.completion_tokens  # type: ignore[union-attr]
+            finish[ignore] = reply.choices[0].finish_reason  # type: ignore[union-attr]
         assert text.startswith("[simulated]")  # the answer is written either way
-    assert usage[True] == LIMIT
+    assert usage[True] == LIMIT and finish[True] == "length"  # as vLLM's: it ran to the limit
     # Without the flag the answer has its own length, seeded by the request id (lognormal,
     # median 150: runtime/engines/sim_reply.py), whatever that draw is.
     assert usage[False] == seeded[False]

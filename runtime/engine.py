@@ -309,6 +309,12 @@ class StepsByClass(Protocol):
         """Apply ``rule`` from now on (None: every call takes every step)."""
         ...
 
+    @property
+    def preemptions(self) -> int:
+        """Times a running call has been held out of an iteration for a higher class so far
+        (the runtime's status shows it per engine)."""
+        ...
+
 
 @runtime_checkable
 class OwnKv(Protocol):

@@ -5,7 +5,9 @@
   with the reason once the node's scheduling loop has ended (``NodeScheduler.failure``);
 - ``GET /v1/runtime/status``: the status document (core/protocol_status.py), as strict JSON
   (``_status_response``); 503 once the node's loop has ended (every proxy then leaves the
-  runtime out of routing).
+  runtime out of routing). Its ``engines`` entry per model is the engine's ``EngineInfo``,
+  plus ``preemptions`` for an engine that applies the fair queue's rule 5 (``StepsByClass``:
+  times a running call was held out of an iteration for a higher class).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fastapi.responses import Response
 from talaria.core.protocol_status import status_to_dict
 from talaria.core.status import status_json
 from talaria.runtime.app_state import RuntimeState, json_response, runtime_of
+from talaria.runtime.engine import Engine, StepsByClass
 from talaria.runtime.memory.sizing import pinned_weight_budget_bytes
 
 router = APIRouter()
@@ -71,7 +74,7 @@ async def status(request: Request) -> Response:
         }
         for s in node.slots[-STATUS_SLOTS:]
     ]
-    engines = {name: asdict(e.info()) for name, e in node.engines.items()}
+    engines = {name: _engine_entry(e) for name, e in node.engines.items()}
     return _status_response(
         runtime,
         status_to_dict(
@@ -88,6 +91,14 @@ async def status(request: Request) -> Response:
             gpus=runtime.config.server_spec(runtime.catalog).gpus,
         ),
     )
+
+
+def _engine_entry(engine: Engine) -> dict[str, Any]:
+    """An engine's ``engines`` entry (the module docstring)."""
+    entry = asdict(engine.info())
+    if isinstance(engine, StepsByClass):
+        entry["preemptions"] = engine.preemptions
+    return entry
 
 
 def _status_response(runtime: RuntimeState, document: dict[str, Any]) -> Response:

@@ -6,6 +6,9 @@ name = "node0"          # instance name the proxy sees
 policy = "talaria"      # scheduler flags: round, talaria, +flag (as in talaria replay)
 quantum_s = 60.0
 time_scale = 1.0        # simulated engines only: simulated seconds per real second
+class_slowdown = 1.2    # the fair queue's bounds (runtime/scheduling/config.py): how much a
+preempt_limit = 3       # lower class may slow a higher class's steps, how often a running
+starvation_quanta = 2.0 # call may be held for one, and when a waiting call is promoted
 server = "h200x8"       # the node's hardware (catalog)
 profile = "default"
 gpus = "0-3"            # optional: the GPU group this runtime serves (1, 2, 4 or 8 of the
@@ -34,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 from talaria.core.model_spec import model_name_fault
 from talaria.runtime.config_fields import (
     ENGINE_FIELDS,
+    FAIR_QUEUE_KEYS,
     NODE_FIELDS,
     Field,
     FieldError,
     check_fields,
 )
 from talaria.runtime.config_fields import NodeConfigError as NodeConfigError  # named here too
+from talaria.runtime.scheduling.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from talaria.core.catalog import Catalog
@@ -77,6 +82,13 @@ class NodeConfig:
     gpus: tuple[int, ...] | None = None
     """The GPU group this runtime serves: device ids of the server (core/groups.py; its
     size is the TP of its engines); None: the whole server."""
+    fair_bounds: Mapping[str, float] = field(default_factory=dict)
+    """The fair queue's bounds the ``[node]`` table sets (``FAIR_QUEUE_KEYS``); the others
+    keep ``SchedulerConfig``'s defaults."""
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The node scheduler's constants: its quantum and the fair queue's bounds set here."""
+        return SchedulerConfig(quantum_s=self.quantum_s, **self.fair_bounds)  # type: ignore[arg-type]
 
     def server_spec(self, catalog: Catalog) -> ServerSpec:
         """The node's hardware: the catalog's server, or the group of ``gpus`` of it;
@@ -205,4 +217,5 @@ def load_node_config(path: str | Path) -> NodeConfig:
         profile=node.get("profile", "default"),
         base_dir=file.parent,
         gpus=parse_gpus(node["gpus"], f"{file}: [node]") if "gpus" in node else None,
+        fair_bounds={k: node[k] for k in FAIR_QUEUE_KEYS if k in node},
     )

@@ -169,9 +169,18 @@ NODE_FIELDS: Mapping[str, Field] = {
     "gpus": Field("any"),  # parse_gpus (runtime/config.py)
     "quantum_s": Field("float", 0, DAY_S, above=True, unit="s"),
     "time_scale": Field("float", 0, 1e6, above=True, unit="simulated s per s"),
+    "class_slowdown": Field("float", 1, 100, unit="× a step"),
+    "preempt_limit": Field("int", 0, 10**6, unit="times"),
+    "starvation_quanta": Field("float", 0, 1e4, above=True, unit="quanta"),
 }
 """The ``[node]`` table: a slot of more than a day is no time sharing; a simulated engine's
-clock at most a million times real time."""
+clock at most a million times real time. The fair queue's operator bounds
+(runtime/scheduling/config.py ``SchedulerConfig``, ``FAIR_QUEUE_KEYS``): a lower class may slow
+a higher class's steps by at least nothing (1×); a call may be held out of the steps never
+(0) or a million times at most; a call is promoted a class after some time in quanta."""
+
+FAIR_QUEUE_KEYS = ("class_slowdown", "preempt_limit", "starvation_quanta")
+"""The ``[node]`` keys that set the node's ``SchedulerConfig`` fields of the same names."""
 
 RATE_FIELDS: Mapping[str, Field] = {
     "prefill_s_per_token": Field("float", 0, 1.0, unit="s per token"),

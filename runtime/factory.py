@@ -16,7 +16,6 @@ from talaria.runtime.engine import Engine
 from talaria.runtime.engine_kinds import EngineSite, engine_kind
 from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 from talaria.runtime.memory.sizing import device_memory, node_memory
-from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import policy_flags
 from talaria.runtime.scheduling.node import NodeScheduler
 from talaria.runtime.scheduling.policies.compose import PolicyChoice
@@ -59,7 +58,7 @@ def build_node_from_config(config: NodeConfig, catalog: Catalog, clock: Clock) -
     if not bound:
         memory = device_memory(engines.values())
     scheduler = NodeScheduler(
-        config.name, engines, memory, clock, policy, SchedulerConfig(quantum_s=config.quantum_s),
+        config.name, engines, memory, clock, policy, config.scheduler_config(),
         pcie, device,
     )  # fmt: skip
     host = {m.name: catalog.model(m.name).weight_bytes for m in bound}

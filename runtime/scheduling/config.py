@@ -22,15 +22,17 @@ class SchedulerConfig:
     class_slowdown: float = 1.2
     """With ``fair_queue``: the most a lower class's calls may slow the decode steps of a
     higher class's calls running on the same engine (fairness.py ``lower_class_fits``): an
-    operator's latency objective, not a fitted figure; 1.2 is the bound issue 38 sets for an
-    interactive tenant beside a bulk one."""
+    operator's latency objective, not a fitted figure (the node TOML's ``[node]
+    class_slowdown``); 1.2 is the bound issue 38 sets for an interactive tenant beside a bulk
+    one."""
     preempt_limit: int = 3
     """With ``fair_queue``: the most times a running lower-class call is held out of an
     engine's steps for a higher class (fairness.py rule 5; 0: never). An operator's bound on
-    how often a bulk call may be paused, not a fitted figure."""
+    how often a bulk call may be paused, not a fitted figure (``[node] preempt_limit``)."""
     starvation_quanta: float = 2.0
     """With ``fair_queue``: a call that has waited this many quanta is promoted a class
-    (fairness.py), so a batch call waits at most twice that behind interactive arrivals."""
+    (fairness.py), so a batch call waits at most twice that behind interactive arrivals
+    (``[node] starvation_quanta``)."""
     gap_quantile: float = 0.95
     """With ``learned_gaps``: a hold keeps the session's KV at least until this quantile
     of the session's learned log-normal gap (core/gaps.py ``predict``). 0.95: a hold that a

@@ -1,10 +1,12 @@
 """The fair queue's rule 5 live (issue 49): real ``talaria runtime`` and ``talaria serve``
 processes, a simulated engine on a scaled clock, two tenants by their API keys. Batch calls
 with long contexts stream; interactive calls arrive while they do, and the engine holds the
-batch calls out of the iterations that would slow the interactive ones past 1.2× (the runtime's
-status counts the preemptions). Every preempted stream then resumes and ends whole: its text is
-the simulated answer word for word from its first word, no piece lost or repeated, and it
-counts every token it was asked for; no call fails."""
+batch calls out of the iterations that would slow the interactive ones past 1.2× (the
+runtime's status counts the preemptions: more than none, and at most the node TOML's
+``preempt_limit`` for each batch call — 4 with the limit set to 1, where the default 3 gives
+10). Every preempted stream then resumes and ends whole: its text is the simulated answer word
+for word from its first word, no piece lost or repeated, and it counts every token it was
+asked for; no call fails."""
 
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import openai
 
 from bench.harness.processes import talaria_command, talaria_runtime, talaria_serve
 from talaria.runtime.engines.sim_reply import words
-from talaria.runtime.scheduling.config import SchedulerConfig
 
 MODEL = "glm-4.5-fp8"
+LIMIT = 1
+"""The node's preempt_limit (its default is 3): each batch call is held at most once, so the
+count bounds what this node was told, not the default."""
 SCALE = 5
 """Simulated seconds per wall second: a batch call decodes for ~8 wall seconds, long enough
 for the interactive calls to arrive while every batch call runs, on a loaded machine too."""
@@ -28,6 +32,7 @@ NODE = f"""
 name = "fair"
 policy = "talaria"
 time_scale = {SCALE}
+preempt_limit = {LIMIT}
 
 [[model]]
 name = "{MODEL}"
@@ -115,8 +120,7 @@ def test_preempted_streams_resume_whole_and_none_fails(tmp_path: Path) -> None:
         status = httpx.get(runtime.base_url + "/v1/runtime/status", timeout=30).json()
     assert answered == INTERACTIVE_CALLS
     preemptions = status["engines"][MODEL]["preemptions"]
-    limit = SchedulerConfig().preempt_limit
-    assert 0 < preemptions <= BATCH_CALLS * limit, preemptions  # held, each at most k times
+    assert 0 < preemptions <= BATCH_CALLS * LIMIT, preemptions  # held, each at most k times
     for text, tokens, finish in results:
         assert finish == "length" and tokens == BATCH_TOKENS
         assert text == words(0, len(text.split())), text[:200]  # whole: nothing lost or repeated

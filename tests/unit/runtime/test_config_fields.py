@@ -33,6 +33,7 @@ from talaria.runtime.engine_kinds import ENGINES
 from talaria.runtime.engines.timing import RateModel
 from talaria.runtime.engines.upstream.options import KNOWN, UPSTREAM_RATES, UpstreamOptions
 from talaria.runtime.placement_rules import UPSTREAM_PLACEABLE, VLLM_PLACEABLE
+from talaria.runtime.scheduling.config import SchedulerConfig
 from tests.support import flat
 
 runner = CliRunner()
@@ -210,6 +211,21 @@ rates = {{ prefill_s_per_token = {rate} }}
         ({"name": "org/up"}, "model name 'org/up'", "is not a model name"),
         ({"quantum": '"30"'}, "[node]: quantum_s", "must be a number, not the string '30'"),
         ({"quantum": "nan"}, "[node]: quantum_s", "must be a finite number"),
+        (
+            {"quantum": "30\nclass_slowdown = 0.5"},
+            "[node]: class_slowdown",
+            "must be in [1, 100] × a step, not 0.5",
+        ),
+        (
+            {"quantum": "30\npreempt_limit = 1.5"},
+            "[node]: preempt_limit",
+            "must be an integer, not 1.5",
+        ),
+        (
+            {"quantum": "30\nstarvation_quanta = 0"},
+            "[node]: starvation_quanta",
+            "must be in (0, 10000] quanta, not 0",
+        ),
     ],
 )
 def test_a_bad_number_or_name_in_a_node_toml_is_one_line_at_start(
@@ -231,6 +247,19 @@ def test_a_bad_number_or_name_in_a_node_toml_is_one_line_at_start(
         assert f"{config}: model up: rates.prefill_s_per_token" in text
     with pytest.raises(NodeConfigError):
         load_node_config(config)
+
+
+def test_the_fair_queues_bounds_come_from_the_node_toml(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    base = NODE.format(quantum=30, name="up", rate=2e-5)
+    config.write_text(base)
+    defaults = load_node_config(config).scheduler_config()
+    assert defaults == SchedulerConfig(quantum_s=30.0)  # nothing set: SchedulerConfig's own
+    bounds = "\nclass_slowdown = 1.5\npreempt_limit = 0\nstarvation_quanta = 4.0\n"
+    config.write_text(base.replace("quantum_s = 30\n", "quantum_s = 30" + bounds))
+    chosen = load_node_config(config).scheduler_config()
+    assert (chosen.class_slowdown, chosen.preempt_limit, chosen.starvation_quanta) == (1.5, 0, 4.0)
+    assert chosen.quantum_s == 30.0
 
 
 def test_a_model_listed_twice_in_a_node_toml_is_refused(tmp_path: Path) -> None:

@@ -28,6 +28,10 @@ class CalibrationPlan:
     mixed_points: tuple[tuple[int, int], ...] = ((1, 64), (4, 64), (4, 256), (8, 128))
     """(decoding batch B, prompt tokens P) of the mixed-step measurements."""
     mixed_context: int = 512
+    mixed_repeats: int = 1
+    """Times each mixed point is measured within a pass, the median-time one kept: a mixed
+    point is one engine step, so with a single pass one scheduling hiccup of the host would
+    otherwise be the whole of ``mixed_step_s``."""
     shape_tokens: tuple[int, ...] = (97, 163, 229, 293, 359, 421)
     """Fresh prefill sizes for the first-use-of-a-shape measurement (``shape_pair``): sizes no
     other measurement of the plan uses."""
@@ -89,6 +93,7 @@ QUICK_PLAN = CalibrationPlan(
     decode_contexts=(64, 768),
     decode_tokens=32,
     mixed_points=((4, 128),),
+    mixed_repeats=3,
     shape_tokens=(97, 229, 359),
     repeats=1,
     idle_gaps_s=(0.0, 0.1, 1.0),

@@ -20,7 +20,8 @@ runtime's clock), so HTTP and this client's scheduling do not enter the measurem
   prefill with their decode. The engine's own timestamps time that step (``EngineTimes``:
   scheduled → first token, no intake), n = B + P, pairs = the decoders' contexts then +
   P²/2, seqs = B + 1; the fit's ``mixed_step_s`` is what such a step costs beyond its tokens
-  (an engine without timestamps of its own gives no mixed samples).
+  (an engine without timestamps of its own gives no mixed samples). A point is run
+  ``mixed_repeats`` times in a pass and the median-time run kept.
 - **First use of a shape**: the prefill and mixed points run once unrecorded before the
   measured passes, so those time steps of shapes the engine has run; then prefills of fresh
   sizes (``shape_tokens``), each twice: ``StepFit.new_shape_s`` = median(first − second)
@@ -211,9 +212,10 @@ class Calibrator:
                     out.intake_s.append(intake)
             tick(model, total)
         for batch, prompt in self._plan.mixed_points_for(max_model_len):
-            mixed = await self.mixed(model, batch, prompt)
-            if out is not None and mixed is not None:
-                out.samples.append(mixed)
+            runs = [await self.mixed(model, batch, prompt) for _ in range(self._plan.mixed_repeats)]
+            timed = sorted((s for s in runs if s is not None), key=lambda s: s.seconds)
+            if out is not None and timed:
+                out.samples.append(timed[(len(timed) - 1) // 2])
             tick(model, total)
 
     async def shape_pair(self, model: str, tokens: int) -> tuple[int, float, float] | None:

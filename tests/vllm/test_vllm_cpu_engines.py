@@ -33,6 +33,7 @@ from talaria.core.types import (
     Priority,
     TokenDelta,
 )
+from talaria.runtime.engine import ClassStepRule
 from talaria.runtime.engines.tokenizer import ByteTokenizer
 from talaria.runtime.engines.vllm import (
     VLLMEngine,
@@ -55,16 +56,22 @@ SYSTEM = {
 
 
 class Recorder:
-    """Wraps the real AsyncLLM and records each generate call's request id and priority."""
+    """Wraps the real AsyncLLM and records each generate call's request id, priority, prompt
+    and output limit."""
 
     def __init__(self, llm: Any) -> None:
         self.llm = llm
         self.priorities: dict[str, int] = {}
+        self.submissions: dict[str, list[tuple[list[int], int]]] = {}
+        """Per call (request id before ``#``): each submission's prompt ids and max_tokens."""
 
     def generate(
         self, prompt: Any, sampling_params: Any, request_id: str, *, priority: int = 0
     ) -> AsyncIterator[Any]:
         self.priorities[request_id.split("#")[0]] = priority
+        self.submissions.setdefault(request_id.split("#")[0], []).append(
+            (list(prompt["prompt_token_ids"]), sampling_params.max_tokens)
+        )
         stream: AsyncIterator[Any] = self.llm.generate(
             prompt, sampling_params, request_id=request_id, priority=priority
         )
@@ -325,3 +332,64 @@ def test_two_co_resident_engines_serve_at_once(node: Node) -> None:
     assert len(short) == 2
     assert all(long.first_token_s < r.admitted_s and r.finished_s < long.finished_s for r in short)
     assert sum(len(s.activated) for s in sched.slots) <= 2  # cold activations only
+
+
+def _batch_call(i: int) -> CallRequest:
+    messages = [SYSTEM, {"role": "user", "content": f"batch job {i}"}]
+    return replace(
+        call(f"held-{i}", f"held-{i}", messages, max_out=64, stream=True), priority=Priority.BATCH
+    )
+
+
+def test_batch_calls_held_for_an_interactive_one_resume_whole(node: Node) -> None:
+    """The fair queue's rule 5 on real vLLM (runtime/engines/class_holds.py): with no slowdown
+    allowed, two batch calls decoding are aborted when an interactive call enters, and
+    resubmitted as prompt + output so far once it has finished; each still gives all its
+    tokens, and its streamed pieces add up to its text."""
+    engine = node.engines["tiny-llama-a"]
+    recorder = node.recorders["tiny-llama-a"]
+
+    async def serve(req: CallRequest, first: asyncio.Event | None = None) -> list[Any]:
+        admission = engine.try_admit(req, node.clock.now(), False)
+        assert admission is not None
+        events = []
+        async for event in engine.run(admission):
+            events.append(event)
+            if first is not None and isinstance(event, FirstToken):
+                first.set()
+        return events
+
+    async def body() -> tuple[int, list[Any], list[list[Any]]]:
+        await engine.activate()
+        before = engine.preemptions
+        engine.step_by_class(ClassStepRule(class_slowdown=1.0, preempt_limit=3))
+        try:
+            started = [asyncio.Event(), asyncio.Event()]
+            bulk = [asyncio.create_task(serve(_batch_call(i), started[i])) for i in range(2)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=120)
+            ide = replace(
+                call("ide", "ide", [SYSTEM, {"role": "user", "content": "quick"}], max_out=8),
+                priority=Priority.INTERACTIVE,
+            )
+            ide_events = await asyncio.wait_for(serve(ide), timeout=120)
+            bulk_events = await asyncio.wait_for(asyncio.gather(*bulk), timeout=240)
+        finally:
+            engine.step_by_class(None)
+            await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=False)
+        return engine.preemptions - before, ide_events, list(bulk_events)
+
+    preemptions, ide_events, bulk_events = node.run(body())
+    assert preemptions == 2
+    ide_done = ide_events[-1].result
+    for i, events in enumerate(bulk_events):
+        head, *deltas, done = events
+        assert isinstance(head, FirstToken) and isinstance(done, Finished)
+        result = done.result
+        assert result.output_tokens == 64 and result.output.finish_reason == "length"
+        assert head.delta.text + "".join(d.delta.text for d in deltas) == result.output.text
+        assert ide_done.finished_s < result.finished_s
+        (first, first_max), (again, again_max), *more = recorder.submissions[f"held-{i}"]
+        assert not more and first_max == 64
+        done_before = len(again) - len(first)  # the output so far went back in with the prompt
+        assert again[: len(first)] == first and 0 < done_before < 64
+        assert again_max == 64 - done_before

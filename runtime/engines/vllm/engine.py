@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from talaria.core.clock import Clock
 from talaria.core.types import CallRequest, GenerationEvent, KvSource
-from talaria.runtime.engine import Admission, EngineInfo
+from talaria.runtime.engine import Admission, ClassStepRule, EngineInfo
+from talaria.runtime.engines.class_holds import ClassHolds
 from talaria.runtime.engines.serving import ServedEngine, ServingState
 from talaria.runtime.engines.tokenizer import Tokenizer
 from talaria.runtime.engines.vllm.adapter import (
@@ -34,8 +35,8 @@ from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
 
 class VLLMEngine(ServedEngine):
     """One model's vLLM ``AsyncLLM`` behind the ``Engine`` protocol, with its ``Switching``,
-    ``Staging``, ``KvTiming`` and ``OwnKv`` capabilities (see the module docstring; its memory
-    is vLLM's own, not the node's).
+    ``Staging``, ``KvTiming``, ``OwnKv`` and ``StepsByClass`` capabilities (see the module
+    docstring; its memory is vLLM's own, not the node's).
 
     ``engine_factory`` returns the ``AsyncLLM``, or an awaitable of it (``build_vllm_engine``'s
     builds it in a worker thread: it takes ~20 s on a CPU). ``await start()`` before use,
@@ -72,6 +73,7 @@ class VLLMEngine(ServedEngine):
         self.last_keep_kv_on_host: bool | None = None
         self._memory = SessionMemory(kv_shape.block_tokens, options.host_kv_survives_sleep)
         self._prompts = PromptIds(tokenizer, self._memory)
+        self._holds = ClassHolds(self.decode_step_s)
         self._generator = VllmGenerator(
             name,
             clock,
@@ -83,8 +85,21 @@ class VLLMEngine(ServedEngine):
             self._states,
             self._prompts,
             self._state.busy,
+            self._holds,
         )
         self._chat: VllmChat | None = None
+
+    def step_by_class(self, rule: ClassStepRule | None) -> None:
+        """The fair queue's rule 5 (``StepsByClass``), by pausing whole calls: calls sent as
+        token ids are held (aborted, then resubmitted) for a higher class's
+        (class_holds.py); calls through vLLM's chat serving layer run through."""
+        self._holds.rule = rule
+        self._holds.decide()
+
+    @property
+    def preemptions(self) -> int:
+        """Times a running call was paused for a higher class."""
+        return self._holds.preemptions
 
     @property
     def epoch(self) -> int:

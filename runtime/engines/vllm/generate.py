@@ -29,6 +29,7 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engines.class_holds import ClassHolds
 from talaria.runtime.engines.openai_wire import ChatTotals, decoding_params
 from talaria.runtime.engines.priorities import vllm_priority
 from talaria.runtime.engines.timing import BusyMeter
@@ -139,6 +140,7 @@ class VllmGenerator:
         states: SleepStates,
         prompts: PromptIds,
         busy: BusyMeter,
+        holds: ClassHolds,
     ) -> None:
         self._model = model
         self._clock = clock
@@ -150,6 +152,7 @@ class VllmGenerator:
         self._states = states
         self._prompts = prompts
         self._busy = busy
+        self._holds = holds
         self._ids = itertools.count()
 
     async def tokens(
@@ -157,7 +160,10 @@ class VllmGenerator:
     ) -> AsyncGenerator[GenerationEvent, None]:
         """A call sent to ``llm`` as token ids, decoded here: ``FirstToken`` (with vLLM's
         cached-token count and the first token's text), ``TokenDelta``s for a streaming call,
-        then ``Finished``."""
+        then ``Finished``. While the engine's ``holds`` hold it for a higher class (fair queue
+        rule 5, class_holds.py) it is paused: aborted in vLLM, then resubmitted as its prompt
+        plus its output so far with the tokens it has left, which vLLM's prefix cache finds
+        again; one decoder runs across the pieces, so the text is whole."""
         request = admission.request
         call = request.call
         if call is not None:
@@ -173,13 +179,10 @@ class VllmGenerator:
                 param="messages" if call is not None and call.messages is not None else "prompt",
             )
         known = request.output_tokens  # a replayed reply: exactly that many tokens
-        params = self._api.sampling_params(
-            max_tokens=max(1, min(known or request.max_output_tokens, room)),
-            ignore_eos=self._opt.ignore_eos or known is not None,
-            **{**self._opt.sampling, **_token_sampling(request)},
-        )
+        limit = max(1, min(known or request.max_output_tokens, room))
+        sampling = {**self._opt.sampling, **_token_sampling(request)}
+        ignore_eos = self._opt.ignore_eos or known is not None
         priority = vllm_priority(request.priority, admission.sp_admitted)
-        request_id = f"{request.request_id}#{next(self._ids)}"
         decoder = IncrementalDecoder(self._tok)
         out_ids: list[int] = []
         cached = 0
@@ -188,47 +191,67 @@ class VllmGenerator:
         finished = False
         finish_reason: FinishReason = "stop"
         metrics: Any = None
+        ticket = self._holds.enter(request.priority.rank, len(ids))
         self._busy.begin()
-        stream = llm.generate(
-            self._api.tokens_prompt(ids), params, request_id=request_id, priority=priority
-        )
         try:
-            async for out in stream:
-                num_cached = getattr(out, "num_cached_tokens", None)
-                if num_cached is not None:
-                    cached = int(num_cached)
-                metrics = getattr(out, "metrics", None) or metrics
-                outputs = getattr(out, "outputs", None) or ()
-                new = [int(t) for t in outputs[0].token_ids] if outputs else []
-                finished = bool(getattr(out, "finished", False))
-                if finished and outputs and getattr(outputs[0], "finish_reason", None) == "length":
-                    finish_reason = "length"
-                if not new and not finished:
-                    continue
-                now = self._clock.now()
-                out_ids.extend(new)
-                rest = new
-                if first_s is None and new:
-                    first_s = now
-                    source = self._memory.classify(request, cached, self._states.epoch)
-                    text = decoder.push(new[:1])
-                    rest = new[1:]
-                    if finished and not rest:
-                        text += decoder.finish()
-                    yield FirstToken(now, cached, source, OutputDelta(text=text))
-                if rest or (finished and first_s is not None):
-                    text = decoder.push(rest) if rest else ""
-                    if finished:
-                        text += decoder.finish()
-                    if request.stream and (rest or text):
-                        yield TokenDelta(now, len(rest), OutputDelta(text=text))
-            # (no break at ``finished``: vLLM's stream then ends by itself, nothing to abort)
+            paused = True
+            while paused and not finished:
+                await ticket.released.wait()
+                paused = False
+                params = self._api.sampling_params(
+                    max_tokens=limit - len(out_ids), ignore_eos=ignore_eos, **sampling
+                )
+                request_id = f"{request.request_id}#{next(self._ids)}"
+                stream = llm.generate(
+                    self._api.tokens_prompt(ids + out_ids), params, request_id=request_id,
+                    priority=priority,
+                )  # fmt: skip
+                try:
+                    async for out in stream:
+                        num_cached = getattr(out, "num_cached_tokens", None)
+                        if num_cached is not None and first_s is None:
+                            cached = int(num_cached)
+                        metrics = getattr(out, "metrics", None) or metrics
+                        outputs = getattr(out, "outputs", None) or ()
+                        new = [int(t) for t in outputs[0].token_ids] if outputs else []
+                        finished = bool(getattr(out, "finished", False))
+                        reason = getattr(outputs[0], "finish_reason", None) if outputs else None
+                        if finished and reason == "length":
+                            finish_reason = "length"
+                        if not new and not finished:
+                            continue
+                        now = self._clock.now()
+                        out_ids.extend(new)
+                        ticket.context_tokens = len(ids) + len(out_ids)
+                        rest = new
+                        if first_s is None and new:
+                            first_s = now
+                            source = self._memory.classify(request, cached, self._states.epoch)
+                            text = decoder.push(new[:1])
+                            rest = new[1:]
+                            if finished and not rest:
+                                text += decoder.finish()
+                            yield FirstToken(now, cached, source, OutputDelta(text=text))
+                        if rest or (finished and first_s is not None):
+                            text = decoder.push(rest) if rest else ""
+                            if finished:
+                                text += decoder.finish()
+                            if request.stream and (rest or text):
+                                yield TokenDelta(now, len(rest), OutputDelta(text=text))
+                        if not finished and ticket.held:
+                            paused = True  # for a higher class: abort, resubmit when released
+                            break
+                    # (no break at ``finished``: vLLM's stream then ends by itself)
+                finally:
+                    if not finished:
+                        await aclose(stream)
+                if paused and len(out_ids) >= limit:
+                    finished, finish_reason = True, "length"
         finally:
             self._busy.end()
-            if not finished:
-                await aclose(stream)
+            self._holds.leave(ticket)
         if first_s is None:
-            raise RuntimeError(f"{self._model}: request {request_id} ended without output")
+            raise RuntimeError(f"{self._model}: request {request.request_id} ended without output")
         yield self._finished(
             admission,
             kv,

@@ -187,8 +187,9 @@ def make_engine(
     device_bytes: float | None = None,
     memory_share: float = 0.9,
     sleep_level: int = 1,
+    llm: FakeLLM | None = None,
 ) -> tuple[VLLMEngine, FakeLLM]:
-    llm = FakeLLM(clock, keep_cache_on_sleep=host_kv)
+    llm = llm or FakeLLM(clock, keep_cache_on_sleep=host_kv)
     options = VLLMEngineOptions(
         sleep_mode=sleep_mode,
         sleep_level=sleep_level,

@@ -212,7 +212,8 @@ class Calibrator:
                     out.intake_s.append(intake)
             tick(model, total)
         for batch, prompt in self._plan.mixed_points_for(max_model_len):
-            runs = [await self.mixed(model, batch, prompt) for _ in range(self._plan.mixed_repeats)]
+            repeats = self._plan.mixed_repeats if out is not None else 1  # warm-up: once
+            runs = [await self.mixed(model, batch, prompt) for _ in range(repeats)]
             timed = sorted((s for s in runs if s is not None), key=lambda s: s.seconds)
             if out is not None and timed:
                 out.samples.append(timed[(len(timed) - 1) // 2])

@@ -155,10 +155,12 @@ prepared TALARIA_LLAMA_SERVER llama-server "llama.cpp's llama-server"
 prepared TALARIA_AIPERF aiperf "aiperf"
 # tests/vllm (tiny random-weight models; proxy → runtime server → vLLM) and tests/real, one
 # session on two workers, a file on one; then, alone, the tests that fit CPU timings (marker
-# cpu_timing: a calibration beside another test's engine fits that engine's load too)
+# cpu_timing: a calibration beside another test's engine fits that engine's load too; the
+# simulated engine's calibrations of tests/integration/test_calibrate.py likewise)
 export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1
 .venv-vllm/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -m "vllm and not cpu_timing" \
     tests/vllm tests/real
 mark "the vLLM stage"
-.venv-vllm/bin/python -m pytest --durations=5 -m "vllm and cpu_timing" tests/vllm tests/real
+.venv-vllm/bin/python -m pytest --durations=5 -m "vllm and cpu_timing" tests/vllm tests/real \
+    tests/integration/test_calibrate.py
 mark "the CPU-timing stage"

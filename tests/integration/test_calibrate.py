@@ -50,6 +50,12 @@ def _truth_profile(tmp: Path) -> Path:
     return path
 
 
+# A fit of wall-clock timings to within 20 %: beside the main stage's other workers it failed
+# twice in CI (overhead 9.6 ms for 8, mixed 15.6 ms for 6), so scripts/test.sh runs the two
+# calibrations alone, in its CPU-timing stage (the vllm mark keeps them out of the main stage;
+# they need no vLLM).
+@pytest.mark.vllm
+@pytest.mark.cpu_timing
 def test_calibrating_a_simulated_engine_recovers_its_step_time(tmp_path: Path) -> None:
     truth = _truth_profile(tmp_path)
     node = tmp_path / "node.toml"
@@ -106,6 +112,8 @@ TWO_MODELS = NODE + '\n[[model]]\nname = "tiny-b"\nengine = "sim"\n'
 INTERFERENCE = 0.6
 
 
+@pytest.mark.vllm
+@pytest.mark.cpu_timing
 def test_calibrating_two_co_resident_engines_recovers_their_interference(tmp_path: Path) -> None:
     """Two simulated models that co-reside (policy talaria) on a profile whose
     ``coresident_interference`` is 0.6: each decodes 1.6× slower while the other decodes, and

@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.harness.processes import talaria_command, talaria_runtime, talaria_serve
+from bench.harness.processes import talaria_runtime, talaria_serve, tenant_key
 
 MODEL = "tiny-a"
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -82,13 +81,10 @@ max_model_len = 2048
 
 def create_keys(url: str) -> dict[str, str]:
     """An API key per tenant: ``bulk`` batch, ``ide`` interactive."""
-    keys = {}
-    for tenant, priority in (("bulk", "batch"), ("ide", "interactive")):
-        command = [*talaria_command(), "keys", "create", "--tenant", tenant,
-                   "--priority", priority, "--url", url]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        keys[tenant] = done.stdout.strip().splitlines()[-1]
-    return keys
+    return {
+        tenant: tenant_key(url, tenant, "--priority", priority)
+        for tenant, priority in (("bulk", "batch"), ("ide", "interactive"))
+    }
 
 
 async def batch_call(

@@ -31,6 +31,14 @@ def talaria_command() -> list[str]:
     return [str(talaria)] if talaria.exists() else [sys.executable, "-c", _CLI]
 
 
+def tenant_key(url: str, tenant: str, *options: str) -> str:
+    """A new API key of ``tenant`` in the database at ``url`` (``talaria keys create``, with
+    ``options`` such as ``--priority interactive``)."""
+    command = [*talaria_command(), "keys", "create", "--tenant", tenant, "--url", url, *options]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return done.stdout.strip().splitlines()[-1]
+
+
 def child_pids(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (Linux ``/proc``)."""
     out = []

@@ -11,13 +11,12 @@ asked for; no call fails."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from pathlib import Path
 
 import httpx
 import openai
 
-from bench.harness.processes import talaria_command, talaria_runtime, talaria_serve
+from bench.harness.processes import talaria_runtime, talaria_serve, tenant_key
 from talaria.runtime.engines.sim_reply import words
 
 MODEL = "glm-4.5-fp8"
@@ -49,13 +48,10 @@ INTERACTIVE_CALLS = 3
 
 def _keys(data: Path) -> dict[str, str]:
     url = f"sqlite+aiosqlite:///{data / 'talaria.db'}"
-    keys = {}
-    for tenant, priority in (("bulk", "batch"), ("ide", "interactive")):
-        command = [*talaria_command(), "keys", "create", "--tenant", tenant,
-                   "--priority", priority, "--url", url]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        keys[tenant] = done.stdout.strip().splitlines()[-1]
-    return keys
+    return {
+        tenant: tenant_key(url, tenant, "--priority", priority)
+        for tenant, priority in (("bulk", "batch"), ("ide", "interactive"))
+    }
 
 
 async def _batch_call(

@@ -36,6 +36,9 @@ class Ticket:
     """Times it has been held."""
     released: asyncio.Event = field(default_factory=asyncio.Event)
     """Set while it may run; cleared while held."""
+    pausable: bool = True
+    """Whether it can be held now; one that cannot (a chat call streaming what cannot be
+    continued from its text) counts as past its preemption limit: it runs."""
 
     def __post_init__(self) -> None:
         self.released.set()
@@ -82,7 +85,7 @@ class ClassHolds:
             running = class_steps(
                 self.tickets,
                 rank=lambda t: t.rank,
-                preempted=lambda t: t.preempted,
+                preempted=lambda t: t.preempted if t.pausable else rule.preempt_limit,
                 step_s=lambda ts: self._step_s(len(ts), sum(t.context_tokens for t in ts)),
                 class_slowdown=rule.class_slowdown,
                 preempt_limit=rule.preempt_limit,

@@ -62,6 +62,35 @@ def to_vllm_request(
     return body
 
 
+def resumable(call: Call, reasoning_parser: str | None) -> bool:
+    """Whether a chat call, once it streams, can be paused and continued from its text alone
+    (``resume_body``): plain text, nothing that reads the output as a whole — no tools it may
+    call, no ``response_format`` grammar, no ``stop`` string (one could span the cut), and no
+    reasoning parser on the engine (its state at the cut is not in the text)."""
+    calls_tools = bool(call.tools) and call.tool_choice.mode != "none"
+    return not (
+        calls_tools or call.sampling.response_format or call.sampling.stop or reasoning_parser
+    )
+
+
+def resume_body(
+    body: Mapping[str, Any], text: str, max_tokens: int, request_id: str
+) -> dict[str, Any]:
+    """The body that continues a paused chat call: its messages plus its text so far as the
+    assistant's final message, which vLLM's chat template leaves open
+    (``continue_final_message``, no generation prompt), for the tokens it has left, under a new
+    request id. The template strips the final message's trailing whitespace, so ``text`` must
+    end in a visible character (the caller pauses only there)."""
+    return {
+        **body,
+        "messages": [*body["messages"], {"role": "assistant", "content": text}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+        "max_completion_tokens": max_tokens,
+        "request_id": request_id,
+    }
+
+
 class MeteredClient:
     """The engine client vLLM's serving layer calls: the ``AsyncLLM`` itself, except that
     ``generate`` keeps each request's latest ``RequestOutput.metrics`` (vLLM's own timestamps,

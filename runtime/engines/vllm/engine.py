@@ -90,9 +90,10 @@ class VLLMEngine(ServedEngine):
         self._chat: VllmChat | None = None
 
     def step_by_class(self, rule: ClassStepRule | None) -> None:
-        """The fair queue's rule 5 (``StepsByClass``), by pausing whole calls: calls sent as
-        token ids are held (aborted, then resubmitted) for a higher class's
-        (class_holds.py); calls through vLLM's chat serving layer run through."""
+        """The fair queue's rule 5 (``StepsByClass``), by pausing whole calls for a higher
+        class's (class_holds.py): calls sent as token ids are aborted and resubmitted with
+        their output; calls through vLLM's chat serving layer wait before they start, and
+        those whose text can be continued are aborted and resumed (generate.py ``chat``)."""
         self._holds.rule = rule
         self._holds.decide()
 

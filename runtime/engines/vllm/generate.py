@@ -40,7 +40,7 @@ from talaria.runtime.engines.vllm.adapter import (
     aclose,
     engine_times,
 )
-from talaria.runtime.engines.vllm.chat import VllmChat, to_vllm_request
+from talaria.runtime.engines.vllm.chat import VllmChat, resumable, resume_body, to_vllm_request
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
 from talaria.runtime.engines.vllm.switching import SleepStates
@@ -268,50 +268,93 @@ class VllmGenerator:
         self, admission: Admission, call: Call, chat: VllmChat, kv: KvShape
     ) -> AsyncGenerator[GenerationEvent, None]:
         """A chat call through vLLM's serving layer (chat.py): its deltas as vLLM streams
-        them; the prompt ids and cached tokens it reports go to the session's KV record."""
+        them; the prompt ids and cached tokens it reports go to the session's KV record. It
+        takes part in the engine's holds (fair queue rule 5, class_holds.py): held before it
+        starts, it waits; once it streams, a call whose text can be continued (chat.py
+        ``resumable``) pauses when held — aborted in vLLM at a visible character, then resumed
+        as its messages plus its text so far, which vLLM continues (``resume_body``) — and any
+        other call runs on (it counts as past its preemption limit)."""
         request = admission.request
+        limit = self._chat_limit(request, call)
         body = to_vllm_request(
             call,
             model=self._model,
             request_id=f"{request.request_id}#{next(self._ids)}",
             priority=vllm_priority(request.priority, admission.sp_admitted),
-            max_tokens=self._chat_limit(request, call),
+            max_tokens=limit,
             cache_salt=request.cache_salt,
         )
         self._prompts.forget(request.request_id)
-        try:
-            vllm_request = chat.request(body)
-        except CallRejected as exc:
-            raise _context_error(exc) from exc
-        totals = ChatTotals()
+        chat_options = self._opt.chat
+        can_pause = resumable(call, chat_options.reasoning_parser if chat_options else None)
+        first: ChatTotals | None = None  # the first piece's: its prompt ids and cached tokens
+        completion = 0
         output = OutputAccumulator()
+        texts: list[str] = []
         out_ids: list[int] = []
         first_s: float | None = None
         finish: FinishReason = "stop"
+        metrics: Any = None
+        ticket = self._holds.enter(request.priority.rank, request.prompt_tokens)
         self._busy.begin()
         try:
-            async for chunk in chat.stream(vllm_request, totals):
-                if chunk.finish_reason is not None:
-                    finish = _finish(chunk.finish_reason)
-                if not chunk.token_ids and chunk.delta.empty:
-                    continue
-                now = self._clock.now()
-                out_ids.extend(chunk.token_ids)
-                output.add(chunk.delta)
-                if first_s is None:
-                    first_s = now
-                    cached, source = admission.cached_tokens, admission.kv_source
-                    yield FirstToken(now, cached, source, chunk.delta)
-                elif request.stream:
-                    yield TokenDelta(now, len(chunk.token_ids), chunk.delta)
-        except CallRejected as exc:
-            raise _context_error(exc) from exc
+            paused, finished = True, False
+            while paused and not finished:
+                await ticket.released.wait()
+                paused = False
+                ticket.pausable = can_pause
+                if out_ids:
+                    body = resume_body(
+                        body, "".join(texts), limit - len(out_ids),
+                        f"{request.request_id}#{next(self._ids)}",
+                    )  # fmt: skip
+                try:
+                    vllm_request = chat.request(body)
+                except CallRejected as exc:
+                    raise _context_error(exc) from exc
+                piece, piece_ids = ChatTotals(), 0
+                stream = chat.stream(vllm_request, piece)
+                try:
+                    async for chunk in stream:
+                        if chunk.finish_reason is not None:
+                            finish, finished = _finish(chunk.finish_reason), True
+                        if not chunk.token_ids and chunk.delta.empty:
+                            continue
+                        now = self._clock.now()
+                        out_ids.extend(chunk.token_ids)
+                        piece_ids += len(chunk.token_ids)
+                        output.add(chunk.delta)
+                        texts.append(chunk.delta.text)
+                        ticket.context_tokens = request.prompt_tokens + len(out_ids)
+                        if first_s is None:
+                            first_s = now
+                            cached, source = admission.cached_tokens, admission.kv_source
+                            yield FirstToken(now, cached, source, chunk.delta)
+                        elif request.stream:
+                            yield TokenDelta(now, len(chunk.token_ids), chunk.delta)
+                        text = chunk.delta.text
+                        visible_end = bool(text) and not text[-1].isspace()
+                        if can_pause and ticket.held and not finished and visible_end:
+                            paused = True  # for a higher class: abort, resume when released
+                            break
+                except CallRejected as exc:
+                    raise _context_error(exc) from exc
+                finally:
+                    if paused:
+                        await aclose(stream)  # chat.stream aborts the request in vLLM
+                first = first or piece
+                completion += piece.completion_tokens or piece_ids
+                if not paused:
+                    metrics = chat.metrics_of(vllm_request)
+                elif len(out_ids) >= limit:
+                    finished, finish = True, "length"
         finally:
             self._busy.end()
-        if first_s is None:
+            self._holds.leave(ticket)
+        if first is None or first_s is None:
             raise RuntimeError(f"{self._model}: request {request.request_id} ended without output")
-        ids, cached = totals.prompt_token_ids, totals.cached_tokens
-        metrics = chat.metrics_of(vllm_request)
+        ids = first.prompt_token_ids
+        cached = first.cached_tokens if first.completion_tokens else admission.cached_tokens
         yield self._finished(
             admission,
             kv,
@@ -321,8 +364,8 @@ class VllmGenerator:
             self._memory.classify(request, cached, self._states.epoch),
             first_s,
             output.output(finish),
-            prompt_tokens=totals.prompt_tokens,
-            output_tokens=totals.completion_tokens,
+            prompt_tokens=first.prompt_tokens,
+            output_tokens=completion,
             engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
         )
 

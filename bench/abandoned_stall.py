@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import re
 import shutil
 import signal
 import subprocess
@@ -45,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/harness
 
 import httpx
 
-from bench.harness.processes import ServeProcess, talaria_command, talaria_serve
+from bench.harness.processes import ServeProcess, talaria_serve, tenant_key
 
 HOLDER = "qwen3-coder-480b-a35b-fp8"
 """The victim's model: 66.6 GB of KV per full-window call, 8 fit beside its weights."""
@@ -111,23 +109,6 @@ async def victim() -> None:
 
 asyncio.run(victim())
 """
-
-
-def create_key(url: str, tenant: str, data_dir: Path) -> str:
-    """``talaria keys create --tenant TENANT``: the key it prints."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
-    env.update(TALARIA_DATA_DIR=str(data_dir), COLUMNS="400")
-    done = subprocess.run(
-        [*talaria_command(), "keys", "create", "--tenant", tenant, "--url", url],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    match = re.search(r"tk-[A-Za-z0-9_-]+", done.stdout)
-    if match is None:
-        raise RuntimeError(f"no key in {done.stdout!r}")
-    return match.group(0)
 
 
 def _call(model: str, content: str) -> dict[str, Any]:
@@ -261,9 +242,9 @@ def main() -> None:
 
     folder = Path(tempfile.mkdtemp(prefix="talaria-stall-"))
     url = f"sqlite+aiosqlite:///{folder / 'stall.db'}"
-    bulk = [create_key(url, f"bulk-{i}", folder) for i in range(args.tenants)]
-    victim_key = create_key(url, "victim", folder)
-    probe_key = create_key(url, "probe", folder)
+    bulk = [tenant_key(url, f"bulk-{i}") for i in range(args.tenants)]
+    victim_key = tenant_key(url, "victim")
+    probe_key = tenant_key(url, "probe")
     env = {
         "TALARIA_SESSION_IDLE_TIMEOUT_S": str(args.idle_timeout_s),
         "TALARIA_ADMIN_TOKEN": ADMIN_TOKEN,

@@ -34,7 +34,6 @@ import asyncio
 import json
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/harness
 
-from bench.harness.processes import talaria_command, talaria_runtime, talaria_serve
+from bench.harness.processes import talaria_runtime, talaria_serve, tenant_key
 from bench.harness.trace_drive import Words, drive
 from talaria.core.catalog import load_catalog
 from talaria.core.trace import SessionTrace
@@ -72,12 +71,7 @@ def node_toml(policy: str, scale: float) -> str:
 def create_keys(data: Path) -> dict[str, str]:
     """One API key per tenant in the store of the proxy whose data dir is ``data``."""
     url = f"sqlite+aiosqlite:///{data / 'talaria.db'}"
-    keys = {}
-    for tenant, options in TENANT_KEYS.items():
-        command = [*talaria_command(), "keys", "create", "--tenant", tenant, "--url", url, *options]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        keys[tenant] = done.stdout.strip().splitlines()[-1]
-    return keys
+    return {tenant: tenant_key(url, tenant, *options) for tenant, options in TENANT_KEYS.items()}
 
 
 def run_live(

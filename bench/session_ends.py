@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness.processes import talaria_command, talaria_runtime, talaria_serve
+from bench.harness.processes import talaria_runtime, talaria_serve, tenant_key
 
 MODEL = "glm-4.5-fp8"
 NODE_TOML = """[node]
@@ -58,12 +57,7 @@ engine = "sim"
 def create_keys(data: Path) -> dict[str, str]:
     """An API key for each tenant (probe, load) in the store of the proxy at ``data``."""
     url = f"sqlite+aiosqlite:///{data / 'talaria.db'}"
-    keys = {}
-    for tenant in ("probe", "load"):
-        command = [*talaria_command(), "keys", "create", "--tenant", tenant, "--url", url]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
-        keys[tenant] = done.stdout.strip().splitlines()[-1]
-    return keys
+    return {tenant: tenant_key(url, tenant) for tenant in ("probe", "load")}
 
 
 def body(text: str) -> dict[str, Any]:

@@ -33,10 +33,17 @@ def talaria_command() -> list[str]:
 
 def tenant_key(url: str, tenant: str, *options: str) -> str:
     """A new API key of ``tenant`` in the database at ``url`` (``talaria keys create``, with
-    ``options`` such as ``--priority interactive``)."""
+    ``options`` such as ``--priority interactive``; no TALARIA_* setting of this process
+    reaches it): the ``tk-`` key it prints."""
     command = [*talaria_command(), "keys", "create", "--tenant", tenant, "--url", url, *options]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=True, env={**env, "COLUMNS": "400"}
+    )
+    match = re.search(r"tk-[A-Za-z0-9_-]+", done.stdout)
+    if match is None:
+        raise RuntimeError(f"talaria keys create printed no key: {done.stdout!r}")
+    return match.group(0)
 
 
 def child_pids(pid: int) -> list[int]:

@@ -217,6 +217,17 @@ class VllmChat:
                 "invalid_value", str(exc), param if isinstance(param, str) else None
             ) from exc
 
+    async def prompt_tokens(self, body: Mapping[str, Any]) -> int | None:
+        """The prompt tokens of ``body`` as vLLM's serving layer renders it (its template, its
+        tokenizer: what a request of that body would prefill), or None where vLLM cannot render
+        it (e.g. a chat template that cannot continue a final assistant message)."""
+        try:
+            rendered = await self._serving.render_chat_request(self.request(body))
+            _, inputs = rendered
+            return int(self._serving._extract_prompt_len(inputs[0]))
+        except Exception:  # any refusal: the body cannot be served as it is
+            return None
+
     async def stream(self, request: Any, totals: ChatTotals) -> AsyncIterator[ChatChunk]:
         """The call's chunks as vLLM's serving layer streams them. A request vLLM refuses as
         the client's fault (``VLLMClientError``, raised while it renders and checks the

@@ -56,11 +56,21 @@ class FakeChat:
     It records each piece: (request id, start time, the continued text or None, its limit)."""
 
     clock: LoopClock
+    resumed_extra: int | None = 0
+    """Tokens a body that continues the assistant's text renders to beyond the first prompt's
+    and the text's (None: it cannot be rendered, as a template may refuse)."""
     pieces: list[tuple[str, float, str | None, int]] = field(default_factory=list)
     aborted: list[str] = field(default_factory=list)
 
     def request(self, body: dict[str, Any]) -> Any:
         return SimpleNamespace(body=body, request_id=body["request_id"])
+
+    async def prompt_tokens(self, body: dict[str, Any]) -> int | None:
+        if not body.get("continue_final_message"):
+            return 10
+        if self.resumed_extra is None:
+            return None
+        return 10 + len(body["messages"][-1]["content"].split()) + self.resumed_extra
 
     def metrics_of(self, request: Any) -> Any:
         return None
@@ -103,7 +113,9 @@ def _chat_call(rid: str, priority: Priority, max_out: int, *, tools: bool = Fals
 
 
 def _serve(
-    calls: list[tuple[CallRequest, float]], rule: ClassStepRule | None
+    calls: list[tuple[CallRequest, float]],
+    rule: ClassStepRule | None,
+    resumed_extra: int | None = 0,
 ) -> tuple[dict[str, tuple[str, int]], FakeChat, int, dict[str, float]]:
     """Serve ``calls`` (each after its delay) on one engine whose chat layer is a
     ``FakeChat``: each call's (text, output tokens), the fake, the engine's preemptions and
@@ -115,7 +127,7 @@ def _serve(
         )
         await engine.start()
         await engine.activate()
-        chat = FakeChat(clock)
+        chat = FakeChat(clock, resumed_extra)
         engine._chat = chat  # type: ignore[assignment]  # the serving layer, faked
         engine.step_by_class(rule)
         ends: dict[str, float] = {}
@@ -180,6 +192,27 @@ def test_a_chat_call_that_cannot_be_continued_runs_on_and_one_held_at_entry_wait
     late_start = next(start for rid, start, _, _ in chat.pieces if rid.startswith("late#"))
     assert late_start >= ends["ide"]  # it waited, before it started, for the interactive call
     assert preemptions == 1  # the late call, at its entry
+
+
+@pytest.mark.parametrize(
+    "resumed_extra",
+    [
+        None,  # vLLM cannot render the resumed body
+        2048 - 10 - 20,  # the window (2,048) would not hold the tokens it has left
+    ],
+)
+def test_a_chat_call_vllm_cannot_resume_whole_runs_on(resumed_extra: int | None) -> None:
+    texts, chat, preemptions, _ = _serve(
+        [
+            (_chat_call("bulk", Priority.BATCH, 40), 0.0),
+            (_chat_call("ide", Priority.INTERACTIVE, 8), 10 * STEP_S),
+        ],
+        RULE,
+        resumed_extra,
+    )
+    assert texts == {"bulk": (_answer(40), 40), "ide": (_answer(8), 8)}
+    assert len(chat.pieces) == 2 and not chat.aborted  # held once, checked, let run
+    assert preemptions == 1
 
 
 def test_without_a_rule_chat_calls_are_never_held() -> None:

@@ -108,22 +108,29 @@ def test_a_rule_taken_away_releases_everyone() -> None:
 
 
 @given(
-    events=st.lists(st.one_of(st.integers(0, 2), st.just(-1)), max_size=40),
+    events=st.lists(st.one_of(st.integers(0, 2), st.just(-1), st.just(-2)), max_size=40),
     slowdown=st.floats(1.0, 2.0),
     limit=st.integers(0, 4),
 )
 def test_holds_invariants(events: list[int], slowdown: float, limit: int) -> None:
-    """Over any order of calls entering (their rank) and leaving (-1: the oldest): the best
-    class present is never held, a call held has a better class running beside it, none is
-    held more than ``limit`` times, the count is the sum of the calls' holds, and once every
-    call has left nothing is held."""
+    """Over any order of calls entering (their rank), leaving (-1: the oldest) and becoming
+    unpausable (-2: the newest running one, as a chat call that cannot be resumed once it
+    streams): the best class present is never held, a call held has a better class running
+    beside it, none is held more than ``limit`` times, an unpausable call is never held, the
+    count is the sum of the calls' holds, and once every call has left nothing is held."""
     holds = _holds(ClassStepRule(slowdown, limit))
     seen: list[Ticket] = []
     for event in events:
         if event >= 0:
             seen.append(holds.enter(event, 500))
-        elif holds.tickets:
+        elif event == -1 and holds.tickets:
             holds.leave(holds.tickets[0])
+        elif event == -2:
+            running = [t for t in holds.tickets if not t.held]
+            if running:
+                running[-1].pausable = False
+                holds.decide()
+        assert not any(t.held for t in holds.tickets if not t.pausable)
         if holds.tickets:
             best = min(t.rank for t in holds.tickets)
             assert all(not t.held for t in holds.tickets if t.rank == best)

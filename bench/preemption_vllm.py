@@ -17,7 +17,7 @@ each:
 2. ``no holds``: the same turns while ``--batch`` batch calls stream (the node's
    ``preempt_limit = 0``: rule 5 off; rule 4 still keeps *new* batch calls out, so every batch
    call is started before the first turn);
-3. ``holds``: the same, ``preempt_limit = 3`` (the default): a batch call whose company would
+3. ``holds``: the same, ``preempt_limit = 10`` (the default): a batch call whose company would
    slow the interactive call's decode step past ``class_slowdown`` × its step alone (by the
    engine's decode-step estimate) is aborted and resubmitted with its output once the turn
    has ended (runtime/engines/class_holds.py).
@@ -50,8 +50,10 @@ import openai
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.harness.processes import talaria_runtime, talaria_serve, tenant_key
+from talaria.runtime.scheduling.config import SchedulerConfig
 
 MODEL = "tiny-a"
+DEFAULTS = SchedulerConfig()
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
@@ -288,7 +290,7 @@ def main() -> None:
         default=True,
         help="the batch calls stream (else each waits for its whole reply)",
     )
-    parser.add_argument("--class-slowdown", type=float, default=1.2)
+    parser.add_argument("--class-slowdown", type=float, default=DEFAULTS.class_slowdown)
     parser.add_argument(
         "--catalog", type=Path, help="a profile TOML written by `talaria calibrate` (its fit)"
     )
@@ -311,9 +313,9 @@ def main() -> None:
         )
         return
     runs = [
-        run(args, "alone", 0, 3),
+        run(args, "alone", 0, DEFAULTS.preempt_limit),
         run(args, "no holds", args.batch, 0),
-        run(args, "holds", args.batch, 3),
+        run(args, "holds", args.batch, DEFAULTS.preempt_limit),
     ]
     alone = runs[0]["turn_p50_s"]
     print("| run | turns | turn p50 / p90 | TTFT p50 | ÷ alone (p50) | batch done | preemptions |")

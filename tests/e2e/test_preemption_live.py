@@ -1,10 +1,10 @@
 """The fair queue's rule 5 live (issue 49): real ``talaria runtime`` and ``talaria serve``
 processes, a simulated engine on a scaled clock, two tenants by their API keys. Batch calls
 with long contexts stream; interactive calls arrive while they do, and the engine holds the
-batch calls out of the iterations that would slow the interactive ones past 1.2× (the
-runtime's status counts the preemptions: more than none, and at most the node TOML's
-``preempt_limit`` for each batch call — 4 with the limit set to 1, where the default 3 gives
-10). Every preempted stream then resumes and ends whole: its text is the simulated answer word
+batch calls out of the iterations that would slow the interactive ones past the node's
+``class_slowdown`` (the default, 1.1×; the runtime's status counts the preemptions: more than
+none, and at most the node TOML's ``preempt_limit`` for each batch call — 4 with the limit set
+to 1). Every preempted stream then resumes and ends whole: its text is the simulated answer word
 for word from its first word, no piece lost or repeated, and it counts every token it was
 asked for; no call fails."""
 
@@ -21,7 +21,7 @@ from talaria.runtime.engines.sim_reply import words
 
 MODEL = "glm-4.5-fp8"
 LIMIT = 1
-"""The node's preempt_limit (its default is 3): each batch call is held at most once, so the
+"""The node's preempt_limit (its default is 10): each batch call is held at most once, so the
 count bounds what this node was told, not the default."""
 SCALE = 5
 """Simulated seconds per wall second: a batch call decodes for ~8 wall seconds, long enough
@@ -40,7 +40,7 @@ engine = "sim"
 BATCH_CALLS = 4
 BATCH_CONTEXT_WORDS = 8_000
 """Each batch call's prompt (~20k tokens): four of them beside one short interactive call make
-a decode step ~1.5× the interactive call's alone (runtime/costmodel.py), past the 1.2× rule 5
+a decode step ~1.5× the interactive call's alone (runtime/costmodel.py), past the 1.1× rule 5
 allows."""
 BATCH_TOKENS = 4_000
 INTERACTIVE_CALLS = 3

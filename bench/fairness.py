@@ -1,10 +1,13 @@
 """Fairness under saturation (issue 38): each tenant's session completion times alone, and
 beside the others with and without the fair queue (runtime/scheduling/fairness.py).
 
-    .venv/bin/python bench/fairness.py --preset noisy --seeds 5 [--json out/fairness.json]
+    .venv/bin/python bench/fairness.py --preset noisy --seeds 20 [--json out/fairness.json]
     .venv/bin/python bench/fairness.py --preset saturated --seeds 5
     .venv/bin/python bench/fairness.py --preset noisy --preempt-limit 1000000   # no count limit
     .venv/bin/python bench/fairness.py --preset noisy --class-slowdown 1.4
+
+The interactive tenant has 10 sessions, so its p50 is one or two of them: take 20 seeds
+(docs/results.md §11, round four), not 5.
 
 For each seed: the preset's sessions are replayed (``talaria replay``'s experiment, one node)
 under ``talaria`` and ``-fair_queue`` (the same scheduler with the fair queue off), and, with

@@ -27,9 +27,10 @@ from talaria.runtime.engines.vllm.adapter import (
     no_shutdown,
 )
 from talaria.runtime.engines.vllm.chat import VllmChat
-from talaria.runtime.engines.vllm.generate import PromptIds, VllmGenerator
+from talaria.runtime.engines.vllm.generate import VllmGenerator
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
+from talaria.runtime.engines.vllm.prompts import PromptIds
 from talaria.runtime.engines.vllm.switching import WEIGHTS, SleepStates
 
 

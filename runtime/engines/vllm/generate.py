@@ -1,11 +1,10 @@
-"""How a ``VLLMEngine`` serves an admitted call: its prompt ids, its generation on the
-``AsyncLLM`` (as token ids, or as a chat call through vLLM's serving layer, chat.py), and its
-result, whose prompt and output ids become the session's KV record (kv.py)."""
+"""How a ``VLLMEngine`` serves an admitted call: its generation on the ``AsyncLLM`` (as token
+ids, from its prompt ids: prompts.py; or as a chat call through vLLM's serving layer, chat.py),
+and its result, whose prompt and output ids become the session's KV record (kv.py)."""
 
 from __future__ import annotations
 
 import itertools
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -43,10 +42,8 @@ from talaria.runtime.engines.vllm.adapter import (
 from talaria.runtime.engines.vllm.chat import VllmChat, resumable, resume_body, to_vllm_request
 from talaria.runtime.engines.vllm.kv import KvShape, SessionMemory
 from talaria.runtime.engines.vllm.options import VLLMEngineOptions
+from talaria.runtime.engines.vllm.prompts import PromptIds
 from talaria.runtime.engines.vllm.switching import SleepStates
-
-PROMPT_MEMO = 256
-"""Tokenized prompts kept between ``estimate_service_s`` / ``try_admit`` and ``run``."""
 
 
 def _finish(reason: str) -> FinishReason:
@@ -89,38 +86,6 @@ def refuse_what_tokens_cannot_honour(call: Call, model: str) -> None:
             "Hugging Face tokenizer and a tool parser (docs/models.md), or leave these out.",
             param=asked[0],
         )
-
-
-class PromptIds:
-    """The calls' prompt ids, memoised per request (the ``PROMPT_MEMO`` most recent)."""
-
-    def __init__(self, tokenizer: Tokenizer, memory: SessionMemory) -> None:
-        self._tok = tokenizer
-        self._memory = memory
-        self._prompts: OrderedDict[str, list[int]] = OrderedDict()
-
-    def get(self, request: CallRequest) -> list[int]:
-        """The call's prompt ids: ``messages`` through the chat template, else its text
-        ``prompt``, else synthetic ids of length ``prompt_tokens``."""
-        ids = self._prompts.get(request.request_id)
-        if ids is not None:
-            return ids
-        call = request.call
-        if call is not None and call.messages is not None:
-            tools = [t.to_openai() for t in call.tools] or None
-            ids = self._tok.encode_chat(call.messages, tools, call.template_kwargs)
-        elif call is not None and call.prompt is not None:
-            ids = self._tok.encode(call.prompt)
-        else:
-            ids = self._memory.synthetic_ids(request)
-        self._prompts[request.request_id] = ids
-        while len(self._prompts) > PROMPT_MEMO:
-            self._prompts.popitem(last=False)
-        return ids
-
-    def forget(self, request_id: str) -> None:
-        """The call runs now: its ids are no longer needed here."""
-        self._prompts.pop(request_id, None)
 
 
 class VllmGenerator:

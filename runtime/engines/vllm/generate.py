@@ -242,7 +242,7 @@ class VllmGenerator:
         any other call runs on (it counts as past its preemption limit)."""
         request = admission.request
         limit = self._chat_limit(request, call)
-        body = to_vllm_request(
+        original = body = to_vllm_request(
             call,
             model=self._model,
             request_id=f"{request.request_id}#{next(self._ids)}",
@@ -272,7 +272,7 @@ class VllmGenerator:
                 if first is not None:  # a piece ran and paused: go on from its text
                     left = limit - len(out_ids)
                     body = resume_body(
-                        body, "".join(texts), left, f"{request.request_id}#{next(self._ids)}"
+                        original, "".join(texts), left, f"{request.request_id}#{next(self._ids)}"
                     )
                 try:
                     vllm_request = chat.request(body)
@@ -301,7 +301,7 @@ class VllmGenerator:
                         text = chunk.delta.text
                         visible_end = bool(text) and not text[-1].isspace()
                         if can_pause and ticket.held and not finished and visible_end:
-                            room = await self._resume_room(body, "".join(texts), chat)
+                            room = await self._resume_room(original, "".join(texts), chat)
                             if room is None or room < limit - len(out_ids):
                                 ticket.pausable = False  # it could not be resumed whole: it runs on
                                 self._holds.decide()

@@ -82,6 +82,7 @@ class FakeChat:
         continued = None
         if body.get("continue_final_message"):
             assert body["add_generation_prompt"] is False
+            assert body["messages"][:-1] == list(MESSAGES)  # the call's own messages, once
             continued = body["messages"][-1]["content"]
             assert continued == continued.rstrip(), "the template would strip its end"
             done = len(continued.split())
@@ -175,6 +176,23 @@ def test_held_chat_calls_resume_from_their_text_and_come_out_whole() -> None:
         done = len(continued.split())  # type: ignore[union-attr]
         assert 0 < done < 40 and again_limit == 40 - done
     assert len(chat.aborted) == 2
+
+
+def test_a_chat_call_held_twice_resumes_from_its_whole_text_each_time() -> None:
+    texts, chat, preemptions, _ = _serve(
+        [
+            (_chat_call("bulk", Priority.BATCH, 60), 0.0),
+            (_chat_call("ide-1", Priority.INTERACTIVE, 6), 10 * STEP_S),
+            (_chat_call("ide-2", Priority.INTERACTIVE, 6), 30 * STEP_S),
+        ],
+        RULE,
+    )
+    assert texts["bulk"] == (_answer(60), 60)
+    assert preemptions == 2
+    continued = [c for rid, _, c, _ in chat.pieces if rid.startswith("bulk#")]
+    assert len(continued) == 3 and continued[0] is None
+    first, second = (len(c.split()) for c in continued[1:])  # type: ignore[union-attr]
+    assert 0 < first < second < 60  # each resumption goes on from all the text so far
 
 
 def test_a_chat_call_that_cannot_be_continued_runs_on_and_one_held_at_entry_waits() -> None:

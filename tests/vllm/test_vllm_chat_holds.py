@@ -23,8 +23,8 @@ pytest.importorskip("vllm")
 from talaria.core.calls import Call, Sampling
 from talaria.core.clock import LoopClock
 from talaria.core.types import CallRequest, Finished, FirstToken, Priority
-from talaria.runtime.engine import ClassStepRule
 from talaria.runtime.engines.vllm import VLLMEngine, build_vllm_engine
+from tests.vllm.holds import held_for_an_interactive_call
 from tests.vllm.tiny_chat import build_tiny_chat
 
 pytestmark = pytest.mark.vllm
@@ -90,33 +90,11 @@ def _call(rid: str, priority: Priority, max_out: int) -> CallRequest:
 def test_batch_chat_calls_held_for_an_interactive_one_resume_from_their_text(node: Node) -> None:
     engine = node.engine
 
-    async def serve(req: CallRequest, first: asyncio.Event | None = None) -> list[Any]:
-        admission = engine.try_admit(req, node.clock.now(), False)
-        assert admission is not None
-        events = []
-        async for event in engine.run(admission):
-            events.append(event)
-            if first is not None and isinstance(event, FirstToken):
-                first.set()
-        return events
-
     async def body() -> tuple[int, list[Any], list[list[Any]]]:
         await engine.activate()
-        engine.step_by_class(ClassStepRule(class_slowdown=1.0, preempt_limit=3))
-        try:
-            started = [asyncio.Event(), asyncio.Event()]
-            bulk = [
-                asyncio.create_task(serve(_call(f"bulk-{i}", Priority.BATCH, 64), started[i]))
-                for i in range(2)
-            ]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=120)
-            ide_events = await asyncio.wait_for(
-                serve(_call("ide", Priority.INTERACTIVE, 8)), timeout=120
-            )
-            bulk_events = await asyncio.wait_for(asyncio.gather(*bulk), timeout=240)
-        finally:
-            engine.step_by_class(None)
-        return engine.preemptions, ide_events, list(bulk_events)
+        batch = [_call(f"bulk-{i}", Priority.BATCH, 64) for i in range(2)]
+        ide = _call("ide", Priority.INTERACTIVE, 8)
+        return await held_for_an_interactive_call(engine, node.clock, batch, ide)
 
     preemptions, ide_events, bulk_events = node.run(body())
     assert preemptions == 2

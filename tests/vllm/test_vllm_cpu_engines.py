@@ -33,7 +33,6 @@ from talaria.core.types import (
     Priority,
     TokenDelta,
 )
-from talaria.runtime.engine import ClassStepRule
 from talaria.runtime.engines.tokenizer import ByteTokenizer
 from talaria.runtime.engines.vllm import (
     VLLMEngine,
@@ -45,6 +44,7 @@ from talaria.runtime.memory.resources import NodeMemory
 from talaria.runtime.scheduling.config import SchedulerConfig
 from talaria.runtime.scheduling.flags import TALARIA, SchedulerFlags
 from talaria.runtime.scheduling.node import NodeScheduler
+from tests.vllm.holds import held_for_an_interactive_call
 
 pytestmark = pytest.mark.vllm
 
@@ -349,34 +349,18 @@ def test_batch_calls_held_for_an_interactive_one_resume_whole(node: Node) -> Non
     engine = node.engines["tiny-llama-a"]
     recorder = node.recorders["tiny-llama-a"]
 
-    async def serve(req: CallRequest, first: asyncio.Event | None = None) -> list[Any]:
-        admission = engine.try_admit(req, node.clock.now(), False)
-        assert admission is not None
-        events = []
-        async for event in engine.run(admission):
-            events.append(event)
-            if first is not None and isinstance(event, FirstToken):
-                first.set()
-        return events
-
     async def body() -> tuple[int, list[Any], list[list[Any]]]:
         await engine.activate()
-        before = engine.preemptions
-        engine.step_by_class(ClassStepRule(class_slowdown=1.0, preempt_limit=3))
+        ide = replace(
+            call("ide", "ide", [SYSTEM, {"role": "user", "content": "quick"}], max_out=8),
+            priority=Priority.INTERACTIVE,
+        )
         try:
-            started = [asyncio.Event(), asyncio.Event()]
-            bulk = [asyncio.create_task(serve(_batch_call(i), started[i])) for i in range(2)]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), timeout=120)
-            ide = replace(
-                call("ide", "ide", [SYSTEM, {"role": "user", "content": "quick"}], max_out=8),
-                priority=Priority.INTERACTIVE,
+            return await held_for_an_interactive_call(
+                engine, node.clock, [_batch_call(i) for i in range(2)], ide
             )
-            ide_events = await asyncio.wait_for(serve(ide), timeout=120)
-            bulk_events = await asyncio.wait_for(asyncio.gather(*bulk), timeout=240)
         finally:
-            engine.step_by_class(None)
             await engine.deactivate(keep_kv_on_host=False, keep_host_weight_copy=False)
-        return engine.preemptions - before, ide_events, list(bulk_events)
 
     preemptions, ide_events, bulk_events = node.run(body())
     assert preemptions == 2

@@ -228,6 +228,17 @@ class VllmChat:
         except Exception:  # any refusal: the body cannot be served as it is
             return None
 
+    async def resume_room(
+        self, body: Mapping[str, Any], text: str, max_model_len: int
+    ) -> int | None:
+        """The output tokens a chat call (``body``, as first sent) paused now could take when
+        resumed from ``text``: the window less the resumed prompt as vLLM renders it (the text
+        so far is tokenized anew, maybe into more tokens than were generated); None where
+        vLLM cannot render it. A call is paused only where this leaves it every token it has
+        left, so a pause never changes how a reply ends."""
+        prompt = await self.prompt_tokens(resume_body(body, text, 1, "room"))
+        return None if prompt is None else max_model_len - prompt
+
     async def stream(self, request: Any, totals: ChatTotals) -> AsyncIterator[ChatChunk]:
         """The call's chunks as vLLM's serving layer streams them. A request vLLM refuses as
         the client's fault (``VLLMClientError``, raised while it renders and checks the

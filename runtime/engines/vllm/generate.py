@@ -238,7 +238,7 @@ class VllmGenerator:
         starts, it waits; once it streams, a call whose text can be continued (chat.py
         ``resumable``) pauses when held — aborted in vLLM at a visible character, then resumed
         as its messages plus its text so far, which vLLM continues (``resume_body``), once vLLM
-        has rendered that body and its window holds every token left (``_resume_room``) — and
+        has rendered that body and its window holds every token left (``resume_room``) — and
         any other call runs on (it counts as past its preemption limit)."""
         request = admission.request
         limit = self._chat_limit(request, call)
@@ -301,7 +301,9 @@ class VllmGenerator:
                         text = chunk.delta.text
                         visible_end = bool(text) and not text[-1].isspace()
                         if can_pause and ticket.held and not finished and visible_end:
-                            room = await self._resume_room(original, "".join(texts), chat)
+                            room = await chat.resume_room(
+                                original, "".join(texts), self._opt.max_model_len
+                            )
                             if room is None or room < limit - len(out_ids):
                                 ticket.pausable = False  # it could not be resumed whole: it runs on
                                 self._holds.decide()
@@ -339,15 +341,6 @@ class VllmGenerator:
             output_tokens=completion,
             engine=engine_times(metrics, self._api.engine_now(), self._clock.now()),
         )
-
-    async def _resume_room(self, body: dict[str, Any], text: str, chat: VllmChat) -> int | None:
-        """The output tokens a chat call paused now could take when resumed from ``text``: the
-        window less the resumed prompt as vLLM renders it (the text so far is tokenized anew,
-        maybe into more tokens than were generated); None where vLLM cannot render it. A call
-        is paused only where this leaves it every token it has left, so a pause never changes
-        how a reply ends."""
-        prompt = await chat.prompt_tokens(resume_body(body, text, 1, "room"))
-        return None if prompt is None else self._opt.max_model_len - prompt
 
     def _chat_limit(self, request: CallRequest, call: Call) -> int:
         """The chat call's output limit: its own, or, when the client set none (the proxy's

@@ -21,7 +21,7 @@ from talaria.core.types import CallRequest, Finished, Priority
 from talaria.runtime.engine import ClassStepRule
 from talaria.runtime.engines.openai_wire import ChatChunk, ChatTotals
 from talaria.runtime.engines.vllm import RateModel
-from talaria.runtime.engines.vllm.chat import resumable, resume_body
+from talaria.runtime.engines.vllm.chat import VllmChat, resumable, resume_body
 from tests.unit.runtime.engines.test_vllm_engine_fake import STEP_S, make_engine, virtual
 
 WORDS = [
@@ -64,6 +64,9 @@ class FakeChat:
 
     def request(self, body: dict[str, Any]) -> Any:
         return SimpleNamespace(body=body, request_id=body["request_id"])
+
+    async def resume_room(self, body: dict[str, Any], text: str, max_model_len: int) -> int | None:
+        return await VllmChat.resume_room(self, body, text, max_model_len)  # type: ignore[arg-type]
 
     async def prompt_tokens(self, body: dict[str, Any]) -> int | None:
         if not body.get("continue_final_message"):

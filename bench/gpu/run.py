@@ -316,6 +316,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=480.0,
                         help="Wall-clock budget; a phase past it is skipped.")  # fmt: skip
     args = parser.parse_args()
+    # the node TOML written under --out names the model by path: relative to that file's own
+    # folder, a path relative to the caller's would not be found
+    args.model, args.out = args.model.resolve(), args.out.resolve()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # CUDA is initialised here
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine on a CPU

@@ -18,8 +18,12 @@ from talaria.runtime.instant import InstantRuntime
 from tests.integration.server import RunningProxy, running_proxy
 
 MODEL = "bench-model"
-RUNTIME_S = 0.5
-"""How long the runtime takes over every call: the part the header must leave out."""
+RUNTIME_S = 1.5
+"""How long the runtime takes over every call: the part the header must leave out. Past the
+histogram's 1 s bucket, and far above the proxy's own milliseconds even on a loaded machine
+(a first call once took 616 ms of the proxy's own time beside CI's other work)."""
+OWN_LIMIT_S = 1.0
+"""The proxy's own time stays below this (the histogram's bucket under ``RUNTIME_S``)."""
 
 
 class SlowRuntime(InstantRuntime):
@@ -51,8 +55,8 @@ def test_the_overhead_leaves_out_the_runtime(proxy: RunningProxy, stream: bool) 
     reply = _chat(proxy, stream)
     overhead_ms = float(reply.headers["x-talaria-overhead-ms"])
     assert reply.elapsed.total_seconds() >= RUNTIME_S
-    # the proxy's own work is milliseconds; counted with the runtime's it would be ≥ 500
-    assert 0 <= overhead_ms < RUNTIME_S * 1e3 / 2
+    # the proxy's own work is milliseconds; counted with the runtime's it would be ≥ 1,500
+    assert 0 <= overhead_ms < OWN_LIMIT_S * 1e3
 
 
 def test_every_response_carries_it(proxy: RunningProxy) -> None:
@@ -76,7 +80,7 @@ def test_the_histogram_counts_each_call(proxy: RunningProxy) -> None:
     _chat(proxy, True)
     assert count() == before + 2
     text = httpx.get(proxy.base_url + "/metrics").text
-    # no observation of a call at the runtime's 0.5 s or over: the bucket below holds all
-    low = r'talaria_proxy_overhead_seconds_bucket\{le="0.25",route="/v1/chat/completions"\} (\S+)'
+    # no observation of a call at the runtime's 1.5 s or over: the bucket below holds all
+    low = r'talaria_proxy_overhead_seconds_bucket\{le="1.0",route="/v1/chat/completions"\} (\S+)'
     found = re.search(low, text)
     assert found and float(found.group(1)) == count()

@@ -8,9 +8,11 @@ three ways: the tenant's own sessions alone, the other tenants' alone, and all o
 together (``bench/fairness.py``'s replays). Printed per way, for the tenant's calls (none for
 the others-alone replay): calls; seconds of queue (arrival to admission) and of it the wait
 for the model's slot; admission to first token; first token to finish (decode); KV restored
-from host memory (GB); the node's switches (activations after the first slot's) and their
-seconds; and its slots closed for a higher class (``outranked``) with the seconds from those
-closes to the next slot's switch (``drain_s``: the running calls the closed slot lets finish).
+from host memory (GB) and the admission-to-first-token seconds of the calls that restored it
+(``restoring_s``, part of the first-token seconds); the node's switches (activations after
+the first slot's) and their seconds; and its slots closed for a higher class (``outranked``)
+with the seconds from those closes to the next slot's switch (``drain_s``: the running calls
+the closed slot lets finish).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def breakdown(
         "to_first_token_s": sum(c.first_token_s - c.admitted_s for c in mine),
         "decode_s": sum(c.finished_s - c.first_token_s for c in mine),
         "restored_gb": sum(c.restored_bytes for c in mine) / 1e9,
+        "restoring_s": sum(c.first_token_s - c.admitted_s for c in mine if c.restored_bytes),
         "switches": float(doc["switches"]),
         "switch_s": float(doc["switch_s_total"]),
         "outranked": float(len(drains)),

@@ -1,6 +1,7 @@
 """bench/fairness_breakdown.py sums a tenant's calls' parts from the replay's own results: on
-the ``small`` preset (one tenant, ``default``) every call is counted, each part is non-negative
-and the slot wait is part of the queue; another tenant's breakdown counts no call."""
+the ``small`` preset (one tenant, ``default``) every call is counted, each part is non-negative,
+the slot wait is part of the queue and the restoring calls' first-token seconds part of all;
+another tenant's breakdown counts no call."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ def test_a_tenants_parts_come_from_its_own_calls() -> None:
     assert row["calls"] == sum(s.num_calls for s in sessions)
     assert all(v >= 0 for v in row.values())
     assert row["queue_s"] >= row["slot_wait_s"]
+    assert row["to_first_token_s"] >= row["restoring_s"]  # some calls' part of it
+    assert (row["restoring_s"] > 0) == (row["restored_gb"] > 0)
     assert row["decode_s"] > 0
     none = breakdown(sessions, preset, catalog, "nobody", "talaria")
     assert none["calls"] == 0 and none["decode_s"] == 0

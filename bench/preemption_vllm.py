@@ -8,7 +8,7 @@
 Every part is a real process on loopback: ``talaria runtime`` with one model on vLLM's CPU
 build (the shipped random-weight ``tiny-llama-a``, or ``--model-path`` for a model directory of
 your own; a model with a Hugging Face tokenizer, such as a real trained one, is served through
-vLLM's chat layer, where a held call is resumed from its text: generate.py ``chat``) and
+vLLM's chat layer, where a held call is resumed from its text: chat_generate.py ``chat``) and
 ``talaria serve`` in front of it,
 with an API key per tenant (``bulk`` batch, ``ide`` interactive). Three runs, fresh processes
 each:

@@ -67,7 +67,7 @@ def fit_window(call: PreparedCall, prompt_tokens: int, window: int | None) -> Pr
       ``context_length_exceeded``.
 
     ``prompt_tokens`` is the proxy's estimate; the runtime fits the limit again to the prompt
-    it renders (runtime/engines/vllm/generate.py)."""
+    it renders (runtime/engines/vllm/chat_generate.py ``_chat_limit``)."""
     if window is None or prompt_tokens + call.max_tokens <= window:
         return call
     if call.content.max_output_tokens is None and prompt_tokens < window:

@@ -2,7 +2,8 @@
 runtime/engines/vllm/__init__.py, says how the GPU and CPU paths differ).
 
 This module holds the engine's lifecycle, state, estimates, admission and switches; serving an
-admitted call (prompt ids, generation, the result) is generate.py's, its options options.py's.
+admitted call (prompt ids, generation, the result) is generate.py's and chat_generate.py's, its
+options options.py's.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class VLLMEngine(ServedEngine):
         """The fair queue's rule 5 (``StepsByClass``), by pausing whole calls for a higher
         class's (class_holds.py): calls sent as token ids are aborted and resubmitted with
         their output; calls through vLLM's chat serving layer wait before they start, and
-        those whose text can be continued are aborted and resumed (generate.py ``chat``)."""
+        those whose text can be continued are aborted and resumed (chat_generate.py ``chat``)."""
         self._holds.rule = rule
         self._holds.decide()
 

@@ -1,4 +1,4 @@
-"""Rule 5 on vLLM's chat path (runtime/engines/vllm/generate.py ``chat``, chat.py
+"""Rule 5 on vLLM's chat path (runtime/engines/vllm/chat_generate.py ``chat``, chat.py
 ``resumable`` and ``resume_body``), against a fake chat serving layer in virtual time: a chat
 call held for a higher class waits before it starts; once it streams, one whose text can be
 continued is aborted at a visible character and resumed as its messages plus its text so far

@@ -261,9 +261,10 @@ class KvTiming(Protocol):
 @dataclass(frozen=True)
 class ClassStepRule:
     """The fair queue's rule 5 (runtime/scheduling/fairness.py), as the node hands it to an
-    engine with ``StepsByClass``: lower-class calls already running take an iteration only
-    while it stays ≤ ``class_slowdown`` × the best class's alone, each preempted at most
-    ``preempt_limit`` times (``class_steps``)."""
+    engine with ``StepsByClass``: lower-class calls already running step only while the
+    engine's decode step with them stays ≤ ``class_slowdown`` × the best class's alone, each
+    preempted at most ``preempt_limit`` times (``class_steps``, applied by
+    runtime/engines/class_holds.py ``ClassHolds``)."""
 
     class_slowdown: float
     preempt_limit: int
@@ -301,7 +302,7 @@ def class_steps(
 
 @runtime_checkable
 class StepsByClass(Protocol):
-    """An engine that applies the fair queue's rule 5 to its own iterations: the calls of a
+    """An engine that applies the fair queue's rule 5 to its own steps: the calls of a
     lower class already running yield their steps to a higher class's (fairness.py
     ``class_steps``). Without it every running call takes every step."""
 

@@ -1,16 +1,18 @@
-"""The fair queue's rule 5 for an engine that cannot choose the calls of each iteration itself
-(vLLM: its scheduler steps every running request), so it pauses whole calls instead: a call
-held for a higher class is aborted and resubmitted when released (runtime/engines/vllm/
-generate.py; prompt + the output so far, which vLLM's prefix cache finds again).
+"""The fair queue's rule 5 as an engine applies it to whole calls: which running calls are
+held for a higher class. The simulated engine leaves a held call out of its steps
+(runtime/engines/sim_steps.py); vLLM's scheduler steps every running request, so a held call is
+aborted and resubmitted when released (runtime/engines/vllm/generate.py; prompt + the output so
+far, which vLLM's prefix cache finds again).
 
 ``ClassHolds`` keeps the engine's running calls in admission order, each with its class, its
-context tokens and how often it has been held, and decides which are held with the same pure
-rule the simulated engine applies to every iteration (runtime/engine.py ``class_steps``): the
+context tokens and how often it has been held, and decides which are held with the pure rule
+(runtime/engine.py ``class_steps``): the
 best class's calls run; each other call runs only while the engine's decode step with it stays
 ≤ ``class_slowdown`` × the best class's alone (``step_s``: the engine's own cost model); a call
 held ``preempt_limit`` times runs from then on. The decision is taken again whenever a call
-enters or leaves (not at every iteration: a call's context grows meanwhile), so a held call is
-released when the higher-class calls that held it have left, or room opens.
+enters or leaves (not at every iteration: a call's context grows meanwhile, and a decision
+taken at whatever iteration an engine's loop is woken would depend on its wake-ups), so a held
+call is released when the higher-class calls that held it have left, or room opens.
 
 Without a rule (one class, ``-fair_queue``, ``preempt_limit = 0``) nothing is ever held.
 """

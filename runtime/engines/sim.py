@@ -74,7 +74,7 @@ class SimEngine:
 
     def step_by_class(self, rule: ClassStepRule | None) -> None:
         """Rule 5 of the fair queue for this engine's iterations (``StepsByClass``)."""
-        self._steps.rule = rule
+        self._steps.holds.rule = rule
 
     @property
     def preemptions(self) -> int:

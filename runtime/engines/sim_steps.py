@@ -7,6 +7,11 @@ one token each, then prefilling ones take chunks of the remaining token budget
 sequence's prefill also samples its first token. When every running sequence is decoding, the
 loop jumps ahead to the first finish in one sleep (the steps are summed exactly), and is
 interrupted at the next step boundary if a new sequence becomes ready meanwhile.
+
+The fair queue's rule 5 holds lower-class sequences out of the steps with the same
+``ClassHolds`` a vLLM engine uses (runtime/engines/class_holds.py): decided when a sequence
+joins the steps or leaves them, by the cost model's decode step, so that a decision does not
+depend on how often the loop happens to be woken in between.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +34,8 @@ from talaria.core.types import (
     TokenDelta,
 )
 from talaria.runtime.costmodel import CostModel, PrefillChunk
-from talaria.runtime.engine import Admission, ClassStepRule, call_result, class_steps
+from talaria.runtime.engine import Admission, call_result
+from talaria.runtime.engines.class_holds import ClassHolds, Ticket
 from talaria.runtime.engines.sim_kv import SimKv
 from talaria.runtime.engines.sim_reply import ReplyStream
 from talaria.runtime.memory.resources import DeviceShare, PcieLink
@@ -51,10 +57,8 @@ class SimSeq:
     restored_bytes: float
     recomputed_tokens: int
     ready: bool = False
-    preempted: int = 0
-    """Times it was held out of the steps for a higher class (``ClassStepRule``)."""
-    held: bool = False
-    """Held out of the last iteration for a higher class."""
+    ticket: Ticket | None = None
+    """Its place in rule 5's holds (``ClassHolds``) from when it is ready until it leaves."""
     output_done: int = 0
     first_token_s: float | None = None
     queued_s: float | None = None
@@ -68,6 +72,11 @@ class SimSeq:
     deltas: asyncio.Queue[TokenDelta] | None = None
     reply: ReplyStream | None = None
     first_delta: OutputDelta | None = None
+
+    @property
+    def preempted(self) -> int:
+        """Times it was held out of the steps for a higher class."""
+        return 0 if self.ticket is None else self.ticket.preempted
 
 
 def _loop() -> asyncio.AbstractEventLoop:
@@ -106,10 +115,8 @@ class StepLoop:
         """When the engine last ran out of work (−inf: never ran)."""
         self._step_shapes: set[int] = set()
         """Token counts of the steps run so far (``_shape_s``)."""
-        self.rule: ClassStepRule | None = None
-        """Rule 5 of the fair queue (runtime/engine.py ``class_steps``), or every call steps."""
-        self.preemptions = 0
-        """Times a running call was held out of the steps for a higher class."""
+        self.holds = ClassHolds(lambda batch, context: cost.decode_step_time_s(batch, context))
+        """Rule 5 of the fair queue (``holds.rule``; None: every call steps)."""
 
     def runs(self, session_key: str) -> bool:
         """Whether a call of the session is admitted and not finished here."""
@@ -140,9 +147,16 @@ class StepLoop:
             await self._clock.sleep(left)
         self._set_ready(seq)
 
+    @property
+    def preemptions(self) -> int:
+        """Times a running call was held out of the steps for a higher class."""
+        return self.holds.preemptions
+
     def _set_ready(self, seq: SimSeq) -> None:
         seq.ready = True
         seq.queued_s = self._clock.now()
+        rank = seq.admission.request.priority.rank
+        seq.ticket = self.holds.enter(rank, seq.context + seq.prefill_left)
         self._wake.set()
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._serve())
@@ -185,6 +199,7 @@ class StepLoop:
             return
         seq.aborted = True
         self.seqs.remove(seq)
+        self._leave(seq)
         now = self._clock.now()
         if not self.seqs:
             self._idle_since = now
@@ -241,44 +256,13 @@ class StepLoop:
             self._finish_done()
 
     def _by_class(self, ready: list[SimSeq]) -> list[SimSeq]:
-        """The ready sequences that take the next iteration (``self.rule``); the others are
-        held, a preemption counted each time one that was not held is."""
-        rule = self.rule
-        if rule is None or len(ready) < 2:
-            return ready
-        chosen = class_steps(
-            ready,
-            lambda s: s.admission.request.priority.rank,
-            lambda s: s.preempted,
-            self._iteration_s,
-            rule.class_slowdown,
-            rule.preempt_limit,
-        )
-        if len(chosen) == len(ready):
-            for seq in ready:
-                seq.held = False
-            return ready
-        stepping = {id(s) for s in chosen}
-        for seq in ready:
-            held = id(seq) not in stepping
-            if held and not seq.held:
-                seq.preempted += 1
-                self.preemptions += 1
-            seq.held = held
-        return chosen
+        """The ready sequences that take the next iteration: those rule 5 does not hold."""
+        return [s for s in ready if s.ticket is None or not s.ticket.held]
 
-    def _iteration_s(self, seqs: Sequence[SimSeq]) -> float:
-        """The cost model's time of the next iteration if only ``seqs`` took it (their decode
-        tokens, then prefill chunks in admission order within the token budget)."""
-        decoding = [s for s in seqs if s.prefill_left == 0]
-        budget = self._cost.profile.max_num_batched_tokens - len(decoding)
-        chunks: list[PrefillChunk] = []
-        for seq in seqs:
-            if seq.prefill_left > 0 and budget > 0:
-                take = min(seq.prefill_left, budget)
-                chunks.append(PrefillChunk(take, seq.context))
-                budget -= take
-        return self._cost.step_time_s(chunks, sum(s.context for s in decoding), len(decoding))
+    def _leave(self, seq: SimSeq) -> None:
+        """The sequence left the steps (finished or aborted): rule 5 decides again."""
+        if seq.ticket is not None:
+            self.holds.leave(seq.ticket)
 
     async def _mixed_step(self, decoding: list[SimSeq], chunks: list[tuple[SimSeq, int]]) -> None:
         prefill = [PrefillChunk(take, seq.context) for seq, take in chunks]
@@ -350,6 +334,8 @@ class StepLoop:
         seq.context += tokens if seq.output_done else tokens - 1
         seq.output_done += tokens
         seq.output_left -= tokens
+        if seq.ticket is not None:
+            seq.ticket.context_tokens = seq.context + seq.prefill_left
 
     def _finish_done(self) -> None:
         finished = [s for s in self.seqs if s.ready and s.output_left <= 0]
@@ -360,6 +346,7 @@ class StepLoop:
         if not self.seqs:
             self._idle_since = now
         for seq in finished:
+            self._leave(seq)
             request = seq.admission.request
             self._kv.release(request, seq.output_done, now, self.runs(request.session_key))
             assert seq.first_token_s is not None

@@ -32,14 +32,15 @@ The order, outermost rule first:
    interactive calls leave.
 
 5. **Steps of the calls already running** (runtime/engine.py ``class_steps``; an engine
-   with ``StepsByClass`` applies it to every iteration). Rule 4 keeps a lower-class call out
-   while it would slow the higher classes' steps, but calls admitted before a higher-class
-   call arrived, and their prefill chunks, still share its steps. So at each iteration the
-   engine steps the best class's calls, and adds each lower-class call (best class first,
-   then admission order) only while the iteration with it stays ≤ ``class_slowdown`` × the
-   iteration of the best class alone; the others are *preempted* for that iteration: they
-   keep their KV where it is (HBM) and resume when the higher-class calls finish or leave
-   room. A call is preempted at most ``preempt_limit`` times (a preemption: stepping, or
+   with ``StepsByClass`` applies it through runtime/engines/class_holds.py ``ClassHolds``).
+   Rule 4 keeps a lower-class call out while it would slow the higher classes' steps, but
+   calls admitted before a higher-class call arrived, and their prefill chunks, still share
+   its steps. So whenever a call joins an engine's steps or leaves them, the engine steps the
+   best class's calls, and each lower-class call (best class first, then admission order)
+   only while the decode step with it stays ≤ ``class_slowdown`` × the step of the best class
+   alone; the others are *preempted* until the next such decision: they keep their KV where
+   it is (HBM) and resume when the higher-class calls finish or leave room. A call is
+   preempted at most ``preempt_limit`` times (a preemption: stepping, or
    ready to, then held); after that it takes every step, so every preempted call finishes,
    and no stream of higher-class calls holds it back for ever. Its cost: the steps it waits,
    nothing moved (its KV stays in HBM; vLLM's own preemption frees it and recomputes:

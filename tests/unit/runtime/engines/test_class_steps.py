@@ -3,8 +3,10 @@ lower-class calls already running yield an engine's iterations to a higher class
 would slow its steps past ``class_slowdown``, each preempted at most ``preempt_limit`` times.
 
 Table-driven for the pure rule; on the simulated engine (virtual time), hypothesis: every call
-finishes, none is preempted more than the limit, one class is never preempted, and an
-interactive call beside a running batch finishes sooner with the rule than without."""
+finishes, none is preempted more than the limit, one class is never preempted, the outcome
+does not depend on when the engine's loop is woken (a co-resident engine's busy changes wake
+it: rule 5 decides when a call joins or leaves the steps, as on vLLM), and an interactive call
+beside a running batch finishes sooner with the rule than without."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from talaria.core.catalog import load_catalog
@@ -22,7 +24,7 @@ from talaria.runtime.costmodel import CostModel
 from talaria.runtime.engine import ClassStepRule, class_steps
 from talaria.runtime.engines.sim import SimEngine
 from talaria.runtime.engines.sim_steps import SimSeq
-from talaria.runtime.memory.resources import NodeMemory, PcieLink
+from talaria.runtime.memory.resources import DeviceShare, NodeMemory, PcieLink
 
 
 @dataclass(frozen=True)
@@ -95,10 +97,13 @@ MODEL = CATALOG.model("glm-4.5-fp8")
 PRIORITIES = (Priority.INTERACTIVE, Priority.STANDARD, Priority.BATCH)
 
 
-def _engine(clock: LoopClock, rule: ClassStepRule | None) -> tuple[SimEngine, list[SimSeq]]:
+def _engine(
+    clock: LoopClock, rule: ClassStepRule | None, device: DeviceShare | None = None
+) -> tuple[SimEngine, list[SimSeq]]:
     engine = SimEngine(
         MODEL, CostModel(MODEL, SERVER, CATALOG.profile("default")),
         NodeMemory(SERVER.usable_hbm_bytes, 0.0), PcieLink(clock), clock, "n0", host_kv=False,
+        device=device,
     )  # fmt: skip
     engine.step_by_class(rule)
     seen: list[SimSeq] = []
@@ -159,6 +164,61 @@ def test_every_call_finishes_and_none_is_preempted_past_the_limit(
     assert engine.preemptions == sum(seq.preempted for seq in seen)
     if len({rank for _, rank, _, _ in calls}) == 1:
         assert engine.preemptions == 0  # one class: never
+
+
+def _served_with_wakes(
+    calls: list[Arrival], wakes: list[float], limit: int
+) -> tuple[dict[str, float], int]:
+    """Each call's finish time and the engine's preemptions, with a co-resident engine that
+    turns busy and idle again at each of ``wakes`` (each turn wakes this engine's loop, and
+    leaves its step times as they were)."""
+    clock = LoopClock()
+    device = DeviceShare()
+    engine, _ = _engine(clock, ClassStepRule(1.2, limit), device)
+
+    async def wake_at(at: float) -> None:
+        await clock.sleep(at)
+        device.set_busy("other", True, asyncio.Event())
+        device.set_busy("other", False, asyncio.Event())
+
+    async def serve() -> dict[str, float]:
+        tasks = [asyncio.ensure_future(wake_at(at)) for at in wakes]
+        finished = await _serve(engine, clock, calls)
+        await asyncio.gather(*tasks)
+        return finished
+
+    return run_virtual(serve()), engine.preemptions
+
+
+centi_arrivals = st.lists(
+    st.tuples(
+        st.integers(0, 2000), st.integers(0, 2), st.integers(100, 20_000), st.integers(1, 2000)
+    ),
+    min_size=1,
+    max_size=25,
+    unique_by=lambda a: a[0],
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(centi_arrivals, st.lists(st.integers(0, 20_000), max_size=30), st.integers(0, 3))
+@example([(367, 0, 100, 5), (368, 1, 100, 1)], [785], 1)  # held once per iteration, not per call
+def test_the_outcome_does_not_depend_on_when_the_loop_is_woken(
+    at_centis: list[tuple[int, int, int, int]], wake_centis: list[int], limit: int
+) -> None:
+    """The same calls with and without a co-resident engine's wakes: every call finishes at
+    the same time, and as many are held. Arrivals come on a 10 ms grid and wakes between its
+    points: asyncio runs timers due at the same time in its heap's order, which an extra
+    timer changes."""
+    calls = [(at / 100, rank, prompt, output) for at, rank, prompt, output in at_centis]
+    alone, preempted = _served_with_wakes(calls, [], limit)
+    woken, preempted_woken = _served_with_wakes(
+        calls, [(c + 0.5) / 100 for c in wake_centis], limit
+    )
+    assert preempted_woken == preempted
+    assert woken.keys() == alone.keys()
+    for request_id, finished_s in alone.items():
+        assert woken[request_id] == pytest.approx(finished_s, rel=1e-9, abs=1e-9)
 
 
 def test_an_interactive_call_beside_a_running_batch_finishes_sooner_with_the_rule() -> None:

@@ -79,7 +79,11 @@ def _models(url: str) -> list[str]:
 
 
 def test_a_library_model_is_cold_started_by_its_first_call(tmp_path: Path) -> None:
-    with _fleet(tmp_path, ("glm-4.5-fp8",), ("glm-4.5-air-fp8",)) as (proxy, urls):
+    # demand counts the calls of the last window_s clock seconds: at 500x the default 300 s is
+    # 0.6 s of wall time, less than a loaded CI machine took between the call and the admin
+    # read; the longest window (an hour: 7.2 s) keeps the call in it
+    window = {"placement_window_s": 3600.0}
+    with _fleet(tmp_path, ("glm-4.5-fp8",), ("glm-4.5-air-fp8",), **window) as (proxy, urls):
         client = openai.OpenAI(base_url=proxy.v1, api_key="x", max_retries=0)
         listed = {m.id: m.model_extra for m in client.models.list()}
         assert sorted(listed) == ["glm-4.5-air-fp8", "glm-4.5-fp8", "gpt-oss-120b", "minimax-m2"]

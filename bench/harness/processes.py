@@ -149,14 +149,23 @@ def talaria_serve(
 
 @contextmanager
 def talaria_runtime(
-    config: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    config: Path,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    startup_s: float = STARTUP_S,
+    stdout: int | None = subprocess.DEVNULL,
 ) -> Iterator[ServeProcess]:
     """Start ``talaria runtime --config CONFIG --port 0 ARGS`` with ``env`` on top of this
     process's environment (minus any TALARIA_* setting: e.g. ``TALARIA_RUNTIME_TOKEN`` only if
-    ``env`` sets it); wait until it listens."""
+    ``env`` sets it); wait until it listens (``startup_s`` at most between two lines of its
+    output: a vLLM engine's start can be silent for longer than the default). The port is the
+    one the OS picks as uvicorn binds: one picked free beforehand can be taken by another
+    process during the engines' start, and uvicorn binds only after its startup. ``stdout``:
+    where its standard output goes (vLLM logs there; None: this process's)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TALARIA_")}
     command = [*talaria_command(), "runtime", "--config", str(config), "--port", "0", *args]
-    with _listening(command, {**base, **(env or {})}) as served:
+    full_env = {**base, **(env or {})}
+    with _listening(command, full_env, startup_s=startup_s, stdout=stdout) as served:
         yield served
 
 
@@ -167,6 +176,7 @@ def _listening(
     max_descriptors: int | None = None,
     after: str | None = None,
     startup_s: float = STARTUP_S,
+    stdout: int | None = subprocess.DEVNULL,
 ) -> Iterator[ServeProcess]:
     def limit_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (max_descriptors, max_descriptors))
@@ -174,7 +184,7 @@ def _listening(
     process = subprocess.Popen(
         command,
         env=full_env,
-        stdout=subprocess.DEVNULL,
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=None if max_descriptors is None else limit_descriptors,

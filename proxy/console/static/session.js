@@ -118,14 +118,19 @@ function renderSession(doc, children) {
   drawTimeline(doc, children);
 }
 
-// A wait is worth a note from a second on, or from a tenth of the session's time so far (so
-// that a session on a fast simulated clock still gets its notes).
+// A wait is worth a note from a second on, or from a tenth of the session's time up to its
+// last call (so that a session on a fast simulated clock still gets its notes). Up to its last
+// call, not up to now: a note must not vanish while the session sits in a tool gap.
 const WAIT_NOTE_S = 1.0;
 const WAIT_NOTE_FRACTION = 0.1;
 
+function callsSpanS(s) {
+  return (new Date(s.last_call_at) - new Date(s.started_at)) / 1000;
+}
+
 function waitNotes(doc) {
   const notes = [];
-  const least = Math.max(0.01, Math.min(WAIT_NOTE_S, WAIT_NOTE_FRACTION * sctSoFar(doc.session)));
+  const least = Math.max(0.01, Math.min(WAIT_NOTE_S, WAIT_NOTE_FRACTION * callsSpanS(doc.session)));
   for (const c of doc.calls) {
     const where = c.instance ? ` on ${c.instance}` : "";
     const slot = c.slot_wait_s || 0;
